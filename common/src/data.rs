@@ -1,0 +1,317 @@
+//! CSV tables and the public preprocessing of rows: bounds, scaling to [-1, 1] and
+//! clipping to the row-norm bound. Parsing works on any reader; opening files is the
+//! binaries' business.
+
+use std::io::Read;
+
+/// Errors of reading and validating a table.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DataError {
+    /// The CSV could not be read at all.
+    #[error("{source_name}: cannot read CSV: {reason}")]
+    Csv {
+        /// File or stream name.
+        source_name: String,
+        /// Parser message.
+        reason: String,
+    },
+    /// A row with the wrong number of cells.
+    #[error("{source_name}, line {line}: expected {expected} columns, found {found}")]
+    ColumnCount {
+        /// File name.
+        source_name: String,
+        /// 1-based line number.
+        line: u64,
+        /// Columns in the header.
+        expected: usize,
+        /// Columns in this row.
+        found: usize,
+    },
+    /// A cell that is not a finite number.
+    #[error("{source_name}, line {line}, column `{column}`: `{value}` is not a finite number")]
+    BadCell {
+        /// File name.
+        source_name: String,
+        /// 1-based line number.
+        line: u64,
+        /// Column name.
+        column: String,
+        /// The cell as read.
+        value: String,
+    },
+    /// The header does not match the study's features.
+    #[error("{source_name}: columns do not match the study: {reason}")]
+    Schema {
+        /// File name.
+        source_name: String,
+        /// What differs.
+        reason: String,
+    },
+    /// The named label column is absent.
+    #[error("{source_name}: label column `{label}` not found")]
+    MissingLabel {
+        /// File name.
+        source_name: String,
+        /// The label asked for.
+        label: String,
+    },
+    /// A bounds file problem.
+    #[error("bounds: {0}")]
+    Bounds(String),
+    /// A table with no rows.
+    #[error("{source_name}: no data rows")]
+    Empty {
+        /// File name.
+        source_name: String,
+    },
+}
+
+/// A numeric table: feature columns (label removed) and the label cells, if any.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Table {
+    /// Feature names in column order.
+    pub features: Vec<String>,
+    /// Rows of feature values.
+    pub rows: Vec<Vec<f64>>,
+    /// The label column's name and raw cells, if a label was named.
+    pub label: Option<(String, Vec<String>)>,
+}
+
+/// Reads a CSV with a header. Every feature cell must be a finite number; the label
+/// column, if named, is kept apart as text. `source_name` is used in error messages.
+pub fn read_csv<R: Read>(reader: R, source_name: &str, label: Option<&str>) -> Result<Table, DataError> {
+    let mut rdr = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(reader);
+    let csv_err = |e: csv::Error| DataError::Csv {
+        source_name: source_name.to_string(),
+        reason: e.to_string(),
+    };
+    let header: Vec<String> = rdr.headers().map_err(csv_err)?.iter().map(|h| h.trim().to_string()).collect();
+    let label_idx = match label {
+        Some(l) => Some(header.iter().position(|h| h == l).ok_or_else(|| DataError::MissingLabel {
+            source_name: source_name.to_string(),
+            label: l.to_string(),
+        })?),
+        None => None,
+    };
+    let features: Vec<String> = header
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != label_idx)
+        .map(|(_, h)| h.clone())
+        .collect();
+    let mut rows = Vec::new();
+    let mut labels = Vec::new();
+    for record in rdr.records() {
+        let record = record.map_err(csv_err)?;
+        let line = record.position().map(|p| p.line()).unwrap_or(0);
+        if record.len() != header.len() {
+            return Err(DataError::ColumnCount {
+                source_name: source_name.to_string(),
+                line,
+                expected: header.len(),
+                found: record.len(),
+            });
+        }
+        let mut row = Vec::with_capacity(features.len());
+        for (i, cell) in record.iter().enumerate() {
+            if Some(i) == label_idx {
+                labels.push(cell.trim().to_string());
+                continue;
+            }
+            let value = cell.trim().parse::<f64>().ok().filter(|v| v.is_finite());
+            match value {
+                Some(v) => row.push(v),
+                None => {
+                    return Err(DataError::BadCell {
+                        source_name: source_name.to_string(),
+                        line,
+                        column: header[i].clone(),
+                        value: cell.to_string(),
+                    })
+                }
+            }
+        }
+        rows.push(row);
+    }
+    if rows.is_empty() {
+        return Err(DataError::Empty {
+            source_name: source_name.to_string(),
+        });
+    }
+    Ok(Table {
+        features,
+        rows,
+        label: label_idx.map(|i| (header[i].clone(), labels)),
+    })
+}
+
+impl Table {
+    /// Checks that the feature columns are exactly the study's, in order.
+    pub fn check_schema(&self, features: &[String], source_name: &str) -> Result<(), DataError> {
+        if self.features.len() != features.len() {
+            return Err(DataError::Schema {
+                source_name: source_name.to_string(),
+                reason: format!("{} feature columns, the study has {}", self.features.len(), features.len()),
+            });
+        }
+        if let Some((i, (a, b))) = self.features.iter().zip(features).enumerate().find(|(_, (a, b))| a != b) {
+            return Err(DataError::Schema {
+                source_name: source_name.to_string(),
+                reason: format!("column {} is `{a}`, the study expects `{b}`", i + 1),
+            });
+        }
+        Ok(())
+    }
+
+    /// Per-feature [min, max] of the data. For demos only: real bounds are public
+    /// knowledge, and bounds read off private data leak it.
+    pub fn bounds_from_data(&self) -> Vec<(f64, f64)> {
+        let m = self.features.len();
+        let mut b = vec![(f64::INFINITY, f64::NEG_INFINITY); m];
+        for row in &self.rows {
+            for (j, &x) in row.iter().enumerate() {
+                b[j].0 = b[j].0.min(x);
+                b[j].1 = b[j].1.max(x);
+            }
+        }
+        b
+    }
+}
+
+/// Reads a bounds file: CSV with header `feature,lo,hi`, one row per feature; a row
+/// with feature `*` sets the bounds of every feature not listed.
+pub fn read_bounds<R: Read>(reader: R, features: &[String]) -> Result<Vec<(f64, f64)>, DataError> {
+    let mut rdr = csv::ReaderBuilder::new().has_headers(true).from_reader(reader);
+    let mut default = None;
+    let mut map = std::collections::HashMap::new();
+    for rec in rdr.records() {
+        let rec = rec.map_err(|e| DataError::Bounds(e.to_string()))?;
+        let line = rec.position().map(|p| p.line()).unwrap_or(0);
+        if rec.len() != 3 {
+            return Err(DataError::Bounds(format!("line {line}: expected feature,lo,hi")));
+        }
+        let parse = |s: &str| {
+            s.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| DataError::Bounds(format!("line {line}: `{s}` is not a finite number")))
+        };
+        let (lo, hi) = (parse(&rec[1])?, parse(&rec[2])?);
+        if lo > hi {
+            return Err(DataError::Bounds(format!("line {line}: lo {lo} > hi {hi}")));
+        }
+        if rec[0].trim() == "*" {
+            default = Some((lo, hi));
+        } else {
+            map.insert(rec[0].trim().to_string(), (lo, hi));
+        }
+    }
+    features
+        .iter()
+        .map(|f| {
+            map.get(f)
+                .copied()
+                .or(default)
+                .ok_or_else(|| DataError::Bounds(format!("no bounds for feature `{f}`")))
+        })
+        .collect()
+}
+
+/// Clips each value to its bounds, maps it to [-1, 1] (a constant feature, lo = hi,
+/// maps to 0), then scales the row down to L2 norm `c` if it is longer. Returns the
+/// row and whether the norm clip was applied.
+pub fn normalize_row(row: &[f64], bounds: &[(f64, f64)], c: f64) -> (Vec<f64>, bool) {
+    let mut out: Vec<f64> = row
+        .iter()
+        .zip(bounds)
+        .map(|(&x, &(lo, hi))| {
+            if hi > lo {
+                2.0 * (x.clamp(lo, hi) - lo) / (hi - lo) - 1.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let norm = out.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let clipped = norm > c;
+    if clipped {
+        let s = c / norm;
+        out.iter_mut().for_each(|x| *x *= s);
+    }
+    (out, clipped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_table_with_label() {
+        let t = read_csv("a,b,label\n1,2,x\n3,4.5,y\n".as_bytes(), "t.csv", Some("label")).expect("ok");
+        assert_eq!(t.features, vec!["a", "b"]);
+        assert_eq!(t.rows, vec![vec![1.0, 2.0], vec![3.0, 4.5]]);
+        assert_eq!(t.label, Some(("label".into(), vec!["x".into(), "y".into()])));
+    }
+
+    #[test]
+    fn bad_cell_names_file_line_and_column() {
+        let err = read_csv("a,b\n1,2\n3,NaN\n".as_bytes(), "own.csv", None).expect_err("NaN");
+        assert_eq!(
+            err,
+            DataError::BadCell {
+                source_name: "own.csv".into(),
+                line: 3,
+                column: "b".into(),
+                value: "NaN".into()
+            }
+        );
+        assert!(err.to_string().contains("own.csv, line 3, column `b`"));
+        let err = read_csv("a,b\n1,abc\n".as_bytes(), "own.csv", None).expect_err("text");
+        assert!(matches!(err, DataError::BadCell { line: 2, .. }));
+        let err = read_csv("a,b\n1,inf\n".as_bytes(), "own.csv", None).expect_err("inf");
+        assert!(matches!(err, DataError::BadCell { .. }));
+    }
+
+    #[test]
+    fn wrong_column_count_is_refused() {
+        let err = read_csv("a,b\n1,2\n3\n".as_bytes(), "x.csv", None).expect_err("short row");
+        assert_eq!(
+            err,
+            DataError::ColumnCount {
+                source_name: "x.csv".into(),
+                line: 3,
+                expected: 2,
+                found: 1
+            }
+        );
+    }
+
+    #[test]
+    fn schema_mismatch_is_named() {
+        let t = read_csv("a,c\n1,2\n".as_bytes(), "x.csv", None).expect("ok");
+        let err = t.check_schema(&["a".into(), "b".into()], "x.csv").expect_err("mismatch");
+        assert!(err.to_string().contains("column 2 is `c`"));
+        let err = t.check_schema(&["a".into()], "x.csv").expect_err("count");
+        assert!(err.to_string().contains("2 feature columns"));
+    }
+
+    #[test]
+    fn normalization_maps_bounds_and_clips() {
+        let (r, clipped) = normalize_row(&[0.0, 16.0, 8.0, 5.0], &[(0.0, 16.0), (0.0, 16.0), (0.0, 16.0), (5.0, 5.0)], 10.0);
+        assert_eq!(r, vec![-1.0, 1.0, 0.0, 0.0]);
+        assert!(!clipped);
+        let (r, clipped) = normalize_row(&[20.0, 16.0], &[(0.0, 16.0), (0.0, 16.0)], 1.0);
+        assert!(clipped);
+        let norm = r.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bounds_file_with_default() {
+        let b = read_bounds("feature,lo,hi\n*,0,16\nb,-1,1\n".as_bytes(), &["a".into(), "b".into()]).expect("ok");
+        assert_eq!(b, vec![(0.0, 16.0), (-1.0, 1.0)]);
+        assert!(read_bounds("feature,lo,hi\na,2,1\n".as_bytes(), &["a".into()]).is_err());
+        assert!(read_bounds("feature,lo,hi\n".as_bytes(), &["a".into()]).is_err());
+    }
+}

@@ -1,0 +1,467 @@
+//! Differential privacy: mechanisms, their sensitivities, calibration and exact
+//! sampling of symmetric noise on the fixed-point grid.
+//!
+//! # Neighbor relation
+//! Bounded DP, as in DPDP-PCA: two pooled tables are neighbors when they have the
+//! same number of rows N (public) and differ in one row, replaced by another. Every
+//! encoded row obeys ||x~||_2 <= Cq = floor(C 2^f) exactly (see `encoding`).
+//!
+//! # What is released
+//! - `mask` centering (the paper's): the user learns N S~ + E' where
+//!   S~ = R~ - v~ v~^T / N is the centered scatter on the grid (N S~ is an integer
+//!   matrix) and E' is symmetric integer noise; v is hidden by a uniform mask. The
+//!   noise is calibrated to the sensitivity of N S~ and sampled at that scale, never
+//!   as N times a smaller sample: N E would make T - v' v'^T = -v v^T (mod N) and
+//!   hand the user v v^T mod N in clear (see docs/PRIVACY.md).
+//! - `dp-mean` centering: the user learns R~ + E_R and v~ + e_v, with the budget
+//!   split between them (90% to R, which carries most of the signal).
+//!
+//! # Sensitivities (grid units, derivations in docs/PRIVACY.md)
+//! Replacing row x by x' with mu_o the mean of the other N - 1 rows,
+//! dS = ((N-1)/N) (a a^T - b b^T), a = x' - mu_o, b = x - mu_o, and
+//! ||a a^T - b b^T||_F^2 = (|p|^2 |q|^2 + (p.q)^2) / 2 <= |p|^2 |q|^2 with p = x' - x,
+//! q = x + x' - 2 mu_o. With u = (x + x')/2, d = (x' - x)/2: |d|^2 <= Cq^2 - |u|^2
+//! (parallelogram law) and |q| <= 2(|u| + Cq), so
+//! ||dS||_F^2 <= 16 (Cq - |u|)(Cq + |u|)^3 <= 27 Cq^4: Delta_2(S) = 3 sqrt(3) Cq^2.
+//! (A numerical search finds 4 Cq^2 as the true maximum; it is not proven, so it is
+//! not used.) The released upper triangle has L2 norm at most ||dS||_F.
+//! - L1 of the upper triangle of S: 4 (M + 1) Cq^2 (each rank-one term a a^T has
+//!   upper-triangle L1 norm <= (M + 1) |a|^2 / 2 and |a| <= 2 Cq).
+//! - trace of S (Wishart): |tr dS| <= |a|^2 and |b|^2 <= 4 Cq^2.
+//! - R: Delta_2 = sqrt(2) Cq^2, Delta_1 = (M + 1) Cq^2, trace Cq^2.
+//! - v: Delta_2 = 2 Cq, Delta_1 = 2 sqrt(M) Cq.
+
+pub mod sampler;
+
+use num_bigint::{BigInt, BigUint};
+use num_traits::{ToPrimitive, Zero};
+use rand::{CryptoRng, RngCore};
+use serde::{Deserialize, Serialize};
+
+use sampler::{discrete_gaussian, discrete_laplace, Ratio};
+
+/// Share of the budget given to R in `dp-mean` centering (the rest goes to v).
+pub const DP_MEAN_MATRIX_SHARE: f64 = 0.9;
+
+/// Errors of privacy parameters.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DpError {
+    /// epsilon must be positive and finite.
+    #[error("epsilon must be a positive finite number, got {0}")]
+    BadEpsilon(f64),
+    /// delta must be in (0, 1) (or 0 for the pure mechanisms).
+    #[error("delta must be in (0, 1), got {0}")]
+    BadDelta(f64),
+    /// The classic Gaussian calibration holds only for epsilon < 1.
+    #[error("the classic Analyze-Gauss calibration is valid only for epsilon < 1 (got {0}); use the default `gaussian` (zCDP) calibration")]
+    ClassicNeedsSmallEpsilon(f64),
+    /// Unknown mechanism name.
+    #[error("unknown mechanism `{0}` (expected gaussian, gaussian-classic, laplace or wishart-unproven)")]
+    UnknownMechanism(String),
+    /// Unknown centering name.
+    #[error("unknown centering `{0}` (expected mask or dp-mean)")]
+    UnknownCentering(String),
+}
+
+/// The noise mechanism the proxy adds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mechanism {
+    /// Discrete Gaussian calibrated through zCDP (CKS20): rho = Delta^2 / (2 sigma^2),
+    /// converted to (epsilon, delta) exactly by CKS20 Corollary 13. Valid for every
+    /// epsilon. The default.
+    Gaussian,
+    /// Discrete Gaussian with the classic Analyze-Gauss calibration
+    /// sigma = Delta sqrt(2 ln(1.25 / delta)) / epsilon, valid for epsilon < 1 only.
+    GaussianClassic,
+    /// Discrete Laplace on the upper triangle (Lap-PCA): (epsilon, 0)-DP.
+    Laplace,
+    /// Wishart noise E = Z Z^T (Imtiaz & Sarwate SN). NOT proven private: its proof
+    /// needs Y - A' inside the Wishart support for every neighbor A', which fails when
+    /// A - A' has a negative eigenvalue (why diffprivlib removed it). Opt-in only.
+    WishartUnproven,
+}
+
+impl Mechanism {
+    /// Parses the CLI/wire name.
+    pub fn parse(name: &str) -> Result<Self, DpError> {
+        match name {
+            "gaussian" => Ok(Self::Gaussian),
+            "gaussian-classic" => Ok(Self::GaussianClassic),
+            "laplace" => Ok(Self::Laplace),
+            "wishart-unproven" => Ok(Self::WishartUnproven),
+            other => Err(DpError::UnknownMechanism(other.to_string())),
+        }
+    }
+
+    /// The CLI/wire name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Gaussian => "gaussian",
+            Self::GaussianClassic => "gaussian-classic",
+            Self::Laplace => "laplace",
+            Self::WishartUnproven => "wishart-unproven",
+        }
+    }
+
+    /// Whether the mechanism uses delta.
+    pub fn uses_delta(&self) -> bool {
+        matches!(self, Self::Gaussian | Self::GaussianClassic)
+    }
+}
+
+/// How v is kept from the user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Centering {
+    /// The paper's: v masked by a uniform b, noise on the centered scatter.
+    Mask,
+    /// v released with its own DP noise, R with symmetric noise.
+    DpMean,
+}
+
+impl Centering {
+    /// Parses the CLI/wire name.
+    pub fn parse(name: &str) -> Result<Self, DpError> {
+        match name {
+            "mask" => Ok(Self::Mask),
+            "dp-mean" => Ok(Self::DpMean),
+            other => Err(DpError::UnknownCentering(other.to_string())),
+        }
+    }
+
+    /// The CLI/wire name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Mask => "mask",
+            Self::DpMean => "dp-mean",
+        }
+    }
+}
+
+/// A validated privacy request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrivacyRequest {
+    /// Mechanism.
+    pub mechanism: Mechanism,
+    /// Centering mode.
+    pub centering: Centering,
+    /// Target epsilon.
+    pub epsilon: f64,
+    /// Target delta (ignored by the pure mechanisms).
+    pub delta: f64,
+}
+
+impl PrivacyRequest {
+    /// Validates epsilon and delta for the mechanism.
+    pub fn new(mechanism: Mechanism, centering: Centering, epsilon: f64, delta: f64) -> Result<Self, DpError> {
+        if !(epsilon.is_finite() && epsilon > 0.0) {
+            return Err(DpError::BadEpsilon(epsilon));
+        }
+        if !(delta > 0.0 && delta < 1.0) {
+            return Err(DpError::BadDelta(delta));
+        }
+        if mechanism == Mechanism::GaussianClassic && epsilon >= 1.0 {
+            return Err(DpError::ClassicNeedsSmallEpsilon(epsilon));
+        }
+        Ok(Self {
+            mechanism,
+            centering,
+            epsilon,
+            delta,
+        })
+    }
+}
+
+/// Sensitivities of the released statistics, in grid units, for one row bound Cq and
+/// dimension M. See the module docs for the derivations.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sensitivity {
+    /// L2 (Frobenius) sensitivity of the centered scatter S~.
+    pub s_l2: f64,
+    /// L1 sensitivity of the upper triangle of S~.
+    pub s_l1: f64,
+    /// Trace sensitivity of S~.
+    pub s_trace: f64,
+    /// L2 sensitivity of R~.
+    pub r_l2: f64,
+    /// L1 sensitivity of the upper triangle of R~.
+    pub r_l1: f64,
+    /// Trace sensitivity of R~.
+    pub r_trace: f64,
+    /// L2 sensitivity of v~.
+    pub v_l2: f64,
+    /// L1 sensitivity of v~.
+    pub v_l1: f64,
+}
+
+impl Sensitivity {
+    /// Sensitivities for rows of integer norm at most `cq` in `dim` dimensions.
+    pub fn new(cq: u64, dim: usize) -> Self {
+        let c = cq as f64;
+        let c2 = c * c;
+        let m = dim as f64;
+        Self {
+            s_l2: 27f64.sqrt() * c2,
+            s_l1: 4.0 * (m + 1.0) * c2,
+            s_trace: 4.0 * c2,
+            r_l2: 2f64.sqrt() * c2,
+            r_l1: (m + 1.0) * c2,
+            r_trace: c2,
+            v_l2: 2.0 * c,
+            v_l1: 2.0 * m.sqrt() * c,
+        }
+    }
+}
+
+/// Noise distribution of one released block, on the integer grid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NoiseScale {
+    /// Discrete Gaussian with sigma^2 = sigma^2 (integer sigma).
+    Gaussian {
+        /// sigma in grid units.
+        sigma: BigUint,
+    },
+    /// Discrete Laplace with scale t.
+    Laplace {
+        /// Scale in grid units.
+        t: BigUint,
+    },
+    /// Wishart: E = Z Z^T with Z of `cols` columns of iid discrete Gaussians.
+    Wishart {
+        /// Variance of each entry of Z, grid units (sigma_z^2, an integer).
+        sigma_z2: BigUint,
+        /// Columns of Z (M + 1).
+        cols: usize,
+    },
+    /// No noise: test-only path, refused by the proxy unless explicitly enabled.
+    None,
+}
+
+impl NoiseScale {
+    /// A magnitude no sample will exceed except with probability below 2^-1000
+    /// (Gaussian: 2^10 sigma; Laplace: 2^10 t; Wishart: (M+1) (2^6 sigma_z)^2).
+    pub fn tail_bound(&self) -> BigUint {
+        match self {
+            Self::Gaussian { sigma } => sigma << 10usize,
+            Self::Laplace { t } => t << 10usize,
+            Self::Wishart { sigma_z2, cols } => (sigma_z2 << 12usize) * BigUint::from(*cols as u64),
+            Self::None => BigUint::zero(),
+        }
+    }
+
+    /// Standard deviation of one entry, grid units, as f64 (for reports).
+    pub fn std_dev(&self) -> f64 {
+        match self {
+            Self::Gaussian { sigma } => sigma.to_f64().unwrap_or(f64::INFINITY),
+            Self::Laplace { t } => 2f64.sqrt() * t.to_f64().unwrap_or(f64::INFINITY),
+            Self::Wishart { sigma_z2, cols } => {
+                // Off-diagonal entries of Z Z^T have variance cols * sigma_z^4.
+                sigma_z2.to_f64().unwrap_or(f64::INFINITY) * (*cols as f64).sqrt()
+            }
+            Self::None => 0.0,
+        }
+    }
+
+    /// Samples the upper triangle (row-major, i <= j) of a symmetric dim x dim noise
+    /// matrix. Gaussian and Laplace entries are iid; Wishart entries are those of Z Z^T.
+    pub fn sample_upper<R: RngCore + CryptoRng>(&self, dim: usize, rng: &mut R) -> Vec<BigInt> {
+        let count = dim * (dim + 1) / 2;
+        match self {
+            Self::Gaussian { sigma } => {
+                let s2 = Ratio::integer(sigma * sigma);
+                (0..count).map(|_| discrete_gaussian(&s2, rng)).collect()
+            }
+            Self::Laplace { t } => (0..count).map(|_| discrete_laplace(t, rng)).collect(),
+            Self::Wishart { sigma_z2, cols } => {
+                let s2 = Ratio::integer(sigma_z2.clone());
+                let z: Vec<Vec<BigInt>> = (0..dim)
+                    .map(|_| (0..*cols).map(|_| discrete_gaussian(&s2, rng)).collect())
+                    .collect();
+                let mut out = Vec::with_capacity(count);
+                for i in 0..dim {
+                    for j in i..dim {
+                        out.push(z[i].iter().zip(&z[j]).map(|(a, b)| a * b).sum());
+                    }
+                }
+                out
+            }
+            Self::None => vec![BigInt::zero(); count],
+        }
+    }
+
+    /// Samples a vector of iid entries (Gaussian or Laplace).
+    pub fn sample_vector<R: RngCore + CryptoRng>(&self, dim: usize, rng: &mut R) -> Vec<BigInt> {
+        match self {
+            Self::Gaussian { sigma } => {
+                let s2 = Ratio::integer(sigma * sigma);
+                (0..dim).map(|_| discrete_gaussian(&s2, rng)).collect()
+            }
+            Self::Laplace { t } => (0..dim).map(|_| discrete_laplace(t, rng)).collect(),
+            Self::Wishart { .. } | Self::None => vec![BigInt::zero(); dim],
+        }
+    }
+}
+
+/// The noise of one study: for the matrix block and, in `dp-mean`, the vector block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NoisePlan {
+    /// Noise on the released matrix (N S~ in `mask`, R~ in `dp-mean`).
+    pub matrix: NoiseScale,
+    /// Noise on v~ (`dp-mean` only).
+    pub vector: Option<NoiseScale>,
+    /// zCDP rho spent, when the mechanism is accounted in zCDP.
+    pub rho: Option<f64>,
+    /// epsilon spent.
+    pub epsilon: f64,
+    /// delta spent (0 for pure mechanisms).
+    pub delta: f64,
+}
+
+/// Rounds a positive scale up to an integer; rounding up only adds noise. The tiny
+/// relative pad absorbs the f64 rounding of the calibration arithmetic.
+fn ceil_big(x: f64) -> BigUint {
+    let padded = x * (1.0 + 1e-9);
+    BigUint::from(padded.ceil().max(1.0) as u128)
+}
+
+/// Plans the noise of a study whose pooled table has `n_rows` rows, in `dim`
+/// dimensions with integer row bound `cq`.
+pub fn plan_noise(req: &PrivacyRequest, dim: usize, cq: u64, n_rows: u64) -> NoisePlan {
+    let sens = Sensitivity::new(cq, dim);
+    let n = n_rows as f64;
+    match req.centering {
+        Centering::Mask => {
+            // The released integer query is N S~: every sensitivity scales by N.
+            let (matrix, rho, delta) = match req.mechanism {
+                Mechanism::Gaussian => {
+                    let rho = rho_for(req.epsilon, req.delta);
+                    let sigma = n * sens.s_l2 / (2.0 * rho).sqrt();
+                    (NoiseScale::Gaussian { sigma: ceil_big(sigma) }, Some(rho), req.delta)
+                }
+                Mechanism::GaussianClassic => {
+                    let sigma = n * sens.s_l2 * classic_factor(req.epsilon, req.delta);
+                    (NoiseScale::Gaussian { sigma: ceil_big(sigma) }, None, req.delta)
+                }
+                Mechanism::Laplace => {
+                    let t = n * sens.s_l1 / req.epsilon;
+                    (NoiseScale::Laplace { t: ceil_big(t) }, None, 0.0)
+                }
+                Mechanism::WishartUnproven => {
+                    // Density ratio exp(eps_w |tr dY|) with Sigma = Delta_tr / (2 eps) I
+                    // for Y = N S~: Delta_tr scales by N; Z entries have that variance.
+                    let var = n * sens.s_trace / (2.0 * req.epsilon);
+                    (
+                        NoiseScale::Wishart {
+                            sigma_z2: ceil_big(var),
+                            cols: dim + 1,
+                        },
+                        None,
+                        0.0,
+                    )
+                }
+            };
+            NoisePlan {
+                matrix,
+                vector: None,
+                rho,
+                epsilon: req.epsilon,
+                delta,
+            }
+        }
+        Centering::DpMean => {
+            let share = DP_MEAN_MATRIX_SHARE;
+            match req.mechanism {
+                Mechanism::Gaussian => {
+                    let rho = rho_for(req.epsilon, req.delta);
+                    let sigma_r = sens.r_l2 / (2.0 * share * rho).sqrt();
+                    let sigma_v = sens.v_l2 / (2.0 * (1.0 - share) * rho).sqrt();
+                    NoisePlan {
+                        matrix: NoiseScale::Gaussian { sigma: ceil_big(sigma_r) },
+                        vector: Some(NoiseScale::Gaussian { sigma: ceil_big(sigma_v) }),
+                        rho: Some(rho),
+                        epsilon: req.epsilon,
+                        delta: req.delta,
+                    }
+                }
+                Mechanism::GaussianClassic => {
+                    // Basic composition: (share eps, delta/2) + ((1-share) eps, delta/2).
+                    let sigma_r = sens.r_l2 * classic_factor(share * req.epsilon, req.delta / 2.0);
+                    let sigma_v = sens.v_l2 * classic_factor((1.0 - share) * req.epsilon, req.delta / 2.0);
+                    NoisePlan {
+                        matrix: NoiseScale::Gaussian { sigma: ceil_big(sigma_r) },
+                        vector: Some(NoiseScale::Gaussian { sigma: ceil_big(sigma_v) }),
+                        rho: None,
+                        epsilon: req.epsilon,
+                        delta: req.delta,
+                    }
+                }
+                Mechanism::Laplace => NoisePlan {
+                    matrix: NoiseScale::Laplace {
+                        t: ceil_big(sens.r_l1 / (share * req.epsilon)),
+                    },
+                    vector: Some(NoiseScale::Laplace {
+                        t: ceil_big(sens.v_l1 / ((1.0 - share) * req.epsilon)),
+                    }),
+                    rho: None,
+                    epsilon: req.epsilon,
+                    delta: 0.0,
+                },
+                Mechanism::WishartUnproven => NoisePlan {
+                    matrix: NoiseScale::Wishart {
+                        sigma_z2: ceil_big(sens.r_trace / (2.0 * share * req.epsilon)),
+                        cols: dim + 1,
+                    },
+                    vector: Some(NoiseScale::Laplace {
+                        t: ceil_big(sens.v_l1 / ((1.0 - share) * req.epsilon)),
+                    }),
+                    rho: None,
+                    epsilon: req.epsilon,
+                    delta: 0.0,
+                },
+            }
+        }
+    }
+}
+
+/// sqrt(2 ln(1.25 / delta)) / epsilon: the Analyze-Gauss factor (epsilon < 1).
+pub fn classic_factor(epsilon: f64, delta: f64) -> f64 {
+    (2.0 * (1.25 / delta).ln()).sqrt() / epsilon
+}
+
+/// delta of a rho-zCDP mechanism at epsilon (CKS20 Corollary 13):
+/// inf over alpha > 1 of exp((alpha - 1)(alpha rho - eps)) / alpha * (1 - 1/alpha)^(alpha - 1).
+pub fn zcdp_delta(rho: f64, epsilon: f64) -> f64 {
+    let log_delta = |alpha: f64| {
+        (alpha - 1.0) * (alpha * rho - epsilon) - alpha.ln() + (alpha - 1.0) * (1.0 - 1.0 / alpha).ln()
+    };
+    // The objective is unimodal in alpha; golden-section search on log(alpha - 1).
+    let (mut lo, mut hi) = ((1e-9f64).ln(), (1e6f64).ln());
+    let phi = 0.5 * (5f64.sqrt() - 1.0);
+    let f = |t: f64| log_delta(1.0 + t.exp());
+    for _ in 0..200 {
+        let a = hi - phi * (hi - lo);
+        let b = lo + phi * (hi - lo);
+        if f(a) < f(b) {
+            hi = b;
+        } else {
+            lo = a;
+        }
+    }
+    f(0.5 * (lo + hi)).exp().min(1.0)
+}
+
+/// The largest rho whose zCDP guarantee implies (epsilon, delta)-DP.
+pub fn rho_for(epsilon: f64, delta: f64) -> f64 {
+    let (mut lo, mut hi) = (0.0f64, epsilon.max(1.0) * 4.0);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if zcdp_delta(mid, epsilon) <= delta {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,209 @@
+//! Property tests searching for violations of the sensitivities the mechanisms use,
+//! on the exact integer queries the protocol releases.
+
+use super::*;
+use crate::encoding::FixedPoint;
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+
+const FP: FixedPoint = FixedPoint {
+    frac_bits: 10,
+    row_norm_bound: 1.0,
+};
+
+/// Released statistics of a table of encoded rows, exactly.
+struct Released {
+    /// N S~ = N R~ - v v^T, full matrix.
+    ns: Vec<Vec<i128>>,
+    r: Vec<Vec<i128>>,
+    v: Vec<i128>,
+}
+
+fn released(rows: &[Vec<i64>]) -> Released {
+    let m = rows[0].len();
+    let n = rows.len() as i128;
+    let mut r = vec![vec![0i128; m]; m];
+    let mut v = vec![0i128; m];
+    for x in rows {
+        for i in 0..m {
+            v[i] += x[i] as i128;
+            for j in 0..m {
+                r[i][j] += x[i] as i128 * x[j] as i128;
+            }
+        }
+    }
+    let ns = (0..m)
+        .map(|i| (0..m).map(|j| n * r[i][j] - v[i] * v[j]).collect())
+        .collect();
+    Released { ns, r, v }
+}
+
+fn clip_encode(row: &[f64]) -> Vec<i64> {
+    let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let c = FP.row_norm_bound;
+    let clipped: Vec<f64> = if norm > c {
+        row.iter().map(|x| x * c / norm).collect()
+    } else {
+        row.to_vec()
+    };
+    FP.encode_row(&clipped)
+}
+
+fn check_pair(a: &[Vec<i64>], b: &[Vec<i64>]) -> Result<(), TestCaseError> {
+    let m = a[0].len();
+    let n = a.len() as f64;
+    let sens = Sensitivity::new(FP.norm_bound_int(), m);
+    let (ra, rb) = (released(a), released(b));
+    let (mut f2, mut l1, mut tr) = (0f64, 0f64, 0f64);
+    let (mut rf2, mut rl1, mut rtr) = (0f64, 0f64, 0f64);
+    for i in 0..m {
+        for j in 0..m {
+            let d = (ra.ns[i][j] - rb.ns[i][j]) as f64;
+            let dr = (ra.r[i][j] - rb.r[i][j]) as f64;
+            f2 += d * d;
+            rf2 += dr * dr;
+            if j >= i {
+                l1 += d.abs();
+                rl1 += dr.abs();
+            }
+        }
+        tr += (ra.ns[i][i] - rb.ns[i][i]) as f64;
+        rtr += (ra.r[i][i] - rb.r[i][i]) as f64;
+    }
+    let dv: Vec<f64> = (0..m).map(|i| (ra.v[i] - rb.v[i]) as f64).collect();
+    let v2 = dv.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let v1 = dv.iter().map(|x| x.abs()).sum::<f64>();
+    let tol = 1.0 + 1e-9;
+    prop_assert!(f2.sqrt() <= n * sens.s_l2 * tol, "S L2 {} > {}", f2.sqrt(), n * sens.s_l2);
+    prop_assert!(l1 <= n * sens.s_l1 * tol, "S L1 {} > {}", l1, n * sens.s_l1);
+    prop_assert!(tr.abs() <= n * sens.s_trace * tol, "S trace {} > {}", tr, n * sens.s_trace);
+    prop_assert!(rf2.sqrt() <= sens.r_l2 * tol);
+    prop_assert!(rl1 <= sens.r_l1 * tol);
+    prop_assert!(rtr.abs() <= sens.r_trace * tol);
+    prop_assert!(v2 <= sens.v_l2 * tol);
+    prop_assert!(v1 <= sens.v_l1 * tol);
+    Ok(())
+}
+
+fn row_strategy(m: usize) -> impl Strategy<Value = Vec<f64>> {
+    proptest::collection::vec(-1.5f64..1.5, m)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Random neighbor pairs: replace row 0 of a random table.
+    #[test]
+    fn random_neighbors_respect_sensitivity(
+        (rows, replacement) in (1usize..6, 2usize..7).prop_flat_map(|(m, n)| {
+            (proptest::collection::vec(row_strategy(m), n), row_strategy(m))
+        })
+    ) {
+        let a: Vec<Vec<i64>> = rows.iter().map(|r| clip_encode(r)).collect();
+        let mut b = a.clone();
+        b[0] = clip_encode(&replacement);
+        check_pair(&a, &b)?;
+    }
+
+    /// Adversarial pairs: all other rows equal to a point m on the sphere, the
+    /// replaced row and its replacement at angles around -m and m (the numerically
+    /// worst cases sit there).
+    #[test]
+    fn adversarial_neighbors_respect_sensitivity(
+        m_dir in row_strategy(3),
+        x_dir in row_strategy(3),
+        xp_dir in row_strategy(3),
+        mix in 0.0f64..1.0,
+        n in 2usize..40,
+    ) {
+        let unit = |v: &[f64]| {
+            let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
+            v.iter().map(|x| x / norm).collect::<Vec<f64>>()
+        };
+        let mu = unit(&m_dir);
+        let x: Vec<f64> = unit(&mu.iter().zip(unit(&x_dir)).map(|(a, b)| -a * (1.0 - mix) + b * mix).collect::<Vec<_>>());
+        let xp: Vec<f64> = unit(&mu.iter().zip(unit(&xp_dir)).map(|(a, b)| a * (1.0 - mix) + b * mix).collect::<Vec<_>>());
+        let mut a: Vec<Vec<i64>> = vec![clip_encode(&mu); n];
+        let mut b = a.clone();
+        a[0] = clip_encode(&x);
+        b[0] = clip_encode(&xp);
+        check_pair(&a, &b)?;
+    }
+
+    /// The zCDP calibration meets the requested delta and is at least as tight as
+    /// the standard conversion eps = rho + 2 sqrt(rho ln(1/delta)).
+    #[test]
+    fn zcdp_calibration_is_sound(eps in 0.05f64..8.0, log_delta in -12.0f64..-2.0) {
+        let delta = 10f64.powf(log_delta);
+        let rho = rho_for(eps, delta);
+        prop_assert!(rho > 0.0);
+        prop_assert!(zcdp_delta(rho, eps) <= delta * (1.0 + 1e-9));
+        let standard = {
+            // Largest rho with rho + 2 sqrt(rho L) <= eps: sqrt(rho) = sqrt(L + eps) - sqrt(L).
+            let l = (1.0 / delta).ln();
+            ((l + eps).sqrt() - l.sqrt()).powi(2)
+        };
+        prop_assert!(rho >= standard * (1.0 - 1e-6));
+    }
+}
+
+#[test]
+fn classic_calibration_refuses_large_epsilon() {
+    assert_eq!(
+        PrivacyRequest::new(Mechanism::GaussianClassic, Centering::Mask, 1.0, 1e-5).err(),
+        Some(DpError::ClassicNeedsSmallEpsilon(1.0))
+    );
+    assert!(PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 0.0, 1e-5).is_err());
+    assert!(PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 0.0).is_err());
+    assert!(PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1.0).is_err());
+    assert!(PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, f64::NAN, 0.1).is_err());
+}
+
+/// The planned sigma, converted back, spends no more than was asked.
+#[test]
+fn gaussian_plan_spends_at_most_the_budget() {
+    for centering in [Centering::Mask, Centering::DpMean] {
+        let req = PrivacyRequest::new(Mechanism::Gaussian, centering, 1.0, 1e-5).expect("valid");
+        let cq = FP.norm_bound_int();
+        let plan = plan_noise(&req, 10, cq, 1000);
+        let sens = Sensitivity::new(cq, 10);
+        let sigma = plan.matrix.std_dev();
+        let spent = match (centering, &plan.vector) {
+            (Centering::Mask, _) => (1000.0 * sens.s_l2).powi(2) / (2.0 * sigma * sigma),
+            (Centering::DpMean, Some(v)) => {
+                sens.r_l2.powi(2) / (2.0 * sigma * sigma) + sens.v_l2.powi(2) / (2.0 * v.std_dev().powi(2))
+            }
+            _ => f64::INFINITY,
+        };
+        assert!(zcdp_delta(spent, 1.0) <= 1e-5 * (1.0 + 1e-6), "{centering:?}");
+    }
+}
+
+#[test]
+fn sampled_noise_has_planned_scale() {
+    let mut rng = ChaCha20Rng::seed_from_u64(3);
+    let scale = NoiseScale::Gaussian {
+        sigma: BigUint::from(1u64 << 40),
+    };
+    let upper = scale.sample_upper(20, &mut rng);
+    assert_eq!(upper.len(), 210);
+    let s = scale.std_dev();
+    let var = upper.iter().map(|e| (e.to_f64().unwrap_or(0.0) / s).powi(2)).sum::<f64>() / 210.0;
+    assert!((var - 1.0).abs() < 0.35, "variance ratio {var}");
+    assert!(upper.iter().all(|e| e.magnitude() < &scale.tail_bound()));
+}
+
+#[test]
+fn wishart_noise_is_positive_semidefinite_on_diagonal() {
+    let mut rng = ChaCha20Rng::seed_from_u64(4);
+    let scale = NoiseScale::Wishart {
+        sigma_z2: BigUint::from(100u32),
+        cols: 5,
+    };
+    let upper = scale.sample_upper(4, &mut rng);
+    for i in 0..4 {
+        let idx = crate::encoding::TriangleLayout::upper_index(4, i, i);
+        assert!(upper[idx] >= BigInt::zero());
+    }
+}

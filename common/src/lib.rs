@@ -1,0 +1,27 @@
+//! Pure core of private distributed PCA (DPDP-PCA made exact and packable).
+//!
+//! This crate does no I/O: every function takes values and returns values, and the
+//! role binaries (`owner`, `proxy`, `user`) do the networking, files and clocks.
+//!
+//! Layout:
+//! - [`paillier`]: keys, encryption with g = n + 1, CRT decryption, ciphertext checks.
+//! - [`encoding`]: fixed-point rows, slot packing and its overflow proof.
+//! - [`dp`]: mechanisms, sensitivities, zCDP calibration, exact integer samplers.
+//! - [`study`]: the validated study specification and the ciphertext layout.
+//! - [`protocol`]: owner shares, the proxy's masked and noised release, the user's
+//!   reconstruction of S + E.
+//! - [`data`]: CSV tables, bounds and row normalization.
+//! - [`linalg`]: eigen-decomposition, PCA, PSD repair, captured variance.
+//!
+//! Known limitations: big-integer arithmetic is pure Rust (num-bigint), so no system
+//! library is needed, at a constant-factor cost over GMP; encryption uses a full
+//! r^n exponentiation per ciphertext; the rejection samplers' running time depends on
+//! the sample (see [`dp::sampler`]).
+
+pub mod data;
+pub mod dp;
+pub mod encoding;
+pub mod linalg;
+pub mod paillier;
+pub mod protocol;
+pub mod study;

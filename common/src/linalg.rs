@@ -1,0 +1,113 @@
+//! Symmetric eigen-decomposition, PCA outputs and utility measures.
+
+use nalgebra::{DMatrix, SymmetricEigen};
+
+/// Principal components of a (noisy) scatter matrix.
+#[derive(Clone, Debug)]
+pub struct Pca {
+    /// M x k matrix whose columns are unit eigenvectors, largest eigenvalue first.
+    pub components: DMatrix<f64>,
+    /// All eigenvalues, descending.
+    pub eigenvalues: Vec<f64>,
+    /// eigenvalue / (sum of the positive eigenvalues), descending.
+    pub explained_ratio: Vec<f64>,
+}
+
+/// Eigenvalues (descending) and matching eigenvectors of a symmetric matrix.
+pub fn eigh_desc(s: &DMatrix<f64>) -> (Vec<f64>, DMatrix<f64>) {
+    let eig = SymmetricEigen::new(s.clone());
+    let mut order: Vec<usize> = (0..eig.eigenvalues.len()).collect();
+    order.sort_by(|&a, &b| eig.eigenvalues[b].total_cmp(&eig.eigenvalues[a]));
+    let values = order.iter().map(|&i| eig.eigenvalues[i]).collect();
+    let vectors = DMatrix::from_fn(s.nrows(), order.len(), |r, c| eig.eigenvectors[(r, order[c])]);
+    (values, vectors)
+}
+
+/// Top-k principal components of a symmetric matrix. Each component's sign is fixed
+/// so that its largest-magnitude entry is positive, for reproducible outputs.
+pub fn pca(s: &DMatrix<f64>, k: usize) -> Pca {
+    let (values, vectors) = eigh_desc(s);
+    let k = k.min(values.len());
+    let mut components = vectors.columns(0, k).into_owned();
+    for mut col in components.column_iter_mut() {
+        let (idx, _) = col
+            .iter()
+            .enumerate()
+            .fold((0, 0.0f64), |acc, (i, &x)| if x.abs() > acc.1 { (i, x.abs()) } else { acc });
+        if col[idx] < 0.0 {
+            col.neg_mut();
+        }
+    }
+    let positive: f64 = values.iter().filter(|&&v| v > 0.0).sum();
+    let explained_ratio = values.iter().map(|&v| if positive > 0.0 { v / positive } else { 0.0 }).collect();
+    Pca {
+        components,
+        eigenvalues: values,
+        explained_ratio,
+    }
+}
+
+/// Projection onto the PSD cone: negative eigenvalues clipped to zero. Pure
+/// post-processing of the released matrix, so it costs no privacy.
+pub fn psd_repair(s: &DMatrix<f64>) -> DMatrix<f64> {
+    let eig = SymmetricEigen::new(s.clone());
+    let clipped = eig.eigenvalues.map(|v| v.max(0.0));
+    &eig.eigenvectors * DMatrix::from_diagonal(&clipped) * eig.eigenvectors.transpose()
+}
+
+/// Centered scatter sum (x - mean)(x - mean)^T of rows, in f64 (plaintext reference).
+pub fn centered_scatter(rows: &[Vec<f64>]) -> DMatrix<f64> {
+    let m = rows.first().map(|r| r.len()).unwrap_or(0);
+    let n = rows.len() as f64;
+    let x = DMatrix::from_fn(rows.len(), m, |i, j| rows[i][j]);
+    let mean = x.row_mean();
+    let centered = DMatrix::from_fn(rows.len(), m, |i, j| x[(i, j)] - mean[j]);
+    let _ = n;
+    centered.transpose() * centered
+}
+
+/// Captured variance tr(V^T S V) / tr(U^T S U) of components V against the true top-k
+/// eigenvectors U of the true scatter S (1 is perfect).
+pub fn captured_variance(s_true: &DMatrix<f64>, v: &DMatrix<f64>) -> f64 {
+    let k = v.ncols();
+    let (values, _) = eigh_desc(s_true);
+    let best: f64 = values.iter().take(k).sum();
+    let got = (v.transpose() * s_true * v).trace();
+    if best > 0.0 {
+        got / best
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pca_recovers_known_axes() {
+        let s = DMatrix::from_row_slice(3, 3, &[4.0, 0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0, 1.0]);
+        let p = pca(&s, 2);
+        assert_eq!(p.eigenvalues, vec![9.0, 4.0, 1.0]);
+        assert!((p.components[(1, 0)] - 1.0).abs() < 1e-12);
+        assert!((p.components[(0, 1)] - 1.0).abs() < 1e-12);
+        assert!((p.explained_ratio[0] - 9.0 / 14.0).abs() < 1e-12);
+        assert!((captured_variance(&s, &p.components) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn psd_repair_clips_negative_eigenvalues() {
+        let s = DMatrix::from_row_slice(2, 2, &[1.0, 2.0, 2.0, 1.0]); // eigenvalues 3, -1
+        let r = psd_repair(&s);
+        let (values, _) = eigh_desc(&r);
+        assert!((values[0] - 3.0).abs() < 1e-9 && values[1].abs() < 1e-9);
+    }
+
+    #[test]
+    fn scatter_matches_definition() {
+        let rows = vec![vec![1.0, 2.0], vec![3.0, 6.0]];
+        let s = centered_scatter(&rows);
+        // mean (2, 4); deviations (-1,-2), (1,2)
+        assert_eq!(s, DMatrix::from_row_slice(2, 2, &[2.0, 4.0, 4.0, 8.0]));
+    }
+}

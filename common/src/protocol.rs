@@ -1,0 +1,376 @@
+//! The three computations of a study, as pure functions: an owner's share and its
+//! plaintexts, the proxy's masked and noised release (DESIGN section 4), and the
+//! user's reconstruction of S + E.
+//!
+//! Release in `mask` centering, per packed segment (row i, columns j..j+len):
+//!
+//! ```text
+//! T = N R + v b^T + b v^T + b b^T + E'        v' = v + b
+//! E[T_seg] = E[R_seg]^N * E[v_seg]^(b_i) * prod_t E[v_i 2^(t w)]^(b_(j+t)) * (1 + P n) * r^n
+//! ```
+//!
+//! with P the packed plaintext b_i b_(j+t) + E'_(i,j+t), and E[v_k 2^(t w)] the
+//! shifted ciphertexts precomputed once per k by squarings. The user computes
+//! T - v' v'^T = N R - v v^T + E' = N S~ + E', in which the masks cancel exactly:
+//! nothing the user decrypts depends on b beyond v' = v + b.
+
+use nalgebra::{DMatrix, DVector};
+use num_bigint::{BigInt, BigUint, Sign};
+use num_traits::{One, ToPrimitive, Zero};
+use rand::rngs::StdRng;
+use rand::{CryptoRng, RngCore, SeedableRng};
+use rayon::prelude::*;
+
+use crate::dp::{Centering, NoisePlan};
+use crate::encoding::{EncodingError, TriangleLayout};
+use crate::paillier::{random_below, Ciphertext, PaillierError, PublicKey, SecretKey};
+use crate::study::StudyLayout;
+
+/// Errors of the protocol computations.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// Encoding or slot overflow.
+    #[error(transparent)]
+    Encoding(#[from] EncodingError),
+    /// Key or ciphertext problem.
+    #[error(transparent)]
+    Paillier(#[from] PaillierError),
+    /// A ciphertext vector of the wrong length.
+    #[error("expected {expected} ciphertexts, got {got}")]
+    Count {
+        /// Expected.
+        expected: usize,
+        /// Received.
+        got: usize,
+    },
+    /// A sampled noise value beyond the tail bound the slots were sized for.
+    #[error("noise sample beyond the proven tail bound (probability below 2^-1000)")]
+    NoiseTail,
+}
+
+/// An owner's exact integer share: upper triangle of R~ (row-major), v~ and N.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// Upper triangle of sum x x^T, row-major, i <= j.
+    pub r_upper: Vec<i128>,
+    /// sum x.
+    pub v: Vec<i128>,
+    /// Row count.
+    pub n: u64,
+}
+
+impl Share {
+    /// Computes the share of encoded rows exactly in i128.
+    pub fn from_rows(rows: &[Vec<i64>], dim: usize) -> Self {
+        let mut r_upper = vec![0i128; dim * (dim + 1) / 2];
+        let mut v = vec![0i128; dim];
+        for x in rows {
+            let mut idx = 0;
+            for i in 0..dim {
+                let xi = x[i] as i128;
+                v[i] += xi;
+                for &xj in &x[i..dim] {
+                    r_upper[idx] += xi * xj as i128;
+                    idx += 1;
+                }
+            }
+        }
+        Self {
+            r_upper,
+            v,
+            n: rows.len() as u64,
+        }
+    }
+
+    /// Sum of shares (the pooled share, for plaintext reference computations).
+    pub fn sum(shares: &[Share]) -> Option<Share> {
+        let first = shares.first()?;
+        let mut acc = first.clone();
+        for s in &shares[1..] {
+            acc.r_upper.iter_mut().zip(&s.r_upper).for_each(|(a, b)| *a += b);
+            acc.v.iter_mut().zip(&s.v).for_each(|(a, b)| *a += b);
+            acc.n += s.n;
+        }
+        Some(acc)
+    }
+
+    /// The plaintext residues an owner encrypts, in layout order: packed R
+    /// segments, each v_i alone, then N.
+    pub fn plaintexts(&self, layout: &StudyLayout, pk: &PublicKey) -> Result<Vec<BigUint>, ProtocolError> {
+        let dim = layout.triangle.dim;
+        let mut out = Vec::with_capacity(layout.owner_ciphertexts());
+        for seg in &layout.triangle.segments {
+            let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
+            let packed = layout.budget.pack_i128(&self.r_upper[start..start + seg.len])?;
+            out.push(pk.encode_signed(&packed)?);
+        }
+        for &vi in &self.v {
+            out.push(pk.encode_signed(&BigInt::from(vi))?);
+        }
+        out.push(BigUint::from(self.n));
+        Ok(out)
+    }
+}
+
+/// The proxy's per-study secrets, sampled once when the study is noised and kept
+/// (a retry must re-serve the same release, or the user could average noise away).
+#[derive(Clone, Debug)]
+pub struct ReleaseSecrets {
+    /// Mask b (`mask` centering), else empty.
+    pub mask: Vec<BigUint>,
+    /// Upper triangle of the matrix noise, row-major.
+    pub matrix_noise: Vec<BigInt>,
+    /// Vector noise (`dp-mean`), else empty.
+    pub vector_noise: Vec<BigInt>,
+}
+
+impl ReleaseSecrets {
+    /// Samples the mask and the noise of a study.
+    pub fn sample<R: RngCore + CryptoRng>(
+        layout: &StudyLayout,
+        centering: Centering,
+        plan: &NoisePlan,
+        rng: &mut R,
+    ) -> Result<Self, ProtocolError> {
+        let dim = layout.triangle.dim;
+        let matrix_noise = plan.matrix.sample_upper(dim, rng);
+        let tail = plan.matrix.tail_bound();
+        if matrix_noise.iter().any(|e| e.magnitude() > &tail) {
+            return Err(ProtocolError::NoiseTail);
+        }
+        let (mask, vector_noise) = match centering {
+            Centering::Mask => {
+                let bound = BigUint::one() << layout.mask_bits as usize;
+                ((0..dim).map(|_| random_below(&bound, rng)).collect(), Vec::new())
+            }
+            Centering::DpMean => {
+                let noise = match &plan.vector {
+                    Some(v) => {
+                        let noise = v.sample_vector(dim, rng);
+                        let tail = v.tail_bound();
+                        if noise.iter().any(|e| e.magnitude() > &tail) {
+                            return Err(ProtocolError::NoiseTail);
+                        }
+                        noise
+                    }
+                    None => vec![BigInt::zero(); dim],
+                };
+                (Vec::new(), noise)
+            }
+        };
+        Ok(Self {
+            mask,
+            matrix_noise,
+            vector_noise,
+        })
+    }
+}
+
+/// E[v_k 2^(t w)] for t < slots: only squarings, computed once per k.
+fn shifted(pk: &PublicKey, v: &Ciphertext, slots: usize, width: u64) -> Vec<Ciphertext> {
+    let mut out = Vec::with_capacity(slots);
+    let mut cur = v.clone();
+    let step = BigUint::one() << width as usize;
+    for t in 0..slots {
+        if t > 0 {
+            cur = pk.scale(&cur, &step);
+        }
+        out.push(cur.clone());
+    }
+    out
+}
+
+/// Computes the released ciphertexts from the aggregate of all owners' contributions
+/// (`agg`, in owner layout order), the pooled count N and the study's secrets.
+/// Every output is re-randomized with fresh randomness drawn from `seed_rng`.
+pub fn release<R: RngCore + CryptoRng>(
+    pk: &PublicKey,
+    layout: &StudyLayout,
+    centering: Centering,
+    agg: &[Ciphertext],
+    n_rows: u64,
+    secrets: &ReleaseSecrets,
+    seed_rng: &mut R,
+) -> Result<Vec<Ciphertext>, ProtocolError> {
+    if agg.len() != layout.owner_ciphertexts() {
+        return Err(ProtocolError::Count {
+            expected: layout.owner_ciphertexts(),
+            got: agg.len(),
+        });
+    }
+    let dim = layout.triangle.dim;
+    let slots = layout.budget.slots;
+    let width = layout.budget.slot_width;
+    let r_cts = &agg[..layout.triangle.len()];
+    let v_cts = &agg[layout.triangle.len()..layout.triangle.len() + dim];
+    let table: Vec<Vec<Ciphertext>> = v_cts.par_iter().map(|v| shifted(pk, v, slots, width)).collect();
+    let n_big = BigUint::from(n_rows);
+
+    // One fresh randomizer per output, drawn up front from the caller's RNG so the
+    // parallel part stays deterministic given the RNG.
+    let total = layout.release_ciphertexts();
+    let masks_seed: Vec<[u8; 32]> = (0..total)
+        .map(|_| {
+            let mut s = [0u8; 32];
+            seed_rng.fill_bytes(&mut s);
+            s
+        })
+        .collect();
+    let rerandomize = |c: Ciphertext, seed: &[u8; 32]| {
+        let mut rng = StdRng::from_seed(*seed);
+        pk.rerandomize(&c, &mut rng)
+    };
+
+    let segs: Vec<Result<Ciphertext, ProtocolError>> = layout
+        .triangle
+        .segments
+        .par_iter()
+        .enumerate()
+        .map(|(s_idx, seg)| {
+            let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
+            let noise = &secrets.matrix_noise[start..start + seg.len];
+            let c = match centering {
+                Centering::Mask => {
+                    let b = &secrets.mask;
+                    let i = seg.row;
+                    // E[N R_seg]
+                    let mut c = pk.scale(&r_cts[s_idx], &n_big);
+                    // E[v_seg]^(b_i): v_seg assembled from the shifted table.
+                    let mut v_seg = table[seg.col][0].clone();
+                    for t in 1..seg.len {
+                        v_seg = pk.add(&v_seg, &table[seg.col + t][t]);
+                    }
+                    c = pk.add(&c, &pk.scale(&v_seg, &b[i]));
+                    // v_i b_(j..j+len): short exponents on v_i's shifted ciphertexts.
+                    for t in 0..seg.len {
+                        c = pk.add(&c, &pk.scale(&table[i][t], &b[seg.col + t]));
+                    }
+                    // b_i b_j + E'_ij in clear.
+                    let plain: Vec<BigInt> = (0..seg.len)
+                        .map(|t| BigInt::from(&b[i] * &b[seg.col + t]) + &noise[t])
+                        .collect();
+                    let packed = layout.budget.pack(&plain)?;
+                    pk.add_plain(&c, &pk.encode_signed(&packed)?)
+                }
+                Centering::DpMean => {
+                    let packed = layout.budget.pack(noise)?;
+                    pk.add_plain(&r_cts[s_idx], &pk.encode_signed(&packed)?)
+                }
+            };
+            Ok(rerandomize(c, &masks_seed[s_idx]))
+        })
+        .collect();
+    let mut out = Vec::with_capacity(total);
+    for s in segs {
+        out.push(s?);
+    }
+    let base = layout.triangle.len();
+    let vecs: Vec<Result<Ciphertext, ProtocolError>> = layout
+        .vector
+        .par_iter()
+        .enumerate()
+        .map(|(k, &(start, len))| {
+            let mut c = table[start][0].clone();
+            for t in 1..len {
+                c = pk.add(&c, &table[start + t][t]);
+            }
+            let plain: Vec<BigInt> = match centering {
+                Centering::Mask => secrets.mask[start..start + len].iter().map(|b| BigInt::from(b.clone())).collect(),
+                Centering::DpMean => secrets.vector_noise[start..start + len].to_vec(),
+            };
+            let packed = layout.budget.pack(&plain)?;
+            let c = pk.add_plain(&c, &pk.encode_signed(&packed)?);
+            Ok(rerandomize(c, &masks_seed[base + k]))
+        })
+        .collect();
+    for v in vecs {
+        out.push(v?);
+    }
+    Ok(out)
+}
+
+/// What the user reconstructs from a release.
+#[derive(Clone, Debug)]
+pub struct Opened {
+    /// The released matrix on the grid as exact integers, full symmetric:
+    /// N S~ + E' (`mask`) or R~ + E_R (`dp-mean`).
+    pub matrix_grid: Vec<Vec<BigInt>>,
+    /// The released vector on the grid: v + b (`mask`) or v + e_v (`dp-mean`).
+    pub vector_grid: Vec<BigInt>,
+    /// S' = S + E in normalized units (f64).
+    pub scatter: DMatrix<f64>,
+    /// The noisy mean in normalized units (`dp-mean` only).
+    pub mean: Option<DVector<f64>>,
+}
+
+/// Decrypts a release and forms S' = S + E in normalized units.
+pub fn open_release(
+    sk: &SecretKey,
+    layout: &StudyLayout,
+    centering: Centering,
+    cts: &[Ciphertext],
+    n_rows: u64,
+    frac_bits: u32,
+) -> Result<Opened, ProtocolError> {
+    if cts.len() != layout.release_ciphertexts() {
+        return Err(ProtocolError::Count {
+            expected: layout.release_ciphertexts(),
+            got: cts.len(),
+        });
+    }
+    let dim = layout.triangle.dim;
+    let plains: Vec<BigInt> = cts.par_iter().map(|c| sk.decrypt_signed(c)).collect();
+    let mut t = vec![vec![BigInt::zero(); dim]; dim];
+    for (seg, p) in layout.triangle.segments.iter().zip(&plains) {
+        let vals = layout.budget.unpack(p, seg.len)?;
+        for (k, val) in vals.into_iter().enumerate() {
+            let j = seg.col + k;
+            t[j][seg.row] = val.clone();
+            t[seg.row][j] = val;
+        }
+    }
+    let mut vec = Vec::with_capacity(dim);
+    for (&(_, len), p) in layout.vector.iter().zip(&plains[layout.triangle.len()..]) {
+        vec.extend(layout.budget.unpack(p, len)?);
+    }
+    let scale_1 = f64::from(frac_bits).exp2();
+    let scale_2 = scale_1 * scale_1;
+    let n = n_rows as f64;
+    let (matrix_grid, scatter, mean) = match centering {
+        Centering::Mask => {
+            // T - v' v'^T = N S~ + E': the masks cancel exactly.
+            let mut ns = t;
+            for i in 0..dim {
+                for j in 0..dim {
+                    ns[i][j] -= &vec[i] * &vec[j];
+                }
+            }
+            let s = DMatrix::from_fn(dim, dim, |i, j| to_f64(&ns[i][j]) / (n * scale_2));
+            (ns, s, None)
+        }
+        Centering::DpMean => {
+            // S' = R' - v' v'^T / N, in normalized units.
+            let r = DMatrix::from_fn(dim, dim, |i, j| to_f64(&t[i][j]) / scale_2);
+            let v = DVector::from_fn(dim, |i, _| to_f64(&vec[i]) / scale_1);
+            let s = &r - &v * v.transpose() / n;
+            (t, s, Some(v / n))
+        }
+    };
+    Ok(Opened {
+        matrix_grid,
+        vector_grid: vec,
+        scatter,
+        mean,
+    })
+}
+
+/// Lossy view of a big integer as f64 (values here are far below f64's range).
+pub fn to_f64(v: &BigInt) -> f64 {
+    v.to_f64().unwrap_or(match v.sign() {
+        Sign::Minus => f64::NEG_INFINITY,
+        _ => f64::INFINITY,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,197 @@
+//! Exactness and masking invariants of the release, with real encryption.
+
+use super::*;
+use crate::dp::{plan_noise, Mechanism, NoiseScale, PrivacyRequest};
+use crate::encoding::FixedPoint;
+use crate::study::StudySpec;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use std::sync::OnceLock;
+
+fn key() -> &'static SecretKey {
+    static KEY: OnceLock<SecretKey> = OnceLock::new();
+    KEY.get_or_init(|| {
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        SecretKey::generate(2048, &mut rng).expect("keygen")
+    })
+}
+
+fn spec(dim: usize, centering: Centering, mechanism: Mechanism) -> StudySpec {
+    StudySpec {
+        features: (0..dim).map(|i| format!("f{i}")).collect(),
+        bounds: vec![(-1.0, 1.0); dim],
+        fixed: FixedPoint {
+            frac_bits: 16,
+            row_norm_bound: 1.0,
+        },
+        max_rows: 1000,
+        privacy: PrivacyRequest::new(mechanism, centering, 1.0, 1e-6).expect("valid"),
+        min_owners: 1,
+        quorum: 3,
+        deadline_unix_ms: 0,
+        kappa: 40,
+        public_key: key().public().clone(),
+    }
+}
+
+fn random_rows(rng: &mut ChaCha20Rng, n: usize, dim: usize, fp: &FixedPoint) -> Vec<Vec<i64>> {
+    (0..n)
+        .map(|_| {
+            let row: Vec<f64> = (0..dim).map(|_| rng.gen_range(-0.5..0.5)).collect();
+            let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let row: Vec<f64> = if norm > 1.0 { row.iter().map(|x| x / norm).collect() } else { row };
+            fp.encode_row(&row)
+        })
+        .collect()
+}
+
+/// Runs a whole study in memory: owners encrypt, the aggregate is the ciphertext
+/// product, the proxy releases, the user opens.
+fn run(
+    spec: &StudySpec,
+    noise: Option<NoiseScale>,
+    seed: u64,
+) -> (Share, ReleaseSecrets, Opened, Vec<Ciphertext>) {
+    let mut rng = ChaCha20Rng::seed_from_u64(seed);
+    let pk = key().public();
+    let layout = StudyLayout::new(spec).expect("layout");
+    let dim = spec.dim();
+    let shares: Vec<Share> = [7usize, 5, 9]
+        .iter()
+        .map(|&n| Share::from_rows(&random_rows(&mut rng, n, dim, &spec.fixed), dim))
+        .collect();
+    let mut agg: Option<Vec<Ciphertext>> = None;
+    for s in &shares {
+        let cts: Vec<Ciphertext> = s
+            .plaintexts(&layout, pk)
+            .expect("plaintexts")
+            .iter()
+            .map(|m| pk.encrypt(m, &mut rng).expect("encrypt"))
+            .collect();
+        assert_eq!(cts.len(), layout.owner_ciphertexts());
+        agg = Some(match agg {
+            None => cts,
+            Some(a) => a.iter().zip(&cts).map(|(x, y)| pk.add(x, y)).collect(),
+        });
+    }
+    let agg = agg.expect("owners");
+    let pooled = Share::sum(&shares).expect("pooled");
+    let mut plan = plan_noise(&spec.privacy, dim, spec.fixed.norm_bound_int(), pooled.n);
+    if let Some(n) = noise {
+        plan.matrix = n.clone();
+        plan.vector = plan.vector.map(|_| n);
+    }
+    let secrets = ReleaseSecrets::sample(&layout, spec.privacy.centering, &plan, &mut rng).expect("secrets");
+    let released = release(pk, &layout, spec.privacy.centering, &agg, pooled.n, &secrets, &mut rng).expect("release");
+    let opened = open_release(key(), &layout, spec.privacy.centering, &released, pooled.n, spec.fixed.frac_bits)
+        .expect("open");
+    (pooled, secrets, opened, released)
+}
+
+fn r_full(share: &Share, dim: usize) -> Vec<Vec<BigInt>> {
+    let mut r = vec![vec![BigInt::zero(); dim]; dim];
+    for i in 0..dim {
+        for j in i..dim {
+            let v = BigInt::from(share.r_upper[TriangleLayout::upper_index(dim, i, j)]);
+            r[i][j] = v.clone();
+            r[j][i] = v;
+        }
+    }
+    r
+}
+
+fn noise_full(upper: &[BigInt], dim: usize) -> Vec<Vec<BigInt>> {
+    let mut e = vec![vec![BigInt::zero(); dim]; dim];
+    for i in 0..dim {
+        for j in i..dim {
+            let v = upper[TriangleLayout::upper_index(dim, i, j)].clone();
+            e[i][j] = v.clone();
+            e[j][i] = v;
+        }
+    }
+    e
+}
+
+/// Everything the user decrypts satisfies T - v' v'^T = N S~ + E' exactly, where
+/// N S~ = N R - v v^T comes from the plaintext shares; and v' differs from v.
+#[test]
+fn masking_invariant_holds_exactly() {
+    let dim = 7;
+    let spec = spec(dim, Centering::Mask, Mechanism::Gaussian);
+    let (pooled, secrets, opened, _) = run(&spec, None, 1);
+    let n = BigInt::from(pooled.n);
+    let r = r_full(&pooled, dim);
+    let e = noise_full(&secrets.matrix_noise, dim);
+    for i in 0..dim {
+        for j in 0..dim {
+            let ns = &n * &r[i][j] - BigInt::from(pooled.v[i]) * BigInt::from(pooled.v[j]);
+            assert_eq!(opened.matrix_grid[i][j], ns + &e[i][j], "entry ({i}, {j})");
+        }
+        let v_masked = BigInt::from(pooled.v[i]) + BigInt::from(secrets.mask[i].clone());
+        assert_eq!(opened.vector_grid[i], v_masked);
+        assert_ne!(opened.vector_grid[i], BigInt::from(pooled.v[i]), "v' must differ from v");
+    }
+    // The noise was real: not all zero.
+    assert!(secrets.matrix_noise.iter().any(|x| !x.is_zero()));
+}
+
+/// With the noise forced to zero, the decrypted S' equals the pooled S to
+/// fixed-point precision.
+#[test]
+fn noise_free_release_is_exact() {
+    let dim = 9;
+    let spec = spec(dim, Centering::Mask, Mechanism::Gaussian);
+    let (pooled, _, opened, _) = run(&spec, Some(NoiseScale::None), 2);
+    let scale = f64::from(spec.fixed.frac_bits).exp2();
+    let n = pooled.n as f64;
+    let r = r_full(&pooled, dim);
+    for i in 0..dim {
+        for j in 0..dim {
+            let rij = to_f64(&r[i][j]) / (scale * scale);
+            let s = rij - (pooled.v[i] as f64 / scale) * (pooled.v[j] as f64 / scale) / n;
+            assert!((opened.scatter[(i, j)] - s).abs() < 1e-9, "({i},{j}) {} vs {s}", opened.scatter[(i, j)]);
+        }
+    }
+}
+
+/// dp-mean: the user gets R + E_R and v + e_v exactly.
+#[test]
+fn dp_mean_release_is_r_plus_noise() {
+    let dim = 6;
+    for mechanism in [Mechanism::Gaussian, Mechanism::Laplace, Mechanism::WishartUnproven] {
+        let spec = spec(dim, Centering::DpMean, mechanism);
+        let (pooled, secrets, opened, _) = run(&spec, None, 3);
+        let r = r_full(&pooled, dim);
+        let e = noise_full(&secrets.matrix_noise, dim);
+        for i in 0..dim {
+            for j in 0..dim {
+                assert_eq!(opened.matrix_grid[i][j], &r[i][j] + &e[i][j]);
+            }
+            assert_eq!(opened.vector_grid[i], BigInt::from(pooled.v[i]) + &secrets.vector_noise[i]);
+        }
+        assert!(opened.mean.is_some());
+    }
+}
+
+/// Laplace and Wishart in mask mode keep the invariant too.
+#[test]
+fn mask_invariant_for_other_mechanisms() {
+    let dim = 5;
+    for mechanism in [Mechanism::Laplace, Mechanism::WishartUnproven] {
+        let spec = spec(dim, Centering::Mask, mechanism);
+        let (pooled, secrets, opened, released) = run(&spec, None, 4);
+        let n = BigInt::from(pooled.n);
+        let r = r_full(&pooled, dim);
+        let e = noise_full(&secrets.matrix_noise, dim);
+        for i in 0..dim {
+            for j in 0..dim {
+                let ns = &n * &r[i][j] - BigInt::from(pooled.v[i]) * BigInt::from(pooled.v[j]);
+                assert_eq!(opened.matrix_grid[i][j], ns + &e[i][j]);
+            }
+        }
+        // Every released ciphertext is a valid group element.
+        for (k, c) in released.iter().enumerate() {
+            key().public().validate(&c.0, k).expect("valid ciphertext");
+        }
+    }
+}
