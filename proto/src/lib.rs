@@ -1,10 +1,11 @@
-//! Wire types and gRPC client/server stubs generated from `proto/dpca.proto`.
-//!
-//! This crate holds wire types only: the role crates convert them into validated
-//! domain types at the edge, and nothing deeper sees prost structs.
-#![allow(missing_docs, clippy::all)]
+//! Wire types and gRPC client/server stubs generated from `proto/dpca.proto`, and the
+//! validating conversions to the domain types of `dpca-common` (in [`convert`]), so
+//! nothing beyond this crate's edge handles unvalidated prost structs.
 
-/// Version 1 of the protocol.
+/// Version 1 of the protocol (generated code).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {
     tonic::include_proto!("dpca.v1");
 }
+
+pub mod convert;

@@ -1,0 +1,59 @@
+//! Validating conversions between wire types and the domain types of `dpca-common`.
+
+use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
+use dpca_common::encoding::FixedPoint;
+use dpca_common::paillier::PublicKey;
+use dpca_common::study::{SpecError, StudySpec};
+
+use crate::v1;
+
+/// Converts and fully validates a wire study spec.
+pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
+    let mechanism = Mechanism::parse(&w.mechanism)?;
+    let centering = Centering::parse(&w.centering)?;
+    let privacy = PrivacyRequest::new(mechanism, centering, w.epsilon, w.delta)?;
+    let spec = StudySpec {
+        features: w.features.clone(),
+        bounds: w.bounds.iter().map(|b| (b.lo, b.hi)).collect(),
+        fixed: FixedPoint {
+            frac_bits: w.frac_bits,
+            row_norm_bound: w.row_norm_bound,
+        },
+        max_rows: w.max_rows,
+        privacy,
+        min_owners: w.min_owners,
+        quorum: w.quorum,
+        deadline_unix_ms: w.deadline_unix_ms,
+        kappa: w.kappa,
+        public_key: PublicKey::from_bytes(&w.public_key)?,
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// Converts a domain spec to its wire form.
+pub fn spec_to_wire(s: &StudySpec) -> v1::StudySpec {
+    v1::StudySpec {
+        features: s.features.clone(),
+        bounds: s.bounds.iter().map(|&(lo, hi)| v1::Bounds { lo, hi }).collect(),
+        row_norm_bound: s.fixed.row_norm_bound,
+        frac_bits: s.fixed.frac_bits,
+        max_rows: s.max_rows,
+        mechanism: s.privacy.mechanism.name().to_string(),
+        centering: s.privacy.centering.name().to_string(),
+        epsilon: s.privacy.epsilon,
+        delta: s.privacy.delta,
+        min_owners: s.min_owners,
+        quorum: s.quorum,
+        deadline_unix_ms: s.deadline_unix_ms,
+        kappa: s.kappa,
+        public_key: s.public_key.to_bytes(),
+    }
+}
+
+/// Ciphertexts per streamed chunk: about 50 KB at 3072-bit keys, far below the
+/// message size limit.
+pub const CIPHERTEXTS_PER_CHUNK: usize = 64;
+
+/// Largest gRPC message either side accepts (bytes).
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;

@@ -1,0 +1,49 @@
+//! The proxy: a gRPC server holding studies. It aggregates owners' ciphertexts as they
+//! arrive (memory bounded by the layout, not by the number of owners), validates every
+//! ciphertext, counts one contribution per owner, and, once the user reveals N, masks v
+//! and adds the symmetric noise (the `study` state machine), serving the same release
+//! to every fetch.
+//!
+//! Known limitations: study state lives in memory (a restart loses open studies);
+//! transport is plaintext gRPC and owners are identified by the id they send.
+
+pub mod service;
+pub mod study;
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+/// Proxy configuration.
+#[derive(Clone, Debug, Default)]
+pub struct ProxyConfig {
+    /// Accept studies that ask for a noise-free release. Test-only: a noise-free
+    /// release hands the user the exact scatter.
+    pub allow_noise_free_for_testing: bool,
+}
+
+/// Serves the proxy on `listener` until `shutdown` resolves.
+pub async fn run(
+    config: ProxyConfig,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let svc = service::ProxyService::new(config);
+    svc.spawn_deadline_ticker();
+    let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
+        .max_decoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES);
+    tonic::transport::Server::builder()
+        .add_service(server)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Binds a listener (port 0 picks a free port) and returns it with its address.
+pub async fn bind(addr: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    Ok((listener, local))
+}

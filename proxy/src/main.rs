@@ -1,0 +1,42 @@
+//! `proxy`: the aggregation server of private distributed PCA.
+
+use anyhow::Context;
+use clap::Parser;
+use std::io::Write;
+
+/// Aggregates encrypted scatter shares, masks and noises them for the data user.
+#[derive(Parser, Debug)]
+#[command(name = "proxy", version, about)]
+struct Args {
+    /// Address to listen on (port 0 picks a free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:50051", env = "DPCA_PROXY_LISTEN")]
+    listen: String,
+    /// TEST ONLY: honor requests for a noise-free release (exact scatter to the user).
+    /// Never enable in a deployment.
+    #[arg(long, hide = true)]
+    allow_noise_free_for_testing: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    if args.allow_noise_free_for_testing {
+        tracing::warn!("noise-free releases are ENABLED: test use only");
+    }
+    let (listener, addr) = dpca_proxy::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    println!("listening on {addr}");
+    std::io::stdout().flush().context("stdout")?;
+    let config = dpca_proxy::ProxyConfig {
+        allow_noise_free_for_testing: args.allow_noise_free_for_testing,
+    };
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    dpca_proxy::run(config, listener, shutdown).await
+}

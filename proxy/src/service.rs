@@ -1,0 +1,276 @@
+//! The gRPC shell around the study state machine: each handler validates at the
+//! edge, loads the study, applies one transition and replies.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use dpca_common::dp::Centering;
+use dpca_common::paillier::{Ciphertext, PublicKey};
+use dpca_common::study::StudyLayout;
+use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
+use dpca_proto::v1;
+use rand::rngs::OsRng;
+use rand::RngCore;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::study::{ContributionOutcome, Phase, Study, StudyError};
+use crate::ProxyConfig;
+
+/// How often deadlines are checked and how often a waiting user re-checks.
+const POLL: Duration = Duration::from_millis(50);
+
+impl From<StudyError> for Status {
+    fn from(e: StudyError) -> Self {
+        let msg = e.to_string();
+        match e {
+            StudyError::Closed { .. } | StudyError::WrongPhase { .. } => Status::failed_precondition(msg),
+            StudyError::DuplicateOwner { .. } => Status::already_exists(msg),
+            StudyError::WrongCount { .. } | StudyError::ImplausibleCount { .. } => Status::invalid_argument(msg),
+            StudyError::Release { .. } => Status::internal(msg),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The proxy's gRPC service.
+#[derive(Clone)]
+pub struct ProxyService {
+    config: ProxyConfig,
+    studies: Arc<Mutex<HashMap<String, Study>>>,
+}
+
+impl ProxyService {
+    /// A service with no studies.
+    pub fn new(config: ProxyConfig) -> Self {
+        Self {
+            config,
+            studies: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, HashMap<String, Study>>, Status> {
+        self.studies.lock().map_err(|_| Status::internal("study table poisoned"))
+    }
+
+    /// Applies deadlines in the background.
+    pub fn spawn_deadline_ticker(&self) {
+        let studies = Arc::clone(&self.studies);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(POLL).await;
+                let Ok(mut map) = studies.lock() else { return };
+                let now = now_ms();
+                for s in map.values_mut() {
+                    s.tick(now);
+                }
+            }
+        });
+    }
+
+    fn with_study<T>(&self, id: &str, f: impl FnOnce(&mut Study) -> Result<T, Status>) -> Result<T, Status> {
+        let mut map = self.lock()?;
+        let study = map
+            .get_mut(id)
+            .ok_or_else(|| Status::not_found(format!("unknown study `{id}`")))?;
+        study.tick(now_ms());
+        f(study)
+    }
+}
+
+type ResultStream = Pin<Box<dyn Stream<Item = Result<v1::ResultChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl v1::proxy_server::Proxy for ProxyService {
+    async fn open_study(&self, req: Request<v1::OpenStudyRequest>) -> Result<Response<v1::OpenStudyResponse>, Status> {
+        let req = req.into_inner();
+        let wire = req.spec.ok_or_else(|| Status::invalid_argument("missing study spec"))?;
+        let spec = spec_from_wire(&wire).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if req.noise_free_for_testing && !self.config.allow_noise_free_for_testing {
+            return Err(Status::permission_denied(
+                "noise-free releases are refused: this proxy was not started in test mode",
+            ));
+        }
+        if spec.deadline_unix_ms <= now_ms() {
+            return Err(Status::invalid_argument("study deadline is in the past"));
+        }
+        let layout = StudyLayout::new(&spec).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mut id_bytes = [0u8; 16];
+        OsRng.fill_bytes(&mut id_bytes);
+        let id = hex::encode(id_bytes);
+        tracing::info!(study = %id, features = spec.dim(), quorum = spec.quorum, "study opened");
+        let study = Study::new(id.clone(), spec, layout, req.noise_free_for_testing);
+        self.lock()?.insert(id.clone(), study);
+        Ok(Response::new(v1::OpenStudyResponse { study_id: id }))
+    }
+
+    async fn get_study(&self, req: Request<v1::GetStudyRequest>) -> Result<Response<v1::StudyInfo>, Status> {
+        let id = req.into_inner().study_id;
+        self.with_study(&id, |s| {
+            Ok(Response::new(v1::StudyInfo {
+                study_id: s.id.clone(),
+                spec: Some(spec_to_wire(&s.spec)),
+                state: s.phase.name().to_string(),
+                owners_in: s.owners_in().len() as u32,
+            }))
+        })
+    }
+
+    async fn contribute(
+        &self,
+        req: Request<Streaming<v1::ContributionChunk>>,
+    ) -> Result<Response<v1::ContributeResponse>, Status> {
+        let mut stream = req.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("empty contribution stream"))?;
+        let (study_id, owner, cid) = (first.study_id.clone(), first.owner_id.clone(), first.contribution_id.clone());
+        if owner.is_empty() || cid.is_empty() {
+            return Err(Status::invalid_argument("owner_id and contribution_id are required"));
+        }
+        // Refuse early, before reading the stream, when the contribution cannot count.
+        let (pk, expected): (PublicKey, usize) = {
+            let pre = self.with_study(&study_id, |s| {
+                let outcome = s.check_can_contribute(&owner, &cid)?;
+                Ok((outcome, s.spec.public_key.clone(), s.layout.owner_ciphertexts(), s.owners_in().len()))
+            })?;
+            if let (Some(ContributionOutcome::AlreadyCounted), _, _, owners_in) = pre {
+                return Ok(Response::new(v1::ContributeResponse {
+                    newly_counted: false,
+                    owners_in: owners_in as u32,
+                }));
+            }
+            (pre.1, pre.2)
+        };
+        if first.total_ciphertexts as usize != expected {
+            return Err(Status::invalid_argument(format!(
+                "contribution announces {} ciphertexts, study {study_id} expects {expected}",
+                first.total_ciphertexts
+            )));
+        }
+        let mut cts: Vec<Ciphertext> = Vec::with_capacity(expected);
+        let mut chunk = Some(first);
+        while let Some(c) = chunk {
+            for bytes in &c.ciphertexts {
+                if cts.len() >= expected {
+                    return Err(Status::invalid_argument(format!("more than {expected} ciphertexts")));
+                }
+                let ct = pk
+                    .ciphertext_from_bytes(bytes, cts.len())
+                    .map_err(|e| Status::invalid_argument(format!("owner `{owner}`: {e}")))?;
+                cts.push(ct);
+            }
+            chunk = stream.message().await?;
+        }
+        if cts.len() != expected {
+            return Err(Status::invalid_argument(format!(
+                "stream ended after {} of {expected} ciphertexts; nothing was counted",
+                cts.len()
+            )));
+        }
+        let (outcome, owners_in) = self.with_study(&study_id, |s| {
+            let outcome = s.contribute(&owner, &cid, &cts, |a, b| pk.add(a, b))?;
+            Ok((outcome, s.owners_in().len()))
+        })?;
+        tracing::info!(study = %study_id, owner = %owner, owners_in, "contribution counted");
+        Ok(Response::new(v1::ContributeResponse {
+            newly_counted: outcome == ContributionOutcome::Counted,
+            owners_in: owners_in as u32,
+        }))
+    }
+
+    async fn await_seal(&self, req: Request<v1::AwaitSealRequest>) -> Result<Response<v1::SealedStudy>, Status> {
+        let id = req.into_inner().study_id;
+        loop {
+            let ready = self.with_study(&id, |s| match &s.phase {
+                Phase::Collecting => Ok(None),
+                Phase::Aborted(reason) => Err(Status::failed_precondition(format!("study {id} aborted: {reason}"))),
+                Phase::Sealed | Phase::Released(_) => {
+                    let pk = &s.spec.public_key;
+                    let count = s.encrypted_count().ok_or_else(|| Status::internal("empty aggregate"))?;
+                    // Re-randomized so the user cannot relate it to owners' randomness.
+                    let count = pk.rerandomize(count, &mut OsRng);
+                    Ok(Some(v1::SealedStudy {
+                        encrypted_count: pk.ciphertext_to_bytes(&count),
+                        owners_in: s.owners_in(),
+                        owners_missing: Vec::new(),
+                    }))
+                }
+            })?;
+            if let Some(sealed) = ready {
+                return Ok(Response::new(sealed));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn reveal_count(&self, req: Request<v1::RevealCountRequest>) -> Result<Response<v1::RevealCountResponse>, Status> {
+        let req = req.into_inner();
+        let id = req.study_id;
+        let snapshot = self.with_study(&id, |s| {
+            s.check_count(req.n_rows)?;
+            Ok(s.clone())
+        })?;
+        let n_rows = req.n_rows;
+        let started = std::time::Instant::now();
+        let released = tokio::task::spawn_blocking(move || snapshot.compute_release(n_rows, &mut OsRng))
+            .await
+            .map_err(|e| Status::internal(format!("release task failed: {e}")))??;
+        self.with_study(&id, |s| Ok(s.commit_release(released)?))?;
+        tracing::info!(study = %id, seconds = started.elapsed().as_secs_f64(), "release computed");
+        Ok(Response::new(v1::RevealCountResponse {}))
+    }
+
+    type FetchResultStream = ResultStream;
+
+    async fn fetch_result(&self, req: Request<v1::FetchResultRequest>) -> Result<Response<ResultStream>, Status> {
+        let id = req.into_inner().study_id;
+        let chunks = self.with_study(&id, |s| {
+            let Phase::Released(r) = &s.phase else {
+                return Err(Status::failed_precondition(format!(
+                    "study {id} is {}: no result yet",
+                    s.phase.name()
+                )));
+            };
+            let pk = &s.spec.public_key;
+            let grid = f64::from(s.spec.fixed.frac_bits).exp2();
+            let scale = match s.spec.privacy.centering {
+                Centering::Mask => r.n_rows as f64 * grid * grid,
+                Centering::DpMean => grid * grid,
+            };
+            let total = r.ciphertexts.len() as u32;
+            let grid_scale = match &r.plan.matrix {
+                dpca_common::dp::NoiseScale::Gaussian { sigma } => sigma.to_string(),
+                dpca_common::dp::NoiseScale::Laplace { t } => t.to_string(),
+                dpca_common::dp::NoiseScale::Wishart { sigma_z2, .. } => sigma_z2.to_string(),
+                dpca_common::dp::NoiseScale::None => "0".to_string(),
+            };
+            let mut out = Vec::new();
+            for (k, part) in r.ciphertexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
+                let mut chunk = v1::ResultChunk {
+                    ciphertexts: part.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
+                    ..Default::default()
+                };
+                if k == 0 {
+                    chunk.n_rows = r.n_rows;
+                    chunk.noise_scale_grid = grid_scale.clone();
+                    chunk.noise_scale = r.plan.matrix.std_dev() / scale;
+                    chunk.n_owners = r.owners.len() as u32;
+                    chunk.total_ciphertexts = total;
+                }
+                out.push(Ok(chunk));
+            }
+            Ok(out)
+        })?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+    }
+}

@@ -1,0 +1,473 @@
+//! The lifecycle of one study as an explicit state machine with pure transitions.
+//!
+//! ```text
+//! Collecting --quorum reached / deadline with >= min owners--> Sealed
+//! Collecting --deadline with < min owners--> Aborted
+//! Sealed --user reveals N (checked)--> Released   (noise and mask sampled here, once)
+//! ```
+//!
+//! The gRPC layer loads a study, applies one transition, and replies. The release is
+//! computed once and kept: every fetch re-serves the same ciphertexts, so a retry or
+//! a repeated fetch cannot be used to average the noise away.
+
+use std::collections::BTreeMap;
+
+use dpca_common::dp::{plan_noise, NoisePlan, NoiseScale};
+use dpca_common::paillier::Ciphertext;
+use dpca_common::protocol::{release, ProtocolError, ReleaseSecrets};
+use dpca_common::study::{StudyLayout, StudySpec};
+use num_bigint::BigUint;
+use num_traits::One;
+use rand::{CryptoRng, RngCore};
+use sha2::{Digest, Sha256};
+
+/// Why a transition was refused. Carries ids, never data.
+#[derive(Debug, thiserror::Error)]
+pub enum StudyError {
+    /// Contributions are accepted only while collecting.
+    #[error("study {study} is {phase}: contributions are closed")]
+    Closed {
+        /// Study id.
+        study: String,
+        /// Current phase.
+        phase: &'static str,
+    },
+    /// A second, different contribution from the same owner.
+    #[error("owner `{owner}` already contributed to study {study}")]
+    DuplicateOwner {
+        /// Study id.
+        study: String,
+        /// Owner id.
+        owner: String,
+    },
+    /// Wrong number of ciphertexts.
+    #[error("contribution has {got} ciphertexts, study {study} expects {expected}")]
+    WrongCount {
+        /// Study id.
+        study: String,
+        /// Expected count.
+        expected: usize,
+        /// Received count.
+        got: usize,
+    },
+    /// The transition does not apply in this phase.
+    #[error("study {study} is {phase}: {action} is not possible")]
+    WrongPhase {
+        /// Study id.
+        study: String,
+        /// Current phase.
+        phase: &'static str,
+        /// The attempted action.
+        action: &'static str,
+    },
+    /// The revealed N is not plausible.
+    #[error("revealed row count {n} is outside [{min}, {max}] for study {study}")]
+    ImplausibleCount {
+        /// Study id.
+        study: String,
+        /// Revealed value.
+        n: u64,
+        /// Lower bound (one row per contributing owner).
+        min: u64,
+        /// Upper bound (max_rows).
+        max: u64,
+    },
+    /// The release computation failed.
+    #[error("release of study {study} failed: {source}")]
+    Release {
+        /// Study id.
+        study: String,
+        /// Cause.
+        source: ProtocolError,
+    },
+}
+
+/// The released aggregate, as served to the user.
+#[derive(Clone, Debug)]
+pub struct Released {
+    /// Pooled row count.
+    pub n_rows: u64,
+    /// The noise plan actually used.
+    pub plan: NoisePlan,
+    /// Released ciphertexts in layout order.
+    pub ciphertexts: Vec<Ciphertext>,
+    /// Owners whose contributions are in the aggregate.
+    pub owners: Vec<String>,
+}
+
+/// Phase of a study.
+#[derive(Clone, Debug)]
+pub enum Phase {
+    /// Accepting contributions.
+    Collecting,
+    /// Contributions closed; waiting for the user to reveal N.
+    Sealed,
+    /// The noised, masked aggregate is ready.
+    Released(Box<Released>),
+    /// Ended without a result.
+    Aborted(String),
+}
+
+impl Phase {
+    /// Short name for messages and status.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Collecting => "collecting",
+            Self::Sealed => "sealed",
+            Self::Released(_) => "released",
+            Self::Aborted(_) => "aborted",
+        }
+    }
+}
+
+/// What a contribution did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContributionOutcome {
+    /// Counted now.
+    Counted,
+    /// The same contribution had already been counted (idempotent retry).
+    AlreadyCounted,
+}
+
+/// One study: its spec, running aggregate and phase.
+#[derive(Clone, Debug)]
+pub struct Study {
+    /// Study id.
+    pub id: String,
+    /// The validated spec.
+    pub spec: StudySpec,
+    /// The layout derived from the spec.
+    pub layout: StudyLayout,
+    /// Test-only: release without noise (the proxy refuses it unless started with
+    /// its explicit test flag).
+    pub noise_free: bool,
+    /// Owner id -> contribution id of each counted contribution.
+    contributors: BTreeMap<String, String>,
+    /// Running ciphertext product of all counted contributions. Its size is the
+    /// layout's, whatever the number of owners.
+    aggregate: Vec<Ciphertext>,
+    /// Current phase.
+    pub phase: Phase,
+}
+
+impl Study {
+    /// A new study in `Collecting`.
+    pub fn new(id: String, spec: StudySpec, layout: StudyLayout, noise_free: bool) -> Self {
+        // The identity ciphertext 1 = E[0; r = 1]; it is never sent as such.
+        let aggregate = vec![Ciphertext(BigUint::one()); layout.owner_ciphertexts()];
+        Self {
+            id,
+            spec,
+            layout,
+            noise_free,
+            contributors: BTreeMap::new(),
+            aggregate,
+            phase: Phase::Collecting,
+        }
+    }
+
+    /// Owners counted so far.
+    pub fn owners_in(&self) -> Vec<String> {
+        self.contributors.keys().cloned().collect()
+    }
+
+    /// The encrypted pooled row count (last aggregate ciphertext).
+    pub fn encrypted_count(&self) -> Option<&Ciphertext> {
+        self.aggregate.last()
+    }
+
+    /// Checks whether an owner may contribute, before its stream is read.
+    pub fn check_can_contribute(&self, owner: &str, contribution_id: &str) -> Result<Option<ContributionOutcome>, StudyError> {
+        if let Some(existing) = self.contributors.get(owner) {
+            return if existing == contribution_id {
+                Ok(Some(ContributionOutcome::AlreadyCounted))
+            } else {
+                Err(StudyError::DuplicateOwner {
+                    study: self.id.clone(),
+                    owner: owner.to_string(),
+                })
+            };
+        }
+        if !matches!(self.phase, Phase::Collecting) {
+            return Err(StudyError::Closed {
+                study: self.id.clone(),
+                phase: self.phase.name(),
+            });
+        }
+        Ok(None)
+    }
+
+    /// Adds a complete, validated contribution. Seals the study when the quorum is
+    /// reached. Nothing changes on error.
+    pub fn contribute(
+        &mut self,
+        owner: &str,
+        contribution_id: &str,
+        cts: &[Ciphertext],
+        mul: impl Fn(&Ciphertext, &Ciphertext) -> Ciphertext,
+    ) -> Result<ContributionOutcome, StudyError> {
+        if let Some(outcome) = self.check_can_contribute(owner, contribution_id)? {
+            return Ok(outcome);
+        }
+        if cts.len() != self.aggregate.len() {
+            return Err(StudyError::WrongCount {
+                study: self.id.clone(),
+                expected: self.aggregate.len(),
+                got: cts.len(),
+            });
+        }
+        for (acc, c) in self.aggregate.iter_mut().zip(cts) {
+            *acc = mul(acc, c);
+        }
+        self.contributors.insert(owner.to_string(), contribution_id.to_string());
+        if self.contributors.len() >= self.spec.quorum as usize {
+            self.phase = Phase::Sealed;
+        }
+        Ok(ContributionOutcome::Counted)
+    }
+
+    /// Applies the deadline: seal with at least `min_owners`, abort otherwise.
+    pub fn tick(&mut self, now_ms: u64) {
+        if matches!(self.phase, Phase::Collecting) && now_ms >= self.spec.deadline_unix_ms {
+            if self.contributors.len() >= self.spec.min_owners as usize {
+                self.phase = Phase::Sealed;
+            } else {
+                self.phase = Phase::Aborted(format!(
+                    "deadline passed with {} of at least {} owners",
+                    self.contributors.len(),
+                    self.spec.min_owners
+                ));
+            }
+        }
+    }
+
+    /// Checks a revealed N: one row per contributing owner at least, max_rows at most.
+    pub fn check_count(&self, n_rows: u64) -> Result<(), StudyError> {
+        if !matches!(self.phase, Phase::Sealed) {
+            return Err(StudyError::WrongPhase {
+                study: self.id.clone(),
+                phase: self.phase.name(),
+                action: "revealing the row count",
+            });
+        }
+        let min = self.contributors.len() as u64;
+        if n_rows < min || n_rows > self.spec.max_rows {
+            return Err(StudyError::ImplausibleCount {
+                study: self.id.clone(),
+                n: n_rows,
+                min,
+                max: self.spec.max_rows,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sealed -> Released: plans and samples the noise and mask once and computes
+    /// the release. This is the only place noise is sampled.
+    pub fn release<R: RngCore + CryptoRng>(&mut self, n_rows: u64, rng: &mut R) -> Result<(), StudyError> {
+        self.check_count(n_rows)?;
+        let released = self.compute_release(n_rows, rng)?;
+        self.phase = Phase::Released(Box::new(released));
+        Ok(())
+    }
+
+    /// The release computation, without changing state (callers run it off the
+    /// async runtime, then commit with [`Study::commit_release`]).
+    pub fn compute_release<R: RngCore + CryptoRng>(&self, n_rows: u64, rng: &mut R) -> Result<Released, StudyError> {
+        let spec = &self.spec;
+        let mut plan = plan_noise(&spec.privacy, spec.dim(), spec.fixed.norm_bound_int(), n_rows);
+        if self.noise_free {
+            plan.matrix = NoiseScale::None;
+            plan.vector = plan.vector.map(|_| NoiseScale::None);
+            plan.epsilon = f64::INFINITY;
+        }
+        let err = |source| StudyError::Release {
+            study: self.id.clone(),
+            source,
+        };
+        let secrets = ReleaseSecrets::sample(&self.layout, spec.privacy.centering, &plan, rng).map_err(err)?;
+        let ciphertexts = release(
+            &spec.public_key,
+            &self.layout,
+            spec.privacy.centering,
+            &self.aggregate,
+            n_rows,
+            &secrets,
+            rng,
+        )
+        .map_err(err)?;
+        Ok(Released {
+            n_rows,
+            plan,
+            ciphertexts,
+            owners: self.owners_in(),
+        })
+    }
+
+    /// Commits a computed release if the study is still sealed.
+    pub fn commit_release(&mut self, released: Released) -> Result<(), StudyError> {
+        self.check_count(released.n_rows)?;
+        self.phase = Phase::Released(Box::new(released));
+        Ok(())
+    }
+}
+
+/// Idempotency key of a contribution: SHA-256 over its ciphertext bytes.
+pub fn contribution_digest(chunks: &[Vec<u8>]) -> String {
+    let mut h = Sha256::new();
+    for c in chunks {
+        h.update((c.len() as u64).to_be_bytes());
+        h.update(c);
+    }
+    hex::encode(h.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
+    use dpca_common::encoding::FixedPoint;
+    use dpca_common::paillier::SecretKey;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha20Rng;
+    use std::sync::OnceLock;
+
+    fn key() -> &'static SecretKey {
+        static KEY: OnceLock<SecretKey> = OnceLock::new();
+        KEY.get_or_init(|| SecretKey::generate(2048, &mut ChaCha20Rng::seed_from_u64(5)).expect("keygen"))
+    }
+
+    fn study(quorum: u32, min_owners: u32) -> Study {
+        let spec = StudySpec {
+            features: vec!["a".into(), "b".into()],
+            bounds: vec![(0.0, 1.0); 2],
+            fixed: FixedPoint {
+                frac_bits: 10,
+                row_norm_bound: 1.0,
+            },
+            max_rows: 100,
+            privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5).expect("ok"),
+            min_owners,
+            quorum,
+            deadline_unix_ms: 1_000,
+            kappa: 40,
+            public_key: key().public().clone(),
+        };
+        let layout = StudyLayout::new(&spec).expect("layout");
+        Study::new("s1".into(), spec, layout, false)
+    }
+
+    /// Ciphertext "multiplication" as integer addition, so aggregates are countable.
+    fn fake_cts(study: &Study, value: u64) -> Vec<Ciphertext> {
+        vec![Ciphertext(BigUint::from(value)); study.layout.owner_ciphertexts()]
+    }
+    fn add(a: &Ciphertext, b: &Ciphertext) -> Ciphertext {
+        Ciphertext(&a.0 + &b.0)
+    }
+
+    #[derive(Clone, Debug)]
+    enum Event {
+        Submit(u8, u8),
+        Tick(u64),
+    }
+
+    proptest! {
+        /// Over any sequence of submissions, retries, duplicates and deadline ticks:
+        /// each owner is counted at most once, the aggregate is exactly the sum of the
+        /// counted contributions, and nothing is counted after the study closes.
+        #[test]
+        fn each_owner_counted_at_most_once(events in proptest::collection::vec(
+            prop_oneof![
+                (0u8..5, 0u8..2).prop_map(|(o, c)| Event::Submit(o, c)),
+                (0u64..2_000).prop_map(Event::Tick),
+            ], 1..40))
+        {
+            let mut s = study(4, 2);
+            let mut counted: BTreeMap<String, u8> = BTreeMap::new();
+            for e in events {
+                let before = s.phase.name();
+                match e {
+                    Event::Submit(o, c) => {
+                        let owner = format!("o{o}");
+                        let value = 1 + 10 * o as u64 + c as u64;
+                        let res = s.contribute(&owner, &format!("c{c}"), &fake_cts(&s, value), add);
+                        match (&res, counted.get(&owner)) {
+                            (Ok(ContributionOutcome::Counted), None) => {
+                                prop_assert_eq!(before, "collecting");
+                                counted.insert(owner, c);
+                            }
+                            (Ok(ContributionOutcome::AlreadyCounted), Some(&prev)) => prop_assert_eq!(prev, c),
+                            (Err(StudyError::DuplicateOwner { .. }), Some(&prev)) => prop_assert_ne!(prev, c),
+                            (Err(StudyError::Closed { .. }), None) => prop_assert_ne!(before, "collecting"),
+                            other => prop_assert!(false, "unexpected {:?}", other),
+                        }
+                    }
+                    Event::Tick(t) => s.tick(t),
+                }
+                let expected: u64 = 1 + counted.iter().map(|(o, &c)| {
+                    1 + 10 * o[1..].parse::<u64>().unwrap_or(0) + c as u64
+                }).sum::<u64>();
+                prop_assert_eq!(&s.aggregate[0].0, &BigUint::from(expected));
+                prop_assert!(s.owners_in().len() <= 4);
+                if s.owners_in().len() == 4 { prop_assert_eq!(s.phase.name(), "sealed"); }
+            }
+        }
+    }
+
+    #[test]
+    fn deadline_seals_with_minimum_or_aborts() {
+        let mut s = study(5, 2);
+        s.contribute("a", "1", &fake_cts(&s, 1), add).expect("counted");
+        s.tick(999);
+        assert_eq!(s.phase.name(), "collecting");
+        s.tick(1_000);
+        assert_eq!(s.phase.name(), "aborted");
+
+        let mut s = study(5, 2);
+        s.contribute("a", "1", &fake_cts(&s, 1), add).expect("counted");
+        s.contribute("b", "1", &fake_cts(&s, 1), add).expect("counted");
+        s.tick(1_000);
+        assert_eq!(s.phase.name(), "sealed");
+        let late = s.contribute("c", "1", &fake_cts(&s, 1), add);
+        assert!(matches!(late, Err(StudyError::Closed { .. })));
+    }
+
+    #[test]
+    fn wrong_count_changes_nothing() {
+        let mut s = study(2, 1);
+        let res = s.contribute("a", "1", &[Ciphertext(BigUint::from(3u32))], add);
+        assert!(matches!(res, Err(StudyError::WrongCount { .. })));
+        assert!(s.owners_in().is_empty());
+        assert_eq!(s.aggregate[0].0, BigUint::one());
+    }
+
+    #[test]
+    fn count_must_be_plausible_and_revealed_once() {
+        let mut s = study(2, 1);
+        let mut rng = ChaCha20Rng::seed_from_u64(9);
+        assert!(matches!(s.release(10, &mut rng), Err(StudyError::WrongPhase { .. })));
+        let pk = key().public().clone();
+        for owner in ["a", "b"] {
+            let cts: Vec<Ciphertext> = (0..s.layout.owner_ciphertexts())
+                .map(|_| pk.encrypt(&BigUint::from(1u32), &mut rng).expect("enc"))
+                .collect();
+            s.contribute(owner, "1", &cts, |x, y| pk.add(x, y)).expect("ok");
+        }
+        assert_eq!(s.phase.name(), "sealed");
+        assert!(matches!(s.release(1, &mut rng), Err(StudyError::ImplausibleCount { .. })));
+        assert!(matches!(s.release(101, &mut rng), Err(StudyError::ImplausibleCount { .. })));
+        s.release(2, &mut rng).expect("release");
+        let first = match &s.phase {
+            Phase::Released(r) => r.ciphertexts.clone(),
+            _ => Vec::new(),
+        };
+        assert!(!first.is_empty());
+        // A second reveal is refused and the release is unchanged.
+        assert!(matches!(s.release(2, &mut rng), Err(StudyError::WrongPhase { .. })));
+        match &s.phase {
+            Phase::Released(r) => assert_eq!(r.ciphertexts, first),
+            other => panic!("phase {}", other.name()),
+        }
+    }
+}
