@@ -22,7 +22,8 @@ use rand::{CryptoRng, RngCore, SeedableRng};
 use rayon::prelude::*;
 
 use crate::dp::{Centering, NoisePlan};
-use crate::encoding::{EncodingError, TriangleLayout};
+use crate::data::normalize_row;
+use crate::encoding::{EncodingError, FixedPoint, TriangleLayout};
 use crate::paillier::{random_below, Ciphertext, PaillierError, PublicKey, SecretKey};
 use crate::study::StudyLayout;
 
@@ -80,6 +81,22 @@ impl Share {
             v,
             n: rows.len() as u64,
         }
+    }
+
+    /// The public preprocessing and the share of raw rows, in one step: each row is
+    /// clipped to the bounds, mapped to [-1, 1], clipped to the row-norm bound and
+    /// encoded exactly. Returns the share and how many rows the norm clip changed.
+    pub fn from_raw_rows(rows: &[Vec<f64>], bounds: &[(f64, f64)], fixed: &FixedPoint) -> (Self, usize) {
+        let mut clipped = 0;
+        let encoded: Vec<Vec<i64>> = rows
+            .iter()
+            .map(|r| {
+                let (x, c) = normalize_row(r, bounds, fixed.row_norm_bound);
+                clipped += usize::from(c);
+                fixed.encode_row(&x)
+            })
+            .collect();
+        (Self::from_rows(&encoded, bounds.len()), clipped)
     }
 
     /// Sum of shares (the pooled share, for plaintext reference computations).

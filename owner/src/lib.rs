@@ -1,0 +1,216 @@
+//! The data owner: reads its CSV, checks it against the study's public schema,
+//! computes its exact integer share (R, v, N), encrypts it packed under the data
+//! user's key and streams it to the proxy.
+//!
+//! Nothing leaves the process before the whole table has been read and validated and
+//! the study's key matches the fingerprint the owner was given out of band: a bad cell
+//! or a swapped key stops the owner with nothing sent.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use dpca_common::data::read_csv;
+use dpca_common::paillier::{Ciphertext, PublicKey};
+use dpca_common::protocol::Share;
+use dpca_common::study::{StudyLayout, StudySpec};
+use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK, MAX_MESSAGE_BYTES};
+use dpca_proto::v1;
+use dpca_proto::v1::proxy_client::ProxyClient;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use num_bigint::BigUint;
+use rand::rngs::OsRng;
+use rayon::prelude::*;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tonic::transport::Channel;
+
+/// What the owner needs to take part in one study.
+#[derive(Clone, Debug)]
+pub struct OwnerConfig {
+    /// Proxy URL, e.g. `http://127.0.0.1:50051`.
+    pub proxy: String,
+    /// Study to join.
+    pub study_id: String,
+    /// The owner's CSV file.
+    pub data: PathBuf,
+    /// The owner's identity at the proxy.
+    pub owner_id: String,
+    /// SHA-256 fingerprint of the data user's key, obtained out of band.
+    pub key_fingerprint: String,
+    /// Label column to leave out of the features, if any.
+    pub label: Option<String>,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// What the owner did, printed as one JSON line.
+#[derive(Clone, Debug, Serialize)]
+pub struct OwnerReport {
+    /// Owner identity.
+    pub owner_id: String,
+    /// Rows contributed.
+    pub rows: u64,
+    /// Rows the row-norm clip shortened.
+    pub clipped_rows: usize,
+    /// Ciphertexts sent.
+    pub ciphertexts: usize,
+    /// Ciphertext bytes sent.
+    pub bytes: usize,
+    /// False when the proxy had already counted this very contribution (a retry).
+    pub newly_counted: bool,
+    /// Wall seconds spent encrypting.
+    pub seconds_encrypt: f64,
+    /// Wall seconds from start to the proxy's acknowledgement.
+    pub seconds_total: f64,
+}
+
+/// Connects to the proxy with the protocol's message size limits.
+pub async fn connect(url: &str) -> anyhow::Result<ProxyClient<Channel>> {
+    let channel = Channel::from_shared(url.to_string())
+        .with_context(|| format!("invalid proxy URL `{url}`"))?
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to proxy at {url}"))?;
+    Ok(ProxyClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// Stable idempotency key of one contribution: the same owner retrying with the same
+/// file for the same study is recognised; any other data is a different contribution.
+pub fn contribution_id(study_id: &str, owner_id: &str, data: &[u8]) -> String {
+    let mut h = Sha256::new();
+    for part in [study_id.as_bytes(), owner_id.as_bytes(), data] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    hex::encode(h.finalize())
+}
+
+/// Fetches and validates the study, and checks the pinned key fingerprint.
+pub async fn fetch_study(
+    client: &mut ProxyClient<Channel>,
+    study_id: &str,
+    fingerprint: &str,
+) -> anyhow::Result<StudySpec> {
+    let info = client
+        .get_study(v1::GetStudyRequest {
+            study_id: study_id.to_string(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("proxy refused study `{study_id}`: {}", s.message()))?
+        .into_inner();
+    let wire = info.spec.context("proxy sent a study without a spec")?;
+    let spec = spec_from_wire(&wire).with_context(|| format!("study `{study_id}` has an invalid spec"))?;
+    let got = spec.public_key.fingerprint();
+    if !got.eq_ignore_ascii_case(fingerprint.trim()) {
+        bail!(
+            "study `{study_id}` uses a key with fingerprint {got}, not the pinned {}: refusing to encrypt for it",
+            fingerprint.trim()
+        );
+    }
+    Ok(spec)
+}
+
+/// Runs one owner's part of a study end to end.
+pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
+    let start = Instant::now();
+    let bytes = std::fs::read(&cfg.data).with_context(|| format!("cannot read {}", cfg.data.display()))?;
+    let name = cfg.data.display().to_string();
+    let mut client = connect(&cfg.proxy).await?;
+    let spec = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
+    let table = read_csv(bytes.as_slice(), &name, cfg.label.as_deref())?;
+    table.check_schema(&spec.features, &name)?;
+    let rows = table.rows.len() as u64;
+    if rows > spec.max_rows {
+        bail!("{name}: {rows} rows exceed the study's max_rows {}", spec.max_rows);
+    }
+    let layout = StudyLayout::new(&spec)?;
+    let (share, clipped_rows) = Share::from_raw_rows(&table.rows, &spec.bounds, &spec.fixed);
+    let plaintexts = share.plaintexts(&layout, &spec.public_key)?;
+    if clipped_rows > 0 {
+        tracing::info!(clipped_rows, rows, "rows shortened to the row-norm bound");
+    }
+    let total = plaintexts.len();
+    let ct_bytes = total * spec.public_key.ciphertext_bytes();
+    let cid = contribution_id(&cfg.study_id, &cfg.owner_id, &bytes);
+
+    let bar = progress_bar(cfg.progress, total as u64);
+    let (tx, rx) = tokio::sync::mpsc::channel::<v1::ContributionChunk>(4);
+    let pk = spec.public_key.clone();
+    let (study_id, owner_id) = (cfg.study_id.clone(), cfg.owner_id.clone());
+    let enc_bar = bar.clone();
+    // Encryption runs on rayon, chunk by chunk, and each chunk is sent as soon as it
+    // is ready, so the proxy aggregates while the owner still encrypts.
+    let producer = tokio::task::spawn_blocking(move || -> anyhow::Result<f64> {
+        let t = Instant::now();
+        for (i, chunk) in plaintexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
+            let cts = encrypt_chunk(&pk, chunk)?;
+            enc_bar.inc(cts.len() as u64);
+            let msg = v1::ContributionChunk {
+                study_id: if i == 0 { study_id.clone() } else { String::new() },
+                owner_id: if i == 0 { owner_id.clone() } else { String::new() },
+                total_ciphertexts: if i == 0 { total as u32 } else { 0 },
+                contribution_id: if i == 0 { cid.clone() } else { String::new() },
+                ciphertexts: cts.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
+            };
+            if tx.blocking_send(msg).is_err() {
+                // The call ended early; its error is reported by the caller.
+                break;
+            }
+        }
+        Ok(t.elapsed().as_secs_f64())
+    });
+    let response = client
+        .contribute(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|s| anyhow::anyhow!("proxy refused the contribution: {}", s.message()));
+    let seconds_encrypt = producer.await.context("encryption task panicked")??;
+    bar.finish_and_clear();
+    let response = response?.into_inner();
+    Ok(OwnerReport {
+        owner_id: cfg.owner_id.clone(),
+        rows,
+        clipped_rows,
+        ciphertexts: total,
+        bytes: ct_bytes,
+        newly_counted: response.newly_counted,
+        seconds_encrypt,
+        seconds_total: start.elapsed().as_secs_f64(),
+    })
+}
+
+fn encrypt_chunk(pk: &PublicKey, chunk: &[BigUint]) -> anyhow::Result<Vec<Ciphertext>> {
+    chunk
+        .par_iter()
+        .map(|m| pk.encrypt(m, &mut OsRng).context("plaintext outside Z_n"))
+        .collect()
+}
+
+fn progress_bar(enabled: bool, total: u64) -> ProgressBar {
+    if !enabled {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("encrypting {bar:30} {pos}/{len} ciphertexts ({eta} left)") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contribution_id_depends_on_every_part() {
+        let base = contribution_id("s", "o", b"data");
+        assert_eq!(base, contribution_id("s", "o", b"data"));
+        assert_ne!(base, contribution_id("s2", "o", b"data"));
+        assert_ne!(base, contribution_id("s", "o2", b"data"));
+        assert_ne!(base, contribution_id("s", "o", b"datb"));
+        // Length prefixes keep the parts apart.
+        assert_ne!(contribution_id("ab", "c", b""), contribution_id("a", "bc", b""));
+    }
+}
