@@ -303,6 +303,11 @@ impl SecretKey {
         })
     }
 
+    /// The two primes, for storing the key; handle with the care the key deserves.
+    pub fn primes(&self) -> (&BigUint, &BigUint) {
+        (&self.p, &self.q)
+    }
+
     /// The matching public key.
     pub fn public(&self) -> &PublicKey {
         &self.public

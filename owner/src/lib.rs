@@ -14,7 +14,8 @@ use dpca_common::data::read_csv;
 use dpca_common::paillier::{Ciphertext, PublicKey};
 use dpca_common::protocol::Share;
 use dpca_common::study::{StudyLayout, StudySpec};
-use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK, MAX_MESSAGE_BYTES};
+use dpca_proto::client::connect;
+use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -63,18 +64,6 @@ pub struct OwnerReport {
     pub seconds_encrypt: f64,
     /// Wall seconds from start to the proxy's acknowledgement.
     pub seconds_total: f64,
-}
-
-/// Connects to the proxy with the protocol's message size limits.
-pub async fn connect(url: &str) -> anyhow::Result<ProxyClient<Channel>> {
-    let channel = Channel::from_shared(url.to_string())
-        .with_context(|| format!("invalid proxy URL `{url}`"))?
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to proxy at {url}"))?;
-    Ok(ProxyClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
 
 /// Stable idempotency key of one contribution: the same owner retrying with the same

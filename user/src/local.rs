@@ -1,0 +1,384 @@
+//! `user local`: a whole study on one machine with real processes. The proxy and
+//! every owner run as separate programs talking gRPC over loopback; this module only
+//! splits the table, starts them, plays the data user and writes the outputs.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use dpca_common::data::{read_bounds, read_csv, Table};
+use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
+use dpca_common::encoding::FixedPoint;
+use dpca_common::linalg::{pca, psd_repair};
+use dpca_common::paillier::{SecretKey, MIN_KEY_BITS};
+use dpca_common::study::{StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::rngs::OsRng;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::report::{variance_table, write_outputs, Seconds, StudyReport};
+use crate::session::{collect, open_study};
+
+/// The bundled real data set `local` uses when no `--data` is given.
+pub fn bundled_data() -> PathBuf {
+    workspace_root().join("data").join("optdigits.csv")
+}
+
+/// The public bounds of the bundled data set (pixel counts 0..16).
+pub fn bundled_bounds() -> PathBuf {
+    workspace_root().join("data").join("optdigits.bounds.csv")
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Options of a local study.
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    /// Input CSV; `None` means the bundled optdigits.
+    pub data: Option<PathBuf>,
+    /// Number of owner processes.
+    pub owners: usize,
+    /// Components to write.
+    pub k: usize,
+    /// epsilon.
+    pub epsilon: f64,
+    /// delta; `None` means 1/N^1.1.
+    pub delta: Option<f64>,
+    /// Mechanism.
+    pub mechanism: Mechanism,
+    /// Centering mode.
+    pub centering: Centering,
+    /// Label column to exclude.
+    pub label: Option<String>,
+    /// Bounds file; `None` reads bounds off the data (demo only), except for the
+    /// bundled data set whose public bounds ship with it.
+    pub bounds: Option<PathBuf>,
+    /// Row L2 norm bound C in normalized units.
+    pub row_norm_bound: f64,
+    /// Paillier modulus bits.
+    pub key_bits: u64,
+    /// Project S' onto the PSD cone before the eigen-decomposition.
+    pub psd_repair: bool,
+    /// Output folder.
+    pub out: PathBuf,
+    /// TEST ONLY: ask the proxy (started in test mode) for a noise-free release.
+    pub noise_free_for_testing: bool,
+    /// Skip `cargo build` of the sibling binaries.
+    pub no_build: bool,
+}
+
+/// Kills a child process when dropped, so no proxy or owner outlives a failed run.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.start_kill();
+    }
+}
+
+/// Runs a whole study locally and returns its report.
+pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
+    let started = Instant::now();
+    if opts.key_bits < MIN_KEY_BITS {
+        bail!("--key-bits {} is below the {MIN_KEY_BITS}-bit minimum", opts.key_bits);
+    }
+    let (data, label, bounds_path) = match &opts.data {
+        Some(d) => (d.clone(), opts.label.clone(), opts.bounds.clone()),
+        None => (
+            bundled_data(),
+            Some(opts.label.clone().unwrap_or_else(|| "label".into())),
+            Some(opts.bounds.clone().unwrap_or_else(bundled_bounds)),
+        ),
+    };
+    let name = data.display().to_string();
+    let file = std::fs::File::open(&data).with_context(|| format!("cannot open {name}"))?;
+    let table = read_csv(file, &name, label.as_deref())?;
+    let n = table.rows.len();
+    if opts.owners == 0 || opts.owners > n {
+        bail!("--owners must be between 1 and the {n} rows of {name}, got {}", opts.owners);
+    }
+    let dim = table.features.len();
+    if opts.k == 0 || opts.k > dim {
+        bail!("--k must be between 1 and the {dim} features of {name}, got {}", opts.k);
+    }
+    let (bounds, bounds_from_data) = match &bounds_path {
+        Some(p) => {
+            let f = std::fs::File::open(p).with_context(|| format!("cannot open bounds file {}", p.display()))?;
+            (
+                read_bounds(f, &table.features).with_context(|| format!("{}", p.display()))?,
+                false,
+            )
+        }
+        None => {
+            eprintln!(
+                "WARNING: no --bounds given: bounds are read off the data. This is for demos only; \
+                 it leaks the data's extremes. Real bounds are public knowledge fixed before any data is seen."
+            );
+            (table.bounds_from_data(), true)
+        }
+    };
+    let delta = opts.delta.unwrap_or_else(|| (n as f64).powf(-1.1));
+    let privacy = PrivacyRequest::new(opts.mechanism, opts.centering, opts.epsilon, delta)?;
+
+    let owners_dir = opts.out.join("owners");
+    let owner_files = split_rows(&table, opts.owners, &owners_dir)?;
+
+    eprintln!("generating a {}-bit Paillier key...", opts.key_bits);
+    let t = Instant::now();
+    let sk = tokio::task::spawn_blocking({
+        let bits = opts.key_bits;
+        move || SecretKey::generate(bits, &mut OsRng)
+    })
+    .await
+    .context("key generation task")??;
+    let keygen = t.elapsed().as_secs_f64();
+    let pk = sk.public().clone();
+
+    let (proxy_bin, owner_bin) = sibling_binaries(opts.no_build)?;
+    let mut proxy_cmd = Command::new(&proxy_bin);
+    proxy_cmd.args(["--listen", "127.0.0.1:0"]);
+    if opts.noise_free_for_testing {
+        proxy_cmd.arg("--allow-noise-free-for-testing");
+    }
+    let mut proxy = Guard(
+        proxy_cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", proxy_bin.display()))?,
+    );
+    let addr = read_listen_line(&mut proxy.0).await?;
+    let url = format!("http://{addr}");
+    eprintln!("proxy listening on {addr}");
+
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64)?;
+    let spec = StudySpec {
+        features: table.features.clone(),
+        bounds: bounds.clone(),
+        fixed: FixedPoint {
+            frac_bits: DEFAULT_FRAC_BITS,
+            row_norm_bound: opts.row_norm_bound,
+        },
+        max_rows: (n as u64).next_power_of_two().max(2),
+        privacy,
+        min_owners: opts.owners as u32,
+        quorum: opts.owners as u32,
+        deadline_unix_ms: now_ms + 3_600_000,
+        kappa: MIN_KAPPA,
+        public_key: pk.clone(),
+    };
+    let layout = StudyLayout::new(&spec)?;
+    let mut client = dpca_proto::client::connect(&url).await?;
+    let study_id = open_study(&mut client, &spec, opts.noise_free_for_testing).await?;
+    let fingerprint = pk.fingerprint();
+    eprintln!("study {study_id} opened; key fingerprint {fingerprint}");
+
+    let bar = ProgressBar::new(opts.owners as u64);
+    if let Ok(style) = ProgressStyle::with_template("owners {bar:30} {pos}/{len} contributed ({elapsed})") {
+        bar.set_style(style);
+    }
+    let mut tasks = Vec::new();
+    for (i, file) in owner_files.iter().enumerate() {
+        let mut cmd = Command::new(&owner_bin);
+        cmd.args(["--proxy", &url, "--study", &study_id, "--owner-id"])
+            .arg(format!("owner-{:02}", i + 1))
+            .arg("--data")
+            .arg(file)
+            .args(["--key-fingerprint", &fingerprint, "--quiet"]);
+        if let Some(l) = &label {
+            cmd.args(["--label", l]);
+        }
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+        let child = cmd.spawn().with_context(|| format!("cannot start {}", owner_bin.display()))?;
+        let bar = bar.clone();
+        tasks.push(tokio::spawn(async move {
+            let out = child.wait_with_output().await;
+            bar.inc(1);
+            out
+        }));
+    }
+    let mut owner_reports = Vec::new();
+    for (i, task) in tasks.into_iter().enumerate() {
+        let out = task.await.context("owner task")?.context("owner process")?;
+        if !out.status.success() {
+            bail!(
+                "owner-{:02} failed ({}): {}",
+                i + 1,
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let line = String::from_utf8_lossy(&out.stdout);
+        let report: serde_json::Value = serde_json::from_str(line.trim())
+            .with_context(|| format!("owner-{:02} printed an unreadable report: {line}", i + 1))?;
+        owner_reports.push(report);
+    }
+    bar.finish_and_clear();
+    let slowest_owner = owner_reports
+        .iter()
+        .filter_map(|r| r["seconds_total"].as_f64())
+        .fold(0.0, f64::max);
+    let clipped: usize = owner_reports
+        .iter()
+        .filter_map(|r| r["clipped_rows"].as_u64())
+        .sum::<u64>() as usize;
+
+    let t_user = Instant::now();
+    let got = collect(&mut client, &sk, &spec, &study_id).await?;
+    let scatter = if opts.psd_repair {
+        psd_repair(&got.opened.scatter)
+    } else {
+        got.opened.scatter.clone()
+    };
+    let cov = &scatter / got.n_rows as f64;
+    let result = pca(&cov, opts.k);
+    let seconds_user = t_user.elapsed().as_secs_f64() - got.seconds_proxy;
+    drop(proxy);
+
+    let plan = dpca_common::dp::plan_noise(
+        &spec.privacy,
+        dim,
+        spec.fixed.norm_bound_int(),
+        got.n_rows,
+    );
+    let report = StudyReport {
+        study_id,
+        features: table.features.clone(),
+        bounds: bounds.iter().map(|&(lo, hi)| [lo, hi]).collect(),
+        bounds_from_data,
+        row_norm_bound: opts.row_norm_bound,
+        frac_bits: spec.fixed.frac_bits,
+        mechanism: spec.privacy.mechanism.name().into(),
+        centering: spec.privacy.centering.name().into(),
+        epsilon: plan.epsilon,
+        delta: plan.delta,
+        rho: plan.rho,
+        sigma: got.noise_scale,
+        noise_scale_grid: got.noise_scale_grid.clone(),
+        noise_free_for_testing: opts.noise_free_for_testing,
+        n_rows: got.n_rows,
+        n_features: dim,
+        n_owners: got.owners_in.len(),
+        k: opts.k,
+        key_bits: pk.bits(),
+        key_fingerprint: fingerprint,
+        ciphertexts_per_owner: layout.owner_ciphertexts(),
+        bytes_per_owner: layout.owner_ciphertexts() * pk.ciphertext_bytes(),
+        release_ciphertexts: got.release_ciphertexts,
+        clipped_rows: clipped,
+        psd_repair: opts.psd_repair,
+        seconds: Seconds {
+            owner: slowest_owner,
+            proxy: got.seconds_proxy,
+            user: seconds_user,
+            keygen,
+            total: started.elapsed().as_secs_f64(),
+        },
+    };
+    write_outputs(&opts.out, &table.features, &result, &scatter, &report)?;
+    println!(
+        "{} rows, {} features, {} owners; {} (epsilon {}, delta {:.3e}), centering {}; noise sd {:.3e} per entry of S",
+        report.n_rows,
+        dim,
+        report.n_owners,
+        report.mechanism,
+        report.epsilon,
+        report.delta,
+        report.centering,
+        report.sigma
+    );
+    print!("{}", variance_table(&result, opts.k));
+    println!(
+        "outputs in {}; times: owner {:.1}s, proxy {:.1}s, user {:.1}s, total {:.1}s",
+        opts.out.display(),
+        report.seconds.owner,
+        report.seconds.proxy,
+        report.seconds.user,
+        report.seconds.total
+    );
+    Ok(report)
+}
+
+/// Writes each owner's slice (contiguous, sizes differing by at most one row) with
+/// the input's header, label column included.
+fn split_rows(table: &Table, owners: usize, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let n = table.rows.len();
+    let mut files = Vec::with_capacity(owners);
+    let mut start = 0;
+    for i in 0..owners {
+        let len = n / owners + usize::from(i < n % owners);
+        let path = dir.join(format!("owner-{:02}.csv", i + 1));
+        let mut w = csv::Writer::from_path(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let mut header = table.features.clone();
+        if let Some((l, _)) = &table.label {
+            header.push(l.clone());
+        }
+        w.write_record(&header)?;
+        for r in start..start + len {
+            let mut rec: Vec<String> = table.rows[r].iter().map(|x| x.to_string()).collect();
+            if let Some((_, cells)) = &table.label {
+                rec.push(cells[r].clone());
+            }
+            w.write_record(&rec)?;
+        }
+        w.flush()?;
+        start += len;
+        files.push(path);
+    }
+    Ok(files)
+}
+
+async fn read_listen_line(child: &mut Child) -> anyhow::Result<String> {
+    let stdout = child.stdout.take().context("proxy stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .context("proxy did not start within 30 s")??
+        .context("proxy exited before listening")?;
+    line.strip_prefix("listening on ")
+        .map(str::to_string)
+        .with_context(|| format!("unexpected proxy output `{line}`"))
+}
+
+/// Finds the `proxy` and `owner` programs next to this one, building them first when
+/// running from the source tree (so a fresh clone works with one `cargo run`).
+fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let exe = std::env::current_exe().context("cannot locate the running program")?;
+    let dir = exe.parent().context("program has no parent directory")?.to_path_buf();
+    let manifest = workspace_root().join("Cargo.toml");
+    if !no_build && manifest.exists() {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.arg("build")
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .args(["-p", "dpca-proxy", "-p", "dpca-owner", "--bins"]);
+        match dir.file_name().and_then(|s| s.to_str()) {
+            Some("release") => {
+                cmd.arg("--release");
+            }
+            Some("debug") | None => {}
+            Some(profile) => {
+                cmd.args(["--profile", profile]);
+            }
+        }
+        let status = cmd.status().context("cannot run cargo to build proxy and owner")?;
+        if !status.success() {
+            bail!("building proxy and owner failed ({status})");
+        }
+    }
+    let proxy = dir.join(format!("proxy{}", std::env::consts::EXE_SUFFIX));
+    let owner = dir.join(format!("owner{}", std::env::consts::EXE_SUFFIX));
+    for p in [&proxy, &owner] {
+        if !p.exists() {
+            bail!("{} not found; build it with `cargo build --release`", p.display());
+        }
+    }
+    Ok((proxy, owner))
+}

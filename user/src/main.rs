@@ -1,0 +1,124 @@
+//! `user`: the data user of private distributed PCA.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use dpca_common::dp::{Centering, Mechanism};
+use dpca_common::paillier::{SecretKey, DEFAULT_KEY_BITS};
+use rand::rngs::OsRng;
+
+/// Principal components of data pooled across owners who never reveal their rows.
+#[derive(Parser, Debug)]
+#[command(name = "user", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Generate a Paillier key pair (secret key file readable by its owner only).
+    Keygen {
+        /// Modulus bits (2048 or more).
+        #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
+        key_bits: u64,
+        /// Secret key file to create.
+        #[arg(long)]
+        secret: PathBuf,
+        /// Public key file to create (hex of n).
+        #[arg(long)]
+        public: PathBuf,
+    },
+    /// Run a whole study on this machine: a proxy and several owner processes on
+    /// loopback, the table split among them; print the explained variance and write
+    /// components.csv, eigenvalues.csv, scatter.csv and study.json.
+    Local(LocalArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct LocalArgs {
+    /// Input CSV with a header row (default: the bundled optdigits, bounds 0..16).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Owner processes to split the rows among.
+    #[arg(long, default_value_t = 10)]
+    owners: usize,
+    /// Principal components to write.
+    #[arg(long, default_value_t = 10)]
+    k: usize,
+    /// Privacy parameter epsilon (> 0).
+    #[arg(long, default_value_t = 1.0)]
+    epsilon: f64,
+    /// Privacy parameter delta in (0, 1) (default 1/N^1.1).
+    #[arg(long)]
+    delta: Option<f64>,
+    /// gaussian (default), gaussian-classic (epsilon < 1), laplace, wishart-unproven.
+    #[arg(long, default_value = "gaussian")]
+    mechanism: String,
+    /// mask (default) or dp-mean.
+    #[arg(long, default_value = "mask")]
+    centering: String,
+    /// Label column to exclude from the features.
+    #[arg(long)]
+    label: Option<String>,
+    /// Public bounds: CSV `feature,lo,hi` (`*` for all others). Without it bounds are
+    /// read off the data, for demos only.
+    #[arg(long)]
+    bounds: Option<PathBuf>,
+    /// Row L2 norm bound C in normalized units.
+    #[arg(long, default_value_t = 1.0)]
+    row_norm_bound: f64,
+    /// Paillier modulus bits (2048 or more).
+    #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
+    key_bits: u64,
+    /// Project the noisy scatter onto the PSD cone before the eigen-decomposition.
+    #[arg(long)]
+    psd_repair: bool,
+    /// Output folder.
+    #[arg(long, default_value = "out")]
+    out: PathBuf,
+    /// Do not build proxy and owner first (use the binaries next to this one).
+    #[arg(long)]
+    no_build: bool,
+    /// TEST ONLY: noise-free release (the proxy is started in its test mode).
+    #[arg(long, hide = true)]
+    noise_free_for_testing: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Cmd::Keygen { key_bits, secret, public } => {
+            let sk = SecretKey::generate(key_bits, &mut OsRng).context("key generation")?;
+            dpca_user::keys::save_secret_key(&sk, &secret)?;
+            dpca_user::keys::save_public_key(sk.public(), &public)?;
+            println!("{}", sk.public().fingerprint());
+        }
+        Cmd::Local(a) => {
+            let opts = dpca_user::local::LocalOptions {
+                data: a.data,
+                owners: a.owners,
+                k: a.k,
+                epsilon: a.epsilon,
+                delta: a.delta,
+                mechanism: Mechanism::parse(&a.mechanism)?,
+                centering: Centering::parse(&a.centering)?,
+                label: a.label,
+                bounds: a.bounds,
+                row_norm_bound: a.row_norm_bound,
+                key_bits: a.key_bits,
+                psd_repair: a.psd_repair,
+                out: a.out,
+                noise_free_for_testing: a.noise_free_for_testing,
+                no_build: a.no_build,
+            };
+            dpca_user::local::run(&opts).await?;
+        }
+    }
+    Ok(())
+}

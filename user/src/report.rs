@@ -1,0 +1,144 @@
+//! The user's output files and the printed summary.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context;
+use dpca_common::linalg::Pca;
+use nalgebra::DMatrix;
+use serde::Serialize;
+
+/// Wall times of one study, in seconds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Seconds {
+    /// Slowest owner, start to acknowledgement.
+    pub owner: f64,
+    /// The proxy's release computation (mask, noise, re-randomization).
+    pub proxy: f64,
+    /// The user's work: decryption and eigen-decomposition (key generation excluded).
+    pub user: f64,
+    /// Key generation.
+    pub keygen: f64,
+    /// Whole run.
+    pub total: f64,
+}
+
+/// `study.json`: what was asked, what was spent and what it cost.
+#[derive(Clone, Debug, Serialize)]
+pub struct StudyReport {
+    /// Study id at the proxy.
+    pub study_id: String,
+    /// Feature names.
+    pub features: Vec<String>,
+    /// Public bounds per feature.
+    pub bounds: Vec<[f64; 2]>,
+    /// Whether the bounds were read off the data (demo only).
+    pub bounds_from_data: bool,
+    /// Row L2 norm bound C in normalized units.
+    pub row_norm_bound: f64,
+    /// Fixed-point fractional bits.
+    pub frac_bits: u32,
+    /// Mechanism name.
+    pub mechanism: String,
+    /// Centering mode.
+    pub centering: String,
+    /// epsilon spent.
+    pub epsilon: f64,
+    /// delta spent.
+    pub delta: f64,
+    /// zCDP rho, for the Gaussian mechanism.
+    pub rho: Option<f64>,
+    /// Noise standard deviation per entry of S in normalized units.
+    pub sigma: f64,
+    /// Noise scale on the integer grid (decimal).
+    pub noise_scale_grid: String,
+    /// True only for the test-only noise-free path.
+    pub noise_free_for_testing: bool,
+    /// Pooled rows N.
+    pub n_rows: u64,
+    /// Features M.
+    pub n_features: usize,
+    /// Owners counted.
+    pub n_owners: usize,
+    /// Components written.
+    pub k: usize,
+    /// Paillier modulus bits.
+    pub key_bits: u64,
+    /// SHA-256 fingerprint of the public key.
+    pub key_fingerprint: String,
+    /// Ciphertexts each owner sends.
+    pub ciphertexts_per_owner: usize,
+    /// Ciphertext bytes each owner sends.
+    pub bytes_per_owner: usize,
+    /// Ciphertexts of the release.
+    pub release_ciphertexts: usize,
+    /// Rows shortened by the row-norm clip, over all owners.
+    pub clipped_rows: usize,
+    /// Whether the noisy scatter was projected onto the PSD cone.
+    pub psd_repair: bool,
+    /// Wall times.
+    pub seconds: Seconds,
+}
+
+/// Writes `components.csv`, `eigenvalues.csv`, `scatter.csv` and `study.json`.
+pub fn write_outputs(
+    dir: &Path,
+    features: &[String],
+    pca: &Pca,
+    scatter: &DMatrix<f64>,
+    report: &StudyReport,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let k = pca.components.ncols();
+    let mut w = csv_writer(&dir.join("components.csv"))?;
+    let mut header = vec!["feature".to_string()];
+    header.extend((1..=k).map(|i| format!("PC{i}")));
+    w.write_record(&header)?;
+    for (i, f) in features.iter().enumerate() {
+        let mut rec = vec![f.clone()];
+        rec.extend((0..k).map(|j| pca.components[(i, j)].to_string()));
+        w.write_record(&rec)?;
+    }
+    w.flush()?;
+
+    let mut w = csv_writer(&dir.join("eigenvalues.csv"))?;
+    w.write_record(["component", "eigenvalue", "explained_variance_ratio"])?;
+    for (i, (ev, r)) in pca.eigenvalues.iter().zip(&pca.explained_ratio).enumerate() {
+        w.write_record([(i + 1).to_string(), ev.to_string(), r.to_string()])?;
+    }
+    w.flush()?;
+
+    let mut w = csv_writer(&dir.join("scatter.csv"))?;
+    w.write_record(features)?;
+    for i in 0..scatter.nrows() {
+        w.write_record((0..scatter.ncols()).map(|j| scatter[(i, j)].to_string()))?;
+    }
+    w.flush()?;
+
+    let json = serde_json::to_string_pretty(report)?;
+    std::fs::write(dir.join("study.json"), json + "\n").with_context(|| format!("cannot write {}", dir.display()))?;
+    Ok(())
+}
+
+fn csv_writer(path: &Path) -> anyhow::Result<csv::Writer<std::fs::File>> {
+    csv::Writer::from_path(path).with_context(|| format!("cannot create {}", path.display()))
+}
+
+/// The explained-variance table printed at the end of a study.
+pub fn variance_table(pca: &Pca, k: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:>9}  {:>12}  {:>10}  {:>10}", "component", "eigenvalue", "explained", "cumulative");
+    let mut cum = 0.0;
+    for i in 0..k.min(pca.eigenvalues.len()) {
+        cum += pca.explained_ratio[i];
+        let _ = writeln!(
+            out,
+            "{:>9}  {:>12.4}  {:>9.2}%  {:>9.2}%",
+            format!("PC{}", i + 1),
+            pca.eigenvalues[i],
+            100.0 * pca.explained_ratio[i],
+            100.0 * cum
+        );
+    }
+    out
+}
