@@ -1,0 +1,157 @@
+//! Helpers of the integration tests: the real `proxy`, `owner` and `user` programs,
+//! built once per test run with the test's own profile, started as processes on
+//! loopback, and the plaintext reference computations the results are checked
+//! against.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use dpca_common::data::{normalize_row, read_csv, Table};
+use dpca_common::encoding::FixedPoint;
+use nalgebra::DMatrix;
+
+/// The folder holding this test run's binaries (`target/<profile>`).
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// Path of one of the three programs, built on first use. `cargo test` builds only
+/// test harnesses of other packages, so the real binaries are built here, with the
+/// same profile as the running test.
+pub fn bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = bin_dir();
+        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.arg("build")
+            .arg("--manifest-path")
+            .arg(workspace_root().join("Cargo.toml"))
+            .args(["-p", "dpca-proxy", "-p", "dpca-owner", "-p", "dpca-user", "--bins"]);
+        match dir.file_name().and_then(|s| s.to_str()) {
+            Some("release") => {
+                cmd.arg("--release");
+            }
+            Some("debug") | None => {}
+            Some(p) => {
+                cmd.args(["--profile", p]);
+            }
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success(), "building proxy, owner and user failed");
+    });
+    let p = bin_dir().join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(p.exists(), "{} missing after build", p.display());
+    p
+}
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The bundled optdigits table (label column `label`).
+pub fn optdigits() -> Table {
+    let path = workspace_root().join("data/optdigits.csv");
+    let f = std::fs::File::open(&path).expect("bundled optdigits");
+    read_csv(f, "optdigits.csv", Some("label")).expect("bundled optdigits parses")
+}
+
+/// Writes the first `n` rows of `table` (features and label) to `path`.
+pub fn write_rows(table: &Table, n: usize, path: &Path) {
+    let mut w = csv::Writer::from_path(path).expect("create csv");
+    let mut header = table.features.clone();
+    header.push("label".into());
+    w.write_record(&header).expect("write header");
+    for (i, r) in table.rows.iter().take(n).enumerate() {
+        let mut rec: Vec<String> = r.iter().map(|x| x.to_string()).collect();
+        rec.push(table.label.as_ref().map(|(_, c)| c[i].clone()).unwrap_or_default());
+        w.write_record(&rec).expect("write row");
+    }
+    w.flush().expect("flush csv");
+}
+
+/// A child process killed when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a proxy on a free loopback port; returns it with its URL.
+pub fn start_proxy(test_mode: bool) -> (Proc, String) {
+    let mut cmd = Command::new(bin("proxy"));
+    cmd.args(["--listen", "127.0.0.1:0"]);
+    if test_mode {
+        cmd.arg("--allow-noise-free-for-testing");
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start proxy");
+    let stdout = child.stdout.take().expect("proxy stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("proxy prints its address");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected proxy output `{line}`"))
+        .to_string();
+    (Proc(child), format!("http://{addr}"))
+}
+
+/// Runs a command to completion and returns its output.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("run command")
+}
+
+/// The outcome of a run, as text, for assertion messages.
+pub fn describe(out: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Rows after the study's public preprocessing (bounds, [-1, 1], norm clip), both
+/// as floats and as the exact fixed-point values the owners encrypt.
+pub fn preprocess(rows: &[Vec<f64>], bounds: &[(f64, f64)], fixed: &FixedPoint) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    let scale = fixed.scale();
+    rows.iter()
+        .map(|r| {
+            let (x, _) = normalize_row(r, bounds, fixed.row_norm_bound);
+            let q = fixed.encode_row(&x).iter().map(|&v| v as f64 / scale).collect();
+            (x, q)
+        })
+        .unzip()
+}
+
+/// Reads a numeric CSV matrix with a header row and, if `first_is_name`, a leading
+/// name column.
+pub fn read_matrix(path: &Path, first_is_name: bool) -> DMatrix<f64> {
+    let mut r = csv::Reader::from_path(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let rows: Vec<Vec<f64>> = r
+        .records()
+        .map(|rec| {
+            let rec = rec.expect("csv record");
+            rec.iter()
+                .skip(usize::from(first_is_name))
+                .map(|c| c.parse::<f64>().expect("numeric cell"))
+                .collect()
+        })
+        .collect();
+    let cols = rows.first().map_or(0, Vec::len);
+    DMatrix::from_fn(rows.len(), cols, |i, j| rows[i][j])
+}
