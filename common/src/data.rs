@@ -79,18 +79,37 @@ pub struct Table {
 
 /// Reads a CSV with a header. Every feature cell must be a finite number; the label
 /// column, if named, is kept apart as text. `source_name` is used in error messages.
-pub fn read_csv<R: Read>(reader: R, source_name: &str, label: Option<&str>) -> Result<Table, DataError> {
-    let mut rdr = csv::ReaderBuilder::new().has_headers(true).flexible(true).from_reader(reader);
+pub fn read_csv<R: Read>(
+    reader: R,
+    source_name: &str,
+    label: Option<&str>,
+) -> Result<Table, DataError> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .from_reader(reader);
     let csv_err = |e: csv::Error| DataError::Csv {
         source_name: source_name.to_string(),
         reason: e.to_string(),
     };
-    let header: Vec<String> = rdr.headers().map_err(csv_err)?.iter().map(|h| h.trim().to_string()).collect();
+    let header: Vec<String> = rdr
+        .headers()
+        .map_err(csv_err)?
+        .iter()
+        .map(|h| h.trim().to_string())
+        .collect();
     let label_idx = match label {
-        Some(l) => Some(header.iter().position(|h| h == l).ok_or_else(|| DataError::MissingLabel {
-            source_name: source_name.to_string(),
-            label: l.to_string(),
-        })?),
+        Some(l) => {
+            Some(
+                header
+                    .iter()
+                    .position(|h| h == l)
+                    .ok_or_else(|| DataError::MissingLabel {
+                        source_name: source_name.to_string(),
+                        label: l.to_string(),
+                    })?,
+            )
+        }
         None => None,
     };
     let features: Vec<String> = header
@@ -151,10 +170,20 @@ impl Table {
         if self.features.len() != features.len() {
             return Err(DataError::Schema {
                 source_name: source_name.to_string(),
-                reason: format!("{} feature columns, the study has {}", self.features.len(), features.len()),
+                reason: format!(
+                    "{} feature columns, the study has {}",
+                    self.features.len(),
+                    features.len()
+                ),
             });
         }
-        if let Some((i, (a, b))) = self.features.iter().zip(features).enumerate().find(|(_, (a, b))| a != b) {
+        if let Some((i, (a, b))) = self
+            .features
+            .iter()
+            .zip(features)
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+        {
             return Err(DataError::Schema {
                 source_name: source_name.to_string(),
                 reason: format!("column {} is `{a}`, the study expects `{b}`", i + 1),
@@ -181,21 +210,27 @@ impl Table {
 /// Reads a bounds file: CSV with header `feature,lo,hi`, one row per feature; a row
 /// with feature `*` sets the bounds of every feature not listed.
 pub fn read_bounds<R: Read>(reader: R, features: &[String]) -> Result<Vec<(f64, f64)>, DataError> {
-    let mut rdr = csv::ReaderBuilder::new().has_headers(true).from_reader(reader);
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .from_reader(reader);
     let mut default = None;
     let mut map = std::collections::HashMap::new();
     for rec in rdr.records() {
         let rec = rec.map_err(|e| DataError::Bounds(e.to_string()))?;
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
         if rec.len() != 3 {
-            return Err(DataError::Bounds(format!("line {line}: expected feature,lo,hi")));
+            return Err(DataError::Bounds(format!(
+                "line {line}: expected feature,lo,hi"
+            )));
         }
         let parse = |s: &str| {
             s.trim()
                 .parse::<f64>()
                 .ok()
                 .filter(|v| v.is_finite())
-                .ok_or_else(|| DataError::Bounds(format!("line {line}: `{s}` is not a finite number")))
+                .ok_or_else(|| {
+                    DataError::Bounds(format!("line {line}: `{s}` is not a finite number"))
+                })
         };
         let (lo, hi) = (parse(&rec[1])?, parse(&rec[2])?);
         if lo > hi {
@@ -248,10 +283,18 @@ mod tests {
 
     #[test]
     fn reads_table_with_label() {
-        let t = read_csv("a,b,label\n1,2,x\n3,4.5,y\n".as_bytes(), "t.csv", Some("label")).expect("ok");
+        let t = read_csv(
+            "a,b,label\n1,2,x\n3,4.5,y\n".as_bytes(),
+            "t.csv",
+            Some("label"),
+        )
+        .expect("ok");
         assert_eq!(t.features, vec!["a", "b"]);
         assert_eq!(t.rows, vec![vec![1.0, 2.0], vec![3.0, 4.5]]);
-        assert_eq!(t.label, Some(("label".into(), vec!["x".into(), "y".into()])));
+        assert_eq!(
+            t.label,
+            Some(("label".into(), vec!["x".into(), "y".into()]))
+        );
     }
 
     #[test]
@@ -290,7 +333,9 @@ mod tests {
     #[test]
     fn schema_mismatch_is_named() {
         let t = read_csv("a,c\n1,2\n".as_bytes(), "x.csv", None).expect("ok");
-        let err = t.check_schema(&["a".into(), "b".into()], "x.csv").expect_err("mismatch");
+        let err = t
+            .check_schema(&["a".into(), "b".into()], "x.csv")
+            .expect_err("mismatch");
         assert!(err.to_string().contains("column 2 is `c`"));
         let err = t.check_schema(&["a".into()], "x.csv").expect_err("count");
         assert!(err.to_string().contains("2 feature columns"));
@@ -298,7 +343,11 @@ mod tests {
 
     #[test]
     fn normalization_maps_bounds_and_clips() {
-        let (r, clipped) = normalize_row(&[0.0, 16.0, 8.0, 5.0], &[(0.0, 16.0), (0.0, 16.0), (0.0, 16.0), (5.0, 5.0)], 10.0);
+        let (r, clipped) = normalize_row(
+            &[0.0, 16.0, 8.0, 5.0],
+            &[(0.0, 16.0), (0.0, 16.0), (0.0, 16.0), (5.0, 5.0)],
+            10.0,
+        );
         assert_eq!(r, vec![-1.0, 1.0, 0.0, 0.0]);
         assert!(!clipped);
         let (r, clipped) = normalize_row(&[20.0, 16.0], &[(0.0, 16.0), (0.0, 16.0)], 1.0);
@@ -309,7 +358,11 @@ mod tests {
 
     #[test]
     fn bounds_file_with_default() {
-        let b = read_bounds("feature,lo,hi\n*,0,16\nb,-1,1\n".as_bytes(), &["a".into(), "b".into()]).expect("ok");
+        let b = read_bounds(
+            "feature,lo,hi\n*,0,16\nb,-1,1\n".as_bytes(),
+            &["a".into(), "b".into()],
+        )
+        .expect("ok");
         assert_eq!(b, vec![(0.0, 16.0), (-1.0, 1.0)]);
         assert!(read_bounds("feature,lo,hi\na,2,1\n".as_bytes(), &["a".into()]).is_err());
         assert!(read_bounds("feature,lo,hi\n".as_bytes(), &["a".into()]).is_err());

@@ -19,7 +19,9 @@ pub fn eigh_desc(s: &DMatrix<f64>) -> (Vec<f64>, DMatrix<f64>) {
     let mut order: Vec<usize> = (0..eig.eigenvalues.len()).collect();
     order.sort_by(|&a, &b| eig.eigenvalues[b].total_cmp(&eig.eigenvalues[a]));
     let values = order.iter().map(|&i| eig.eigenvalues[i]).collect();
-    let vectors = DMatrix::from_fn(s.nrows(), order.len(), |r, c| eig.eigenvectors[(r, order[c])]);
+    let vectors = DMatrix::from_fn(s.nrows(), order.len(), |r, c| {
+        eig.eigenvectors[(r, order[c])]
+    });
     (values, vectors)
 }
 
@@ -30,16 +32,22 @@ pub fn pca(s: &DMatrix<f64>, k: usize) -> Pca {
     let k = k.min(values.len());
     let mut components = vectors.columns(0, k).into_owned();
     for mut col in components.column_iter_mut() {
-        let (idx, _) = col
-            .iter()
-            .enumerate()
-            .fold((0, 0.0f64), |acc, (i, &x)| if x.abs() > acc.1 { (i, x.abs()) } else { acc });
+        let (idx, _) = col.iter().enumerate().fold((0, 0.0f64), |acc, (i, &x)| {
+            if x.abs() > acc.1 {
+                (i, x.abs())
+            } else {
+                acc
+            }
+        });
         if col[idx] < 0.0 {
             col.neg_mut();
         }
     }
     let positive: f64 = values.iter().filter(|&&v| v > 0.0).sum();
-    let explained_ratio = values.iter().map(|&v| if positive > 0.0 { v / positive } else { 0.0 }).collect();
+    let explained_ratio = values
+        .iter()
+        .map(|&v| if positive > 0.0 { v / positive } else { 0.0 })
+        .collect();
     Pca {
         components,
         eigenvalues: values,

@@ -165,7 +165,11 @@ impl PublicKey {
     }
 
     /// Encrypts residue m with the given randomizer (r^n mod n^2).
-    pub fn encrypt_with_mask(&self, m: &BigUint, mask: &BigUint) -> Result<Ciphertext, PaillierError> {
+    pub fn encrypt_with_mask(
+        &self,
+        m: &BigUint,
+        mask: &BigUint,
+    ) -> Result<Ciphertext, PaillierError> {
         if m >= &self.n {
             return Err(PaillierError::PlaintextTooLarge);
         }
@@ -173,7 +177,11 @@ impl PublicKey {
     }
 
     /// Encrypts residue m with fresh randomness.
-    pub fn encrypt<R: RngCore + CryptoRng>(&self, m: &BigUint, rng: &mut R) -> Result<Ciphertext, PaillierError> {
+    pub fn encrypt<R: RngCore + CryptoRng>(
+        &self,
+        m: &BigUint,
+        rng: &mut R,
+    ) -> Result<Ciphertext, PaillierError> {
         let mask = self.random_mask(rng);
         self.encrypt_with_mask(m, &mask)
     }
@@ -203,7 +211,11 @@ impl PublicKey {
     /// lie in [1, n^2) and be coprime to n. A ciphertext sharing a factor with n
     /// would be a factorization of n, and one outside the group would corrupt the
     /// aggregate of every honest owner.
-    pub fn ciphertext_from_bytes(&self, bytes: &[u8], index: usize) -> Result<Ciphertext, PaillierError> {
+    pub fn ciphertext_from_bytes(
+        &self,
+        bytes: &[u8],
+        index: usize,
+    ) -> Result<Ciphertext, PaillierError> {
         if bytes.len() > self.ciphertext_bytes() {
             return Err(PaillierError::BadCiphertext {
                 index,
@@ -218,7 +230,10 @@ impl PublicKey {
     /// Checks that c is in [1, n^2) and coprime to n.
     pub fn validate(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
         if c.is_zero() {
-            return Err(PaillierError::BadCiphertext { index, reason: "zero" });
+            return Err(PaillierError::BadCiphertext {
+                index,
+                reason: "zero",
+            });
         }
         if c >= &self.n2 {
             return Err(PaillierError::BadCiphertext {

@@ -21,8 +21,8 @@ use rand::rngs::StdRng;
 use rand::{CryptoRng, RngCore, SeedableRng};
 use rayon::prelude::*;
 
-use crate::dp::{Centering, NoisePlan};
 use crate::data::normalize_row;
+use crate::dp::{Centering, NoisePlan};
 use crate::encoding::{EncodingError, FixedPoint, TriangleLayout};
 use crate::paillier::{random_below, Ciphertext, PaillierError, PublicKey, SecretKey};
 use crate::study::StudyLayout;
@@ -86,7 +86,11 @@ impl Share {
     /// The public preprocessing and the share of raw rows, in one step: each row is
     /// clipped to the bounds, mapped to [-1, 1], clipped to the row-norm bound and
     /// encoded exactly. Returns the share and how many rows the norm clip changed.
-    pub fn from_raw_rows(rows: &[Vec<f64>], bounds: &[(f64, f64)], fixed: &FixedPoint) -> (Self, usize) {
+    pub fn from_raw_rows(
+        rows: &[Vec<f64>],
+        bounds: &[(f64, f64)],
+        fixed: &FixedPoint,
+    ) -> (Self, usize) {
         let mut clipped = 0;
         let encoded: Vec<Vec<i64>> = rows
             .iter()
@@ -104,7 +108,10 @@ impl Share {
         let first = shares.first()?;
         let mut acc = first.clone();
         for s in &shares[1..] {
-            acc.r_upper.iter_mut().zip(&s.r_upper).for_each(|(a, b)| *a += b);
+            acc.r_upper
+                .iter_mut()
+                .zip(&s.r_upper)
+                .for_each(|(a, b)| *a += b);
             acc.v.iter_mut().zip(&s.v).for_each(|(a, b)| *a += b);
             acc.n += s.n;
         }
@@ -113,12 +120,18 @@ impl Share {
 
     /// The plaintext residues an owner encrypts, in layout order: packed R
     /// segments, each v_i alone, then N.
-    pub fn plaintexts(&self, layout: &StudyLayout, pk: &PublicKey) -> Result<Vec<BigUint>, ProtocolError> {
+    pub fn plaintexts(
+        &self,
+        layout: &StudyLayout,
+        pk: &PublicKey,
+    ) -> Result<Vec<BigUint>, ProtocolError> {
         let dim = layout.triangle.dim;
         let mut out = Vec::with_capacity(layout.owner_ciphertexts());
         for seg in &layout.triangle.segments {
             let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
-            let packed = layout.budget.pack_i128(&self.r_upper[start..start + seg.len])?;
+            let packed = layout
+                .budget
+                .pack_i128(&self.r_upper[start..start + seg.len])?;
             out.push(pk.encode_signed(&packed)?);
         }
         for &vi in &self.v {
@@ -158,7 +171,10 @@ impl ReleaseSecrets {
         let (mask, vector_noise) = match centering {
             Centering::Mask => {
                 let bound = BigUint::one() << layout.mask_bits as usize;
-                ((0..dim).map(|_| random_below(&bound, rng)).collect(), Vec::new())
+                (
+                    (0..dim).map(|_| random_below(&bound, rng)).collect(),
+                    Vec::new(),
+                )
             }
             Centering::DpMean => {
                 let noise = match &plan.vector {
@@ -220,7 +236,10 @@ pub fn release<R: RngCore + CryptoRng>(
     let width = layout.budget.slot_width;
     let r_cts = &agg[..layout.triangle.len()];
     let v_cts = &agg[layout.triangle.len()..layout.triangle.len() + dim];
-    let table: Vec<Vec<Ciphertext>> = v_cts.par_iter().map(|v| shifted(pk, v, slots, width)).collect();
+    let table: Vec<Vec<Ciphertext>> = v_cts
+        .par_iter()
+        .map(|v| shifted(pk, v, slots, width))
+        .collect();
     let n_big = BigUint::from(n_rows);
 
     // One fresh randomizer per output, drawn up front from the caller's RNG so the
@@ -292,7 +311,10 @@ pub fn release<R: RngCore + CryptoRng>(
                 c = pk.add(&c, &table[start + t][t]);
             }
             let plain: Vec<BigInt> = match centering {
-                Centering::Mask => secrets.mask[start..start + len].iter().map(|b| BigInt::from(b.clone())).collect(),
+                Centering::Mask => secrets.mask[start..start + len]
+                    .iter()
+                    .map(|b| BigInt::from(b.clone()))
+                    .collect(),
                 Centering::DpMean => secrets.vector_noise[start..start + len].to_vec(),
             };
             let packed = layout.budget.pack(&plain)?;

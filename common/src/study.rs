@@ -88,7 +88,9 @@ impl StudySpec {
         let mut seen = std::collections::HashSet::new();
         for name in &self.features {
             if name.is_empty() || !seen.insert(name.as_str()) {
-                return Err(SpecError::Schema(format!("empty or duplicate feature name `{name}`")));
+                return Err(SpecError::Schema(format!(
+                    "empty or duplicate feature name `{name}`"
+                )));
             }
         }
         for (name, &(lo, hi)) in self.features.iter().zip(&self.bounds) {
@@ -100,24 +102,39 @@ impl StudySpec {
         }
         let c = self.fixed.row_norm_bound;
         if !(c.is_finite() && c > 0.0 && c <= 1e6) {
-            return Err(param("row_norm_bound", format!("must be in (0, 1e6], got {c}")));
+            return Err(param(
+                "row_norm_bound",
+                format!("must be in (0, 1e6], got {c}"),
+            ));
         }
         if !(1..=30).contains(&self.fixed.frac_bits) {
-            return Err(param("frac_bits", format!("must be in 1..=30, got {}", self.fixed.frac_bits)));
+            return Err(param(
+                "frac_bits",
+                format!("must be in 1..=30, got {}", self.fixed.frac_bits),
+            ));
         }
         if self.fixed.norm_bound_int() == 0 {
             return Err(param("row_norm_bound", "C 2^f rounds to zero"));
         }
         if self.max_rows == 0 || self.max_rows > MAX_ROWS_LIMIT {
-            return Err(param("max_rows", format!("must be in 1..={MAX_ROWS_LIMIT}, got {}", self.max_rows)));
+            return Err(param(
+                "max_rows",
+                format!("must be in 1..={MAX_ROWS_LIMIT}, got {}", self.max_rows),
+            ));
         }
         if self.kappa < MIN_KAPPA || self.kappa > 256 {
-            return Err(param("kappa", format!("must be in {MIN_KAPPA}..=256, got {}", self.kappa)));
+            return Err(param(
+                "kappa",
+                format!("must be in {MIN_KAPPA}..=256, got {}", self.kappa),
+            ));
         }
         if self.min_owners == 0 || self.min_owners > self.quorum {
             return Err(param(
                 "min_owners",
-                format!("must be in 1..=quorum ({}), got {}", self.quorum, self.min_owners),
+                format!(
+                    "must be in 1..=quorum ({}), got {}",
+                    self.quorum, self.min_owners
+                ),
             ));
         }
         // Re-validates epsilon/delta/mechanism combinations.
@@ -164,12 +181,19 @@ impl StudyLayout {
         let (t_bound, v_bound) = match spec.privacy.centering {
             Centering::Mask => {
                 let b = BigUint::one() << mask_bits as usize;
-                let t = &n * &n * &cq * &cq + (&v_max << 1usize) * &b + &b * &b + plan.matrix.tail_bound();
+                let t = &n * &n * &cq * &cq
+                    + (&v_max << 1usize) * &b
+                    + &b * &b
+                    + plan.matrix.tail_bound();
                 (t, &v_max + &b)
             }
             Centering::DpMean => {
                 let t = &n * &cq * &cq + plan.matrix.tail_bound();
-                let tail_v = plan.vector.as_ref().map(|v| v.tail_bound()).unwrap_or_default();
+                let tail_v = plan
+                    .vector
+                    .as_ref()
+                    .map(|v| v.tail_bound())
+                    .unwrap_or_default();
                 (t, &v_max + tail_v)
             }
         };

@@ -91,7 +91,8 @@ pub async fn fetch_study(
         .map_err(|s| anyhow::anyhow!("proxy refused study `{study_id}`: {}", s.message()))?
         .into_inner();
     let wire = info.spec.context("proxy sent a study without a spec")?;
-    let spec = spec_from_wire(&wire).with_context(|| format!("study `{study_id}` has an invalid spec"))?;
+    let spec =
+        spec_from_wire(&wire).with_context(|| format!("study `{study_id}` has an invalid spec"))?;
     let got = spec.public_key.fingerprint();
     if !got.eq_ignore_ascii_case(fingerprint.trim()) {
         bail!(
@@ -105,7 +106,8 @@ pub async fn fetch_study(
 /// Runs one owner's part of a study end to end.
 pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let start = Instant::now();
-    let bytes = std::fs::read(&cfg.data).with_context(|| format!("cannot read {}", cfg.data.display()))?;
+    let bytes =
+        std::fs::read(&cfg.data).with_context(|| format!("cannot read {}", cfg.data.display()))?;
     let name = cfg.data.display().to_string();
     let mut client = connect(&cfg.proxy).await?;
     let spec = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
@@ -113,7 +115,10 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     table.check_schema(&spec.features, &name)?;
     let rows = table.rows.len() as u64;
     if rows > spec.max_rows {
-        bail!("{name}: {rows} rows exceed the study's max_rows {}", spec.max_rows);
+        bail!(
+            "{name}: {rows} rows exceed the study's max_rows {}",
+            spec.max_rows
+        );
     }
     let layout = StudyLayout::new(&spec)?;
     let (share, clipped_rows) = Share::from_raw_rows(&table.rows, &spec.bounds, &spec.fixed);
@@ -138,8 +143,16 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
             let cts = encrypt_chunk(&pk, chunk)?;
             enc_bar.inc(cts.len() as u64);
             let msg = v1::ContributionChunk {
-                study_id: if i == 0 { study_id.clone() } else { String::new() },
-                owner_id: if i == 0 { owner_id.clone() } else { String::new() },
+                study_id: if i == 0 {
+                    study_id.clone()
+                } else {
+                    String::new()
+                },
+                owner_id: if i == 0 {
+                    owner_id.clone()
+                } else {
+                    String::new()
+                },
                 total_ciphertexts: if i == 0 { total as u32 } else { 0 },
                 contribution_id: if i == 0 { cid.clone() } else { String::new() },
                 ciphertexts: cts.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
@@ -182,7 +195,9 @@ fn progress_bar(enabled: bool, total: u64) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("encrypting {bar:30} {pos}/{len} ciphertexts ({eta} left)") {
+    if let Ok(style) =
+        ProgressStyle::with_template("encrypting {bar:30} {pos}/{len} ciphertexts ({eta} left)")
+    {
         bar.set_style(style);
     }
     bar
@@ -200,6 +215,9 @@ mod tests {
         assert_ne!(base, contribution_id("s", "o2", b"data"));
         assert_ne!(base, contribution_id("s", "o", b"datb"));
         // Length prefixes keep the parts apart.
-        assert_ne!(contribution_id("ab", "c", b""), contribution_id("a", "bc", b""));
+        assert_ne!(
+            contribution_id("ab", "c", b""),
+            contribution_id("a", "bc", b"")
+        );
     }
 }

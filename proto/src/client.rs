@@ -32,10 +32,18 @@ pub async fn connect(url: &str) -> Result<ProxyClient<Channel>, ConnectError> {
         url: url.to_string(),
         reason: e.to_string(),
     })?;
-    let channel = endpoint.connect().await.map_err(|e| ConnectError::Connect {
-        url: url.to_string(),
-        reason: format!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default()),
-    })?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| ConnectError::Connect {
+            url: url.to_string(),
+            reason: format!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            ),
+        })?;
     Ok(ProxyClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))

@@ -35,7 +35,11 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
 pub fn spec_to_wire(s: &StudySpec) -> v1::StudySpec {
     v1::StudySpec {
         features: s.features.clone(),
-        bounds: s.bounds.iter().map(|&(lo, hi)| v1::Bounds { lo, hi }).collect(),
+        bounds: s
+            .bounds
+            .iter()
+            .map(|&(lo, hi)| v1::Bounds { lo, hi })
+            .collect(),
         row_norm_bound: s.fixed.row_norm_bound,
         frac_bits: s.fixed.frac_bits,
         max_rows: s.max_rows,

@@ -8,5 +8,5 @@ pub mod v1 {
     tonic::include_proto!("dpca.v1");
 }
 
-pub mod convert;
 pub mod client;
+pub mod convert;

@@ -26,9 +26,13 @@ impl From<StudyError> for Status {
     fn from(e: StudyError) -> Self {
         let msg = e.to_string();
         match e {
-            StudyError::Closed { .. } | StudyError::WrongPhase { .. } => Status::failed_precondition(msg),
+            StudyError::Closed { .. } | StudyError::WrongPhase { .. } => {
+                Status::failed_precondition(msg)
+            }
             StudyError::DuplicateOwner { .. } => Status::already_exists(msg),
-            StudyError::WrongCount { .. } | StudyError::ImplausibleCount { .. } => Status::invalid_argument(msg),
+            StudyError::WrongCount { .. } | StudyError::ImplausibleCount { .. } => {
+                Status::invalid_argument(msg)
+            }
             StudyError::Release { .. } => Status::internal(msg),
         }
     }
@@ -58,7 +62,9 @@ impl ProxyService {
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, HashMap<String, Study>>, Status> {
-        self.studies.lock().map_err(|_| Status::internal("study table poisoned"))
+        self.studies
+            .lock()
+            .map_err(|_| Status::internal("study table poisoned"))
     }
 
     /// Applies deadlines in the background.
@@ -76,7 +82,11 @@ impl ProxyService {
         });
     }
 
-    fn with_study<T>(&self, id: &str, f: impl FnOnce(&mut Study) -> Result<T, Status>) -> Result<T, Status> {
+    fn with_study<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Study) -> Result<T, Status>,
+    ) -> Result<T, Status> {
         let mut map = self.lock()?;
         let study = map
             .get_mut(id)
@@ -90,9 +100,14 @@ type ResultStream = Pin<Box<dyn Stream<Item = Result<v1::ResultChunk, Status>> +
 
 #[tonic::async_trait]
 impl v1::proxy_server::Proxy for ProxyService {
-    async fn open_study(&self, req: Request<v1::OpenStudyRequest>) -> Result<Response<v1::OpenStudyResponse>, Status> {
+    async fn open_study(
+        &self,
+        req: Request<v1::OpenStudyRequest>,
+    ) -> Result<Response<v1::OpenStudyResponse>, Status> {
         let req = req.into_inner();
-        let wire = req.spec.ok_or_else(|| Status::invalid_argument("missing study spec"))?;
+        let wire = req
+            .spec
+            .ok_or_else(|| Status::invalid_argument("missing study spec"))?;
         let spec = spec_from_wire(&wire).map_err(|e| Status::invalid_argument(e.to_string()))?;
         if req.noise_free_for_testing && !self.config.allow_noise_free_for_testing {
             return Err(Status::permission_denied(
@@ -102,7 +117,8 @@ impl v1::proxy_server::Proxy for ProxyService {
         if spec.deadline_unix_ms <= now_ms() {
             return Err(Status::invalid_argument("study deadline is in the past"));
         }
-        let layout = StudyLayout::new(&spec).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let layout =
+            StudyLayout::new(&spec).map_err(|e| Status::invalid_argument(e.to_string()))?;
         let mut id_bytes = [0u8; 16];
         OsRng.fill_bytes(&mut id_bytes);
         let id = hex::encode(id_bytes);
@@ -112,7 +128,10 @@ impl v1::proxy_server::Proxy for ProxyService {
         Ok(Response::new(v1::OpenStudyResponse { study_id: id }))
     }
 
-    async fn get_study(&self, req: Request<v1::GetStudyRequest>) -> Result<Response<v1::StudyInfo>, Status> {
+    async fn get_study(
+        &self,
+        req: Request<v1::GetStudyRequest>,
+    ) -> Result<Response<v1::StudyInfo>, Status> {
         let id = req.into_inner().study_id;
         self.with_study(&id, |s| {
             Ok(Response::new(v1::StudyInfo {
@@ -133,15 +152,26 @@ impl v1::proxy_server::Proxy for ProxyService {
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("empty contribution stream"))?;
-        let (study_id, owner, cid) = (first.study_id.clone(), first.owner_id.clone(), first.contribution_id.clone());
+        let (study_id, owner, cid) = (
+            first.study_id.clone(),
+            first.owner_id.clone(),
+            first.contribution_id.clone(),
+        );
         if owner.is_empty() || cid.is_empty() {
-            return Err(Status::invalid_argument("owner_id and contribution_id are required"));
+            return Err(Status::invalid_argument(
+                "owner_id and contribution_id are required",
+            ));
         }
         // Refuse early, before reading the stream, when the contribution cannot count.
         let (pk, expected): (PublicKey, usize) = {
             let pre = self.with_study(&study_id, |s| {
                 let outcome = s.check_can_contribute(&owner, &cid)?;
-                Ok((outcome, s.spec.public_key.clone(), s.layout.owner_ciphertexts(), s.owners_in().len()))
+                Ok((
+                    outcome,
+                    s.spec.public_key.clone(),
+                    s.layout.owner_ciphertexts(),
+                    s.owners_in().len(),
+                ))
             })?;
             if let (Some(ContributionOutcome::AlreadyCounted), _, _, owners_in) = pre {
                 return Ok(Response::new(v1::ContributeResponse {
@@ -162,7 +192,9 @@ impl v1::proxy_server::Proxy for ProxyService {
         while let Some(c) = chunk {
             for bytes in &c.ciphertexts {
                 if cts.len() >= expected {
-                    return Err(Status::invalid_argument(format!("more than {expected} ciphertexts")));
+                    return Err(Status::invalid_argument(format!(
+                        "more than {expected} ciphertexts"
+                    )));
                 }
                 let ct = pk
                     .ciphertext_from_bytes(bytes, cts.len())
@@ -188,15 +220,22 @@ impl v1::proxy_server::Proxy for ProxyService {
         }))
     }
 
-    async fn await_seal(&self, req: Request<v1::AwaitSealRequest>) -> Result<Response<v1::SealedStudy>, Status> {
+    async fn await_seal(
+        &self,
+        req: Request<v1::AwaitSealRequest>,
+    ) -> Result<Response<v1::SealedStudy>, Status> {
         let id = req.into_inner().study_id;
         loop {
             let ready = self.with_study(&id, |s| match &s.phase {
                 Phase::Collecting => Ok(None),
-                Phase::Aborted(reason) => Err(Status::failed_precondition(format!("study {id} aborted: {reason}"))),
+                Phase::Aborted(reason) => Err(Status::failed_precondition(format!(
+                    "study {id} aborted: {reason}"
+                ))),
                 Phase::Sealed | Phase::Released(_) => {
                     let pk = &s.spec.public_key;
-                    let count = s.encrypted_count().ok_or_else(|| Status::internal("empty aggregate"))?;
+                    let count = s
+                        .encrypted_count()
+                        .ok_or_else(|| Status::internal("empty aggregate"))?;
                     // Re-randomized so the user cannot relate it to owners' randomness.
                     let count = pk.rerandomize(count, &mut OsRng);
                     Ok(Some(v1::SealedStudy {
@@ -213,7 +252,10 @@ impl v1::proxy_server::Proxy for ProxyService {
         }
     }
 
-    async fn reveal_count(&self, req: Request<v1::RevealCountRequest>) -> Result<Response<v1::RevealCountResponse>, Status> {
+    async fn reveal_count(
+        &self,
+        req: Request<v1::RevealCountRequest>,
+    ) -> Result<Response<v1::RevealCountResponse>, Status> {
         let req = req.into_inner();
         let id = req.study_id;
         let snapshot = self.with_study(&id, |s| {
@@ -222,9 +264,10 @@ impl v1::proxy_server::Proxy for ProxyService {
         })?;
         let n_rows = req.n_rows;
         let started = std::time::Instant::now();
-        let released = tokio::task::spawn_blocking(move || snapshot.compute_release(n_rows, &mut OsRng))
-            .await
-            .map_err(|e| Status::internal(format!("release task failed: {e}")))??;
+        let released =
+            tokio::task::spawn_blocking(move || snapshot.compute_release(n_rows, &mut OsRng))
+                .await
+                .map_err(|e| Status::internal(format!("release task failed: {e}")))??;
         self.with_study(&id, |s| Ok(s.commit_release(released)?))?;
         tracing::info!(study = %id, seconds = started.elapsed().as_secs_f64(), "release computed");
         Ok(Response::new(v1::RevealCountResponse {}))
@@ -232,7 +275,10 @@ impl v1::proxy_server::Proxy for ProxyService {
 
     type FetchResultStream = ResultStream;
 
-    async fn fetch_result(&self, req: Request<v1::FetchResultRequest>) -> Result<Response<ResultStream>, Status> {
+    async fn fetch_result(
+        &self,
+        req: Request<v1::FetchResultRequest>,
+    ) -> Result<Response<ResultStream>, Status> {
         let id = req.into_inner().study_id;
         let chunks = self.with_study(&id, |s| {
             let Phase::Released(r) = &s.phase else {

@@ -177,7 +177,11 @@ impl Study {
     }
 
     /// Checks whether an owner may contribute, before its stream is read.
-    pub fn check_can_contribute(&self, owner: &str, contribution_id: &str) -> Result<Option<ContributionOutcome>, StudyError> {
+    pub fn check_can_contribute(
+        &self,
+        owner: &str,
+        contribution_id: &str,
+    ) -> Result<Option<ContributionOutcome>, StudyError> {
         if let Some(existing) = self.contributors.get(owner) {
             return if existing == contribution_id {
                 Ok(Some(ContributionOutcome::AlreadyCounted))
@@ -219,7 +223,8 @@ impl Study {
         for (acc, c) in self.aggregate.iter_mut().zip(cts) {
             *acc = mul(acc, c);
         }
-        self.contributors.insert(owner.to_string(), contribution_id.to_string());
+        self.contributors
+            .insert(owner.to_string(), contribution_id.to_string());
         if self.contributors.len() >= self.spec.quorum as usize {
             self.phase = Phase::Sealed;
         }
@@ -264,7 +269,11 @@ impl Study {
 
     /// Sealed -> Released: plans and samples the noise and mask once and computes
     /// the release. This is the only place noise is sampled.
-    pub fn release<R: RngCore + CryptoRng>(&mut self, n_rows: u64, rng: &mut R) -> Result<(), StudyError> {
+    pub fn release<R: RngCore + CryptoRng>(
+        &mut self,
+        n_rows: u64,
+        rng: &mut R,
+    ) -> Result<(), StudyError> {
         self.check_count(n_rows)?;
         let released = self.compute_release(n_rows, rng)?;
         self.phase = Phase::Released(Box::new(released));
@@ -273,9 +282,18 @@ impl Study {
 
     /// The release computation, without changing state (callers run it off the
     /// async runtime, then commit with [`Study::commit_release`]).
-    pub fn compute_release<R: RngCore + CryptoRng>(&self, n_rows: u64, rng: &mut R) -> Result<Released, StudyError> {
+    pub fn compute_release<R: RngCore + CryptoRng>(
+        &self,
+        n_rows: u64,
+        rng: &mut R,
+    ) -> Result<Released, StudyError> {
         let spec = &self.spec;
-        let mut plan = plan_noise(&spec.privacy, spec.dim(), spec.fixed.norm_bound_int(), n_rows);
+        let mut plan = plan_noise(
+            &spec.privacy,
+            spec.dim(),
+            spec.fixed.norm_bound_int(),
+            n_rows,
+        );
         if self.noise_free {
             plan.matrix = NoiseScale::None;
             plan.vector = plan.vector.map(|_| NoiseScale::None);
@@ -285,7 +303,8 @@ impl Study {
             study: self.id.clone(),
             source,
         };
-        let secrets = ReleaseSecrets::sample(&self.layout, spec.privacy.centering, &plan, rng).map_err(err)?;
+        let secrets = ReleaseSecrets::sample(&self.layout, spec.privacy.centering, &plan, rng)
+            .map_err(err)?;
         let ciphertexts = release(
             &spec.public_key,
             &self.layout,
@@ -335,7 +354,9 @@ mod tests {
 
     fn key() -> &'static SecretKey {
         static KEY: OnceLock<SecretKey> = OnceLock::new();
-        KEY.get_or_init(|| SecretKey::generate(2048, &mut ChaCha20Rng::seed_from_u64(5)).expect("keygen"))
+        KEY.get_or_init(|| {
+            SecretKey::generate(2048, &mut ChaCha20Rng::seed_from_u64(5)).expect("keygen")
+        })
     }
 
     fn study(quorum: u32, min_owners: u32) -> Study {
@@ -347,7 +368,8 @@ mod tests {
                 row_norm_bound: 1.0,
             },
             max_rows: 100,
-            privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5).expect("ok"),
+            privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5)
+                .expect("ok"),
             min_owners,
             quorum,
             deadline_unix_ms: 1_000,
@@ -418,15 +440,18 @@ mod tests {
     #[test]
     fn deadline_seals_with_minimum_or_aborts() {
         let mut s = study(5, 2);
-        s.contribute("a", "1", &fake_cts(&s, 1), add).expect("counted");
+        s.contribute("a", "1", &fake_cts(&s, 1), add)
+            .expect("counted");
         s.tick(999);
         assert_eq!(s.phase.name(), "collecting");
         s.tick(1_000);
         assert_eq!(s.phase.name(), "aborted");
 
         let mut s = study(5, 2);
-        s.contribute("a", "1", &fake_cts(&s, 1), add).expect("counted");
-        s.contribute("b", "1", &fake_cts(&s, 1), add).expect("counted");
+        s.contribute("a", "1", &fake_cts(&s, 1), add)
+            .expect("counted");
+        s.contribute("b", "1", &fake_cts(&s, 1), add)
+            .expect("counted");
         s.tick(1_000);
         assert_eq!(s.phase.name(), "sealed");
         let late = s.contribute("c", "1", &fake_cts(&s, 1), add);
@@ -446,17 +471,27 @@ mod tests {
     fn count_must_be_plausible_and_revealed_once() {
         let mut s = study(2, 1);
         let mut rng = ChaCha20Rng::seed_from_u64(9);
-        assert!(matches!(s.release(10, &mut rng), Err(StudyError::WrongPhase { .. })));
+        assert!(matches!(
+            s.release(10, &mut rng),
+            Err(StudyError::WrongPhase { .. })
+        ));
         let pk = key().public().clone();
         for owner in ["a", "b"] {
             let cts: Vec<Ciphertext> = (0..s.layout.owner_ciphertexts())
                 .map(|_| pk.encrypt(&BigUint::from(1u32), &mut rng).expect("enc"))
                 .collect();
-            s.contribute(owner, "1", &cts, |x, y| pk.add(x, y)).expect("ok");
+            s.contribute(owner, "1", &cts, |x, y| pk.add(x, y))
+                .expect("ok");
         }
         assert_eq!(s.phase.name(), "sealed");
-        assert!(matches!(s.release(1, &mut rng), Err(StudyError::ImplausibleCount { .. })));
-        assert!(matches!(s.release(101, &mut rng), Err(StudyError::ImplausibleCount { .. })));
+        assert!(matches!(
+            s.release(1, &mut rng),
+            Err(StudyError::ImplausibleCount { .. })
+        ));
+        assert!(matches!(
+            s.release(101, &mut rng),
+            Err(StudyError::ImplausibleCount { .. })
+        ));
         s.release(2, &mut rng).expect("release");
         let first = match &s.phase {
             Phase::Released(r) => r.ciphertexts.clone(),
@@ -464,7 +499,10 @@ mod tests {
         };
         assert!(!first.is_empty());
         // A second reveal is refused and the release is unchanged.
-        assert!(matches!(s.release(2, &mut rng), Err(StudyError::WrongPhase { .. })));
+        assert!(matches!(
+            s.release(2, &mut rng),
+            Err(StudyError::WrongPhase { .. })
+        ));
         match &s.phase {
             Phase::Released(r) => assert_eq!(r.ciphertexts, first),
             other => panic!("phase {}", other.name()),

@@ -33,7 +33,15 @@ pub fn bin(name: &str) -> PathBuf {
         cmd.arg("build")
             .arg("--manifest-path")
             .arg(workspace_root().join("Cargo.toml"))
-            .args(["-p", "dpca-proxy", "-p", "dpca-owner", "-p", "dpca-user", "--bins"]);
+            .args([
+                "-p",
+                "dpca-proxy",
+                "-p",
+                "dpca-owner",
+                "-p",
+                "dpca-user",
+                "--bins",
+            ]);
         match dir.file_name().and_then(|s| s.to_str()) {
             Some("release") => {
                 cmd.arg("--release");
@@ -71,7 +79,13 @@ pub fn write_rows(table: &Table, n: usize, path: &Path) {
     w.write_record(&header).expect("write header");
     for (i, r) in table.rows.iter().take(n).enumerate() {
         let mut rec: Vec<String> = r.iter().map(|x| x.to_string()).collect();
-        rec.push(table.label.as_ref().map(|(_, c)| c[i].clone()).unwrap_or_default());
+        rec.push(
+            table
+                .label
+                .as_ref()
+                .map(|(_, c)| c[i].clone())
+                .unwrap_or_default(),
+        );
         w.write_record(&rec).expect("write row");
     }
     w.flush().expect("flush csv");
@@ -101,7 +115,9 @@ pub fn start_proxy(test_mode: bool) -> (Proc, String) {
         .expect("start proxy");
     let stdout = child.stdout.take().expect("proxy stdout");
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("proxy prints its address");
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("proxy prints its address");
     let addr = line
         .trim()
         .strip_prefix("listening on ")
@@ -127,12 +143,20 @@ pub fn describe(out: &Output) -> String {
 
 /// Rows after the study's public preprocessing (bounds, [-1, 1], norm clip), both
 /// as floats and as the exact fixed-point values the owners encrypt.
-pub fn preprocess(rows: &[Vec<f64>], bounds: &[(f64, f64)], fixed: &FixedPoint) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+pub fn preprocess(
+    rows: &[Vec<f64>],
+    bounds: &[(f64, f64)],
+    fixed: &FixedPoint,
+) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
     let scale = fixed.scale();
     rows.iter()
         .map(|r| {
             let (x, _) = normalize_row(r, bounds, fixed.row_norm_bound);
-            let q = fixed.encode_row(&x).iter().map(|&v| v as f64 / scale).collect();
+            let q = fixed
+                .encode_row(&x)
+                .iter()
+                .map(|&v| v as f64 / scale)
+                .collect();
             (x, q)
         })
         .unzip()

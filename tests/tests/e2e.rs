@@ -6,7 +6,9 @@ use std::process::Command;
 
 use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{captured_variance, centered_scatter, pca};
-use dpca_tests::{bin, describe, optdigits, preprocess, read_matrix, run, workspace_root, write_rows};
+use dpca_tests::{
+    bin, describe, optdigits, preprocess, read_matrix, run, workspace_root, write_rows,
+};
 use nalgebra::DMatrix;
 
 const ROWS: usize = 600;
@@ -18,7 +20,17 @@ fn local(data: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
     cmd.arg("local")
         .arg("--data")
         .arg(data)
-        .args(["--owners", OWNERS, "--k", "5", "--key-bits", "2048", "--label", "label", "--no-build"])
+        .args([
+            "--owners",
+            OWNERS,
+            "--k",
+            "5",
+            "--key-bits",
+            "2048",
+            "--label",
+            "label",
+            "--no-build",
+        ])
         .arg("--bounds")
         .arg(bounds)
         .arg("--out")
@@ -54,21 +66,35 @@ fn noise_free_release_equals_pooled_plaintext_scatter() {
     let max_abs = s_exact.amax();
     for centering in ["mask", "dp-mean"] {
         let out = dir.path().join(centering);
-        let o = local(&data, &out, &["--centering", centering, "--noise-free-for-testing"]);
+        let o = local(
+            &data,
+            &out,
+            &["--centering", centering, "--noise-free-for-testing"],
+        );
         assert!(o.status.success(), "{}", describe(&o));
         let s = read_matrix(&out.join("scatter.csv"), false);
         // Exact up to the f64 conversion of exact integers.
         let err = (&s - &s_exact).amax();
-        assert!(err <= 1e-9 * max_abs, "{centering}: |S' - S| = {err} (max |S| {max_abs})");
+        assert!(
+            err <= 1e-9 * max_abs,
+            "{centering}: |S' - S| = {err} (max |S| {max_abs})"
+        );
         // And within fixed-point precision of the unrounded scatter.
         let err_float = (&s - &s_float).amax();
-        assert!(err_float <= ROWS as f64 * 4.0 * (-20f64).exp2(), "{centering}: {err_float}");
+        assert!(
+            err_float <= ROWS as f64 * 4.0 * (-20f64).exp2(),
+            "{centering}: {err_float}"
+        );
 
         let comps = read_matrix(&out.join("components.csv"), true);
         let truth = pca(&(&s_exact / ROWS as f64), 5);
         for j in 0..5 {
             let dot = comps.column(j).dot(&truth.components.column(j)).abs();
-            assert!(dot > 1.0 - 1e-9, "{centering}: PC{} differs from plaintext PCA: |cos| = {dot}", j + 1);
+            assert!(
+                dot > 1.0 - 1e-9,
+                "{centering}: PC{} differs from plaintext PCA: |cos| = {dot}",
+                j + 1
+            );
         }
         let ev = read_matrix(&out.join("eigenvalues.csv"), false);
         for j in 0..5 {
@@ -94,21 +120,45 @@ fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
     let o = local(&data, &out, &["--epsilon", "1"]);
     assert!(o.status.success(), "{}", describe(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("PC1") && stdout.contains("cumulative"), "no variance table:\n{stdout}");
+    assert!(
+        stdout.contains("PC1") && stdout.contains("cumulative"),
+        "no variance table:\n{stdout}"
+    );
     let js = study_json(&out);
     let sigma = js["sigma"].as_f64().expect("sigma");
     assert!(sigma > 0.0);
     let s = read_matrix(&out.join("scatter.csv"), false);
     let diff = &s - &s_exact;
     let m = diff.nrows();
-    let upper: Vec<f64> = (0..m).flat_map(|i| (i..m).map(move |j| (i, j))).map(|(i, j)| diff[(i, j)]).collect();
+    let upper: Vec<f64> = (0..m)
+        .flat_map(|i| (i..m).map(move |j| (i, j)))
+        .map(|(i, j)| diff[(i, j)])
+        .collect();
     let sd = (upper.iter().map(|e| e * e).sum::<f64>() / upper.len() as f64).sqrt();
     // 2080 independent entries: the empirical sd is within a few percent of sigma.
-    assert!((sd / sigma - 1.0).abs() < 0.15, "noise sd {sd} vs reported sigma {sigma}");
+    assert!(
+        (sd / sigma - 1.0).abs() < 0.15,
+        "noise sd {sd} vs reported sigma {sigma}"
+    );
     let n = ROWS as f64;
     let delta = js["delta"].as_f64().expect("delta");
-    assert!((delta - n.powf(-1.1)).abs() < 1e-12, "default delta {delta}");
-    for key in ["features", "bounds", "row_norm_bound", "mechanism", "centering", "epsilon", "n_features", "key_bits", "ciphertexts_per_owner", "bytes_per_owner", "seconds"] {
+    assert!(
+        (delta - n.powf(-1.1)).abs() < 1e-12,
+        "default delta {delta}"
+    );
+    for key in [
+        "features",
+        "bounds",
+        "row_norm_bound",
+        "mechanism",
+        "centering",
+        "epsilon",
+        "n_features",
+        "key_bits",
+        "ciphertexts_per_owner",
+        "bytes_per_owner",
+        "seconds",
+    ] {
         assert!(!js[key].is_null(), "study.json lacks `{key}`");
     }
     assert_eq!(js["key_bits"], 2048);
@@ -117,7 +167,10 @@ fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
         js["ciphertexts_per_owner"].as_u64().map(|c| c * 512)
     );
     for part in ["owner", "proxy", "user", "total"] {
-        assert!(js["seconds"][part].as_f64().is_some_and(|t| t > 0.0), "seconds.{part}");
+        assert!(
+            js["seconds"][part].as_f64().is_some_and(|t| t > 0.0),
+            "seconds.{part}"
+        );
     }
 
     // Large epsilon, both centerings and a pure mechanism: the components capture
@@ -127,7 +180,14 @@ fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
         let o = local(
             &data,
             &out,
-            &["--epsilon", "100000", "--centering", centering, "--mechanism", mech],
+            &[
+                "--epsilon",
+                "100000",
+                "--centering",
+                centering,
+                "--mechanism",
+                mech,
+            ],
         );
         assert!(o.status.success(), "{}", describe(&o));
         let comps = read_matrix(&out.join("components.csv"), true);

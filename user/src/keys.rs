@@ -19,7 +19,8 @@ struct KeyFile {
 const KIND: &str = "dpca-paillier-secret-key-v1";
 
 fn parse_hex(s: &str, what: &str, path: &Path) -> anyhow::Result<BigUint> {
-    BigUint::parse_bytes(s.as_bytes(), 16).with_context(|| format!("{}: `{what}` is not hex", path.display()))
+    BigUint::parse_bytes(s.as_bytes(), 16)
+        .with_context(|| format!("{}: `{what}` is not hex", path.display()))
 }
 
 /// Writes the secret key; refuses to overwrite an existing file.
@@ -47,15 +48,18 @@ pub fn save_secret_key(sk: &SecretKey, path: &Path) -> anyhow::Result<()> {
 
 /// Reads a secret key written by [`save_secret_key`].
 pub fn load_secret_key(path: &Path) -> anyhow::Result<SecretKey> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let kf: KeyFile = serde_json::from_str(&text).with_context(|| format!("{}: not a key file", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let kf: KeyFile = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a key file", path.display()))?;
     if kf.kind != KIND {
         bail!("{}: unknown key kind `{}`", path.display(), kf.kind);
     }
     let sk = SecretKey::from_primes(parse_hex(&kf.p, "p", path)?, parse_hex(&kf.q, "q", path)?)
         .with_context(|| format!("{}: invalid key", path.display()))?;
     // Re-check the size rule on load, not only at generation.
-    PublicKey::from_modulus(sk.public().n().clone()).with_context(|| format!("{}", path.display()))?;
+    PublicKey::from_modulus(sk.public().n().clone())
+        .with_context(|| format!("{}", path.display()))?;
     Ok(sk)
 }
 

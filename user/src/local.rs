@@ -84,7 +84,10 @@ impl Drop for Guard {
 pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let started = Instant::now();
     if opts.key_bits < MIN_KEY_BITS {
-        bail!("--key-bits {} is below the {MIN_KEY_BITS}-bit minimum", opts.key_bits);
+        bail!(
+            "--key-bits {} is below the {MIN_KEY_BITS}-bit minimum",
+            opts.key_bits
+        );
     }
     let (data, label, bounds_path) = match &opts.data {
         Some(d) => (d.clone(), opts.label.clone(), opts.bounds.clone()),
@@ -99,15 +102,22 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let table = read_csv(file, &name, label.as_deref())?;
     let n = table.rows.len();
     if opts.owners == 0 || opts.owners > n {
-        bail!("--owners must be between 1 and the {n} rows of {name}, got {}", opts.owners);
+        bail!(
+            "--owners must be between 1 and the {n} rows of {name}, got {}",
+            opts.owners
+        );
     }
     let dim = table.features.len();
     if opts.k == 0 || opts.k > dim {
-        bail!("--k must be between 1 and the {dim} features of {name}, got {}", opts.k);
+        bail!(
+            "--k must be between 1 and the {dim} features of {name}, got {}",
+            opts.k
+        );
     }
     let (bounds, bounds_from_data) = match &bounds_path {
         Some(p) => {
-            let f = std::fs::File::open(p).with_context(|| format!("cannot open bounds file {}", p.display()))?;
+            let f = std::fs::File::open(p)
+                .with_context(|| format!("cannot open bounds file {}", p.display()))?;
             (
                 read_bounds(f, &table.features).with_context(|| format!("{}", p.display()))?,
                 false,
@@ -156,7 +166,9 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let url = format!("http://{addr}");
     eprintln!("proxy listening on {addr}");
 
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64)?;
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)?;
     let spec = StudySpec {
         features: table.features.clone(),
         bounds: bounds.clone(),
@@ -179,7 +191,9 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     eprintln!("study {study_id} opened; key fingerprint {fingerprint}");
 
     let bar = ProgressBar::new(opts.owners as u64);
-    if let Ok(style) = ProgressStyle::with_template("owners {bar:30} {pos}/{len} contributed ({elapsed})") {
+    if let Ok(style) =
+        ProgressStyle::with_template("owners {bar:30} {pos}/{len} contributed ({elapsed})")
+    {
         bar.set_style(style);
     }
     let mut tasks = Vec::new();
@@ -193,8 +207,12 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         if let Some(l) = &label {
             cmd.args(["--label", l]);
         }
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
-        let child = cmd.spawn().with_context(|| format!("cannot start {}", owner_bin.display()))?;
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", owner_bin.display()))?;
         let bar = bar.clone();
         tasks.push(tokio::spawn(async move {
             let out = child.wait_with_output().await;
@@ -240,12 +258,8 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let seconds_user = t_user.elapsed().as_secs_f64() - got.seconds_proxy;
     drop(proxy);
 
-    let plan = dpca_common::dp::plan_noise(
-        &spec.privacy,
-        dim,
-        spec.fixed.norm_bound_int(),
-        got.n_rows,
-    );
+    let plan =
+        dpca_common::dp::plan_noise(&spec.privacy, dim, spec.fixed.norm_bound_int(), got.n_rows);
     let report = StudyReport {
         study_id,
         features: table.features.clone(),
@@ -314,7 +328,8 @@ fn split_rows(table: &Table, owners: usize, dir: &Path) -> anyhow::Result<Vec<Pa
     for i in 0..owners {
         let len = n / owners + usize::from(i < n % owners);
         let path = dir.join(format!("owner-{:02}.csv", i + 1));
-        let mut w = csv::Writer::from_path(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let mut w = csv::Writer::from_path(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
         let mut header = table.features.clone();
         if let Some((l, _)) = &table.label {
             header.push(l.clone());
@@ -350,7 +365,10 @@ async fn read_listen_line(child: &mut Child) -> anyhow::Result<String> {
 /// running from the source tree (so a fresh clone works with one `cargo run`).
 fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
     let exe = std::env::current_exe().context("cannot locate the running program")?;
-    let dir = exe.parent().context("program has no parent directory")?.to_path_buf();
+    let dir = exe
+        .parent()
+        .context("program has no parent directory")?
+        .to_path_buf();
     let manifest = workspace_root().join("Cargo.toml");
     if !no_build && manifest.exists() {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -368,7 +386,9 @@ fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
                 cmd.args(["--profile", profile]);
             }
         }
-        let status = cmd.status().context("cannot run cargo to build proxy and owner")?;
+        let status = cmd
+            .status()
+            .context("cannot run cargo to build proxy and owner")?;
         if !status.success() {
             bail!("building proxy and owner failed ({status})");
         }
@@ -377,7 +397,10 @@ fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
     let owner = dir.join(format!("owner{}", std::env::consts::EXE_SUFFIX));
     for p in [&proxy, &owner] {
         if !p.exists() {
-            bail!("{} not found; build it with `cargo build --release`", p.display());
+            bail!(
+                "{} not found; build it with `cargo build --release`",
+                p.display()
+            );
         }
     }
     Ok((proxy, owner))

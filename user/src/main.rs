@@ -93,7 +93,11 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Cmd::Keygen { key_bits, secret, public } => {
+        Cmd::Keygen {
+            key_bits,
+            secret,
+            public,
+        } => {
             let sk = SecretKey::generate(key_bits, &mut OsRng).context("key generation")?;
             dpca_user::keys::save_secret_key(&sk, &secret)?;
             dpca_user::keys::save_public_key(sk.public(), &public)?;

@@ -116,7 +116,8 @@ pub fn write_outputs(
     w.flush()?;
 
     let json = serde_json::to_string_pretty(report)?;
-    std::fs::write(dir.join("study.json"), json + "\n").with_context(|| format!("cannot write {}", dir.display()))?;
+    std::fs::write(dir.join("study.json"), json + "\n")
+        .with_context(|| format!("cannot write {}", dir.display()))?;
     Ok(())
 }
 
@@ -127,7 +128,11 @@ fn csv_writer(path: &Path) -> anyhow::Result<csv::Writer<std::fs::File>> {
 /// The explained-variance table printed at the end of a study.
 pub fn variance_table(pca: &Pca, k: usize) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:>9}  {:>12}  {:>10}  {:>10}", "component", "eigenvalue", "explained", "cumulative");
+    let _ = writeln!(
+        out,
+        "{:>9}  {:>12}  {:>10}  {:>10}",
+        "component", "eigenvalue", "explained", "cumulative"
+    );
     let mut cum = 0.0;
     for i in 0..k.min(pca.eigenvalues.len()) {
         cum += pca.explained_ratio[i];

@@ -111,7 +111,10 @@ pub async fn collect(
         .map_err(status("result stream"))?
         .context("empty result stream")?;
     if first.n_rows != n_rows {
-        bail!("proxy released for {} rows, not the {n_rows} revealed", first.n_rows);
+        bail!(
+            "proxy released for {} rows, not the {n_rows} revealed",
+            first.n_rows
+        );
     }
     let layout = StudyLayout::new(spec)?;
     let expected = layout.release_ciphertexts();
@@ -129,12 +132,18 @@ pub async fn collect(
             if cts.len() >= expected {
                 bail!("proxy sent more than {expected} result ciphertexts");
             }
-            cts.push(pk.ciphertext_from_bytes(b, cts.len()).context("invalid result ciphertext")?);
+            cts.push(
+                pk.ciphertext_from_bytes(b, cts.len())
+                    .context("invalid result ciphertext")?,
+            );
         }
         chunk = stream.message().await.map_err(status("result stream"))?;
     }
     if cts.len() != expected {
-        bail!("result stream ended after {} of {expected} ciphertexts", cts.len());
+        bail!(
+            "result stream ended after {} of {expected} ciphertexts",
+            cts.len()
+        );
     }
     let t = Instant::now();
     let opened = open_release(

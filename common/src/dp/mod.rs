@@ -152,7 +152,12 @@ pub struct PrivacyRequest {
 
 impl PrivacyRequest {
     /// Validates epsilon and delta for the mechanism.
-    pub fn new(mechanism: Mechanism, centering: Centering, epsilon: f64, delta: f64) -> Result<Self, DpError> {
+    pub fn new(
+        mechanism: Mechanism,
+        centering: Centering,
+        epsilon: f64,
+        delta: f64,
+    ) -> Result<Self, DpError> {
         if !(epsilon.is_finite() && epsilon > 0.0) {
             return Err(DpError::BadEpsilon(epsilon));
         }
@@ -335,11 +340,23 @@ pub fn plan_noise(req: &PrivacyRequest, dim: usize, cq: u64, n_rows: u64) -> Noi
                 Mechanism::Gaussian => {
                     let rho = rho_for(req.epsilon, req.delta);
                     let sigma = n * sens.s_l2 / (2.0 * rho).sqrt();
-                    (NoiseScale::Gaussian { sigma: ceil_big(sigma) }, Some(rho), req.delta)
+                    (
+                        NoiseScale::Gaussian {
+                            sigma: ceil_big(sigma),
+                        },
+                        Some(rho),
+                        req.delta,
+                    )
                 }
                 Mechanism::GaussianClassic => {
                     let sigma = n * sens.s_l2 * classic_factor(req.epsilon, req.delta);
-                    (NoiseScale::Gaussian { sigma: ceil_big(sigma) }, None, req.delta)
+                    (
+                        NoiseScale::Gaussian {
+                            sigma: ceil_big(sigma),
+                        },
+                        None,
+                        req.delta,
+                    )
                 }
                 Mechanism::Laplace => {
                     let t = n * sens.s_l1 / req.epsilon;
@@ -375,8 +392,12 @@ pub fn plan_noise(req: &PrivacyRequest, dim: usize, cq: u64, n_rows: u64) -> Noi
                     let sigma_r = sens.r_l2 / (2.0 * share * rho).sqrt();
                     let sigma_v = sens.v_l2 / (2.0 * (1.0 - share) * rho).sqrt();
                     NoisePlan {
-                        matrix: NoiseScale::Gaussian { sigma: ceil_big(sigma_r) },
-                        vector: Some(NoiseScale::Gaussian { sigma: ceil_big(sigma_v) }),
+                        matrix: NoiseScale::Gaussian {
+                            sigma: ceil_big(sigma_r),
+                        },
+                        vector: Some(NoiseScale::Gaussian {
+                            sigma: ceil_big(sigma_v),
+                        }),
                         rho: Some(rho),
                         epsilon: req.epsilon,
                         delta: req.delta,
@@ -385,10 +406,15 @@ pub fn plan_noise(req: &PrivacyRequest, dim: usize, cq: u64, n_rows: u64) -> Noi
                 Mechanism::GaussianClassic => {
                     // Basic composition: (share eps, delta/2) + ((1-share) eps, delta/2).
                     let sigma_r = sens.r_l2 * classic_factor(share * req.epsilon, req.delta / 2.0);
-                    let sigma_v = sens.v_l2 * classic_factor((1.0 - share) * req.epsilon, req.delta / 2.0);
+                    let sigma_v =
+                        sens.v_l2 * classic_factor((1.0 - share) * req.epsilon, req.delta / 2.0);
                     NoisePlan {
-                        matrix: NoiseScale::Gaussian { sigma: ceil_big(sigma_r) },
-                        vector: Some(NoiseScale::Gaussian { sigma: ceil_big(sigma_v) }),
+                        matrix: NoiseScale::Gaussian {
+                            sigma: ceil_big(sigma_r),
+                        },
+                        vector: Some(NoiseScale::Gaussian {
+                            sigma: ceil_big(sigma_v),
+                        }),
                         rho: None,
                         epsilon: req.epsilon,
                         delta: req.delta,
@@ -431,7 +457,8 @@ pub fn classic_factor(epsilon: f64, delta: f64) -> f64 {
 /// inf over alpha > 1 of exp((alpha - 1)(alpha rho - eps)) / alpha * (1 - 1/alpha)^(alpha - 1).
 pub fn zcdp_delta(rho: f64, epsilon: f64) -> f64 {
     let log_delta = |alpha: f64| {
-        (alpha - 1.0) * (alpha * rho - epsilon) - alpha.ln() + (alpha - 1.0) * (1.0 - 1.0 / alpha).ln()
+        (alpha - 1.0) * (alpha * rho - epsilon) - alpha.ln()
+            + (alpha - 1.0) * (1.0 - 1.0 / alpha).ln()
     };
     // The objective is unimodal in alpha; golden-section search on log(alpha - 1).
     let (mut lo, mut hi) = ((1e-9f64).ln(), (1e6f64).ln());

@@ -112,7 +112,9 @@ pub fn discrete_gaussian<R: RngCore + CryptoRng>(sigma2: &Ratio, rng: &mut R) ->
         let ay = BigInt::from(y.magnitude().clone());
         let diff = &ay * &b * &tb - &a;
         let num = (&diff * &diff).magnitude().clone();
-        let den = (BigInt::from(2u32) * &a * &b * &tb * &tb).magnitude().clone();
+        let den = (BigInt::from(2u32) * &a * &b * &tb * &tb)
+            .magnitude()
+            .clone();
         if bernoulli_exp(&Ratio::new(num, den), rng) {
             return y;
         }
@@ -143,7 +145,9 @@ mod tests {
             *counts.entry(to_f64(&y) as i64).or_insert(0usize) += 1;
         }
         let s2 = 2.25f64;
-        let z: f64 = (-40..=40).map(|x: i64| (-(x * x) as f64 / (2.0 * s2)).exp()).sum();
+        let z: f64 = (-40..=40)
+            .map(|x: i64| (-(x * x) as f64 / (2.0 * s2)).exp())
+            .sum();
         let mut chi2 = 0.0;
         for x in -4i64..=4 {
             let p = (-(x * x) as f64 / (2.0 * s2)).exp() / z;

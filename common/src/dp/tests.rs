@@ -75,9 +75,19 @@ fn check_pair(a: &[Vec<i64>], b: &[Vec<i64>]) -> Result<(), TestCaseError> {
     let v2 = dv.iter().map(|x| x * x).sum::<f64>().sqrt();
     let v1 = dv.iter().map(|x| x.abs()).sum::<f64>();
     let tol = 1.0 + 1e-9;
-    prop_assert!(f2.sqrt() <= n * sens.s_l2 * tol, "S L2 {} > {}", f2.sqrt(), n * sens.s_l2);
+    prop_assert!(
+        f2.sqrt() <= n * sens.s_l2 * tol,
+        "S L2 {} > {}",
+        f2.sqrt(),
+        n * sens.s_l2
+    );
     prop_assert!(l1 <= n * sens.s_l1 * tol, "S L1 {} > {}", l1, n * sens.s_l1);
-    prop_assert!(tr.abs() <= n * sens.s_trace * tol, "S trace {} > {}", tr, n * sens.s_trace);
+    prop_assert!(
+        tr.abs() <= n * sens.s_trace * tol,
+        "S trace {} > {}",
+        tr,
+        n * sens.s_trace
+    );
     prop_assert!(rf2.sqrt() <= sens.r_l2 * tol);
     prop_assert!(rl1 <= sens.r_l1 * tol);
     prop_assert!(rtr.abs() <= sens.r_trace * tol);
@@ -172,11 +182,15 @@ fn gaussian_plan_spends_at_most_the_budget() {
         let spent = match (centering, &plan.vector) {
             (Centering::Mask, _) => (1000.0 * sens.s_l2).powi(2) / (2.0 * sigma * sigma),
             (Centering::DpMean, Some(v)) => {
-                sens.r_l2.powi(2) / (2.0 * sigma * sigma) + sens.v_l2.powi(2) / (2.0 * v.std_dev().powi(2))
+                sens.r_l2.powi(2) / (2.0 * sigma * sigma)
+                    + sens.v_l2.powi(2) / (2.0 * v.std_dev().powi(2))
             }
             _ => f64::INFINITY,
         };
-        assert!(zcdp_delta(spent, 1.0) <= 1e-5 * (1.0 + 1e-6), "{centering:?}");
+        assert!(
+            zcdp_delta(spent, 1.0) <= 1e-5 * (1.0 + 1e-6),
+            "{centering:?}"
+        );
     }
 }
 
@@ -189,7 +203,11 @@ fn sampled_noise_has_planned_scale() {
     let upper = scale.sample_upper(20, &mut rng);
     assert_eq!(upper.len(), 210);
     let s = scale.std_dev();
-    let var = upper.iter().map(|e| (e.to_f64().unwrap_or(0.0) / s).powi(2)).sum::<f64>() / 210.0;
+    let var = upper
+        .iter()
+        .map(|e| (e.to_f64().unwrap_or(0.0) / s).powi(2))
+        .sum::<f64>()
+        / 210.0;
     assert!((var - 1.0).abs() < 0.35, "variance ratio {var}");
     assert!(upper.iter().all(|e| e.magnitude() < &scale.tail_bound()));
 }

@@ -39,7 +39,11 @@ fn random_rows(rng: &mut ChaCha20Rng, n: usize, dim: usize, fp: &FixedPoint) -> 
         .map(|_| {
             let row: Vec<f64> = (0..dim).map(|_| rng.gen_range(-0.5..0.5)).collect();
             let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
-            let row: Vec<f64> = if norm > 1.0 { row.iter().map(|x| x / norm).collect() } else { row };
+            let row: Vec<f64> = if norm > 1.0 {
+                row.iter().map(|x| x / norm).collect()
+            } else {
+                row
+            };
             fp.encode_row(&row)
         })
         .collect()
@@ -81,10 +85,27 @@ fn run(
         plan.matrix = n.clone();
         plan.vector = plan.vector.map(|_| n);
     }
-    let secrets = ReleaseSecrets::sample(&layout, spec.privacy.centering, &plan, &mut rng).expect("secrets");
-    let released = release(pk, &layout, spec.privacy.centering, &agg, pooled.n, &secrets, &mut rng).expect("release");
-    let opened = open_release(key(), &layout, spec.privacy.centering, &released, pooled.n, spec.fixed.frac_bits)
-        .expect("open");
+    let secrets =
+        ReleaseSecrets::sample(&layout, spec.privacy.centering, &plan, &mut rng).expect("secrets");
+    let released = release(
+        pk,
+        &layout,
+        spec.privacy.centering,
+        &agg,
+        pooled.n,
+        &secrets,
+        &mut rng,
+    )
+    .expect("release");
+    let opened = open_release(
+        key(),
+        &layout,
+        spec.privacy.centering,
+        &released,
+        pooled.n,
+        spec.fixed.frac_bits,
+    )
+    .expect("open");
     (pooled, secrets, opened, released)
 }
 
@@ -129,7 +150,11 @@ fn masking_invariant_holds_exactly() {
         }
         let v_masked = BigInt::from(pooled.v[i]) + BigInt::from(secrets.mask[i].clone());
         assert_eq!(opened.vector_grid[i], v_masked);
-        assert_ne!(opened.vector_grid[i], BigInt::from(pooled.v[i]), "v' must differ from v");
+        assert_ne!(
+            opened.vector_grid[i],
+            BigInt::from(pooled.v[i]),
+            "v' must differ from v"
+        );
     }
     // The noise was real: not all zero.
     assert!(secrets.matrix_noise.iter().any(|x| !x.is_zero()));
@@ -149,7 +174,11 @@ fn noise_free_release_is_exact() {
         for j in 0..dim {
             let rij = to_f64(&r[i][j]) / (scale * scale);
             let s = rij - (pooled.v[i] as f64 / scale) * (pooled.v[j] as f64 / scale) / n;
-            assert!((opened.scatter[(i, j)] - s).abs() < 1e-9, "({i},{j}) {} vs {s}", opened.scatter[(i, j)]);
+            assert!(
+                (opened.scatter[(i, j)] - s).abs() < 1e-9,
+                "({i},{j}) {} vs {s}",
+                opened.scatter[(i, j)]
+            );
         }
     }
 }
@@ -158,7 +187,11 @@ fn noise_free_release_is_exact() {
 #[test]
 fn dp_mean_release_is_r_plus_noise() {
     let dim = 6;
-    for mechanism in [Mechanism::Gaussian, Mechanism::Laplace, Mechanism::WishartUnproven] {
+    for mechanism in [
+        Mechanism::Gaussian,
+        Mechanism::Laplace,
+        Mechanism::WishartUnproven,
+    ] {
         let spec = spec(dim, Centering::DpMean, mechanism);
         let (pooled, secrets, opened, _) = run(&spec, None, 3);
         let r = r_full(&pooled, dim);
@@ -167,7 +200,10 @@ fn dp_mean_release_is_r_plus_noise() {
             for j in 0..dim {
                 assert_eq!(opened.matrix_grid[i][j], &r[i][j] + &e[i][j]);
             }
-            assert_eq!(opened.vector_grid[i], BigInt::from(pooled.v[i]) + &secrets.vector_noise[i]);
+            assert_eq!(
+                opened.vector_grid[i],
+                BigInt::from(pooled.v[i]) + &secrets.vector_noise[i]
+            );
         }
         assert!(opened.mean.is_some());
     }

@@ -1,0 +1,355 @@
+//! Bad input is refused with an error that names what is wrong and where, and
+//! nothing is sent or stored.
+
+use std::path::Path;
+use std::process::Command;
+
+use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
+use dpca_common::encoding::FixedPoint;
+use dpca_common::paillier::SecretKey;
+use dpca_common::study::{StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
+use dpca_proto::convert::spec_to_wire;
+use dpca_proto::v1;
+use dpca_tests::{bin, describe, optdigits, run, start_proxy, write_rows, Proc};
+use rand::rngs::OsRng;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+struct Fixture {
+    _proxy: Proc,
+    url: String,
+    study: String,
+    fingerprint: String,
+    spec: StudySpec,
+    dir: tempfile::TempDir,
+}
+
+fn spec_for(sk: &SecretKey) -> StudySpec {
+    let features = optdigits().features;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    StudySpec {
+        bounds: vec![(0.0, 16.0); features.len()],
+        features,
+        fixed: FixedPoint {
+            frac_bits: DEFAULT_FRAC_BITS,
+            row_norm_bound: 1.0,
+        },
+        max_rows: 1024,
+        privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5)
+            .expect("privacy"),
+        min_owners: 2,
+        quorum: 2,
+        deadline_unix_ms: now + 600_000,
+        kappa: MIN_KAPPA,
+        public_key: sk.public().clone(),
+    }
+}
+
+/// A proxy with one open study (quorum 2) and a temp folder.
+fn fixture() -> Fixture {
+    let (proxy, url) = start_proxy(false);
+    let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
+    let spec = spec_for(&sk);
+    let study = rt().block_on(async {
+        let mut c = dpca_proto::client::connect(&url).await.expect("connect");
+        dpca_user::session::open_study(&mut c, &spec, false)
+            .await
+            .expect("open study")
+    });
+    Fixture {
+        _proxy: proxy,
+        url,
+        study,
+        fingerprint: sk.public().fingerprint(),
+        spec,
+        dir: tempfile::tempdir().expect("tempdir"),
+    }
+}
+
+impl Fixture {
+    fn owner(&self, id: &str, data: &Path) -> std::process::Output {
+        run(Command::new(bin("owner"))
+            .args([
+                "--proxy",
+                &self.url,
+                "--study",
+                &self.study,
+                "--owner-id",
+                id,
+            ])
+            .arg("--data")
+            .arg(data)
+            .args([
+                "--key-fingerprint",
+                &self.fingerprint,
+                "--label",
+                "label",
+                "--quiet",
+            ]))
+    }
+
+    fn owners_in(&self) -> u32 {
+        rt().block_on(async {
+            let mut c = dpca_proto::client::connect(&self.url)
+                .await
+                .expect("connect");
+            c.get_study(v1::GetStudyRequest {
+                study_id: self.study.clone(),
+            })
+            .await
+            .expect("get study")
+            .into_inner()
+            .owners_in
+        })
+    }
+
+    fn good_file(&self, name: &str, rows: usize, skip: usize) -> std::path::PathBuf {
+        let mut t = optdigits();
+        t.rows.drain(..skip);
+        if let Some((_, cells)) = &mut t.label {
+            cells.drain(..skip);
+        }
+        let p = self.dir.path().join(name);
+        write_rows(&t, rows, &p);
+        p
+    }
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn owner_refuses_malformed_csv_and_sends_nothing() {
+    let f = fixture();
+    let good = std::fs::read_to_string(f.good_file("good.csv", 5, 0)).expect("read");
+    let mut lines: Vec<String> = good.lines().map(str::to_string).collect();
+
+    // Line 3 loses its last feature cell.
+    let mut short = lines.clone();
+    let mut cells: Vec<&str> = short[2].split(',').collect();
+    cells.remove(10);
+    short[2] = cells.join(",");
+    let p = f.dir.path().join("short.csv");
+    std::fs::write(&p, short.join("\n")).expect("write");
+    let o = f.owner("a", &p);
+    assert!(!o.status.success(), "{}", describe(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("short.csv") && e.contains("line 3") && e.contains("expected 65 columns"),
+        "{e}"
+    );
+
+    // A NaN and a word in feature cells.
+    for (bad, line, col) in [("NaN", 2usize, 3usize), ("seven", 4, 40)] {
+        let mut cells: Vec<String> = lines[line - 1].split(',').map(str::to_string).collect();
+        cells[col] = bad.into();
+        let mut doc = lines.clone();
+        doc[line - 1] = cells.join(",");
+        let p = f.dir.path().join(format!("bad-{bad}.csv"));
+        std::fs::write(&p, doc.join("\n")).expect("write");
+        let o = f.owner("a", &p);
+        assert!(!o.status.success(), "{}", describe(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains(&format!("bad-{bad}.csv"))
+                && e.contains(&format!("line {line}"))
+                && e.contains(&format!("`f{col}`"))
+                && e.contains(bad),
+            "{e}"
+        );
+    }
+
+    // A file whose columns are not the study's.
+    lines[0] = lines[0].replace("f5,", "g5,");
+    let p = f.dir.path().join("schema.csv");
+    std::fs::write(&p, lines.join("\n")).expect("write");
+    let o = f.owner("a", &p);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("do not match the study"),
+        "{}",
+        stderr(&o)
+    );
+
+    assert_eq!(f.owners_in(), 0, "a refused owner must not be counted");
+}
+
+#[test]
+fn owner_refuses_unknown_study_and_foreign_key() {
+    let f = fixture();
+    let p = f.good_file("good.csv", 5, 0);
+    let o = run(Command::new(bin("owner"))
+        .args([
+            "--proxy",
+            &f.url,
+            "--study",
+            "no-such-study",
+            "--owner-id",
+            "a",
+        ])
+        .arg("--data")
+        .arg(&p)
+        .args(["--key-fingerprint", &f.fingerprint, "--quiet"]));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("unknown study `no-such-study`"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = run(Command::new(bin("owner"))
+        .args(["--proxy", &f.url, "--study", &f.study, "--owner-id", "a"])
+        .arg("--data")
+        .arg(&p)
+        .args([
+            "--key-fingerprint",
+            &"0".repeat(64),
+            "--label",
+            "label",
+            "--quiet",
+        ]));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("refusing to encrypt"), "{}", stderr(&o));
+    assert_eq!(f.owners_in(), 0);
+}
+
+#[test]
+fn one_contribution_per_owner_and_idempotent_retry() {
+    let f = fixture();
+    let first = f.good_file("first.csv", 20, 0);
+    let other = f.good_file("other.csv", 20, 20);
+    let o = f.owner("hospital-a", &first);
+    assert!(o.status.success(), "{}", describe(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("owner report");
+    assert_eq!(report["newly_counted"], true);
+    assert_eq!(report["rows"], 20);
+
+    // The same owner with other data: refused.
+    let o = f.owner("hospital-a", &other);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("already contributed"), "{}", stderr(&o));
+
+    // A retry of the very same contribution: accepted, not counted twice.
+    let o = f.owner("hospital-a", &first);
+    assert!(o.status.success(), "{}", describe(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("owner report");
+    assert_eq!(report["newly_counted"], false);
+    assert_eq!(f.owners_in(), 1);
+}
+
+#[test]
+fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
+    let f = fixture();
+    let n_bytes = f.spec.public_key.ciphertext_bytes();
+    let total = dpca_common::study::StudyLayout::new(&f.spec)
+        .expect("layout")
+        .owner_ciphertexts();
+    let n2 = f.spec.public_key.n_squared().to_bytes_be();
+    rt().block_on(async {
+        let mut c = dpca_proto::client::connect(&f.url).await.expect("connect");
+        // c = n^2 (out of range) and c = 0 (not a unit), each at index 1.
+        for bad in [n2.clone(), vec![0u8; n_bytes]] {
+            let mut cts = vec![vec![0u8; n_bytes]; 2];
+            cts[0] = {
+                let mut one = vec![0u8; n_bytes];
+                one[n_bytes - 1] = 1;
+                one
+            };
+            cts[1] = bad;
+            let chunk = v1::ContributionChunk {
+                study_id: f.study.clone(),
+                owner_id: "mallory".into(),
+                total_ciphertexts: total as u32,
+                ciphertexts: cts,
+                contribution_id: "x".into(),
+            };
+            let err = c
+                .contribute(tokio_stream_iter(vec![chunk]))
+                .await
+                .expect_err("invalid ciphertext accepted");
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            assert!(err.message().contains("ciphertext 1"), "{}", err.message());
+        }
+
+        // Specs the user's own checks would stop, sent raw: the proxy checks too.
+        let mut wire = spec_to_wire(&f.spec);
+        for (field, eps, delta) in [
+            ("epsilon", 0.0, 1e-5),
+            ("epsilon", -1.0, 1e-5),
+            ("delta", 1.0, 1.5),
+            ("delta", 1.0, 0.0),
+        ] {
+            wire.epsilon = eps;
+            wire.delta = delta;
+            let err = c
+                .open_study(v1::OpenStudyRequest {
+                    spec: Some(wire.clone()),
+                    noise_free_for_testing: false,
+                })
+                .await
+                .expect_err("bad privacy parameters accepted");
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            assert!(err.message().contains(field), "{}", err.message());
+        }
+        // A noise-free study on a proxy not in test mode.
+        let err = c
+            .open_study(v1::OpenStudyRequest {
+                spec: Some(spec_to_wire(&f.spec)),
+                noise_free_for_testing: true,
+            })
+            .await
+            .expect_err("noise-free accepted");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    });
+    assert_eq!(f.owners_in(), 0);
+}
+
+fn tokio_stream_iter(
+    chunks: Vec<v1::ContributionChunk>,
+) -> impl tokio_stream::Stream<Item = v1::ContributionChunk> {
+    tokio_stream::iter(chunks)
+}
+
+#[test]
+fn user_refuses_small_keys_and_bad_privacy_parameters_before_any_work() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: [(&[&str], &str); 6] = [
+        (&["--key-bits", "1024"], "2048"),
+        (&["--epsilon", "0"], "epsilon"),
+        (&["--epsilon=-2"], "epsilon"),
+        (&["--delta", "0"], "delta"),
+        (&["--delta", "1.5"], "delta"),
+        (
+            &["--mechanism", "gaussian-classic", "--epsilon", "2"],
+            "epsilon",
+        ),
+    ];
+    for (i, (args, needle)) in cases.iter().enumerate() {
+        let out = dir.path().join(format!("out{i}"));
+        let o = run(Command::new(bin("user"))
+            .args(["local", "--no-build", "--owners", "2"])
+            .args(*args)
+            .arg("--out")
+            .arg(&out));
+        assert!(!o.status.success(), "{args:?} accepted");
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        assert!(!out.exists(), "{args:?}: output written although refused");
+    }
+    let o = run(Command::new(bin("user"))
+        .args(["keygen", "--key-bits", "1024", "--secret"])
+        .arg(dir.path().join("sk"))
+        .arg("--public")
+        .arg(dir.path().join("pk")));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("2048"), "{}", stderr(&o));
+    assert!(!dir.path().join("sk").exists());
+}
