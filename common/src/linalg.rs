@@ -66,11 +66,9 @@ pub fn psd_repair(s: &DMatrix<f64>) -> DMatrix<f64> {
 /// Centered scatter sum (x - mean)(x - mean)^T of rows, in f64 (plaintext reference).
 pub fn centered_scatter(rows: &[Vec<f64>]) -> DMatrix<f64> {
     let m = rows.first().map(|r| r.len()).unwrap_or(0);
-    let n = rows.len() as f64;
     let x = DMatrix::from_fn(rows.len(), m, |i, j| rows[i][j]);
     let mean = x.row_mean();
     let centered = DMatrix::from_fn(rows.len(), m, |i, j| x[(i, j)] - mean[j]);
-    let _ = n;
     centered.transpose() * centered
 }
 

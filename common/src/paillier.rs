@@ -345,7 +345,7 @@ impl SecretKey {
     pub fn decrypt_signed(&self, c: &Ciphertext) -> BigInt {
         let m = self.decrypt(c);
         let n = self.public.n();
-        if &m > &(n >> 1) {
+        if m > (n >> 1) {
             -BigInt::from_biguint(Sign::Plus, n - m)
         } else {
             BigInt::from_biguint(Sign::Plus, m)

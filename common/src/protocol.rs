@@ -372,6 +372,13 @@ pub fn open_release(
     for (&(_, len), p) in layout.vector.iter().zip(&plains[layout.triangle.len()..]) {
         vec.extend(layout.budget.unpack(p, len)?);
     }
+    Ok(from_grid(centering, t, vec, n_rows, frac_bits))
+}
+
+/// Forms S' from the released integers: the full matrix T (`mask`: the masked
+/// N-scaled T; `dp-mean`: R~ + E_R) and the released vector.
+fn from_grid(centering: Centering, t: Vec<Vec<BigInt>>, vec: Vec<BigInt>, n_rows: u64, frac_bits: u32) -> Opened {
+    let dim = vec.len();
     let scale_1 = f64::from(frac_bits).exp2();
     let scale_2 = scale_1 * scale_1;
     let n = n_rows as f64;
@@ -395,12 +402,47 @@ pub fn open_release(
             (t, s, Some(v / n))
         }
     };
-    Ok(Opened {
+    Opened {
         matrix_grid,
         vector_grid: vec,
         scatter,
         mean,
-    })
+    }
+}
+
+/// The same mechanism run centrally on the pooled plaintext share, with the same
+/// secrets: what a trusted curator holding every row would release. The distributed
+/// protocol opens to exactly this (a test checks equality), so it loses nothing.
+/// In `mask` mode the mask cancels, so only the noise of `secrets` matters.
+pub fn central_release(pooled: &Share, centering: Centering, secrets: &ReleaseSecrets, frac_bits: u32) -> Opened {
+    let dim = pooled.v.len();
+    let n = BigInt::from(pooled.n);
+    let mut t = vec![vec![BigInt::zero(); dim]; dim];
+    for i in 0..dim {
+        for j in i..dim {
+            let idx = TriangleLayout::upper_index(dim, i, j);
+            let r = BigInt::from(pooled.r_upper[idx]);
+            let e = &secrets.matrix_noise[idx];
+            let val = match centering {
+                // With the mask b = 0 the released T is N R + E and v' = v;
+                // `from_grid` subtracts v v^T as the user subtracts v' v'^T.
+                Centering::Mask => &n * r + e,
+                Centering::DpMean => r + e,
+            };
+            t[i][j] = val.clone();
+            t[j][i] = val;
+        }
+    }
+    let vec: Vec<BigInt> = match centering {
+        Centering::Mask => pooled.v.iter().map(|&x| BigInt::from(x)).collect(),
+        Centering::DpMean => pooled
+            .v
+            .iter()
+            .zip(&secrets.vector_noise)
+            .map(|(&x, e)| BigInt::from(x) + e)
+            .collect(),
+    };
+    from_grid(centering, t, vec, pooled.n, frac_bits)
 }
 
 /// Lossy view of a big integer as f64 (values here are far below f64's range).
