@@ -377,7 +377,13 @@ pub fn open_release(
 
 /// Forms S' from the released integers: the full matrix T (`mask`: the masked
 /// N-scaled T; `dp-mean`: R~ + E_R) and the released vector.
-fn from_grid(centering: Centering, t: Vec<Vec<BigInt>>, vec: Vec<BigInt>, n_rows: u64, frac_bits: u32) -> Opened {
+fn from_grid(
+    centering: Centering,
+    t: Vec<Vec<BigInt>>,
+    vec: Vec<BigInt>,
+    n_rows: u64,
+    frac_bits: u32,
+) -> Opened {
     let dim = vec.len();
     let scale_1 = f64::from(frac_bits).exp2();
     let scale_2 = scale_1 * scale_1;
@@ -414,7 +420,12 @@ fn from_grid(centering: Centering, t: Vec<Vec<BigInt>>, vec: Vec<BigInt>, n_rows
 /// secrets: what a trusted curator holding every row would release. The distributed
 /// protocol opens to exactly this (a test checks equality), so it loses nothing.
 /// In `mask` mode the mask cancels, so only the noise of `secrets` matters.
-pub fn central_release(pooled: &Share, centering: Centering, secrets: &ReleaseSecrets, frac_bits: u32) -> Opened {
+pub fn central_release(
+    pooled: &Share,
+    centering: Centering,
+    secrets: &ReleaseSecrets,
+    frac_bits: u32,
+) -> Opened {
     let dim = pooled.v.len();
     let n = BigInt::from(pooled.n);
     let mut t = vec![vec![BigInt::zero(); dim]; dim];

@@ -19,12 +19,17 @@
 //! # Sensitivities (grid units, derivations in docs/PRIVACY.md)
 //! Replacing row x by x' with mu_o the mean of the other N - 1 rows,
 //! dS = ((N-1)/N) (a a^T - b b^T), a = x' - mu_o, b = x - mu_o, and
-//! ||a a^T - b b^T||_F^2 = (|p|^2 |q|^2 + (p.q)^2) / 2 <= |p|^2 |q|^2 with p = x' - x,
-//! q = x + x' - 2 mu_o. With u = (x + x')/2, d = (x' - x)/2: |d|^2 <= Cq^2 - |u|^2
-//! (parallelogram law) and |q| <= 2(|u| + Cq), so
-//! ||dS||_F^2 <= 16 (Cq - |u|)(Cq + |u|)^3 <= 27 Cq^4: Delta_2(S) = 3 sqrt(3) Cq^2.
-//! (A numerical search finds 4 Cq^2 as the true maximum; it is not proven, so it is
-//! not used.) The released upper triangle has L2 norm at most ||dS||_F.
+//! ||a a^T - b b^T||_F^2 = (|p|^2 |q|^2 + (p.q)^2) / 2 with p = a - b = x' - x and
+//! q = a + b = x + x' - 2 mu_o (expand (p q^T + q p^T) / 2). Every point lies in the
+//! ball of radius Cq (mu_o as an average), so with Cq = 1 after scaling:
+//! |p|^2 |q|^2 + (p.q)^2 <= 32, hence Delta_2(S) = 4 Cq^2 (N - 1) / N < 4 Cq^2, and
+//! the bound is attained in the limit (x' = -x = mu_o on the sphere). The proof,
+//! step by step in docs/PRIVACY.md: split s = x + x' and mu_o along and across p
+//! (sigma, tau; m1, m2 with m1^2 + m2^2 <= 1); |x|, |x'| <= 1 give
+//! (sigma + rho)^2 + tau^2 <= 4 with rho = |p|; the quantity is at most
+//! rho^2 (2 (sigma + 2 m1)^2 + (tau + 2 m2)^2); 4 tau m2 <= tau^2 + 4 m2^2 turns it
+//! into rho^2 (16 - 2 rho^2 + 4 sigma (2 - rho)) <= 2 (rho (4 - rho))^2 <= 32.
+//! The released upper triangle has L2 norm at most ||dS||_F.
 //! - L1 of the upper triangle of S: 4 (M + 1) Cq^2 (each rank-one term a a^T has
 //!   upper-triangle L1 norm <= (M + 1) |a|^2 / 2 and |a| <= 2 Cq).
 //! - trace of S (Wishart): |tr dS| <= |a|^2 and |b|^2 <= 4 Cq^2.
@@ -205,7 +210,7 @@ impl Sensitivity {
         let c2 = c * c;
         let m = dim as f64;
         Self {
-            s_l2: 27f64.sqrt() * c2,
+            s_l2: 4.0 * c2,
             s_l1: 4.0 * (m + 1.0) * c2,
             s_trace: 4.0 * c2,
             r_l2: 2f64.sqrt() * c2,

@@ -141,6 +141,26 @@ proptest! {
         check_pair(&a, &b)?;
     }
 
+    /// The lemma behind Delta_2(S) = 4 C^2, in real arithmetic and any dimension:
+    /// for x, x', mu in the unit ball, |p|^2 |q|^2 + (p.q)^2 <= 32 with p = x' - x,
+    /// q = x + x' - 2 mu. Points are drawn on or near the sphere, where the maximum is.
+    #[test]
+    fn centered_scatter_lemma_holds(
+        (x, xp, mu) in (1usize..6).prop_flat_map(|m| (row_strategy(m), row_strategy(m), row_strategy(m))),
+        radii in (0.8f64..1.0, 0.8f64..1.0, 0.8f64..1.0),
+    ) {
+        let to_ball = |v: &[f64], r: f64| {
+            let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-12);
+            v.iter().map(|x| x * r / norm).collect::<Vec<f64>>()
+        };
+        let (x, xp, mu) = (to_ball(&x, radii.0), to_ball(&xp, radii.1), to_ball(&mu, radii.2));
+        let p: Vec<f64> = xp.iter().zip(&x).map(|(a, b)| a - b).collect();
+        let q: Vec<f64> = xp.iter().zip(&x).zip(&mu).map(|((a, b), m)| a + b - 2.0 * m).collect();
+        let dot = |u: &[f64], v: &[f64]| u.iter().zip(v).map(|(a, b)| a * b).sum::<f64>();
+        let value = dot(&p, &p) * dot(&q, &q) + dot(&p, &q).powi(2);
+        prop_assert!(value <= 32.0 * (1.0 + 1e-12), "{value} > 32");
+    }
+
     /// The zCDP calibration meets the requested delta and is at least as tight as
     /// the standard conversion eps = rho + 2 sqrt(rho ln(1/delta)).
     #[test]
@@ -156,6 +176,31 @@ proptest! {
         };
         prop_assert!(rho >= standard * (1.0 - 1e-6));
     }
+}
+
+/// The S bound is tight: x' = -x = mu on the sphere moves N S~ by 4 Cq^2 (N - 1) up
+/// to rounding, so no smaller constant is valid.
+#[test]
+fn s_sensitivity_is_attained() {
+    let cq = FP.norm_bound_int() as f64;
+    let n = 50usize;
+    let mu = clip_encode(&[1.0, 0.0, 0.0]);
+    let minus = clip_encode(&[-1.0, 0.0, 0.0]);
+    let mut a = vec![mu.clone(); n];
+    let b = a.clone();
+    a[0] = minus;
+    let (ra, rb) = (released(&a), released(&b));
+    let f2: f64 = (0..3)
+        .flat_map(|i| (0..3).map(move |j| (i, j)))
+        .map(|(i, j)| ((ra.ns[i][j] - rb.ns[i][j]) as f64).powi(2))
+        .sum();
+    let bound = n as f64 * Sensitivity::new(cq as u64, 3).s_l2;
+    assert!(f2.sqrt() <= bound);
+    assert!(
+        f2.sqrt() >= bound * (n as f64 - 1.0) / n as f64 * 0.999,
+        "{} vs {bound}",
+        f2.sqrt()
+    );
 }
 
 #[test]

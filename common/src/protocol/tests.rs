@@ -237,11 +237,17 @@ fn mask_invariant_for_other_mechanisms() {
 #[test]
 fn distributed_release_equals_central_mechanism() {
     for (k, centering) in [Centering::Mask, Centering::DpMean].into_iter().enumerate() {
-        for (m, mech) in [Mechanism::Gaussian, Mechanism::Laplace].into_iter().enumerate() {
+        for (m, mech) in [Mechanism::Gaussian, Mechanism::Laplace]
+            .into_iter()
+            .enumerate()
+        {
             let spec = spec(6, centering, mech);
             let (pooled, secrets, opened, _) = run(&spec, None, 40 + (2 * k + m) as u64);
             let central = central_release(&pooled, centering, &secrets, spec.fixed.frac_bits);
-            assert_eq!(central.matrix_grid, opened.matrix_grid, "{centering:?} {mech:?}");
+            assert_eq!(
+                central.matrix_grid, opened.matrix_grid,
+                "{centering:?} {mech:?}"
+            );
             assert_eq!(central.scatter, opened.scatter, "{centering:?} {mech:?}");
             assert_eq!(central.mean, opened.mean, "{centering:?} {mech:?}");
         }
