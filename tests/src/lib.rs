@@ -35,11 +35,11 @@ pub fn bin(name: &str) -> PathBuf {
             .arg(workspace_root().join("Cargo.toml"))
             .args([
                 "-p",
-                "dpca-proxy",
+                "proxy",
                 "-p",
-                "dpca-owner",
+                "owner",
                 "-p",
-                "dpca-user",
+                "user",
                 "--bins",
             ]);
         match dir.file_name().and_then(|s| s.to_str()) {

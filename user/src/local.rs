@@ -376,7 +376,7 @@ fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
         cmd.arg("build")
             .arg("--manifest-path")
             .arg(&manifest)
-            .args(["-p", "dpca-proxy", "-p", "dpca-owner", "--bins"]);
+            .args(["-p", "proxy", "-p", "owner", "--bins"]);
         match dir.file_name().and_then(|s| s.to_str()) {
             Some("release") => {
                 cmd.arg("--release");

@@ -76,7 +76,8 @@ pub enum Mechanism {
     /// epsilon. The default.
     Gaussian,
     /// Discrete Gaussian with the classic Analyze-Gauss calibration
-    /// sigma = Delta sqrt(2 ln(1.25 / delta)) / epsilon, valid for epsilon < 1 only.
+    /// sigma = Delta sqrt(2 ln(1.25 / delta)) / epsilon, valid for epsilon < 1 only
+    /// (and never below the zCDP sigma, whose proof covers the discrete sampler).
     GaussianClassic,
     /// Discrete Laplace on the upper triangle (Lap-PCA): (epsilon, 0)-DP.
     Laplace,
@@ -354,7 +355,10 @@ pub fn plan_noise(req: &PrivacyRequest, dim: usize, cq: u64, n_rows: u64) -> Noi
                     )
                 }
                 Mechanism::GaussianClassic => {
-                    let sigma = n * sens.s_l2 * classic_factor(req.epsilon, req.delta);
+                    // Analyze-Gauss is proven for the continuous Gaussian; never going
+                    // below the zCDP sigma keeps the discrete sampler covered by CKS20.
+                    let tight = 1.0 / (2.0 * rho_for(req.epsilon, req.delta)).sqrt();
+                    let sigma = n * sens.s_l2 * classic_factor(req.epsilon, req.delta).max(tight);
                     (
                         NoiseScale::Gaussian {
                             sigma: ceil_big(sigma),
@@ -409,10 +413,15 @@ pub fn plan_noise(req: &PrivacyRequest, dim: usize, cq: u64, n_rows: u64) -> Noi
                     }
                 }
                 Mechanism::GaussianClassic => {
-                    // Basic composition: (share eps, delta/2) + ((1-share) eps, delta/2).
-                    let sigma_r = sens.r_l2 * classic_factor(share * req.epsilon, req.delta / 2.0);
-                    let sigma_v =
-                        sens.v_l2 * classic_factor((1.0 - share) * req.epsilon, req.delta / 2.0);
+                    // Basic composition: (share eps, delta/2) + ((1-share) eps, delta/2),
+                    // never below the zCDP split's sigmas (see the `mask` case).
+                    let rho = rho_for(req.epsilon, req.delta);
+                    let sigma_r = sens.r_l2
+                        * classic_factor(share * req.epsilon, req.delta / 2.0)
+                            .max(1.0 / (2.0 * share * rho).sqrt());
+                    let sigma_v = sens.v_l2
+                        * classic_factor((1.0 - share) * req.epsilon, req.delta / 2.0)
+                            .max(1.0 / (2.0 * (1.0 - share) * rho).sqrt());
                     NoisePlan {
                         matrix: NoiseScale::Gaussian {
                             sigma: ceil_big(sigma_r),
