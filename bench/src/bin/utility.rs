@@ -202,6 +202,7 @@ fn distributed(
         let o = Command::new(&user)
             .args([
                 "local",
+                "--no-build",
                 "--owners",
                 "10",
                 "--epsilon",
