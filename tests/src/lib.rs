@@ -33,15 +33,7 @@ pub fn bin(name: &str) -> PathBuf {
         cmd.arg("build")
             .arg("--manifest-path")
             .arg(workspace_root().join("Cargo.toml"))
-            .args([
-                "-p",
-                "proxy",
-                "-p",
-                "owner",
-                "-p",
-                "user",
-                "--bins",
-            ]);
+            .args(["-p", "proxy", "-p", "owner", "-p", "user", "--bins"]);
         match dir.file_name().and_then(|s| s.to_str()) {
             Some("release") => {
                 cmd.arg("--release");

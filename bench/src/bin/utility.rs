@@ -165,7 +165,7 @@ fn main() -> anyhow::Result<()> {
     }
 
     println!(
-        "{:>8}  {:>9}  {:>11}  {:>4}  {:>8}  {:>7}  {:>7}",
+        "{:>9}  {:>9}  {:>11}  {:>4}  {:>8}  {:>7}  {:>7}",
         "centering", "epsilon", "how", "reps", "captured", "sd", "min"
     );
     for r in &rows {
