@@ -28,23 +28,8 @@ fn bin_dir() -> PathBuf {
 pub fn bin(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let dir = bin_dir();
-        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-        cmd.arg("build")
-            .arg("--manifest-path")
-            .arg(workspace_root().join("Cargo.toml"))
-            .args(["-p", "proxy", "-p", "owner", "-p", "user", "--bins"]);
-        match dir.file_name().and_then(|s| s.to_str()) {
-            Some("release") => {
-                cmd.arg("--release");
-            }
-            Some("debug") | None => {}
-            Some(p) => {
-                cmd.args(["--profile", p]);
-            }
-        }
-        let status = cmd.status().expect("run cargo build");
-        assert!(status.success(), "building proxy, owner and user failed");
+        dpca_user::local::build_programs(&bin_dir(), &["proxy", "owner", "user"])
+            .expect("build proxy, owner and user");
     });
     let p = bin_dir().join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(p.exists(), "{} missing after build", p.display());

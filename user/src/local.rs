@@ -361,6 +361,36 @@ async fn read_listen_line(child: &mut Child) -> anyhow::Result<String> {
         .with_context(|| format!("unexpected proxy output `{line}`"))
 }
 
+/// Builds the named workspace packages' binaries into `dir` (a `target/<profile>`
+/// folder) with that folder's profile.
+pub fn build_programs(dir: &Path, packages: &[&str]) -> anyhow::Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.arg("build")
+        .arg("--manifest-path")
+        .arg(workspace_root().join("Cargo.toml"))
+        .arg("--bins");
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    match dir.file_name().and_then(|s| s.to_str()) {
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        Some("debug") | None => {}
+        Some(profile) => {
+            cmd.args(["--profile", profile]);
+        }
+    }
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run cargo to build {}", packages.join(", ")))?;
+    if !status.success() {
+        bail!("building {} failed ({status})", packages.join(", "));
+    }
+    Ok(())
+}
+
 /// Finds the `proxy` and `owner` programs next to this one, building them first when
 /// running from the source tree (so a fresh clone works with one `cargo run`).
 fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
@@ -369,29 +399,8 @@ fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
         .parent()
         .context("program has no parent directory")?
         .to_path_buf();
-    let manifest = workspace_root().join("Cargo.toml");
-    if !no_build && manifest.exists() {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = std::process::Command::new(cargo);
-        cmd.arg("build")
-            .arg("--manifest-path")
-            .arg(&manifest)
-            .args(["-p", "proxy", "-p", "owner", "--bins"]);
-        match dir.file_name().and_then(|s| s.to_str()) {
-            Some("release") => {
-                cmd.arg("--release");
-            }
-            Some("debug") | None => {}
-            Some(profile) => {
-                cmd.args(["--profile", profile]);
-            }
-        }
-        let status = cmd
-            .status()
-            .context("cannot run cargo to build proxy and owner")?;
-        if !status.success() {
-            bail!("building proxy and owner failed ({status})");
-        }
+    if !no_build && workspace_root().join("Cargo.toml").exists() {
+        build_programs(&dir, &["proxy", "owner"])?;
     }
     let proxy = dir.join(format!("proxy{}", std::env::consts::EXE_SUFFIX));
     let owner = dir.join(format!("owner{}", std::env::consts::EXE_SUFFIX));
