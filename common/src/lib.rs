@@ -10,12 +10,12 @@
 //! - [`study`]: the validated study specification and the ciphertext layout.
 //! - [`protocol`]: owner shares, the proxy's masked and noised release, the user's
 //!   reconstruction of S + E.
+//! - [`randomizer`]: short-exponent encryption randomness on a fixed base.
 //! - [`data`]: CSV tables, bounds and row normalization.
 //! - [`linalg`]: eigen-decomposition, PCA, PSD repair, captured variance.
 //!
 //! Known limitations: big-integer arithmetic is pure Rust (num-bigint), so no system
-//! library is needed, at a constant-factor cost over GMP; encryption uses a full
-//! r^n exponentiation per ciphertext; the rejection samplers' running time depends on
+//! library is needed, at a constant-factor cost over GMP; the rejection samplers' running time depends on
 //! the sample (see [`dp::sampler`]).
 
 pub mod data;
@@ -24,4 +24,5 @@ pub mod encoding;
 pub mod linalg;
 pub mod paillier;
 pub mod protocol;
+pub mod randomizer;
 pub mod study;
