@@ -25,6 +25,7 @@ use crate::data::normalize_row;
 use crate::dp::{Centering, NoisePlan};
 use crate::encoding::{EncodingError, FixedPoint, TriangleLayout};
 use crate::paillier::{random_below, Ciphertext, PaillierError, PublicKey, SecretKey};
+use crate::randomizer::Randomizer;
 use crate::study::StudyLayout;
 
 /// Errors of the protocol computations.
@@ -215,7 +216,8 @@ fn shifted(pk: &PublicKey, v: &Ciphertext, slots: usize, width: u64) -> Vec<Ciph
 
 /// Computes the released ciphertexts from the aggregate of all owners' contributions
 /// (`agg`, in owner layout order), the pooled count N and the study's secrets.
-/// Every output is re-randomized with fresh randomness drawn from `seed_rng`.
+/// Every output is re-randomized with fresh short-exponent randomness from
+/// `randomizer`, its exponents drawn from `seed_rng`.
 pub fn release<R: RngCore + CryptoRng>(
     pk: &PublicKey,
     layout: &StudyLayout,
@@ -223,6 +225,7 @@ pub fn release<R: RngCore + CryptoRng>(
     agg: &[Ciphertext],
     n_rows: u64,
     secrets: &ReleaseSecrets,
+    randomizer: &Randomizer,
     seed_rng: &mut R,
 ) -> Result<Vec<Ciphertext>, ProtocolError> {
     if agg.len() != layout.owner_ciphertexts() {
@@ -254,7 +257,7 @@ pub fn release<R: RngCore + CryptoRng>(
         .collect();
     let rerandomize = |c: Ciphertext, seed: &[u8; 32]| {
         let mut rng = StdRng::from_seed(*seed);
-        pk.rerandomize(&c, &mut rng)
+        randomizer.rerandomize(&c, &mut rng)
     };
 
     let segs: Vec<Result<Ciphertext, ProtocolError>> = layout
@@ -276,11 +279,11 @@ pub fn release<R: RngCore + CryptoRng>(
                     for t in 1..seg.len {
                         v_seg = pk.add(&v_seg, &table[seg.col + t][t]);
                     }
-                    c = pk.add(&c, &pk.scale(&v_seg, &b[i]));
-                    // v_i b_(j..j+len): short exponents on v_i's shifted ciphertexts.
-                    for t in 0..seg.len {
-                        c = pk.add(&c, &pk.scale(&table[i][t], &b[seg.col + t]));
-                    }
+                    // E[v_seg]^(b_i) * prod_t E[v_i 2^(t w)]^(b_(j+t)): one
+                    // simultaneous exponentiation over short exponents.
+                    let mut terms = vec![(&v_seg, &b[i])];
+                    terms.extend((0..seg.len).map(|t| (&table[i][t], &b[seg.col + t])));
+                    c = pk.add(&c, &pk.multi_scale(&terms));
                     // b_i b_j + E'_ij in clear.
                     let plain: Vec<BigInt> = (0..seg.len)
                         .map(|t| BigInt::from(&b[i] * &b[seg.col + t]) + &noise[t])

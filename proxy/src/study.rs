@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use dpca_common::dp::{plan_noise, NoisePlan, NoiseScale};
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{release, ProtocolError, ReleaseSecrets};
+use dpca_common::randomizer::Randomizer;
 use dpca_common::study::{StudyLayout, StudySpec};
 use num_bigint::BigUint;
 use num_traits::One;
@@ -312,6 +313,7 @@ impl Study {
             &self.aggregate,
             n_rows,
             &secrets,
+            &Randomizer::new(&spec.public_key, Randomizer::DEFAULT_WINDOW_BITS, rng),
             rng,
         )
         .map_err(err)?;

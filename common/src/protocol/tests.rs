@@ -94,6 +94,7 @@ fn run(
         &agg,
         pooled.n,
         &secrets,
+        &Randomizer::new(pk, 4, &mut rng),
         &mut rng,
     )
     .expect("release");
