@@ -219,7 +219,6 @@ fn shifted(pk: &PublicKey, v: &Ciphertext, slots: usize, width: u64) -> Vec<Ciph
 /// Every output is re-randomized with fresh short-exponent randomness from
 /// `randomizer`, its exponents drawn from `seed_rng`.
 pub fn release<R: RngCore + CryptoRng>(
-    pk: &PublicKey,
     layout: &StudyLayout,
     centering: Centering,
     agg: &[Ciphertext],
@@ -228,6 +227,7 @@ pub fn release<R: RngCore + CryptoRng>(
     randomizer: &Randomizer,
     seed_rng: &mut R,
 ) -> Result<Vec<Ciphertext>, ProtocolError> {
+    let pk = randomizer.public_key();
     if agg.len() != layout.owner_ciphertexts() {
         return Err(ProtocolError::Count {
             expected: layout.owner_ciphertexts(),

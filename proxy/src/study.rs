@@ -307,7 +307,6 @@ impl Study {
         let secrets = ReleaseSecrets::sample(&self.layout, spec.privacy.centering, &plan, rng)
             .map_err(err)?;
         let ciphertexts = release(
-            &spec.public_key,
             &self.layout,
             spec.privacy.centering,
             &self.aggregate,

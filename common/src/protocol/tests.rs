@@ -88,7 +88,6 @@ fn run(
     let secrets =
         ReleaseSecrets::sample(&layout, spec.privacy.centering, &plan, &mut rng).expect("secrets");
     let released = release(
-        pk,
         &layout,
         spec.privacy.centering,
         &agg,
