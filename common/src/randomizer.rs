@@ -58,6 +58,15 @@ impl Randomizer {
     /// Default window width: 8 bits (about 7 MB of table at 2048 bits, 11 MB at 3072).
     pub const DEFAULT_WINDOW_BITS: usize = 8;
 
+    /// The window width minimizing the multiplications of building the table and
+    /// then drawing `count` randomizers: windows (2^w + count) with
+    /// windows = EXPONENT_BITS / w. Few encryptions favor small tables.
+    pub fn window_for(count: usize) -> usize {
+        (1..=Self::DEFAULT_WINDOW_BITS)
+            .min_by_key(|&w| EXPONENT_BITS.div_ceil(w) * ((1usize << w) + count))
+            .unwrap_or(Self::DEFAULT_WINDOW_BITS)
+    }
+
     /// Draws a fresh base h_s = (-x^2)^n mod n^2 and builds its table.
     pub fn new<R: RngCore + CryptoRng>(pk: &PublicKey, window_bits: usize, rng: &mut R) -> Self {
         let x = random_unit(pk.n(), rng);
@@ -200,6 +209,16 @@ mod tests {
             prop_assert_eq!(sk.decrypt_signed(&r), BigInt::from(v));
             prop_assert!(pk.ciphertext_from_bytes(&pk.ciphertext_to_bytes(&r), 0).is_ok());
         }
+    }
+
+    #[test]
+    fn window_grows_with_the_work() {
+        assert!(Randomizer::window_for(1) <= 3);
+        assert!(Randomizer::window_for(200) < Randomizer::window_for(100_000));
+        assert_eq!(
+            Randomizer::window_for(1_000_000),
+            Randomizer::DEFAULT_WINDOW_BITS
+        );
     }
 
     /// The base is an n-th residue: decrypting a bare randomizer gives 0.

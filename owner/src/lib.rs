@@ -140,9 +140,8 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     // is ready, so the proxy aggregates while the owner still encrypts.
     let producer = tokio::task::spawn_blocking(move || -> anyhow::Result<f64> {
         let t = Instant::now();
-        // One fixed-base table per contribution: its build (a few hundred
-        // multiplications) pays for itself after a handful of ciphertexts.
-        let randomizer = Randomizer::new(&pk, Randomizer::DEFAULT_WINDOW_BITS, &mut OsRng);
+        // One fixed-base table per contribution, sized for the work it will do.
+        let randomizer = Randomizer::new(&pk, Randomizer::window_for(total), &mut OsRng);
         for (i, chunk) in plaintexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
             let cts = encrypt_chunk(&randomizer, chunk)?;
             enc_bar.inc(cts.len() as u64);

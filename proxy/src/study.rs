@@ -312,7 +312,11 @@ impl Study {
             &self.aggregate,
             n_rows,
             &secrets,
-            &Randomizer::new(&spec.public_key, Randomizer::DEFAULT_WINDOW_BITS, rng),
+            &Randomizer::new(
+                &spec.public_key,
+                Randomizer::window_for(self.layout.release_ciphertexts()),
+                rng,
+            ),
             rng,
         )
         .map_err(err)?;
