@@ -80,6 +80,10 @@ pub struct SecretKey {
     hq: BigUint,
     /// q^-1 mod p, for the CRT recombination
     q_inv_p: BigUint,
+    /// lambda = lcm(p - 1, q - 1), for textbook decryption
+    lambda: BigUint,
+    /// mu = L(g^lambda mod n^2)^-1 mod n, for textbook decryption
+    mu: BigUint,
 }
 
 impl std::fmt::Debug for SecretKey {
@@ -318,6 +322,10 @@ impl SecretKey {
         let hq = lq
             .modinv(&q)
             .ok_or(PaillierError::MalformedKey("L_q(g^(q-1)) not invertible"))?;
+        let lambda = p_minus_1.lcm(&q_minus_1);
+        let mu = ((g.modpow(&lambda, &public.n2) - &one) / &n)
+            .modinv(&n)
+            .ok_or(PaillierError::MalformedKey("L(g^lambda) not invertible"))?;
         let q_inv_p = (&q % &p)
             .modinv(&p)
             .ok_or(PaillierError::MalformedKey("p and q not coprime"))?;
@@ -332,6 +340,8 @@ impl SecretKey {
             hp,
             hq,
             q_inv_p,
+            lambda,
+            mu,
         })
     }
 
@@ -358,9 +368,21 @@ impl SecretKey {
         mq + &self.q * h
     }
 
+    /// Textbook decryption L(c^lambda mod n^2) mu mod n, without CRT: the baseline
+    /// the CRT path is measured against. Same result as [`Self::decrypt`].
+    pub fn decrypt_textbook(&self, c: &Ciphertext) -> BigUint {
+        let n = self.public.n();
+        let x = c.0.modpow(&self.lambda, &self.public.n2);
+        (((x - BigUint::one()) / n) * &self.mu) % n
+    }
+
     /// Decrypts and maps the residue back to a signed integer in (-n/2, n/2).
     pub fn decrypt_signed(&self, c: &Ciphertext) -> BigInt {
-        let m = self.decrypt(c);
+        self.to_signed(self.decrypt(c))
+    }
+
+    /// Maps a residue to a signed integer in (-n/2, n/2).
+    pub fn to_signed(&self, m: BigUint) -> BigInt {
         let n = self.public.n();
         if m > (n >> 1) {
             -BigInt::from_biguint(Sign::Plus, n - m)
@@ -564,6 +586,7 @@ mod tests {
                 BigInt::from(a) * BigInt::from(k) + BigInt::from(b) * BigInt::from(k / 3 + 1)
             );
             prop_assert_eq!(ms, pk.add(&pk.scale(&ea, &BigUint::from(k)), &pk.scale(&eb, &BigUint::from(k / 3 + 1))));
+            prop_assert_eq!(sk.decrypt_textbook(&ea), sk.decrypt(&ea));
             let rr = pk.rerandomize(&ea, &mut rng);
             prop_assert_ne!(&rr.0, &ea.0);
             prop_assert_eq!(sk.decrypt_signed(&rr), BigInt::from(a));

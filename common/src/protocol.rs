@@ -25,7 +25,7 @@ use crate::data::normalize_row;
 use crate::dp::{Centering, NoisePlan};
 use crate::encoding::{EncodingError, FixedPoint, TriangleLayout};
 use crate::paillier::{random_below, Ciphertext, PaillierError, PublicKey, SecretKey};
-use crate::randomizer::Randomizer;
+use crate::randomizer::Randomness;
 use crate::study::StudyLayout;
 
 /// Errors of the protocol computations.
@@ -224,7 +224,7 @@ pub fn release<R: RngCore + CryptoRng>(
     agg: &[Ciphertext],
     n_rows: u64,
     secrets: &ReleaseSecrets,
-    randomizer: &Randomizer,
+    randomizer: Randomness<'_>,
     seed_rng: &mut R,
 ) -> Result<Vec<Ciphertext>, ProtocolError> {
     let pk = randomizer.public_key();
@@ -283,7 +283,14 @@ pub fn release<R: RngCore + CryptoRng>(
                     // simultaneous exponentiation over short exponents.
                     let mut terms = vec![(&v_seg, &b[i])];
                     terms.extend((0..seg.len).map(|t| (&table[i][t], &b[seg.col + t])));
-                    c = pk.add(&c, &pk.multi_scale(&terms));
+                    if layout.baseline {
+                        // The paper's way: one exponentiation per term.
+                        for (ct, e) in terms {
+                            c = pk.add(&c, &pk.scale(ct, e));
+                        }
+                    } else {
+                        c = pk.add(&c, &pk.multi_scale(&terms));
+                    }
                     // b_i b_j + E'_ij in clear.
                     let plain: Vec<BigInt> = (0..seg.len)
                         .map(|t| BigInt::from(&b[i] * &b[seg.col + t]) + &noise[t])
@@ -361,7 +368,13 @@ pub fn open_release(
         });
     }
     let dim = layout.triangle.dim;
-    let plains: Vec<BigInt> = cts.par_iter().map(|c| sk.decrypt_signed(c)).collect();
+    let plains: Vec<BigInt> = if layout.baseline {
+        cts.iter()
+            .map(|c| sk.to_signed(sk.decrypt_textbook(c)))
+            .collect()
+    } else {
+        cts.par_iter().map(|c| sk.decrypt_signed(c)).collect()
+    };
     let mut t = vec![vec![BigInt::zero(); dim]; dim];
     for (seg, p) in layout.triangle.segments.iter().zip(&plains) {
         let vals = layout.budget.unpack(p, seg.len)?;

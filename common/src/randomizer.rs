@@ -158,6 +158,33 @@ impl Randomizer {
     }
 }
 
+/// Where the randomness of re-randomization comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Randomness<'a> {
+    /// Short exponents on a fixed base (the product).
+    FixedBase(&'a Randomizer),
+    /// Textbook r^n (the baseline).
+    Textbook(&'a PublicKey),
+}
+
+impl Randomness<'_> {
+    /// The key.
+    pub fn public_key(&self) -> &PublicKey {
+        match self {
+            Self::FixedBase(r) => r.public_key(),
+            Self::Textbook(pk) => pk,
+        }
+    }
+
+    /// Multiplies by a fresh encryption of zero.
+    pub fn rerandomize<R: RngCore + CryptoRng>(&self, c: &Ciphertext, rng: &mut R) -> Ciphertext {
+        match self {
+            Self::FixedBase(r) => r.rerandomize(c, rng),
+            Self::Textbook(pk) => pk.rerandomize(c, rng),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,6 +70,9 @@ pub struct StudySpec {
     pub kappa: u32,
     /// The data user's Paillier public key.
     pub public_key: PublicKey,
+    /// The paper's way, for side-by-side speed measurements: one value per
+    /// ciphertext, textbook r^n randomness, no CRT, one thread.
+    pub baseline: bool,
 }
 
 impl StudySpec {
@@ -165,6 +168,8 @@ pub struct StudyLayout {
     pub vector: Vec<(usize, usize)>,
     /// Bits of the mask b: b is uniform in [0, 2^mask_bits).
     pub mask_bits: u64,
+    /// The paper's way (see [`StudySpec::baseline`]).
+    pub baseline: bool,
 }
 
 impl StudyLayout {
@@ -197,7 +202,10 @@ impl StudyLayout {
                 (t, &v_max + tail_v)
             }
         };
-        let budget = SlotBudget::for_bound(&t_bound.max(v_bound), spec.public_key.bits())?;
+        let mut budget = SlotBudget::for_bound(&t_bound.max(v_bound), spec.public_key.bits())?;
+        if spec.baseline {
+            budget.slots = 1;
+        }
         let triangle = TriangleLayout::new(m, budget.slots);
         let vector = vector_segments(m, budget.slots);
         Ok(Self {
@@ -205,6 +213,7 @@ impl StudyLayout {
             triangle,
             vector,
             mask_bits,
+            baseline: spec.baseline,
         })
     }
 

@@ -134,6 +134,7 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let bar = progress_bar(cfg.progress, total as u64);
     let (tx, rx) = tokio::sync::mpsc::channel::<v1::ContributionChunk>(4);
     let pk = spec.public_key.clone();
+    let baseline = spec.baseline;
     let (study_id, owner_id) = (cfg.study_id.clone(), cfg.owner_id.clone());
     let enc_bar = bar.clone();
     // Encryption runs on rayon, chunk by chunk, and each chunk is sent as soon as it
@@ -141,9 +142,17 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let producer = tokio::task::spawn_blocking(move || -> anyhow::Result<f64> {
         let t = Instant::now();
         // One fixed-base table per contribution, sized for the work it will do.
-        let randomizer = Randomizer::new(&pk, Randomizer::window_for(total), &mut OsRng);
+        let randomizer =
+            (!baseline).then(|| Randomizer::new(&pk, Randomizer::window_for(total), &mut OsRng));
         for (i, chunk) in plaintexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
-            let cts = encrypt_chunk(&randomizer, chunk)?;
+            let cts = match &randomizer {
+                Some(r) => encrypt_chunk(r, chunk)?,
+                // The paper's way: textbook r^n, one thread.
+                None => chunk
+                    .iter()
+                    .map(|m| pk.encrypt(m, &mut OsRng).context("plaintext outside Z_n"))
+                    .collect::<anyhow::Result<Vec<_>>>()?,
+            };
             enc_bar.inc(cts.len() as u64);
             let msg = v1::ContributionChunk {
                 study_id: if i == 0 {

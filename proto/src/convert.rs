@@ -26,6 +26,7 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
         deadline_unix_ms: w.deadline_unix_ms,
         kappa: w.kappa,
         public_key: PublicKey::from_bytes(&w.public_key)?,
+        baseline: w.baseline,
     };
     spec.validate()?;
     Ok(spec)
@@ -52,6 +53,7 @@ pub fn spec_to_wire(s: &StudySpec) -> v1::StudySpec {
         deadline_unix_ms: s.deadline_unix_ms,
         kappa: s.kappa,
         public_key: s.public_key.to_bytes(),
+        baseline: s.baseline,
     }
 }
 

@@ -264,10 +264,23 @@ impl v1::proxy_server::Proxy for ProxyService {
         })?;
         let n_rows = req.n_rows;
         let started = std::time::Instant::now();
-        let released =
-            tokio::task::spawn_blocking(move || snapshot.compute_release(n_rows, &mut OsRng))
-                .await
-                .map_err(|e| Status::internal(format!("release task failed: {e}")))??;
+        let released = tokio::task::spawn_blocking(move || {
+            if snapshot.layout.baseline {
+                // The baseline runs the paper's way, on one thread.
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .build()
+                    .map_err(|e| Status::internal(format!("thread pool: {e}")))?;
+                pool.install(|| snapshot.compute_release(n_rows, &mut OsRng))
+                    .map_err(Status::from)
+            } else {
+                snapshot
+                    .compute_release(n_rows, &mut OsRng)
+                    .map_err(Status::from)
+            }
+        })
+        .await
+        .map_err(|e| Status::internal(format!("release task failed: {e}")))??;
         self.with_study(&id, |s| Ok(s.commit_release(released)?))?;
         tracing::info!(study = %id, seconds = started.elapsed().as_secs_f64(), "release computed");
         Ok(Response::new(v1::RevealCountResponse {}))

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use dpca_common::dp::{plan_noise, NoisePlan, NoiseScale};
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{release, ProtocolError, ReleaseSecrets};
-use dpca_common::randomizer::Randomizer;
+use dpca_common::randomizer::{Randomizer, Randomness};
 use dpca_common::study::{StudyLayout, StudySpec};
 use num_bigint::BigUint;
 use num_traits::One;
@@ -306,17 +306,24 @@ impl Study {
         };
         let secrets = ReleaseSecrets::sample(&self.layout, spec.privacy.centering, &plan, rng)
             .map_err(err)?;
+        let table;
+        let randomness = if self.layout.baseline {
+            Randomness::Textbook(&spec.public_key)
+        } else {
+            table = Randomizer::new(
+                &spec.public_key,
+                Randomizer::window_for(self.layout.release_ciphertexts()),
+                rng,
+            );
+            Randomness::FixedBase(&table)
+        };
         let ciphertexts = release(
             &self.layout,
             spec.privacy.centering,
             &self.aggregate,
             n_rows,
             &secrets,
-            &Randomizer::new(
-                &spec.public_key,
-                Randomizer::window_for(self.layout.release_ciphertexts()),
-                rng,
-            ),
+            randomness,
             rng,
         )
         .map_err(err)?;
@@ -380,6 +387,7 @@ mod tests {
             deadline_unix_ms: 1_000,
             kappa: 40,
             public_key: key().public().clone(),
+            baseline: false,
         };
         let layout = StudyLayout::new(&spec).expect("layout");
         Study::new("s1".into(), spec, layout, false)

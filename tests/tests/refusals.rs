@@ -50,6 +50,7 @@ fn spec_for(sk: &SecretKey) -> StudySpec {
         deadline_unix_ms: now + 600_000,
         kappa: MIN_KAPPA,
         public_key: sk.public().clone(),
+        baseline: false,
     }
 }
 

@@ -69,6 +69,9 @@ pub struct LocalOptions {
     pub noise_free_for_testing: bool,
     /// Skip `cargo build` of the sibling binaries.
     pub no_build: bool,
+    /// The paper's way, for speed comparisons: one value per ciphertext, textbook
+    /// randomness, no CRT, one thread per role.
+    pub baseline: bool,
 }
 
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
@@ -183,6 +186,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         deadline_unix_ms: now_ms + 3_600_000,
         kappa: MIN_KAPPA,
         public_key: pk.clone(),
+        baseline: opts.baseline,
     };
     let layout = StudyLayout::new(&spec)?;
     let mut client = dpca_proto::client::connect(&url).await?;
@@ -286,6 +290,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         release_ciphertexts: got.release_ciphertexts,
         clipped_rows: clipped,
         psd_repair: opts.psd_repair,
+        baseline: opts.baseline,
         seconds: Seconds {
             owner: slowest_owner,
             proxy: got.seconds_proxy,

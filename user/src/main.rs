@@ -81,6 +81,10 @@ struct LocalArgs {
     /// Do not build proxy and owner first (use the binaries next to this one).
     #[arg(long)]
     no_build: bool,
+    /// Speed baseline (the paper's way): one value per ciphertext, textbook r^n
+    /// randomness, no CRT, one thread per role. Same results, much slower.
+    #[arg(long)]
+    baseline: bool,
     /// TEST ONLY: noise-free release (the proxy is started in its test mode).
     #[arg(long, hide = true)]
     noise_free_for_testing: bool,
@@ -120,6 +124,7 @@ async fn main() -> anyhow::Result<()> {
                 out: a.out,
                 noise_free_for_testing: a.noise_free_for_testing,
                 no_build: a.no_build,
+                baseline: a.baseline,
             };
             dpca_user::local::run(&opts).await?;
         }

@@ -76,6 +76,8 @@ pub struct StudyReport {
     pub clipped_rows: usize,
     /// Whether the noisy scatter was projected onto the PSD cone.
     pub psd_repair: bool,
+    /// Whether the study ran in the slow baseline mode.
+    pub baseline: bool,
     /// Wall times.
     pub seconds: Seconds,
 }

@@ -3,6 +3,7 @@
 use super::*;
 use crate::dp::{plan_noise, Mechanism, NoiseScale, PrivacyRequest};
 use crate::encoding::FixedPoint;
+use crate::randomizer::Randomizer;
 use crate::study::StudySpec;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -31,6 +32,7 @@ fn spec(dim: usize, centering: Centering, mechanism: Mechanism) -> StudySpec {
         deadline_unix_ms: 0,
         kappa: 40,
         public_key: key().public().clone(),
+        baseline: false,
     }
 }
 
@@ -93,7 +95,7 @@ fn run(
         &agg,
         pooled.n,
         &secrets,
-        &Randomizer::new(pk, 4, &mut rng),
+        Randomness::FixedBase(&Randomizer::new(pk, 4, &mut rng)),
         &mut rng,
     )
     .expect("release");
@@ -241,15 +243,20 @@ fn distributed_release_equals_central_mechanism() {
             .into_iter()
             .enumerate()
         {
-            let spec = spec(6, centering, mech);
-            let (pooled, secrets, opened, _) = run(&spec, None, 40 + (2 * k + m) as u64);
-            let central = central_release(&pooled, centering, &secrets, spec.fixed.frac_bits);
-            assert_eq!(
-                central.matrix_grid, opened.matrix_grid,
-                "{centering:?} {mech:?}"
-            );
-            assert_eq!(central.scatter, opened.scatter, "{centering:?} {mech:?}");
-            assert_eq!(central.mean, opened.mean, "{centering:?} {mech:?}");
+            for baseline in [false, true] {
+                let mut spec = spec(6, centering, mech);
+                spec.baseline = baseline;
+                let (pooled, secrets, opened, released) = run(&spec, None, 40 + (2 * k + m) as u64);
+                if baseline {
+                    // One value per ciphertext: the triangle, then v.
+                    assert_eq!(released.len(), 21 + 6, "{centering:?} {mech:?}");
+                }
+                let central = central_release(&pooled, centering, &secrets, spec.fixed.frac_bits);
+                let what = format!("{centering:?} {mech:?} baseline={baseline}");
+                assert_eq!(central.matrix_grid, opened.matrix_grid, "{what}");
+                assert_eq!(central.scatter, opened.scatter, "{what}");
+                assert_eq!(central.mean, opened.mean, "{what}");
+            }
         }
     }
 }
