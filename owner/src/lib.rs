@@ -23,7 +23,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use num_bigint::BigUint;
 use rand::rngs::OsRng;
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 
@@ -47,7 +47,7 @@ pub struct OwnerConfig {
 }
 
 /// What the owner did, printed as one JSON line.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct OwnerReport {
     /// Owner identity.
     pub owner_id: String,
@@ -154,21 +154,17 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
                     .collect::<anyhow::Result<Vec<_>>>()?,
             };
             enc_bar.inc(cts.len() as u64);
-            let msg = v1::ContributionChunk {
-                study_id: if i == 0 {
-                    study_id.clone()
-                } else {
-                    String::new()
-                },
-                owner_id: if i == 0 {
-                    owner_id.clone()
-                } else {
-                    String::new()
-                },
-                total_ciphertexts: if i == 0 { total as u32 } else { 0 },
-                contribution_id: if i == 0 { cid.clone() } else { String::new() },
+            let mut msg = v1::ContributionChunk {
                 ciphertexts: cts.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
+                ..Default::default()
             };
+            if i == 0 {
+                // The header rides on the first chunk only.
+                msg.study_id = study_id.clone();
+                msg.owner_id = owner_id.clone();
+                msg.total_ciphertexts = total as u32;
+                msg.contribution_id = cid.clone();
+            }
             if tx.blocking_send(msg).is_err() {
                 // The call ended early; its error is reported by the caller.
                 break;

@@ -265,19 +265,18 @@ impl v1::proxy_server::Proxy for ProxyService {
         let n_rows = req.n_rows;
         let started = std::time::Instant::now();
         let released = tokio::task::spawn_blocking(move || {
-            if snapshot.layout.baseline {
+            let compute = || snapshot.compute_release(n_rows, &mut OsRng);
+            let released = if snapshot.layout.baseline {
                 // The baseline runs the paper's way, on one thread.
-                let pool = rayon::ThreadPoolBuilder::new()
+                rayon::ThreadPoolBuilder::new()
                     .num_threads(1)
                     .build()
-                    .map_err(|e| Status::internal(format!("thread pool: {e}")))?;
-                pool.install(|| snapshot.compute_release(n_rows, &mut OsRng))
-                    .map_err(Status::from)
+                    .map_err(|e| Status::internal(format!("thread pool: {e}")))?
+                    .install(compute)
             } else {
-                snapshot
-                    .compute_release(n_rows, &mut OsRng)
-                    .map_err(Status::from)
-            }
+                compute()
+            };
+            released.map_err(Status::from)
         })
         .await
         .map_err(|e| Status::internal(format!("release task failed: {e}")))??;
@@ -307,12 +306,7 @@ impl v1::proxy_server::Proxy for ProxyService {
                 Centering::DpMean => grid * grid,
             };
             let total = r.ciphertexts.len() as u32;
-            let grid_scale = match &r.plan.matrix {
-                dpca_common::dp::NoiseScale::Gaussian { sigma } => sigma.to_string(),
-                dpca_common::dp::NoiseScale::Laplace { t } => t.to_string(),
-                dpca_common::dp::NoiseScale::Wishart { sigma_z2, .. } => sigma_z2.to_string(),
-                dpca_common::dp::NoiseScale::None => "0".to_string(),
-            };
+            let grid_scale = r.plan.matrix.grid_parameter().to_string();
             let mut out = Vec::new();
             for (k, part) in r.ciphertexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
                 let mut chunk = v1::ResultChunk {

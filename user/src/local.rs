@@ -18,6 +18,8 @@ use rand::rngs::OsRng;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use dpca_owner::OwnerReport;
+
 use crate::report::{variance_table, write_outputs, Seconds, StudyReport};
 use crate::session::{collect, open_study};
 
@@ -236,19 +238,16 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             );
         }
         let line = String::from_utf8_lossy(&out.stdout);
-        let report: serde_json::Value = serde_json::from_str(line.trim())
+        let report: OwnerReport = serde_json::from_str(line.trim())
             .with_context(|| format!("owner-{:02} printed an unreadable report: {line}", i + 1))?;
         owner_reports.push(report);
     }
     bar.finish_and_clear();
     let slowest_owner = owner_reports
         .iter()
-        .filter_map(|r| r["seconds_total"].as_f64())
+        .map(|r| r.seconds_total)
         .fold(0.0, f64::max);
-    let clipped: usize = owner_reports
-        .iter()
-        .filter_map(|r| r["clipped_rows"].as_u64())
-        .sum::<u64>() as usize;
+    let clipped: usize = owner_reports.iter().map(|r| r.clipped_rows).sum();
 
     let t_user = Instant::now();
     let got = collect(&mut client, &sk, &spec, &study_id).await?;
@@ -287,7 +286,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         key_fingerprint: fingerprint,
         ciphertexts_per_owner: layout.owner_ciphertexts(),
         bytes_per_owner: layout.owner_ciphertexts() * pk.ciphertext_bytes(),
-        release_ciphertexts: got.release_ciphertexts,
+        release_ciphertexts: layout.release_ciphertexts(),
         clipped_rows: clipped,
         psd_repair: opts.psd_repair,
         baseline: opts.baseline,

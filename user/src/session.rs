@@ -32,8 +32,6 @@ pub struct Collected {
     pub seconds_proxy: f64,
     /// Seconds the user spent decrypting.
     pub seconds_decrypt: f64,
-    /// Ciphertexts in the release.
-    pub release_ciphertexts: usize,
 }
 
 fn status(what: &str) -> impl Fn(tonic::Status) -> anyhow::Error + '_ {
@@ -163,6 +161,5 @@ pub async fn collect(
         opened,
         seconds_proxy,
         seconds_decrypt: t.elapsed().as_secs_f64(),
-        release_ciphertexts: expected,
     })
 }

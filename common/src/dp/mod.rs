@@ -259,6 +259,17 @@ impl NoiseScale {
         }
     }
 
+    /// The mechanism's own parameter on the grid, exactly: sigma (Gaussian), t
+    /// (Laplace), sigma_z^2 (Wishart), 0 (none).
+    pub fn grid_parameter(&self) -> BigUint {
+        match self {
+            Self::Gaussian { sigma } => sigma.clone(),
+            Self::Laplace { t } => t.clone(),
+            Self::Wishart { sigma_z2, .. } => sigma_z2.clone(),
+            Self::None => BigUint::zero(),
+        }
+    }
+
     /// Standard deviation of one entry, grid units, as f64 (for reports).
     pub fn std_dev(&self) -> f64 {
         match self {
