@@ -35,10 +35,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    dpca_proto::logging::init();
     let args = Args::parse();
     let cfg = dpca_owner::OwnerConfig {
         proxy: args.proxy,

@@ -1,6 +1,8 @@
 //! Wire types and gRPC client/server stubs generated from `proto/dpca.proto`, and the
 //! validating conversions to the domain types of `dpca-common` (in [`convert`]), so
-//! nothing beyond this crate's edge handles unvalidated prost structs.
+//! nothing beyond this crate's edge handles unvalidated prost structs. It also holds
+//! the small pieces every role's shell shares: [`client::connect`] and
+//! [`logging::init`].
 
 /// Version 1 of the protocol (generated code).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
@@ -10,3 +12,4 @@ pub mod v1 {
 
 pub mod client;
 pub mod convert;
+pub mod logging;

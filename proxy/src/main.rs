@@ -19,10 +19,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    dpca_proto::logging::init();
     let args = Args::parse();
     if args.allow_noise_free_for_testing {
         tracing::warn!("noise-free releases are ENABLED: test use only");

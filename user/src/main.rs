@@ -92,10 +92,7 @@ struct LocalArgs {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    dpca_proto::logging::init();
     match Cli::parse().command {
         Cmd::Keygen {
             key_bits,
