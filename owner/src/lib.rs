@@ -17,6 +17,7 @@ use dpca_common::randomizer::Randomizer;
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::client::connect;
 use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
+use dpca_proto::usage::Usage;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -65,6 +66,9 @@ pub struct OwnerReport {
     pub seconds_encrypt: f64,
     /// Wall seconds from start to the proxy's acknowledgement.
     pub seconds_total: f64,
+    /// CPU time and peak memory of this owner's process, where `/proc` tells.
+    #[serde(default)]
+    pub usage: Option<Usage>,
 }
 
 /// Stable idempotency key of one contribution: the same owner retrying with the same
@@ -188,6 +192,7 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
         newly_counted: response.newly_counted,
         seconds_encrypt,
         seconds_total: start.elapsed().as_secs_f64(),
+        usage: Usage::of_self(),
     })
 }
 

@@ -1,5 +1,6 @@
 //! The proxy: a gRPC server holding studies. It aggregates owners' ciphertexts as they
-//! arrive (memory bounded by the layout, not by the number of owners), validates every
+//! arrive, at most [`ProxyConfig::max_concurrent_uploads`] at a time (so memory is
+//! bounded by the layout and that limit, not by the number of owners), validates every
 //! ciphertext, counts one contribution per owner, and, once the user reveals N, masks v
 //! and adds the symmetric noise (the `study` state machine), serving the same release
 //! to every fetch.
@@ -16,11 +17,28 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
 /// Proxy configuration.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ProxyConfig {
     /// Accept studies that ask for a noise-free release. Test-only: a noise-free
     /// release hands the user the exact scatter.
     pub allow_noise_free_for_testing: bool,
+    /// Contributions read at the same time. Each holds one owner's ciphertexts until
+    /// it is complete and counted; further owners wait (HTTP/2 flow control holds
+    /// their data at the sender), so memory does not grow with the number of owners.
+    pub max_concurrent_uploads: usize,
+}
+
+/// Default of [`ProxyConfig::max_concurrent_uploads`]: enough to keep every core
+/// validating while more streams arrive.
+pub const DEFAULT_MAX_CONCURRENT_UPLOADS: usize = 8;
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            allow_noise_free_for_testing: false,
+            max_concurrent_uploads: DEFAULT_MAX_CONCURRENT_UPLOADS,
+        }
+    }
 }
 
 /// Serves the proxy on `listener` until `shutdown` resolves.

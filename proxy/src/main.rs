@@ -15,6 +15,11 @@ struct Args {
     /// Never enable in a deployment.
     #[arg(long, hide = true)]
     allow_noise_free_for_testing: bool,
+    /// Contributions read at the same time; more owners wait their turn, so memory
+    /// does not grow with the number of owners.
+    #[arg(long, default_value_t = dpca_proxy::DEFAULT_MAX_CONCURRENT_UPLOADS as u16,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    max_concurrent_uploads: u16,
 }
 
 #[tokio::main]
@@ -31,6 +36,7 @@ async fn main() -> anyhow::Result<()> {
     std::io::stdout().flush().context("stdout")?;
     let config = dpca_proxy::ProxyConfig {
         allow_noise_free_for_testing: args.allow_noise_free_for_testing,
+        max_concurrent_uploads: usize::from(args.max_concurrent_uploads),
     };
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -13,6 +13,7 @@ use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use rand::rngs::OsRng;
 use rand::RngCore;
+use tokio::sync::Semaphore;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -50,12 +51,14 @@ fn now_ms() -> u64 {
 pub struct ProxyService {
     config: ProxyConfig,
     studies: Arc<Mutex<HashMap<String, Study>>>,
+    uploads: Arc<Semaphore>,
 }
 
 impl ProxyService {
     /// A service with no studies.
     pub fn new(config: ProxyConfig) -> Self {
         Self {
+            uploads: Arc::new(Semaphore::new(config.max_concurrent_uploads.max(1))),
             config,
             studies: Arc::new(Mutex::new(HashMap::new())),
         }
@@ -148,6 +151,13 @@ impl v1::proxy_server::Proxy for ProxyService {
         req: Request<Streaming<v1::ContributionChunk>>,
     ) -> Result<Response<v1::ContributeResponse>, Status> {
         let mut stream = req.into_inner();
+        // Held until this contribution is counted or refused: bounds the ciphertexts
+        // in memory whatever the number of owners uploading.
+        let _permit = self
+            .uploads
+            .acquire()
+            .await
+            .map_err(|_| Status::unavailable("proxy is shutting down"))?;
         let first = stream
             .message()
             .await?

@@ -19,8 +19,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use dpca_owner::OwnerReport;
+use dpca_proto::usage::Usage;
 
-use crate::report::{variance_table, write_outputs, Seconds, StudyReport};
+use crate::report::{variance_table, write_outputs, RoleUsage, Seconds, StudyReport};
 use crate::session::{collect, open_study};
 
 /// The bundled real data set `local` uses when no `--data` is given.
@@ -250,6 +251,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let clipped: usize = owner_reports.iter().map(|r| r.clipped_rows).sum();
 
     let t_user = Instant::now();
+    let usage_before = Usage::of_self();
     let got = collect(&mut client, &sk, &spec, &study_id).await?;
     let scatter = if opts.psd_repair {
         psd_repair(&got.opened.scatter)
@@ -259,6 +261,14 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let cov = &scatter / got.n_rows as f64;
     let result = pca(&cov, opts.k);
     let seconds_user = t_user.elapsed().as_secs_f64() - got.seconds_proxy;
+    let usage = RoleUsage {
+        owners: owner_reports.iter().map(|r| r.usage).collect(),
+        proxy: proxy.0.id().and_then(Usage::of_pid),
+        user: Usage::of_self().map(|after| Usage {
+            cpu_seconds: after.cpu_seconds - usage_before.map_or(0.0, |b| b.cpu_seconds),
+            peak_rss_bytes: after.peak_rss_bytes,
+        }),
+    };
     drop(proxy);
 
     let plan =
@@ -287,6 +297,9 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         ciphertexts_per_owner: layout.owner_ciphertexts(),
         bytes_per_owner: layout.owner_ciphertexts() * pk.ciphertext_bytes(),
         release_ciphertexts: layout.release_ciphertexts(),
+        slots: layout.budget.slots,
+        slot_width: layout.budget.slot_width,
+        mask_bits: layout.mask_bits,
         clipped_rows: clipped,
         psd_repair: opts.psd_repair,
         baseline: opts.baseline,
@@ -297,6 +310,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             keygen,
             total: started.elapsed().as_secs_f64(),
         },
+        usage,
     };
     write_outputs(&opts.out, &table.features, &result, &scatter, &report)?;
     println!(

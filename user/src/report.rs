@@ -5,11 +5,12 @@ use std::path::Path;
 
 use anyhow::Context;
 use dpca_common::linalg::Pca;
+use dpca_proto::usage::Usage;
 use nalgebra::DMatrix;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Wall times of one study, in seconds.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Seconds {
     /// Slowest owner, start to acknowledgement.
     pub owner: f64,
@@ -24,7 +25,7 @@ pub struct Seconds {
 }
 
 /// `study.json`: what was asked, what was spent and what it cost.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StudyReport {
     /// Study id at the proxy.
     pub study_id: String,
@@ -72,6 +73,15 @@ pub struct StudyReport {
     pub bytes_per_owner: usize,
     /// Ciphertexts of the release.
     pub release_ciphertexts: usize,
+    /// Values packed per ciphertext.
+    #[serde(default)]
+    pub slots: usize,
+    /// Bits per packed value.
+    #[serde(default)]
+    pub slot_width: u64,
+    /// Bits of the mask b (`mask` centering).
+    #[serde(default)]
+    pub mask_bits: u64,
     /// Rows shortened by the row-norm clip, over all owners.
     pub clipped_rows: usize,
     /// Whether the noisy scatter was projected onto the PSD cone.
@@ -80,6 +90,21 @@ pub struct StudyReport {
     pub baseline: bool,
     /// Wall times.
     pub seconds: Seconds,
+    /// CPU time and peak memory per role, where `/proc` tells.
+    #[serde(default)]
+    pub usage: RoleUsage,
+}
+
+/// CPU time and peak memory of each role's process in one study.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RoleUsage {
+    /// Each owner process, in owner order.
+    pub owners: Vec<Option<Usage>>,
+    /// The proxy process over its whole life (ingest and release).
+    pub proxy: Option<Usage>,
+    /// The user: CPU of the collect, decrypt and eigen-decomposition step only (key
+    /// generation excluded); peak memory of the whole `user` process.
+    pub user: Option<Usage>,
 }
 
 /// Writes `components.csv`, `eigenvalues.csv`, `scatter.csv` and `study.json`.
