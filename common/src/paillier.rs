@@ -64,6 +64,32 @@ impl std::fmt::Debug for PublicKey {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ciphertext(pub BigUint);
 
+/// Small powers c^d mod n^2 (d < 2^window) of one ciphertext, for windowed
+/// simultaneous exponentiation ([`PublicKey::multi_scale_tables`]).
+#[derive(Clone, Debug)]
+pub struct PowerTable {
+    window: usize,
+    powers: Vec<BigUint>,
+}
+
+impl PowerTable {
+    /// Widest window a table may have (2^8 powers).
+    pub const MAX_WINDOW: usize = 8;
+
+    /// The window minimizing the multiplications of `uses` exponentiations of
+    /// `bits`-bit exponents sharing one table: 2^w to build, bits / w per use.
+    pub fn window_for(bits: u64, uses: usize) -> usize {
+        (1..=Self::MAX_WINDOW)
+            .min_by_key(|&w| (1u64 << w) + uses.max(1) as u64 * bits.div_ceil(w as u64))
+            .unwrap_or(4)
+    }
+
+    /// Width of the windows this table serves.
+    pub fn window(&self) -> usize {
+        self.window
+    }
+}
+
 /// A Paillier secret key with precomputed CRT constants.
 #[derive(Clone)]
 pub struct SecretKey {
@@ -201,20 +227,81 @@ impl PublicKey {
     }
 
     /// prod_t E[a_t]^(k_t) = E[sum_t k_t a_t] by simultaneous exponentiation
-    /// (Straus): the squarings are shared by all terms, so t short exponents of B bits
-    /// cost about B squarings plus t B / 2 multiplications instead of t (3B / 2).
+    /// (Straus with fixed windows): the squarings are shared by all terms, so t
+    /// exponents of B bits cost about B squarings plus t (B / w + 2^w) multiplications
+    /// instead of t (3B / 2). The window w is chosen for the call.
     pub fn multi_scale(&self, terms: &[(&Ciphertext, &BigUint)]) -> Ciphertext {
         let bits = terms.iter().map(|(_, k)| k.bits()).max().unwrap_or(0);
-        let mut acc = BigUint::one();
-        for bit in (0..bits).rev() {
-            acc = (&acc * &acc) % &self.n2;
-            for (c, k) in terms {
-                if k.bit(bit) {
-                    acc = (acc * &c.0) % &self.n2;
+        let window = PowerTable::window_for(bits, 1);
+        let tables: Vec<PowerTable> = terms
+            .iter()
+            .map(|(c, _)| self.power_table(c, window))
+            .collect();
+        let pairs: Vec<(&PowerTable, &BigUint)> = tables
+            .iter()
+            .zip(terms)
+            .map(|(t, (_, k))| (t, *k))
+            .collect();
+        self.multi_scale_tables(&pairs)
+    }
+
+    /// The small powers E[a]^d, d < 2^window, for [`PublicKey::multi_scale_tables`].
+    /// A base used in several multi-exponentiations pays for its table once.
+    pub fn power_table(&self, a: &Ciphertext, window: usize) -> PowerTable {
+        let window = window.clamp(1, PowerTable::MAX_WINDOW);
+        let mut powers = Vec::with_capacity(1 << window);
+        powers.push(BigUint::one());
+        powers.push(&a.0 % &self.n2);
+        for d in 2..(1usize << window) {
+            let next = (&powers[d - 1] * &powers[1]) % &self.n2;
+            powers.push(next);
+        }
+        PowerTable { window, powers }
+    }
+
+    /// prod_t T_t^(k_t) over precomputed power tables (all of one window width;
+    /// tables of other widths are rebuilt). Straus: one squaring chain, one
+    /// multiplication per nonzero window digit of each exponent.
+    pub fn multi_scale_tables(&self, terms: &[(&PowerTable, &BigUint)]) -> Ciphertext {
+        let Some(w) = terms.first().map(|(t, _)| t.window) else {
+            return Ciphertext(BigUint::one());
+        };
+        let rebuilt: Vec<Option<PowerTable>> = terms
+            .iter()
+            .map(|(t, _)| {
+                (t.window != w).then(|| self.power_table(&Ciphertext(t.powers[1].clone()), w))
+            })
+            .collect();
+        let tables: Vec<&PowerTable> = terms
+            .iter()
+            .zip(&rebuilt)
+            .map(|((t, _), r)| r.as_ref().unwrap_or(t))
+            .collect();
+        let bits = terms.iter().map(|(_, k)| k.bits()).max().unwrap_or(0);
+        let windows = bits.div_ceil(w as u64);
+        let mut acc: Option<BigUint> = None;
+        for win in (0..windows).rev() {
+            if let Some(a) = acc.as_mut() {
+                for _ in 0..w {
+                    *a = (&*a * &*a) % &self.n2;
+                }
+            }
+            for (table, (_, k)) in tables.iter().zip(terms) {
+                let mut d = 0usize;
+                for b in 0..w as u64 {
+                    if k.bit(win * w as u64 + b) {
+                        d |= 1 << b;
+                    }
+                }
+                if d != 0 {
+                    acc = Some(match acc {
+                        None => table.powers[d].clone(),
+                        Some(a) => (a * &table.powers[d]) % &self.n2,
+                    });
                 }
             }
         }
-        Ciphertext(acc)
+        Ciphertext(acc.unwrap_or_else(BigUint::one))
     }
 
     /// E[a] * (1 + m n) = E[a + m].
@@ -586,6 +673,15 @@ mod tests {
                 BigInt::from(a) * BigInt::from(k) + BigInt::from(b) * BigInt::from(k / 3 + 1)
             );
             prop_assert_eq!(ms, pk.add(&pk.scale(&ea, &BigUint::from(k)), &pk.scale(&eb, &BigUint::from(k / 3 + 1))));
+            // Windowed tables, each width and mixed widths, agree with plain powers.
+            let big_k = BigUint::from(k) << 70u32 | BigUint::from(a as u64);
+            for w in [1usize, 3, 5] {
+                let ta = pk.power_table(&ea, w);
+                let tb = pk.power_table(&eb, (w % 4) + 2);
+                let got = pk.multi_scale_tables(&[(&ta, &big_k), (&tb, &BigUint::from(k))]);
+                prop_assert_eq!(got, pk.add(&pk.scale(&ea, &big_k), &pk.scale(&eb, &BigUint::from(k))));
+            }
+            prop_assert_eq!(pk.multi_scale_tables(&[]), Ciphertext(BigUint::one()));
             prop_assert_eq!(sk.decrypt_textbook(&ea), sk.decrypt(&ea));
             let rr = pk.rerandomize(&ea, &mut rng);
             prop_assert_ne!(&rr.0, &ea.0);

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use crate::data::normalize_row;
 use crate::dp::{Centering, NoisePlan};
 use crate::encoding::{EncodingError, FixedPoint, TriangleLayout};
-use crate::paillier::{random_below, Ciphertext, PaillierError, PublicKey, SecretKey};
+use crate::paillier::{random_below, Ciphertext, PaillierError, PowerTable, PublicKey, SecretKey};
 use crate::randomizer::Randomness;
 use crate::study::StudyLayout;
 
@@ -260,52 +260,85 @@ pub fn release<R: RngCore + CryptoRng>(
         randomizer.rerandomize(&c, &mut rng)
     };
 
-    let segs: Vec<Result<Ciphertext, ProtocolError>> = layout
-        .triangle
-        .segments
-        .par_iter()
-        .enumerate()
-        .map(|(s_idx, seg)| {
-            let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
-            let noise = &secrets.matrix_noise[start..start + seg.len];
-            let c = match centering {
-                Centering::Mask => {
-                    let b = &secrets.mask;
-                    let i = seg.row;
-                    // E[N R_seg]
-                    let mut c = pk.scale(&r_cts[s_idx], &n_big);
-                    // E[v_seg]^(b_i): v_seg assembled from the shifted table.
-                    let mut v_seg = table[seg.col][0].clone();
-                    for t in 1..seg.len {
-                        v_seg = pk.add(&v_seg, &table[seg.col + t][t]);
+    // Segments are laid out row by row; each row's segments share the row bases
+    // E[v_i 2^(t w)] of the mask term, so their power tables are built once per row.
+    let mut rows: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+    for (s_idx, seg) in layout.triangle.segments.iter().enumerate() {
+        match rows.last_mut() {
+            Some((row, range)) if *row == seg.row => range.end = s_idx + 1,
+            _ => rows.push((seg.row, s_idx..s_idx + 1)),
+        }
+    }
+    let segments_per_row = layout.triangle.len().div_ceil(rows.len().max(1));
+    let window = PowerTable::window_for(layout.mask_bits, segments_per_row);
+    let segment = |s_idx: usize, row_tables: &[PowerTable]| -> Result<Ciphertext, ProtocolError> {
+        let seg = &layout.triangle.segments[s_idx];
+        let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
+        let noise = &secrets.matrix_noise[start..start + seg.len];
+        let c = match centering {
+            Centering::Mask => {
+                let b = &secrets.mask;
+                let i = seg.row;
+                // E[N R_seg]
+                let mut c = pk.scale(&r_cts[s_idx], &n_big);
+                // E[v_seg]^(b_i): v_seg assembled from the shifted table.
+                let mut v_seg = table[seg.col][0].clone();
+                for t in 1..seg.len {
+                    v_seg = pk.add(&v_seg, &table[seg.col + t][t]);
+                }
+                if layout.baseline {
+                    // The paper's way: one exponentiation per term.
+                    c = pk.add(&c, &pk.scale(&v_seg, &b[i]));
+                    for t in 0..seg.len {
+                        c = pk.add(&c, &pk.scale(&table[i][t], &b[seg.col + t]));
                     }
+                } else {
                     // E[v_seg]^(b_i) * prod_t E[v_i 2^(t w)]^(b_(j+t)): one
                     // simultaneous exponentiation over short exponents.
-                    let mut terms = vec![(&v_seg, &b[i])];
-                    terms.extend((0..seg.len).map(|t| (&table[i][t], &b[seg.col + t])));
-                    if layout.baseline {
-                        // The paper's way: one exponentiation per term.
-                        for (ct, e) in terms {
-                            c = pk.add(&c, &pk.scale(ct, e));
-                        }
-                    } else {
-                        c = pk.add(&c, &pk.multi_scale(&terms));
-                    }
-                    // b_i b_j + E'_ij in clear.
-                    let plain: Vec<BigInt> = (0..seg.len)
-                        .map(|t| BigInt::from(&b[i] * &b[seg.col + t]) + &noise[t])
-                        .collect();
-                    let packed = layout.budget.pack(&plain)?;
-                    pk.add_plain(&c, &pk.encode_signed(&packed)?)
+                    let v_table = pk.power_table(&v_seg, window);
+                    let mut terms = vec![(&v_table, &b[i])];
+                    terms.extend((0..seg.len).map(|t| (&row_tables[t], &b[seg.col + t])));
+                    c = pk.add(&c, &pk.multi_scale_tables(&terms));
                 }
-                Centering::DpMean => {
-                    let packed = layout.budget.pack(noise)?;
-                    pk.add_plain(&r_cts[s_idx], &pk.encode_signed(&packed)?)
-                }
+                // b_i b_j + E'_ij in clear.
+                let plain: Vec<BigInt> = (0..seg.len)
+                    .map(|t| BigInt::from(&b[i] * &b[seg.col + t]) + &noise[t])
+                    .collect();
+                let packed = layout.budget.pack(&plain)?;
+                pk.add_plain(&c, &pk.encode_signed(&packed)?)
+            }
+            Centering::DpMean => {
+                let packed = layout.budget.pack(noise)?;
+                pk.add_plain(&r_cts[s_idx], &pk.encode_signed(&packed)?)
+            }
+        };
+        Ok(rerandomize(c, &masks_seed[s_idx]))
+    };
+    let per_row: Vec<Vec<Result<Ciphertext, ProtocolError>>> = rows
+        .par_iter()
+        .map(|(row, range)| {
+            let row_tables: Vec<PowerTable> = if centering == Centering::Mask && !layout.baseline {
+                let longest = range
+                    .clone()
+                    .map(|s| layout.triangle.segments[s].len)
+                    .max()
+                    .unwrap_or(0);
+                table[*row][..longest]
+                    .iter()
+                    .map(|c| pk.power_table(c, window))
+                    .collect()
+            } else {
+                Vec::new()
             };
-            Ok(rerandomize(c, &masks_seed[s_idx]))
+            // Rows near the top hold many segments: spread them over the cores too.
+            range
+                .clone()
+                .into_par_iter()
+                .map(|s_idx| segment(s_idx, &row_tables))
+                .collect()
         })
         .collect();
+    let segs = per_row.into_iter().flatten();
     let mut out = Vec::with_capacity(total);
     for s in segs {
         out.push(s?);
