@@ -13,6 +13,7 @@
 //! - [`randomizer`]: short-exponent encryption randomness on a fixed base.
 //! - [`data`]: CSV tables, bounds and row normalization.
 //! - [`linalg`]: eigen-decomposition, PCA, PSD repair, captured variance.
+//! - [`synth`]: PCA-Gauss synthetic data from the released scatter and DP mean.
 //!
 //! Known limitations: big-integer arithmetic is pure Rust (num-bigint), so no system
 //! library is needed, at a constant-factor cost over GMP; the rejection samplers' running time depends on
@@ -26,3 +27,4 @@ pub mod paillier;
 pub mod protocol;
 pub mod randomizer;
 pub mod study;
+pub mod synth;

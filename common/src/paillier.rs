@@ -335,8 +335,41 @@ impl PublicKey {
         Ok(Ciphertext(c))
     }
 
-    /// Checks that c is in [1, n^2) and coprime to n.
-    pub fn validate(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
+    /// Parses and validates a batch of ciphertexts (indices from `first_index`), as
+    /// [`PublicKey::ciphertext_from_bytes`] does one, but with a single gcd: all of
+    /// them are coprime to n exactly when their product mod n is, and a
+    /// multiplication mod n costs a small fraction of a gcd. Only a batch that fails
+    /// is checked one by one, to name the bad ciphertext.
+    pub fn ciphertexts_from_bytes<B: AsRef<[u8]>>(
+        &self,
+        batch: &[B],
+        first_index: usize,
+    ) -> Result<Vec<Ciphertext>, PaillierError> {
+        let mut out = Vec::with_capacity(batch.len());
+        let mut product = BigUint::one();
+        for (k, bytes) in batch.iter().enumerate() {
+            let index = first_index + k;
+            let bytes = bytes.as_ref();
+            if bytes.len() > self.ciphertext_bytes() {
+                return Err(PaillierError::BadCiphertext {
+                    index,
+                    reason: "longer than n^2",
+                });
+            }
+            let c = BigUint::from_bytes_be(bytes);
+            self.check_range(&c, index)?;
+            product = (product * (&c % &self.n)) % &self.n;
+            out.push(Ciphertext(c));
+        }
+        if !product.gcd(&self.n).is_one() {
+            for (k, c) in out.iter().enumerate() {
+                self.validate(&c.0, first_index + k)?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn check_range(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
         if c.is_zero() {
             return Err(PaillierError::BadCiphertext {
                 index,
@@ -349,6 +382,12 @@ impl PublicKey {
                 reason: "not below n^2",
             });
         }
+        Ok(())
+    }
+
+    /// Checks that c is in [1, n^2) and coprime to n.
+    pub fn validate(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
+        self.check_range(c, index)?;
         if !c.gcd(&self.n).is_one() {
             return Err(PaillierError::BadCiphertext {
                 index,
@@ -651,6 +690,27 @@ mod tests {
         );
         let too_long = vec![1u8; pk.ciphertext_bytes() + 1];
         assert!(pk.ciphertext_from_bytes(&too_long, 3).is_err());
+        // Batches: the one bad ciphertext among good ones is named by its index.
+        let mut rng = ChaCha20Rng::seed_from_u64(9);
+        let good: Vec<Vec<u8>> = (0..5u64)
+            .map(|m| {
+                let c = pk.encrypt(&BigUint::from(m), &mut rng).expect("enc");
+                pk.ciphertext_to_bytes(&c)
+            })
+            .collect();
+        let parsed = pk.ciphertexts_from_bytes(&good, 10).expect("all valid");
+        assert_eq!(parsed.len(), 5);
+        for (c, b) in parsed.iter().zip(&good) {
+            assert_eq!(&pk.ciphertext_to_bytes(c), b);
+        }
+        for (at, bad_bytes) in [(3usize, bad.clone()), (0, vec![0u8; 1]), (4, n2.clone())] {
+            let mut batch = good.clone();
+            batch[at] = bad_bytes;
+            match pk.ciphertexts_from_bytes(&batch, 10) {
+                Err(PaillierError::BadCiphertext { index, .. }) => assert_eq!(index, 10 + at),
+                other => panic!("expected a bad ciphertext at {}, got {other:?}", 10 + at),
+            }
+        }
     }
 
     proptest! {

@@ -8,13 +8,13 @@
 //! Known limitations: study state lives in memory (a restart loses open studies);
 //! transport is plaintext gRPC and owners are identified by the id they send.
 
+pub mod listener;
 pub mod service;
 pub mod study;
 
 use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 /// Proxy configuration.
 #[derive(Clone, Debug)]
@@ -41,6 +41,9 @@ impl Default for ProxyConfig {
     }
 }
 
+/// HTTP/2 flow-control window per stream and per connection (bytes).
+const UPLOAD_WINDOW_BYTES: u32 = 16 * 1024;
+
 /// Serves the proxy on `listener` until `shutdown` resolves.
 pub async fn run(
     config: ProxyConfig,
@@ -53,8 +56,15 @@ pub async fn run(
         .max_decoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES);
     tonic::transport::Server::builder()
+        // Small flow-control windows: an owner waiting for an upload slot can park
+        // at most this much data in the proxy, so memory stays flat in the owners.
+        .initial_stream_window_size(UPLOAD_WINDOW_BYTES)
+        .initial_connection_window_size(UPLOAD_WINDOW_BYTES)
         .add_service(server)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            listener::capped(listener, listener::MAX_CONNECTIONS),
+            shutdown,
+        )
         .await?;
     Ok(())
 }

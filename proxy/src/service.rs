@@ -200,17 +200,15 @@ impl v1::proxy_server::Proxy for ProxyService {
         let mut cts: Vec<Ciphertext> = Vec::with_capacity(expected);
         let mut chunk = Some(first);
         while let Some(c) = chunk {
-            for bytes in &c.ciphertexts {
-                if cts.len() >= expected {
-                    return Err(Status::invalid_argument(format!(
-                        "more than {expected} ciphertexts"
-                    )));
-                }
-                let ct = pk
-                    .ciphertext_from_bytes(bytes, cts.len())
-                    .map_err(|e| Status::invalid_argument(format!("owner `{owner}`: {e}")))?;
-                cts.push(ct);
+            if cts.len() + c.ciphertexts.len() > expected {
+                return Err(Status::invalid_argument(format!(
+                    "more than {expected} ciphertexts"
+                )));
             }
+            let parsed = pk
+                .ciphertexts_from_bytes(&c.ciphertexts, cts.len())
+                .map_err(|e| Status::invalid_argument(format!("owner `{owner}`: {e}")))?;
+            cts.extend(parsed);
             chunk = stream.message().await?;
         }
         if cts.len() != expected {

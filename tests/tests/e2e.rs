@@ -196,3 +196,99 @@ fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
         assert_eq!(study_json(&out)["mechanism"], mech);
     }
 }
+
+/// PCA-Gauss through the real programs: `synthetic.csv` has the input's header and
+/// the asked row count, lies in the input's units inside the public bounds, and at a
+/// huge epsilon reproduces the preprocessed real rows' mean and their variance along
+/// the first component.
+#[test]
+fn synthetic_rows_follow_the_preprocessed_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("train.csv");
+    write_rows(&optdigits(), ROWS, &data);
+    let out = dir.path().join("synthetic");
+    let o = local(
+        &data,
+        &out,
+        &[
+            "--centering",
+            "dp-mean",
+            "--epsilon",
+            "100000",
+            "--synthetic",
+            "2000",
+        ],
+    );
+    assert!(o.status.success(), "{}", describe(&o));
+    let mut reader = csv::Reader::from_path(out.join("synthetic.csv")).expect("synthetic.csv");
+    let header: Vec<String> = reader
+        .headers()
+        .expect("header")
+        .iter()
+        .map(str::to_string)
+        .collect();
+    let input_header = std::fs::read_to_string(&data).expect("input");
+    let first_line = input_header.lines().next().expect("input header");
+    assert_eq!(header.join(","), first_line);
+    let m = header.len() - 1;
+    let rows: Vec<Vec<f64>> = reader
+        .records()
+        .map(|r| {
+            let r = r.expect("record");
+            assert_eq!(r.get(m), Some(""), "label column left empty");
+            (0..m)
+                .map(|j| r[j].parse::<f64>().expect("number"))
+                .collect()
+        })
+        .collect();
+    assert_eq!(rows.len(), 2000);
+    assert!(rows.iter().flatten().all(|x| (0.0..=16.0).contains(x)));
+    assert_eq!(study_json(&out)["synthetic_rows"], 2000);
+
+    // The real rows as the study saw them, in the input's units.
+    let t = optdigits();
+    let bounds = vec![(0.0, 16.0); m];
+    let real: Vec<Vec<f64>> = t.rows[..ROWS]
+        .iter()
+        .map(|r| dpca_common::synth::preprocessed(r, &bounds, 1.0))
+        .collect();
+    let mean = |rows: &[Vec<f64>]| -> Vec<f64> {
+        (0..m)
+            .map(|j| rows.iter().map(|r| r[j]).sum::<f64>() / rows.len() as f64)
+            .collect()
+    };
+    let (mr, ms) = (mean(&real), mean(&rows));
+    let gap = mr
+        .iter()
+        .zip(&ms)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    // Without the mean the rows would sit at the bounds' midpoint, pixels off by up
+    // to 7; measured gap about 0.02, the norm clip of the draws pulling it in a little.
+    assert!(gap < 0.1, "mean gap {gap}");
+    let spread = |rows: &[Vec<f64>], mu: &[f64]| -> DMatrix<f64> {
+        let x = DMatrix::from_fn(rows.len(), m, |i, j| rows[i][j] - mu[j]);
+        x.transpose() * x / rows.len() as f64
+    };
+    let (cr, cs) = (spread(&real, &mr), spread(&rows, &ms));
+    let top = pca(&cr, 1).components;
+    let var_real = (top.transpose() * &cr * &top)[(0, 0)];
+    let var_synth = (top.transpose() * &cs * &top)[(0, 0)];
+    assert!(
+        (var_synth / var_real - 1.0).abs() < 0.2,
+        "variance along PC1: real {var_real}, synthetic {var_synth}"
+    );
+}
+
+#[test]
+fn synthetic_data_in_mask_mode_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("train.csv");
+    write_rows(&optdigits(), ROWS, &data);
+    let out = dir.path().join("refused");
+    let o = local(&data, &out, &["--synthetic", "10"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--centering dp-mean"), "{err}");
+    assert!(!out.exists(), "nothing written");
+}

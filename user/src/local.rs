@@ -13,6 +13,7 @@ use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{pca, psd_repair};
 use dpca_common::paillier::{SecretKey, MIN_KEY_BITS};
 use dpca_common::study::{StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
+use dpca_common::synth::{to_original_units, GaussModel, SynthError};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::OsRng;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -21,7 +22,9 @@ use tokio::process::{Child, Command};
 use dpca_owner::OwnerReport;
 use dpca_proto::usage::Usage;
 
-use crate::report::{variance_table, write_outputs, RoleUsage, Seconds, StudyReport};
+use crate::report::{
+    variance_table, write_outputs, write_synthetic, RoleUsage, Seconds, StudyReport,
+};
 use crate::session::{collect, open_study};
 
 /// The bundled real data set `local` uses when no `--data` is given.
@@ -75,6 +78,8 @@ pub struct LocalOptions {
     /// The paper's way, for speed comparisons: one value per ciphertext, textbook
     /// randomness, no CRT, one thread per role.
     pub baseline: bool,
+    /// Rows of PCA-Gauss synthetic data to write (needs `dp-mean`).
+    pub synthetic: Option<usize>,
 }
 
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
@@ -137,6 +142,13 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             (table.bounds_from_data(), true)
         }
     };
+    if opts.synthetic.is_some() && opts.centering == Centering::Mask {
+        // Refused before any work: the study would release no mean to uncenter with.
+        return Err(SynthError::NoMean.into());
+    }
+    if opts.synthetic == Some(0) {
+        bail!("--synthetic must be at least 1 row");
+    }
     let delta = opts.delta.unwrap_or_else(|| (n as f64).powf(-1.1));
     let privacy = PrivacyRequest::new(opts.mechanism, opts.centering, opts.epsilon, delta)?;
 
@@ -260,6 +272,21 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     };
     let cov = &scatter / got.n_rows as f64;
     let result = pca(&cov, opts.k);
+    let synthetic = match opts.synthetic {
+        Some(rows) => {
+            let mean = got.opened.mean.as_ref().ok_or(SynthError::NoMean)?;
+            let model = GaussModel::new(&scatter, got.n_rows, &result.components, mean)?;
+            let mut rng = OsRng;
+            Some(
+                (0..rows)
+                    .map(|_| {
+                        to_original_units(&model.sample(&mut rng), &bounds, opts.row_norm_bound)
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        }
+        None => None,
+    };
     let seconds_user = t_user.elapsed().as_secs_f64() - got.seconds_proxy;
     let usage = RoleUsage {
         owners: owner_reports.iter().map(|r| r.usage).collect(),
@@ -303,6 +330,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         clipped_rows: clipped,
         psd_repair: opts.psd_repair,
         baseline: opts.baseline,
+        synthetic_rows: opts.synthetic.unwrap_or(0),
         seconds: Seconds {
             owner: slowest_owner,
             proxy: got.seconds_proxy,
@@ -313,6 +341,15 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         usage,
     };
     write_outputs(&opts.out, &table.features, &result, &scatter, &report)?;
+    if let Some(rows) = &synthetic {
+        let label_name = table.label.as_ref().map(|(name, _)| name.as_str());
+        write_synthetic(&opts.out, &table.features, label_name, rows)?;
+        println!(
+            "{} synthetic rows in {}",
+            rows.len(),
+            opts.out.join("synthetic.csv").display()
+        );
+    }
     println!(
         "{} rows, {} features, {} owners; {} (epsilon {}, delta {:.3e}), centering {}; noise sd {:.3e} per entry of S",
         report.n_rows,

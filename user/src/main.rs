@@ -85,6 +85,11 @@ struct LocalArgs {
     /// randomness, no CRT, one thread per role. Same results, much slower.
     #[arg(long)]
     baseline: bool,
+    /// Also write ROWS rows of differentially private synthetic data to
+    /// OUT/synthetic.csv (PCA-Gauss on the top-k components: post-processing, no extra
+    /// budget). Needs a DP mean: `--centering dp-mean`.
+    #[arg(long, value_name = "ROWS")]
+    synthetic: Option<usize>,
     /// TEST ONLY: noise-free release (the proxy is started in its test mode).
     #[arg(long, hide = true)]
     noise_free_for_testing: bool,
@@ -122,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
                 noise_free_for_testing: a.noise_free_for_testing,
                 no_build: a.no_build,
                 baseline: a.baseline,
+                synthetic: a.synthetic,
             };
             dpca_user::local::run(&opts).await?;
         }

@@ -88,6 +88,11 @@ pub struct StudyReport {
     pub psd_repair: bool,
     /// Whether the study ran in the slow baseline mode.
     pub baseline: bool,
+    /// PCA-Gauss synthetic rows written to `synthetic.csv` (0: none). They are
+    /// post-processing of S' and the DP mean, so they spend no budget beyond
+    /// `epsilon`, `delta` above.
+    #[serde(default)]
+    pub synthetic_rows: usize,
     /// Wall times.
     pub seconds: Seconds,
     /// CPU time and peak memory per role, where `/proc` tells.
@@ -145,6 +150,29 @@ pub fn write_outputs(
     let json = serde_json::to_string_pretty(report)?;
     std::fs::write(dir.join("study.json"), json + "\n")
         .with_context(|| format!("cannot write {}", dir.display()))?;
+    Ok(())
+}
+
+/// Writes `synthetic.csv` with the input's header: the features, then the label
+/// column (empty: unsupervised synthesis does not model the label).
+pub fn write_synthetic(
+    dir: &Path,
+    features: &[String],
+    label: Option<&str>,
+    rows: &[Vec<f64>],
+) -> anyhow::Result<()> {
+    let mut w = csv_writer(&dir.join("synthetic.csv"))?;
+    let mut header = features.to_vec();
+    header.extend(label.map(str::to_string));
+    w.write_record(&header)?;
+    for row in rows {
+        let mut rec: Vec<String> = row.iter().map(|x| x.to_string()).collect();
+        if label.is_some() {
+            rec.push(String::new());
+        }
+        w.write_record(&rec)?;
+    }
+    w.flush()?;
     Ok(())
 }
 

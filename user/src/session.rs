@@ -126,15 +126,13 @@ pub async fn collect(
     let (noise_scale, noise_scale_grid) = (first.noise_scale, first.noise_scale_grid.clone());
     let mut chunk = Some(first);
     while let Some(c) = chunk {
-        for b in &c.ciphertexts {
-            if cts.len() >= expected {
-                bail!("proxy sent more than {expected} result ciphertexts");
-            }
-            cts.push(
-                pk.ciphertext_from_bytes(b, cts.len())
-                    .context("invalid result ciphertext")?,
-            );
+        if cts.len() + c.ciphertexts.len() > expected {
+            bail!("proxy sent more than {expected} result ciphertexts");
         }
+        let parsed = pk
+            .ciphertexts_from_bytes(&c.ciphertexts, cts.len())
+            .context("invalid result ciphertext")?;
+        cts.extend(parsed);
         chunk = stream.message().await.map_err(status("result stream"))?;
     }
     if cts.len() != expected {

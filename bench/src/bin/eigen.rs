@@ -1,5 +1,7 @@
 //! Time of the user's symmetric eigen-decomposition (all eigenpairs, as `pca` does)
-//! against the dimension M, on random symmetric matrices like a noisy scatter.
+//! against the dimension M, on random symmetric matrices like a noisy scatter, beside
+//! nalgebra's one-thread `SymmetricEigen` (what `pca` used before) on the same
+//! matrices.
 
 use std::time::Instant;
 
@@ -14,14 +16,22 @@ use rand_chacha::ChaCha20Rng;
 #[command(name = "eigen", about)]
 struct Args {
     /// Dimensions to time.
-    #[arg(long, value_delimiter = ',', default_value = "64,90,500,1000,2000")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "64,90,500,1000,2000,4000"
+    )]
     dims: Vec<usize>,
+    /// Skip nalgebra above this M (it takes minutes at 4000).
+    #[arg(long, default_value_t = 2000)]
+    nalgebra_max: usize,
 }
 
 fn main() {
     let args = Args::parse();
     let mut rng = ChaCha20Rng::seed_from_u64(1);
-    println!("{:>6}  {:>10}", "M", "seconds");
+    println!("| M | pca (faer) s | nalgebra s | speedup |");
+    println!("|---|---|---|---|");
     for &m in &args.dims {
         let a = DMatrix::from_fn(m, m, |_, _| rng.gen_range(-1.0..1.0));
         let s = &a + a.transpose();
@@ -29,6 +39,13 @@ fn main() {
         let p = pca(&s, 10.min(m));
         let secs = t.elapsed().as_secs_f64();
         std::hint::black_box(p);
-        println!("{m:>6}  {secs:>10.3}");
+        if m <= args.nalgebra_max {
+            let t = Instant::now();
+            std::hint::black_box(nalgebra::SymmetricEigen::new(s.clone()));
+            let old = t.elapsed().as_secs_f64();
+            println!("| {m} | {secs:.3} | {old:.3} | {:.1}x |", old / secs);
+        } else {
+            println!("| {m} | {secs:.3} | skipped | |");
+        }
     }
 }
