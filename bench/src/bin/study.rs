@@ -110,7 +110,7 @@ impl Keyed {
             // Per ciphertext, in chunks as the proxy receives them.
             validate: time(20, || pk.ciphertexts_from_bytes(&chunk, 0))
                 / CIPHERTEXTS_PER_CHUNK as f64,
-            decrypt_crt: time(20, || sk.decrypt(&a)),
+            decrypt_crt: time(100, || sk.decrypt(&a)),
         };
         Ok(Self { sk, rng, prims })
     }
