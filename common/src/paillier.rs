@@ -83,11 +83,6 @@ impl PowerTable {
             .min_by_key(|&w| (1u64 << w) + uses.max(1) as u64 * bits.div_ceil(w as u64))
             .unwrap_or(4)
     }
-
-    /// Width of the windows this table serves.
-    pub fn window(&self) -> usize {
-        self.window
-    }
 }
 
 /// A Paillier secret key with precomputed CRT constants.
@@ -324,14 +319,8 @@ impl PublicKey {
         bytes: &[u8],
         index: usize,
     ) -> Result<Ciphertext, PaillierError> {
-        if bytes.len() > self.ciphertext_bytes() {
-            return Err(PaillierError::BadCiphertext {
-                index,
-                reason: "longer than n^2",
-            });
-        }
-        let c = BigUint::from_bytes_be(bytes);
-        self.validate(&c, index)?;
+        let c = self.parse_in_range(bytes, index)?;
+        self.check_coprime(&c, index)?;
         Ok(Ciphertext(c))
     }
 
@@ -348,25 +337,30 @@ impl PublicKey {
         let mut out = Vec::with_capacity(batch.len());
         let mut product = BigUint::one();
         for (k, bytes) in batch.iter().enumerate() {
-            let index = first_index + k;
-            let bytes = bytes.as_ref();
-            if bytes.len() > self.ciphertext_bytes() {
-                return Err(PaillierError::BadCiphertext {
-                    index,
-                    reason: "longer than n^2",
-                });
-            }
-            let c = BigUint::from_bytes_be(bytes);
-            self.check_range(&c, index)?;
+            let c = self.parse_in_range(bytes.as_ref(), first_index + k)?;
             product = (product * (&c % &self.n)) % &self.n;
             out.push(Ciphertext(c));
         }
         if !product.gcd(&self.n).is_one() {
             for (k, c) in out.iter().enumerate() {
-                self.validate(&c.0, first_index + k)?;
+                self.check_coprime(&c.0, first_index + k)?;
             }
         }
         Ok(out)
+    }
+
+    /// Reads a big-endian ciphertext and checks it lies in [1, n^2); the gcd is the
+    /// callers' (one per ciphertext or one per batch).
+    fn parse_in_range(&self, bytes: &[u8], index: usize) -> Result<BigUint, PaillierError> {
+        if bytes.len() > self.ciphertext_bytes() {
+            return Err(PaillierError::BadCiphertext {
+                index,
+                reason: "longer than n^2",
+            });
+        }
+        let c = BigUint::from_bytes_be(bytes);
+        self.check_range(&c, index)?;
+        Ok(c)
     }
 
     fn check_range(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
@@ -388,6 +382,10 @@ impl PublicKey {
     /// Checks that c is in [1, n^2) and coprime to n.
     pub fn validate(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
         self.check_range(c, index)?;
+        self.check_coprime(c, index)
+    }
+
+    fn check_coprime(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
         if !c.gcd(&self.n).is_one() {
             return Err(PaillierError::BadCiphertext {
                 index,

@@ -269,8 +269,7 @@ pub fn release<R: RngCore + CryptoRng>(
             _ => rows.push((seg.row, s_idx..s_idx + 1)),
         }
     }
-    let segments_per_row = layout.triangle.len().div_ceil(rows.len().max(1));
-    let window = PowerTable::window_for(layout.mask_bits, segments_per_row);
+    let window = layout.mask_window();
     let segment = |s_idx: usize, row_tables: &[PowerTable]| -> Result<Ciphertext, ProtocolError> {
         let seg = &layout.triangle.segments[s_idx];
         let start = TriangleLayout::upper_index(dim, seg.row, seg.col);

@@ -6,7 +6,7 @@ use num_traits::One;
 
 use crate::dp::{plan_noise, Centering, DpError, PrivacyRequest};
 use crate::encoding::{vector_segments, EncodingError, FixedPoint, SlotBudget, TriangleLayout};
-use crate::paillier::{PaillierError, PublicKey};
+use crate::paillier::{PaillierError, PowerTable, PublicKey};
 
 /// Smallest statistical hiding parameter of the mask b (bits).
 pub const MIN_KAPPA: u32 = 40;
@@ -220,6 +220,13 @@ impl StudyLayout {
     /// Ciphertexts one owner sends: packed R segments, v unpacked, then N.
     pub fn owner_ciphertexts(&self) -> usize {
         self.triangle.len() + self.triangle.dim + 1
+    }
+
+    /// Window of the power tables in the proxy's mask term: each row's shifted bases
+    /// serve every segment of that row, about (segments / M) uses each.
+    pub fn mask_window(&self) -> usize {
+        let uses = self.triangle.len().div_ceil(self.triangle.dim.max(1));
+        PowerTable::window_for(self.mask_bits, uses)
     }
 
     /// Ciphertexts the proxy releases: packed T segments, then packed v'.

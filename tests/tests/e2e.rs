@@ -1,7 +1,7 @@
 //! Whole studies through the real programs: proxy, owners and user as separate
 //! processes on loopback, checked against plaintext PCA of the pooled rows.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use dpca_common::encoding::FixedPoint;
@@ -13,6 +13,14 @@ use nalgebra::DMatrix;
 
 const ROWS: usize = 600;
 const OWNERS: &str = "3";
+
+/// A temp folder holding `train.csv`: the first ROWS rows of optdigits.
+fn train_set() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("train.csv");
+    write_rows(&optdigits(), ROWS, &data);
+    (dir, data)
+}
 
 fn local(data: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
     let bounds = workspace_root().join("data/optdigits.bounds.csv");
@@ -59,9 +67,7 @@ fn study_json(out: &Path) -> serde_json::Value {
 
 #[test]
 fn noise_free_release_equals_pooled_plaintext_scatter() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("train.csv");
-    write_rows(&optdigits(), ROWS, &data);
+    let (dir, data) = train_set();
     let (s_exact, s_float) = reference();
     let max_abs = s_exact.amax();
     for centering in ["mask", "dp-mean"] {
@@ -110,9 +116,7 @@ fn noise_free_release_equals_pooled_plaintext_scatter() {
 
 #[test]
 fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("train.csv");
-    write_rows(&optdigits(), ROWS, &data);
+    let (dir, data) = train_set();
     let (s_exact, s_float) = reference();
 
     // epsilon = 1: the released S' differs from S by noise of the reported scale.
@@ -203,9 +207,7 @@ fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
 /// the first component.
 #[test]
 fn synthetic_rows_follow_the_preprocessed_data() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("train.csv");
-    write_rows(&optdigits(), ROWS, &data);
+    let (dir, data) = train_set();
     let out = dir.path().join("synthetic");
     let o = local(
         &data,
@@ -282,9 +284,7 @@ fn synthetic_rows_follow_the_preprocessed_data() {
 
 #[test]
 fn synthetic_data_in_mask_mode_is_refused_before_anything_runs() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("train.csv");
-    write_rows(&optdigits(), ROWS, &data);
+    let (dir, data) = train_set();
     let out = dir.path().join("refused");
     let o = local(&data, &out, &["--synthetic", "10"]);
     assert!(!o.status.success());

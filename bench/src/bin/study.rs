@@ -23,14 +23,16 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use dpca_common::encoding::TriangleLayout;
-use dpca_common::paillier::{Ciphertext, PowerTable, PublicKey, SecretKey};
+use dpca_common::encoding::{vector_segments, SlotBudget, TriangleLayout};
+use dpca_common::paillier::{random_below, Ciphertext, PowerTable, PublicKey, SecretKey};
 use dpca_common::randomizer::Randomizer;
+use dpca_common::study::StudyLayout;
 use dpca_proto::convert::CIPHERTEXTS_PER_CHUNK;
 use dpca_user::report::StudyReport;
 use num_bigint::BigUint;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
+use rand_distr::StandardNormal;
 use serde::Serialize;
 
 /// Whole-study speed benchmark.
@@ -142,7 +144,7 @@ impl Keyed {
             .collect::<Result<_, _>>()
             .unwrap_or_default();
         let exps: Vec<BigUint> = (0..terms)
-            .map(|_| self.rng.gen_biguint_bits(bits))
+            .map(|_| exponent_of_bits(&mut self.rng, bits))
             .collect();
         let build = cts
             .first()
@@ -159,24 +161,15 @@ impl Keyed {
             &Ciphertext(BigUint::from(2u8)),
             &Ciphertext(BigUint::from(3u8)),
         );
-        let e = self.rng.gen_biguint_bits(bits);
+        let e = exponent_of_bits(&mut self.rng, bits);
         time(20, || pk.scale(&c, &e))
     }
 }
 
-trait GenBits {
-    fn gen_biguint_bits(&mut self, bits: u64) -> BigUint;
-}
-
-impl GenBits for ChaCha20Rng {
-    fn gen_biguint_bits(&mut self, bits: u64) -> BigUint {
-        let mut bytes = vec![0u8; bits.div_ceil(8) as usize];
-        self.fill(&mut bytes[..]);
-        let v = BigUint::from_bytes_le(&bytes);
-        // Exactly `bits` bits, top bit set: the worst case of a short exponent.
-        let top = BigUint::from(1u8) << (bits as usize - 1);
-        (v % &top) | top
-    }
+/// An exponent of exactly `bits` bits (top bit set): a short exponent's worst case.
+fn exponent_of_bits(rng: &mut ChaCha20Rng, bits: u64) -> BigUint {
+    let top = BigUint::from(1u8) << (bits.max(1) as usize - 1);
+    random_below(&top, rng) | top
 }
 
 /// A scenario's input.
@@ -236,12 +229,7 @@ fn scenarios(root: &Path, work: &Path) -> anyhow::Result<Vec<Scenario>> {
 fn write_generated(path: &Path, bounds: &Path, dim: usize, rows: usize) -> anyhow::Result<()> {
     let mut rng = ChaCha20Rng::seed_from_u64(1000);
     let rank = 10;
-    let mut normal = move || {
-        // Box-Muller: enough for test data.
-        let u: f64 = rng.gen_range(f64::EPSILON..1.0);
-        let v: f64 = rng.gen();
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    };
+    let mut normal = move || -> f64 { rng.sample(StandardNormal) };
     let w: Vec<f64> = (0..dim * rank)
         .map(|_| normal() / (rank as f64).sqrt())
         .collect();
@@ -357,22 +345,33 @@ fn measure(
     // The release's mask term: per row, power tables of its shifted bases; per
     // segment, the table of v_seg and one multi-exponentiation over len + 1 tables,
     // whose cost grows linearly in its terms (fit a + b t from two sizes).
-    let tri = TriangleLayout::new(m, slots);
-    let window = PowerTable::window_for(report.mask_bits, tri.len().div_ceil(m.max(1)));
+    // The study's layout, rebuilt from what study.json reports of it.
+    let layout = StudyLayout {
+        budget: SlotBudget {
+            slot_width: report.slot_width,
+            slots,
+        },
+        triangle: TriangleLayout::new(m, slots),
+        vector: vector_segments(m, slots),
+        mask_bits: report.mask_bits,
+        baseline: report.baseline,
+    };
+    let window = layout.mask_window();
     let (table_build, one) = keyed.multi_scale_costs(1, report.mask_bits, window);
     let (_, full) = keyed.multi_scale_costs(slots + 1, report.mask_bits, window);
     let per_term = (full - one) / slots as f64;
     let n_bits = u64::from(64 - report.n_rows.leading_zeros());
     let scale_n = keyed.scale_cost(n_bits.max(1));
     let row_tables: f64 = (0..m).map(|i| slots.min(m - i) as f64 * table_build).sum();
-    let segs: f64 = tri
+    let segs: f64 = layout
+        .triangle
         .segments
         .iter()
         .map(|s| table_build + one + per_term * s.len as f64 + scale_n + rerand)
         .sum::<f64>()
         + row_tables;
     let shifted = (m * (slots - 1)) as f64 * report.slot_width as f64 * p.mulmod;
-    let vector_segments = m.div_ceil(slots) as f64;
+    let vector_segments = layout.vector.len() as f64;
     let proxy_bound = (owners * k) as f64 * (p.validate + p.mulmod)
         + shifted
         + segs
