@@ -55,6 +55,25 @@ pub enum DataError {
         /// The label asked for.
         label: String,
     },
+    /// A classification or regression study needs each row's label, and this table
+    /// has none.
+    #[error("{source_name}: the study needs a label column (classification or regression), but none was named: pass --label")]
+    NoLabelColumn {
+        /// File name.
+        source_name: String,
+    },
+    /// A row whose label is not one of the study's classes.
+    #[error("{source_name}, data row {row}: label `{value}` is not one of the study's classes ({classes})")]
+    UnknownClass {
+        /// File name.
+        source_name: String,
+        /// 1-based data row (the header not counted).
+        row: usize,
+        /// The label as read.
+        value: String,
+        /// The study's classes, comma-separated.
+        classes: String,
+    },
     /// A bounds file problem.
     #[error("bounds: {0}")]
     Bounds(String),
@@ -192,6 +211,90 @@ impl Table {
         Ok(())
     }
 
+    /// Maps every row's label to its index in the study's `classes`; refuses a table
+    /// without a label column and any label outside `classes`.
+    pub fn class_indices(
+        &self,
+        classes: &[String],
+        source_name: &str,
+    ) -> Result<Vec<usize>, DataError> {
+        let (_, labels) = self
+            .label
+            .as_ref()
+            .ok_or_else(|| DataError::NoLabelColumn {
+                source_name: source_name.to_string(),
+            })?;
+        let index: std::collections::HashMap<&str, usize> = classes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.as_str(), i))
+            .collect();
+        labels
+            .iter()
+            .enumerate()
+            .map(|(row, l)| {
+                index
+                    .get(l.as_str())
+                    .copied()
+                    .ok_or_else(|| DataError::UnknownClass {
+                        source_name: source_name.to_string(),
+                        row: row + 1,
+                        value: l.clone(),
+                        classes: classes.join(","),
+                    })
+            })
+            .collect()
+    }
+
+    /// The table of a regression study (PCA-Gauss Algorithm 2): the label becomes
+    /// the last feature column; every label cell must be a finite number.
+    pub fn with_label_as_feature(&self, source_name: &str) -> Result<Table, DataError> {
+        let (name, cells) = self
+            .label
+            .as_ref()
+            .ok_or_else(|| DataError::NoLabelColumn {
+                source_name: source_name.to_string(),
+            })?;
+        let mut rows = Vec::with_capacity(self.rows.len());
+        for (i, (row, cell)) in self.rows.iter().zip(cells).enumerate() {
+            let y = cell
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| DataError::BadCell {
+                    source_name: source_name.to_string(),
+                    // Data row i sits on line i + 2 (the header is line 1).
+                    line: i as u64 + 2,
+                    column: name.clone(),
+                    value: cell.clone(),
+                })?;
+            let mut r = row.clone();
+            r.push(y);
+            rows.push(r);
+        }
+        let mut features = self.features.clone();
+        features.push(name.clone());
+        Ok(Table {
+            features,
+            rows,
+            label: None,
+        })
+    }
+
+    /// The distinct labels in order of first appearance (the classes a data user
+    /// declares for a local study), or `None` without a label column.
+    pub fn distinct_labels(&self) -> Option<Vec<String>> {
+        let (_, labels) = self.label.as_ref()?;
+        let mut seen = std::collections::HashSet::new();
+        Some(
+            labels
+                .iter()
+                .filter(|l| seen.insert(l.as_str()))
+                .cloned()
+                .collect(),
+        )
+    }
+
     /// Per-feature [min, max] of the data. For demos only: real bounds are public
     /// knowledge, and bounds read off private data leak it.
     pub fn bounds_from_data(&self) -> Vec<(f64, f64)> {
@@ -280,6 +383,35 @@ pub fn normalize_row(row: &[f64], bounds: &[(f64, f64)], c: f64) -> (Vec<f64>, b
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn class_indices_name_the_bad_row() {
+        let t = read_csv(
+            "a,label\n1,x\n2,y\n3,z\n".as_bytes(),
+            "t.csv",
+            Some("label"),
+        )
+        .expect("ok");
+        let classes = vec!["y".to_string(), "x".to_string()];
+        let err = t
+            .class_indices(&classes, "t.csv")
+            .expect_err("z is unknown");
+        assert_eq!(
+            err.to_string(),
+            "t.csv, data row 3: label `z` is not one of the study's classes (y,x)"
+        );
+        let ok = vec!["y".to_string(), "x".to_string(), "z".to_string()];
+        assert_eq!(t.class_indices(&ok, "t.csv"), Ok(vec![1, 0, 2]));
+        assert_eq!(
+            t.distinct_labels(),
+            Some(vec!["x".into(), "y".into(), "z".into()])
+        );
+        let unlabelled = read_csv("a\n1\n".as_bytes(), "u.csv", None).expect("ok");
+        assert!(matches!(
+            unlabelled.class_indices(&ok, "u.csv"),
+            Err(DataError::NoLabelColumn { .. })
+        ));
+    }
 
     #[test]
     fn reads_table_with_label() {

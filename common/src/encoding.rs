@@ -211,6 +211,11 @@ impl TriangleLayout {
         self.segments.len()
     }
 
+    /// Entries of the upper triangle, M (M + 1) / 2.
+    pub fn total(&self) -> usize {
+        self.dim * (self.dim + 1) / 2
+    }
+
     /// True for a 0 x 0 matrix.
     pub fn is_empty(&self) -> bool {
         self.segments.is_empty()

@@ -26,7 +26,7 @@ use crate::dp::{Centering, NoisePlan};
 use crate::encoding::{EncodingError, FixedPoint, TriangleLayout};
 use crate::paillier::{random_below, Ciphertext, PaillierError, PowerTable, PublicKey, SecretKey};
 use crate::randomizer::Randomness;
-use crate::study::StudyLayout;
+use crate::study::{BlockShape, StudyLayout};
 
 /// Errors of the protocol computations.
 #[derive(Debug, thiserror::Error)]
@@ -50,15 +50,44 @@ pub enum ProtocolError {
     NoiseTail,
 }
 
-/// An owner's exact integer share: upper triangle of R~ (row-major), v~ and N.
+/// An owner's exact integer share: the matrix blocks (upper triangles of R~, or of
+/// every R~_c), the vector block (v~, or the class sums then Cq N_c) and N.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Share {
-    /// Upper triangle of sum x x^T, row-major, i <= j.
+    /// Upper triangles of sum x x^T, row-major, i <= j; one per matrix block, in
+    /// block order.
     pub r_upper: Vec<i128>,
-    /// sum x.
+    /// The vector block: sum x, or per class sum x then Cq times the class count.
     pub v: Vec<i128>,
     /// Row count.
     pub n: u64,
+}
+
+/// How rows are split into classes for a classification share.
+#[derive(Clone, Copy, Debug)]
+pub struct ClassRows<'a> {
+    /// Class index of every row (each below `classes`).
+    pub labels: &'a [usize],
+    /// Number of classes G.
+    pub classes: usize,
+    /// One R~_c per class (else one total R~).
+    pub per_class_matrix: bool,
+    /// Grid value of one counted row (Cq).
+    pub count_scale: u64,
+}
+
+/// Adds the upper triangle of x x^T to `r` and x to `v`, exactly.
+fn accumulate(r: &mut [i128], v: &mut [i128], x: &[i64]) {
+    let dim = x.len();
+    let mut idx = 0;
+    for i in 0..dim {
+        let xi = x[i] as i128;
+        v[i] += xi;
+        for &xj in &x[i..dim] {
+            r[idx] += xi * xj as i128;
+            idx += 1;
+        }
+    }
 }
 
 impl Share {
@@ -67,15 +96,31 @@ impl Share {
         let mut r_upper = vec![0i128; dim * (dim + 1) / 2];
         let mut v = vec![0i128; dim];
         for x in rows {
-            let mut idx = 0;
-            for i in 0..dim {
-                let xi = x[i] as i128;
-                v[i] += xi;
-                for &xj in &x[i..dim] {
-                    r_upper[idx] += xi * xj as i128;
-                    idx += 1;
-                }
-            }
+            accumulate(&mut r_upper, &mut v, x);
+        }
+        Self {
+            r_upper,
+            v,
+            n: rows.len() as u64,
+        }
+    }
+
+    /// Computes a classification share of encoded rows. `classes.labels` has one
+    /// entry per row; the caller maps labels to indices (and refuses unknown ones).
+    pub fn from_class_rows(rows: &[Vec<i64>], dim: usize, classes: &ClassRows<'_>) -> Self {
+        let tri = dim * (dim + 1) / 2;
+        let g = classes.classes;
+        let blocks = if classes.per_class_matrix { g } else { 1 };
+        let mut r_upper = vec![0i128; blocks * tri];
+        let mut v = vec![0i128; g * (dim + 1)];
+        for (x, &c) in rows.iter().zip(classes.labels) {
+            let block = if classes.per_class_matrix { c } else { 0 };
+            accumulate(
+                &mut r_upper[block * tri..(block + 1) * tri],
+                &mut v[c * dim..(c + 1) * dim],
+                x,
+            );
+            v[g * dim + c] += classes.count_scale as i128;
         }
         Self {
             r_upper,
@@ -91,6 +136,7 @@ impl Share {
         rows: &[Vec<f64>],
         bounds: &[(f64, f64)],
         fixed: &FixedPoint,
+        classes: Option<&ClassRows<'_>>,
     ) -> (Self, usize) {
         let mut clipped = 0;
         let encoded: Vec<Vec<i64>> = rows
@@ -101,7 +147,11 @@ impl Share {
                 fixed.encode_row(&x)
             })
             .collect();
-        (Self::from_rows(&encoded, bounds.len()), clipped)
+        let share = match classes {
+            Some(c) => Self::from_class_rows(&encoded, bounds.len(), c),
+            None => Self::from_rows(&encoded, bounds.len()),
+        };
+        (share, clipped)
     }
 
     /// Sum of shares (the pooled share, for plaintext reference computations).
@@ -119,24 +169,38 @@ impl Share {
         Some(acc)
     }
 
-    /// The plaintext residues an owner encrypts, in layout order: packed R
-    /// segments, each v_i alone, then N.
+    /// The plaintext residues an owner encrypts, in layout order: packed segments of
+    /// every matrix block, the vector block (packed or one value each), then N.
     pub fn plaintexts(
         &self,
         layout: &StudyLayout,
         pk: &PublicKey,
     ) -> Result<Vec<BigUint>, ProtocolError> {
+        let tri = layout.triangle.total();
+        if self.r_upper.len() != layout.matrix_blocks * tri || self.v.len() != layout.vector_len {
+            return Err(ProtocolError::Count {
+                expected: layout.matrix_blocks * tri + layout.vector_len,
+                got: self.r_upper.len() + self.v.len(),
+            });
+        }
         let dim = layout.triangle.dim;
         let mut out = Vec::with_capacity(layout.owner_ciphertexts());
-        for seg in &layout.triangle.segments {
-            let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
-            let packed = layout
-                .budget
-                .pack_i128(&self.r_upper[start..start + seg.len])?;
-            out.push(pk.encode_signed(&packed)?);
+        for block in self.r_upper.chunks(tri) {
+            for seg in &layout.triangle.segments {
+                let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
+                let packed = layout.budget.pack_i128(&block[start..start + seg.len])?;
+                out.push(pk.encode_signed(&packed)?);
+            }
         }
-        for &vi in &self.v {
-            out.push(pk.encode_signed(&BigInt::from(vi))?);
+        if layout.vector_packed {
+            for &(start, len) in &layout.vector {
+                let packed = layout.budget.pack_i128(&self.v[start..start + len])?;
+                out.push(pk.encode_signed(&packed)?);
+            }
+        } else {
+            for &vi in &self.v {
+                out.push(pk.encode_signed(&BigInt::from(vi))?);
+            }
         }
         out.push(BigUint::from(self.n));
         Ok(out)
@@ -164,7 +228,10 @@ impl ReleaseSecrets {
         rng: &mut R,
     ) -> Result<Self, ProtocolError> {
         let dim = layout.triangle.dim;
-        let matrix_noise = plan.matrix.sample_upper(dim, rng);
+        let mut matrix_noise = Vec::with_capacity(layout.matrix_blocks * layout.triangle.total());
+        for _ in 0..layout.matrix_blocks {
+            matrix_noise.extend(plan.matrix.sample_upper(dim, rng));
+        }
         let tail = plan.matrix.tail_bound();
         if matrix_noise.iter().any(|e| e.magnitude() > &tail) {
             return Err(ProtocolError::NoiseTail);
@@ -173,21 +240,23 @@ impl ReleaseSecrets {
             Centering::Mask => {
                 let bound = BigUint::one() << layout.mask_bits as usize;
                 (
-                    (0..dim).map(|_| random_below(&bound, rng)).collect(),
+                    (0..layout.vector_len)
+                        .map(|_| random_below(&bound, rng))
+                        .collect(),
                     Vec::new(),
                 )
             }
             Centering::DpMean => {
                 let noise = match &plan.vector {
                     Some(v) => {
-                        let noise = v.sample_vector(dim, rng);
+                        let noise = v.sample_vector(layout.vector_len, rng);
                         let tail = v.tail_bound();
                         if noise.iter().any(|e| e.magnitude() > &tail) {
                             return Err(ProtocolError::NoiseTail);
                         }
                         noise
                     }
-                    None => vec![BigInt::zero(); dim],
+                    None => vec![BigInt::zero(); layout.vector_len],
                 };
                 (Vec::new(), noise)
             }
@@ -234,21 +303,10 @@ pub fn release<R: RngCore + CryptoRng>(
             got: agg.len(),
         });
     }
-    let dim = layout.triangle.dim;
-    let slots = layout.budget.slots;
-    let width = layout.budget.slot_width;
-    let r_cts = &agg[..layout.triangle.len()];
-    let v_cts = &agg[layout.triangle.len()..layout.triangle.len() + dim];
-    let table: Vec<Vec<Ciphertext>> = v_cts
-        .par_iter()
-        .map(|v| shifted(pk, v, slots, width))
-        .collect();
-    let n_big = BigUint::from(n_rows);
-
     // One fresh randomizer per output, drawn up front from the caller's RNG so the
     // parallel part stays deterministic given the RNG.
     let total = layout.release_ciphertexts();
-    let masks_seed: Vec<[u8; 32]> = (0..total)
+    let seeds: Vec<[u8; 32]> = (0..total)
         .map(|_| {
             let mut s = [0u8; 32];
             seed_rng.fill_bytes(&mut s);
@@ -259,6 +317,70 @@ pub fn release<R: RngCore + CryptoRng>(
         let mut rng = StdRng::from_seed(*seed);
         randomizer.rerandomize(&c, &mut rng)
     };
+    let out = match centering {
+        Centering::Mask => release_masked(layout, pk, agg, n_rows, secrets)?,
+        Centering::DpMean => release_noised(layout, pk, agg, secrets)?,
+    };
+    Ok(out
+        .into_par_iter()
+        .zip(seeds.par_iter())
+        .map(|(c, seed)| rerandomize(c, seed))
+        .collect())
+}
+
+/// `dp-mean`: every packed segment of the matrix blocks and of the vector block plus
+/// its packed noise. Owners sent the vector block packed, so no exponentiation.
+fn release_noised(
+    layout: &StudyLayout,
+    pk: &PublicKey,
+    agg: &[Ciphertext],
+    secrets: &ReleaseSecrets,
+) -> Result<Vec<Ciphertext>, ProtocolError> {
+    let dim = layout.triangle.dim;
+    let segs = layout.triangle.len();
+    let tri = layout.triangle.total();
+    let matrix = (0..layout.matrix_ciphertexts()).into_par_iter().map(|k| {
+        let (block, seg) = (k / segs, &layout.triangle.segments[k % segs]);
+        let start = block * tri + TriangleLayout::upper_index(dim, seg.row, seg.col);
+        let packed = layout
+            .budget
+            .pack(&secrets.matrix_noise[start..start + seg.len])?;
+        Ok(pk.add_plain(&agg[k], &pk.encode_signed(&packed)?))
+    });
+    let base = layout.matrix_ciphertexts();
+    let vector = layout
+        .vector
+        .par_iter()
+        .enumerate()
+        .map(|(k, &(start, len))| {
+            let packed = layout
+                .budget
+                .pack(&secrets.vector_noise[start..start + len])?;
+            Ok(pk.add_plain(&agg[base + k], &pk.encode_signed(&packed)?))
+        });
+    matrix.chain(vector).collect()
+}
+
+/// `mask`: T = N R + v b^T + b v^T + b b^T + E' per packed segment, and v' = v + b
+/// packed from the owners' unpacked v.
+fn release_masked(
+    layout: &StudyLayout,
+    pk: &PublicKey,
+    agg: &[Ciphertext],
+    n_rows: u64,
+    secrets: &ReleaseSecrets,
+) -> Result<Vec<Ciphertext>, ProtocolError> {
+    let dim = layout.triangle.dim;
+    let slots = layout.budget.slots;
+    let width = layout.budget.slot_width;
+    let r_cts = &agg[..layout.triangle.len()];
+    let v_cts = &agg[layout.triangle.len()..layout.triangle.len() + dim];
+    let table: Vec<Vec<Ciphertext>> = v_cts
+        .par_iter()
+        .map(|v| shifted(pk, v, slots, width))
+        .collect();
+    let n_big = BigUint::from(n_rows);
+    let b = &secrets.mask;
 
     // Segments are laid out row by row; each row's segments share the row bases
     // E[v_i 2^(t w)] of the mask term, so their power tables are built once per row.
@@ -274,49 +396,41 @@ pub fn release<R: RngCore + CryptoRng>(
         let seg = &layout.triangle.segments[s_idx];
         let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
         let noise = &secrets.matrix_noise[start..start + seg.len];
-        let c = match centering {
-            Centering::Mask => {
-                let b = &secrets.mask;
-                let i = seg.row;
-                // E[N R_seg]
-                let mut c = pk.scale(&r_cts[s_idx], &n_big);
-                // E[v_seg]^(b_i): v_seg assembled from the shifted table.
-                let mut v_seg = table[seg.col][0].clone();
-                for t in 1..seg.len {
-                    v_seg = pk.add(&v_seg, &table[seg.col + t][t]);
-                }
-                if layout.baseline {
-                    // The paper's way: one exponentiation per term.
-                    c = pk.add(&c, &pk.scale(&v_seg, &b[i]));
-                    for t in 0..seg.len {
-                        c = pk.add(&c, &pk.scale(&table[i][t], &b[seg.col + t]));
-                    }
-                } else {
-                    // E[v_seg]^(b_i) * prod_t E[v_i 2^(t w)]^(b_(j+t)): one
-                    // simultaneous exponentiation over short exponents.
-                    let v_table = pk.power_table(&v_seg, window);
-                    let mut terms = vec![(&v_table, &b[i])];
-                    terms.extend((0..seg.len).map(|t| (&row_tables[t], &b[seg.col + t])));
-                    c = pk.add(&c, &pk.multi_scale_tables(&terms));
-                }
-                // b_i b_j + E'_ij in clear.
-                let plain: Vec<BigInt> = (0..seg.len)
-                    .map(|t| BigInt::from(&b[i] * &b[seg.col + t]) + &noise[t])
-                    .collect();
-                let packed = layout.budget.pack(&plain)?;
-                pk.add_plain(&c, &pk.encode_signed(&packed)?)
+        let i = seg.row;
+        // E[N R_seg]
+        let mut c = pk.scale(&r_cts[s_idx], &n_big);
+        // E[v_seg]^(b_i): v_seg assembled from the shifted table.
+        let mut v_seg = table[seg.col][0].clone();
+        for t in 1..seg.len {
+            v_seg = pk.add(&v_seg, &table[seg.col + t][t]);
+        }
+        if layout.baseline {
+            // The paper's way: one exponentiation per term.
+            c = pk.add(&c, &pk.scale(&v_seg, &b[i]));
+            for t in 0..seg.len {
+                c = pk.add(&c, &pk.scale(&table[i][t], &b[seg.col + t]));
             }
-            Centering::DpMean => {
-                let packed = layout.budget.pack(noise)?;
-                pk.add_plain(&r_cts[s_idx], &pk.encode_signed(&packed)?)
-            }
-        };
-        Ok(rerandomize(c, &masks_seed[s_idx]))
+        } else {
+            // E[v_seg]^(b_i) * prod_t E[v_i 2^(t w)]^(b_(j+t)): one simultaneous
+            // exponentiation over short exponents.
+            let v_table = pk.power_table(&v_seg, window);
+            let mut terms = vec![(&v_table, &b[i])];
+            terms.extend((0..seg.len).map(|t| (&row_tables[t], &b[seg.col + t])));
+            c = pk.add(&c, &pk.multi_scale_tables(&terms));
+        }
+        // b_i b_j + E'_ij in clear.
+        let plain: Vec<BigInt> = (0..seg.len)
+            .map(|t| BigInt::from(&b[i] * &b[seg.col + t]) + &noise[t])
+            .collect();
+        let packed = layout.budget.pack(&plain)?;
+        Ok(pk.add_plain(&c, &pk.encode_signed(&packed)?))
     };
     let per_row: Vec<Vec<Result<Ciphertext, ProtocolError>>> = rows
         .par_iter()
         .map(|(row, range)| {
-            let row_tables: Vec<PowerTable> = if centering == Centering::Mask && !layout.baseline {
+            let row_tables: Vec<PowerTable> = if layout.baseline {
+                Vec::new()
+            } else {
                 let longest = range
                     .clone()
                     .map(|s| layout.triangle.segments[s].len)
@@ -326,8 +440,6 @@ pub fn release<R: RngCore + CryptoRng>(
                     .iter()
                     .map(|c| pk.power_table(c, window))
                     .collect()
-            } else {
-                Vec::new()
             };
             // Rows near the top hold many segments: spread them over the cores too.
             range
@@ -337,51 +449,68 @@ pub fn release<R: RngCore + CryptoRng>(
                 .collect()
         })
         .collect();
-    let segs = per_row.into_iter().flatten();
-    let mut out = Vec::with_capacity(total);
-    for s in segs {
-        out.push(s?);
-    }
-    let base = layout.triangle.len();
     let vecs: Vec<Result<Ciphertext, ProtocolError>> = layout
         .vector
         .par_iter()
-        .enumerate()
-        .map(|(k, &(start, len))| {
+        .map(|&(start, len)| {
             let mut c = table[start][0].clone();
             for t in 1..len {
                 c = pk.add(&c, &table[start + t][t]);
             }
-            let plain: Vec<BigInt> = match centering {
-                Centering::Mask => secrets.mask[start..start + len]
-                    .iter()
-                    .map(|b| BigInt::from(b.clone()))
-                    .collect(),
-                Centering::DpMean => secrets.vector_noise[start..start + len].to_vec(),
-            };
+            let plain: Vec<BigInt> = b[start..start + len]
+                .iter()
+                .map(|b| BigInt::from(b.clone()))
+                .collect();
             let packed = layout.budget.pack(&plain)?;
-            let c = pk.add_plain(&c, &pk.encode_signed(&packed)?);
-            Ok(rerandomize(c, &masks_seed[base + k]))
+            Ok(pk.add_plain(&c, &pk.encode_signed(&packed)?))
         })
         .collect();
-    for v in vecs {
-        out.push(v?);
-    }
-    Ok(out)
+    per_row.into_iter().flatten().chain(vecs).collect()
 }
 
 /// What the user reconstructs from a release.
 #[derive(Clone, Debug)]
 pub struct Opened {
-    /// The released matrix on the grid as exact integers, full symmetric:
-    /// N S~ + E' (`mask`) or R~ + E_R (`dp-mean`).
-    pub matrix_grid: Vec<Vec<BigInt>>,
-    /// The released vector on the grid: v + b (`mask`) or v + e_v (`dp-mean`).
+    /// The released matrix blocks on the grid as exact integers, full symmetric:
+    /// N S~ + E' (`mask`, after the user's T - v' v'^T), R~ + E_R (`dp-mean`), or
+    /// R~_c + E_c per class.
+    pub matrix_grid: Vec<Vec<Vec<BigInt>>>,
+    /// The released vector block on the grid: v + b (`mask`) or v + e_v (`dp-mean`;
+    /// class sums then scaled counts in a classification study).
     pub vector_grid: Vec<BigInt>,
-    /// S' = S + E in normalized units (f64).
+    /// S' = S + E in normalized units (f64): the total centered scatter.
     pub scatter: DMatrix<f64>,
     /// The noisy mean in normalized units (`dp-mean` only).
     pub mean: Option<DVector<f64>>,
+    /// Class statistics of a classification study.
+    pub classes: Option<ClassStats>,
+}
+
+/// The noisy class statistics of a classification study, in normalized units. All
+/// are post-processing of the release.
+#[derive(Clone, Debug)]
+pub struct ClassStats {
+    /// Noisy class counts (may be below 1 or negative).
+    pub counts: Vec<f64>,
+    /// Class means v'_c / max(N'_c, 1).
+    pub means: Vec<DVector<f64>>,
+    /// Within-class centered scatters: one shared R' - sum_c v'_c v'_c^T / N'_c, or
+    /// R'_c - v'_c v'_c^T / N'_c per class.
+    pub scatters: Vec<DMatrix<f64>>,
+}
+
+impl ClassStats {
+    /// Class proportions from the noisy counts, negative counts taken as zero; uniform
+    /// when every count is.
+    pub fn proportions(&self) -> Vec<f64> {
+        let clipped: Vec<f64> = self.counts.iter().map(|c| c.max(0.0)).collect();
+        let total: f64 = clipped.iter().sum();
+        if total > 0.0 {
+            clipped.iter().map(|c| c / total).collect()
+        } else {
+            vec![1.0 / self.counts.len().max(1) as f64; self.counts.len()]
+        }
+    }
 }
 
 /// Decrypts a release and forms S' = S + E in normalized units.
@@ -407,53 +536,112 @@ pub fn open_release(
     } else {
         cts.par_iter().map(|c| sk.decrypt_signed(c)).collect()
     };
-    let mut t = vec![vec![BigInt::zero(); dim]; dim];
-    for (seg, p) in layout.triangle.segments.iter().zip(&plains) {
-        let vals = layout.budget.unpack(p, seg.len)?;
-        for (k, val) in vals.into_iter().enumerate() {
-            let j = seg.col + k;
-            t[j][seg.row] = val.clone();
-            t[seg.row][j] = val;
+    let segs = layout.triangle.len();
+    let mut blocks = Vec::with_capacity(layout.matrix_blocks);
+    for block in plains[..layout.matrix_ciphertexts()].chunks(segs.max(1)) {
+        let mut t = vec![vec![BigInt::zero(); dim]; dim];
+        for (seg, p) in layout.triangle.segments.iter().zip(block) {
+            let vals = layout.budget.unpack(p, seg.len)?;
+            for (k, val) in vals.into_iter().enumerate() {
+                let j = seg.col + k;
+                t[j][seg.row] = val.clone();
+                t[seg.row][j] = val;
+            }
         }
+        blocks.push(t);
     }
-    let mut vec = Vec::with_capacity(dim);
-    for (&(_, len), p) in layout.vector.iter().zip(&plains[layout.triangle.len()..]) {
+    let mut vec = Vec::with_capacity(layout.vector_len);
+    for (&(_, len), p) in layout
+        .vector
+        .iter()
+        .zip(&plains[layout.matrix_ciphertexts()..])
+    {
         vec.extend(layout.budget.unpack(p, len)?);
     }
-    Ok(from_grid(centering, t, vec, n_rows, frac_bits))
+    Ok(from_grid(
+        &layout.shape(),
+        centering,
+        blocks,
+        vec,
+        n_rows,
+        frac_bits,
+    ))
 }
 
-/// Forms S' from the released integers: the full matrix T (`mask`: the masked
-/// N-scaled T; `dp-mean`: R~ + E_R) and the released vector.
+/// Forms S' from the released integers: the full matrix blocks (`mask`: the masked
+/// N-scaled T; `dp-mean`: R~ + E_R, or R~_c + E_c per class) and the vector block.
 fn from_grid(
+    layout: &BlockShape,
     centering: Centering,
-    t: Vec<Vec<BigInt>>,
+    blocks: Vec<Vec<Vec<BigInt>>>,
     vec: Vec<BigInt>,
     n_rows: u64,
     frac_bits: u32,
 ) -> Opened {
-    let dim = vec.len();
+    let dim = layout.dim;
     let scale_1 = f64::from(frac_bits).exp2();
     let scale_2 = scale_1 * scale_1;
     let n = n_rows as f64;
-    let (matrix_grid, scatter, mean) = match centering {
+    let to_matrix =
+        |t: &[Vec<BigInt>]| DMatrix::from_fn(dim, dim, |i, j| to_f64(&t[i][j]) / scale_2);
+    let (matrix_grid, scatter, mean, classes) = match centering {
         Centering::Mask => {
             // T - v' v'^T = N S~ + E': the masks cancel exactly.
-            let mut ns = t;
+            let mut ns = blocks.into_iter().next().unwrap_or_default();
             for i in 0..dim {
                 for j in 0..dim {
                     ns[i][j] -= &vec[i] * &vec[j];
                 }
             }
             let s = DMatrix::from_fn(dim, dim, |i, j| to_f64(&ns[i][j]) / (n * scale_2));
-            (ns, s, None)
+            (vec![ns], s, None, None)
         }
         Centering::DpMean => {
+            let rs: Vec<DMatrix<f64>> = blocks.iter().map(|t| to_matrix(t)).collect();
+            let r_total = rs.iter().fold(DMatrix::zeros(dim, dim), |acc, r| acc + r);
+            let g = layout.classes;
+            let sums: Vec<DVector<f64>> = if g == 0 {
+                vec![DVector::from_fn(dim, |i, _| to_f64(&vec[i]) / scale_1)]
+            } else {
+                (0..g)
+                    .map(|c| DVector::from_fn(dim, |i, _| to_f64(&vec[c * dim + i]) / scale_1))
+                    .collect()
+            };
+            let v = sums.iter().fold(DVector::zeros(dim), |acc, s| acc + s);
             // S' = R' - v' v'^T / N, in normalized units.
-            let r = DMatrix::from_fn(dim, dim, |i, j| to_f64(&t[i][j]) / scale_2);
-            let v = DVector::from_fn(dim, |i, _| to_f64(&vec[i]) / scale_1);
-            let s = &r - &v * v.transpose() / n;
-            (t, s, Some(v / n))
+            let s = &r_total - &v * v.transpose() / n;
+            let classes = (g > 0).then(|| {
+                let counts: Vec<f64> = (0..g)
+                    .map(|c| to_f64(&vec[g * dim + c]) / layout.count_scale as f64)
+                    .collect();
+                // A noisy count below one would blow the mean up: divide by at least 1.
+                let means: Vec<DVector<f64>> = sums
+                    .iter()
+                    .zip(&counts)
+                    .map(|(s, &nc)| s / nc.max(1.0))
+                    .collect();
+                let scatters = if rs.len() == g {
+                    rs.iter()
+                        .zip(&sums)
+                        .zip(&means)
+                        .map(|((r, s), m)| r - s * m.transpose())
+                        .collect()
+                } else {
+                    let between = sums
+                        .iter()
+                        .zip(&means)
+                        .fold(DMatrix::zeros(dim, dim), |acc, (s, m)| {
+                            acc + s * m.transpose()
+                        });
+                    vec![&r_total - between]
+                };
+                ClassStats {
+                    counts,
+                    means,
+                    scatters,
+                }
+            });
+            (blocks, s, Some(v / n), classes)
         }
     };
     Opened {
@@ -461,6 +649,7 @@ fn from_grid(
         vector_grid: vec,
         scatter,
         mean,
+        classes,
     }
 }
 
@@ -470,28 +659,35 @@ fn from_grid(
 /// In `mask` mode the mask cancels, so only the noise of `secrets` matters.
 pub fn central_release(
     pooled: &Share,
+    layout: &BlockShape,
     centering: Centering,
     secrets: &ReleaseSecrets,
     frac_bits: u32,
 ) -> Opened {
-    let dim = pooled.v.len();
+    let dim = layout.dim;
+    let tri = dim * (dim + 1) / 2;
     let n = BigInt::from(pooled.n);
-    let mut t = vec![vec![BigInt::zero(); dim]; dim];
-    for i in 0..dim {
-        for j in i..dim {
-            let idx = TriangleLayout::upper_index(dim, i, j);
-            let r = BigInt::from(pooled.r_upper[idx]);
-            let e = &secrets.matrix_noise[idx];
-            let val = match centering {
-                // With the mask b = 0 the released T is N R + E and v' = v;
-                // `from_grid` subtracts v v^T as the user subtracts v' v'^T.
-                Centering::Mask => &n * r + e,
-                Centering::DpMean => r + e,
-            };
-            t[i][j] = val.clone();
-            t[j][i] = val;
-        }
-    }
+    let blocks = (0..layout.matrix_blocks)
+        .map(|block| {
+            let mut t = vec![vec![BigInt::zero(); dim]; dim];
+            for i in 0..dim {
+                for j in i..dim {
+                    let idx = block * tri + TriangleLayout::upper_index(dim, i, j);
+                    let r = BigInt::from(pooled.r_upper[idx]);
+                    let e = &secrets.matrix_noise[idx];
+                    let val = match centering {
+                        // With the mask b = 0 the released T is N R + E and v' = v;
+                        // `from_grid` subtracts v v^T as the user subtracts v' v'^T.
+                        Centering::Mask => &n * r + e,
+                        Centering::DpMean => r + e,
+                    };
+                    t[i][j] = val.clone();
+                    t[j][i] = val;
+                }
+            }
+            t
+        })
+        .collect();
     let vec: Vec<BigInt> = match centering {
         Centering::Mask => pooled.v.iter().map(|&x| BigInt::from(x)).collect(),
         Centering::DpMean => pooled
@@ -501,7 +697,7 @@ pub fn central_release(
             .map(|(&x, e)| BigInt::from(x) + e)
             .collect(),
     };
-    from_grid(centering, t, vec, pooled.n, frac_bits)
+    from_grid(layout, centering, blocks, vec, pooled.n, frac_bits)
 }
 
 /// Lossy view of a big integer as f64 (values here are far below f64's range).

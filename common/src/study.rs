@@ -4,7 +4,7 @@
 use num_bigint::BigUint;
 use num_traits::One;
 
-use crate::dp::{plan_noise, Centering, DpError, PrivacyRequest};
+use crate::dp::{plan_noise, Centering, DpError, Mechanism, PrivacyRequest};
 use crate::encoding::{vector_segments, EncodingError, FixedPoint, SlotBudget, TriangleLayout};
 use crate::paillier::{PaillierError, PowerTable, PublicKey};
 
@@ -47,6 +47,53 @@ fn param(name: &'static str, reason: impl Into<String>) -> SpecError {
     }
 }
 
+/// How a classification study releases the class covariances.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassCovariance {
+    /// One within-class scatter shared by all classes (LDA-style): the total R~ is
+    /// released once, so the noise is that of an unlabelled study.
+    Shared,
+    /// The paper's Algorithm 3: one R~_c per class, each with the full noise. With
+    /// many small classes the per-class covariances drown in it.
+    PerClass,
+}
+
+impl ClassCovariance {
+    /// Parses the CLI/wire name.
+    pub fn parse(name: &str) -> Result<Self, SpecError> {
+        match name {
+            "shared" => Ok(Self::Shared),
+            "per-class" => Ok(Self::PerClass),
+            other => Err(param(
+                "class_covariance",
+                format!("unknown value `{other}` (expected shared or per-class)"),
+            )),
+        }
+    }
+
+    /// The CLI/wire name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::PerClass => "per-class",
+        }
+    }
+}
+
+/// The classes of a classification study (PCA-Gauss Algorithm 3). Owners send, per
+/// class c, the sum v~_c of its rows and its count scaled to Cq N_c; and either the
+/// total R~ (shared covariance) or one R~_c per class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassSpec {
+    /// Class labels (public), in the order of the released blocks.
+    pub labels: Vec<String>,
+    /// Shared or per-class covariance.
+    pub covariance: ClassCovariance,
+}
+
+/// Most classes a study may declare (every class adds M + 1 released values).
+pub const MAX_CLASSES: usize = 1000;
+
 /// A validated study specification.
 #[derive(Clone, Debug)]
 pub struct StudySpec {
@@ -73,6 +120,8 @@ pub struct StudySpec {
     /// The paper's way, for side-by-side speed measurements: one value per
     /// ciphertext, textbook r^n randomness, no CRT, one thread.
     pub baseline: bool,
+    /// Classes of a classification study; `None` for PCA, clustering and regression.
+    pub classes: Option<ClassSpec>,
 }
 
 impl StudySpec {
@@ -140,6 +189,9 @@ impl StudySpec {
                 ),
             ));
         }
+        if let Some(classes) = &self.classes {
+            self.validate_classes(classes)?;
+        }
         // Re-validates epsilon/delta/mechanism combinations.
         PrivacyRequest::new(
             self.privacy.mechanism,
@@ -155,17 +207,135 @@ impl StudySpec {
     pub fn dim(&self) -> usize {
         self.features.len()
     }
+
+    fn validate_classes(&self, classes: &ClassSpec) -> Result<(), SpecError> {
+        let n = classes.labels.len();
+        if !(2..=MAX_CLASSES).contains(&n) {
+            return Err(param(
+                "classes",
+                format!("a classification study needs 2..={MAX_CLASSES} classes, got {n}"),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for label in &classes.labels {
+            if label.is_empty() || !seen.insert(label.as_str()) {
+                return Err(param(
+                    "classes",
+                    format!("empty or duplicate class label `{label}`"),
+                ));
+            }
+        }
+        if self.privacy.centering != Centering::DpMean {
+            // The class means are released with their own noise; the mask of `mask`
+            // centering would hide exactly what the synthesis needs.
+            return Err(param(
+                "classes",
+                "classification releases noisy class means: it needs `dp-mean` centering",
+            ));
+        }
+        if self.privacy.mechanism == Mechanism::WishartUnproven {
+            return Err(param(
+                "classes",
+                "the Wishart mechanism has no class-aware sensitivity: use gaussian or laplace",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The noise plan of this study for a pooled table of `n_rows` rows.
+    pub fn noise_plan(&self, n_rows: u64) -> crate::dp::NoisePlan {
+        plan_noise(
+            &self.privacy,
+            self.dim(),
+            self.fixed.norm_bound_int(),
+            n_rows,
+            self.classes.is_some(),
+        )
+    }
+
+    /// Number of classes (0 when the study has none).
+    pub fn class_count(&self) -> usize {
+        self.classes.as_ref().map_or(0, |c| c.labels.len())
+    }
+
+    /// Whether each class gets its own released scatter.
+    pub fn per_class_matrix(&self) -> bool {
+        matches!(
+            &self.classes,
+            Some(ClassSpec {
+                covariance: ClassCovariance::PerClass,
+                ..
+            })
+        )
+    }
+}
+
+/// The shape of a study's released blocks, without the packing: all a plaintext
+/// reference computation needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockShape {
+    /// Features M.
+    pub dim: usize,
+    /// Matrix blocks: 1, or one per class with per-class covariances.
+    pub matrix_blocks: usize,
+    /// Classes (0 when the study has none).
+    pub classes: usize,
+    /// Grid value of one counted row in the vector block (Cq).
+    pub count_scale: u64,
+}
+
+impl BlockShape {
+    /// The shape of a study with `dim` features, `classes` classes (0 for none),
+    /// per-class matrices or not, and integer row bound `cq`.
+    pub fn new(dim: usize, classes: usize, per_class_matrix: bool, cq: u64) -> Self {
+        Self {
+            dim,
+            matrix_blocks: if per_class_matrix && classes > 0 {
+                classes
+            } else {
+                1
+            },
+            classes,
+            count_scale: cq,
+        }
+    }
+
+    /// Values in the vector block: M, or G (M + 1).
+    pub fn vector_len(&self) -> usize {
+        if self.classes == 0 {
+            self.dim
+        } else {
+            self.classes * (self.dim + 1)
+        }
+    }
 }
 
 /// The ciphertext layout of a study, derived identically by every party.
+///
+/// An owner sends, in order: `matrix_blocks` copies of the packed upper-triangle
+/// segments (R~, or R~_c per class), the vector block (v~ unpacked in `mask`
+/// centering, where the proxy's mask term needs each v_i alone; packed in `dp-mean`),
+/// then N. The vector block of a classification study is v~_1, ..., v~_G followed by
+/// Cq N_1, ..., Cq N_G.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StudyLayout {
     /// Slot width and slots per plaintext.
     pub budget: SlotBudget,
-    /// Packed upper-triangle segments.
+    /// Packed upper-triangle segments of one matrix block.
     pub triangle: TriangleLayout,
-    /// Packed segments of the released vector (start, len).
+    /// Matrix blocks: 1, or one per class with per-class covariances.
+    pub matrix_blocks: usize,
+    /// Classes (0 when the study has none).
+    pub classes: usize,
+    /// Values in the vector block: M, or G (M + 1) with G classes.
+    pub vector_len: usize,
+    /// Packed segments of the vector block (start, len), as released.
     pub vector: Vec<(usize, usize)>,
+    /// Whether owners send the vector block packed (`dp-mean`) or one value per
+    /// ciphertext (`mask`).
+    pub vector_packed: bool,
+    /// Grid value of one counted row in the vector block (Cq).
+    pub count_scale: u64,
     /// Bits of the mask b: b is uniform in [0, 2^mask_bits).
     pub mask_bits: u64,
     /// The paper's way (see [`StudySpec::baseline`]).
@@ -177,9 +347,11 @@ impl StudyLayout {
     /// noise tail at N_max) and cuts the triangle into segments.
     pub fn new(spec: &StudySpec) -> Result<Self, SpecError> {
         let m = spec.dim();
-        let cq = BigUint::from(spec.fixed.norm_bound_int());
+        let cq_int = spec.fixed.norm_bound_int();
+        let cq = BigUint::from(cq_int);
         let n = BigUint::from(spec.max_rows);
-        let plan = plan_noise(&spec.privacy, m, spec.fixed.norm_bound_int(), spec.max_rows);
+        let plan = spec.noise_plan(spec.max_rows);
+        // Every vector entry (a sum of rows, or Cq times a count) is at most N Cq.
         let v_max = &n * &cq;
         // 2^vbits >= 2 max|v|, so v + b hides v up to statistical distance 2^-kappa.
         let mask_bits = (&v_max << 1usize).bits() + spec.kappa as u64;
@@ -206,20 +378,50 @@ impl StudyLayout {
         if spec.baseline {
             budget.slots = 1;
         }
-        let triangle = TriangleLayout::new(m, budget.slots);
-        let vector = vector_segments(m, budget.slots);
+        let shape = BlockShape::new(m, spec.class_count(), spec.per_class_matrix(), cq_int);
+        let vector_len = shape.vector_len();
+        let slots = budget.slots;
         Ok(Self {
             budget,
-            triangle,
-            vector,
+            triangle: TriangleLayout::new(m, slots),
+            matrix_blocks: shape.matrix_blocks,
+            classes: shape.classes,
+            vector_len,
+            vector: vector_segments(vector_len, slots),
+            vector_packed: spec.privacy.centering == Centering::DpMean,
+            count_scale: cq_int,
             mask_bits,
             baseline: spec.baseline,
         })
     }
 
-    /// Ciphertexts one owner sends: packed R segments, v unpacked, then N.
+    /// The shape of the released blocks.
+    pub fn shape(&self) -> BlockShape {
+        BlockShape {
+            dim: self.triangle.dim,
+            matrix_blocks: self.matrix_blocks,
+            classes: self.classes,
+            count_scale: self.count_scale,
+        }
+    }
+
+    /// Ciphertexts of the matrix blocks.
+    pub fn matrix_ciphertexts(&self) -> usize {
+        self.matrix_blocks * self.triangle.len()
+    }
+
+    /// Ciphertexts of the vector block as owners send it.
+    pub fn owner_vector_ciphertexts(&self) -> usize {
+        if self.vector_packed {
+            self.vector.len()
+        } else {
+            self.vector_len
+        }
+    }
+
+    /// Ciphertexts one owner sends: the matrix blocks, the vector block, then N.
     pub fn owner_ciphertexts(&self) -> usize {
-        self.triangle.len() + self.triangle.dim + 1
+        self.matrix_ciphertexts() + self.owner_vector_ciphertexts() + 1
     }
 
     /// Window of the power tables in the proxy's mask term: each row's shifted bases
@@ -229,8 +431,9 @@ impl StudyLayout {
         PowerTable::window_for(self.mask_bits, uses)
     }
 
-    /// Ciphertexts the proxy releases: packed T segments, then packed v'.
+    /// Ciphertexts the proxy releases: the packed matrix blocks, then the packed
+    /// vector block.
     pub fn release_ciphertexts(&self) -> usize {
-        self.triangle.len() + self.vector.len()
+        self.matrix_ciphertexts() + self.vector.len()
     }
 }

@@ -3,6 +3,13 @@
 //! y ~ N(0, W_k^T S' W_k / N) in k dimensions and map x = W_k y + mu back through the
 //! public normalization. Everything here is post-processing of what the study
 //! released (S', and a DP mean mu), so it spends no privacy budget of its own.
+//!
+//! - Regression (Algorithm 2): the label is the last column of the study; PCA acts
+//!   on the features block only and [y; label] is drawn jointly, through the
+//!   components augmented by the label axis ([`augment_with_label`]).
+//! - Classification (Algorithm 3): a Gaussian mixture ([`GaussMixture`]) with the
+//!   noisy class proportions, the DP class means and either one shared within-class
+//!   covariance or one per class, each reduced to the k components.
 
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
@@ -10,6 +17,41 @@ use rand_distr::StandardNormal;
 
 use crate::data::normalize_row;
 use crate::linalg::eigh_desc;
+use crate::protocol::ClassStats;
+
+/// What the synthetic data is for, which decides what the study releases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Task {
+    /// Algorithm 1: features only.
+    Cluster,
+    /// Algorithm 2: a numeric label drawn jointly with the features.
+    Regress,
+    /// Algorithm 3: a class label, per-class means and covariances.
+    Classify,
+}
+
+impl Task {
+    /// Parses the CLI name.
+    pub fn parse(name: &str) -> Result<Self, SynthError> {
+        match name {
+            "cluster" => Ok(Self::Cluster),
+            "regress" => Ok(Self::Regress),
+            "classify" => Ok(Self::Classify),
+            other => Err(SynthError::Shape(format!(
+                "unknown task `{other}` (expected cluster, regress or classify)"
+            ))),
+        }
+    }
+
+    /// The CLI name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Cluster => "cluster",
+            Self::Regress => "regress",
+            Self::Classify => "classify",
+        }
+    }
+}
 
 /// Why synthesis is refused.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +91,17 @@ impl GaussModel {
         components: &DMatrix<f64>,
         mean: &DVector<f64>,
     ) -> Result<Self, SynthError> {
+        Self::with_divisor(scatter, n_rows as f64, components, mean)
+    }
+
+    /// As [`GaussModel::new`], with the scatter divided by `divisor` (a noisy class
+    /// count, say) instead of N.
+    pub fn with_divisor(
+        scatter: &DMatrix<f64>,
+        divisor: f64,
+        components: &DMatrix<f64>,
+        mean: &DVector<f64>,
+    ) -> Result<Self, SynthError> {
         let m = scatter.nrows();
         if scatter.ncols() != m || components.nrows() != m || mean.len() != m {
             return Err(SynthError::Shape(format!(
@@ -60,10 +113,12 @@ impl GaussModel {
                 mean.len()
             )));
         }
-        if n_rows == 0 {
-            return Err(SynthError::Shape("no rows".into()));
+        if !(divisor.is_finite() && divisor > 0.0) {
+            return Err(SynthError::Shape(format!(
+                "the row count dividing the scatter must be positive, got {divisor}"
+            )));
         }
-        let reduced = components.transpose() * scatter * components / n_rows as f64;
+        let reduced = components.transpose() * scatter * components / divisor;
         let sym = (&reduced + reduced.transpose()) * 0.5;
         let (values, vectors) = eigh_desc(&sym);
         Ok(Self {
@@ -83,6 +138,95 @@ impl GaussModel {
             }),
         );
         &self.map * y + &self.mean
+    }
+}
+
+/// The components of Algorithm 2: the top-k components of the features block
+/// (M x k) extended by the label axis to (M + 1) x (k + 1), so the label is kept
+/// whole and drawn jointly with the reduced features.
+pub fn augment_with_label(components: &DMatrix<f64>) -> DMatrix<f64> {
+    let (m, k) = components.shape();
+    let mut a = DMatrix::zeros(m + 1, k + 1);
+    a.view_mut((0, 0), (m, k)).copy_from(components);
+    a[(m, k)] = 1.0;
+    a
+}
+
+/// A Gaussian mixture over classes (Algorithm 3), in normalized units.
+#[derive(Clone, Debug)]
+pub struct GaussMixture {
+    /// Cumulative class probabilities, the last one 1.
+    cumulative: Vec<f64>,
+    /// One model per class: its mean, and the shared or its own covariance.
+    pub models: Vec<GaussModel>,
+}
+
+impl GaussMixture {
+    /// Builds the mixture from the released class statistics, the pooled row count
+    /// N and the top-k components. A shared within-class scatter is divided by N; a
+    /// class's own scatter by its noisy count (at least 1).
+    pub fn new(
+        stats: &ClassStats,
+        n_rows: u64,
+        components: &DMatrix<f64>,
+    ) -> Result<Self, SynthError> {
+        let g = stats.means.len();
+        if g == 0 || stats.counts.len() != g {
+            return Err(SynthError::Shape(format!(
+                "{} class means and {} counts",
+                g,
+                stats.counts.len()
+            )));
+        }
+        let models = match stats.scatters.as_slice() {
+            [shared] => {
+                let base = GaussModel::new(shared, n_rows, components, &stats.means[0])?;
+                stats
+                    .means
+                    .iter()
+                    .map(|m| GaussModel {
+                        mean: m.clone(),
+                        ..base.clone()
+                    })
+                    .collect()
+            }
+            own if own.len() == g => own
+                .iter()
+                .zip(&stats.means)
+                .zip(&stats.counts)
+                .map(|((s, m), &c)| GaussModel::with_divisor(s, c.max(1.0), components, m))
+                .collect::<Result<Vec<_>, _>>()?,
+            other => {
+                return Err(SynthError::Shape(format!(
+                    "{} class scatters for {g} classes",
+                    other.len()
+                )))
+            }
+        };
+        let mut acc = 0.0;
+        let mut cumulative: Vec<f64> = stats
+            .proportions()
+            .iter()
+            .map(|p| {
+                acc += p;
+                acc
+            })
+            .collect();
+        if let Some(last) = cumulative.last_mut() {
+            *last = 1.0;
+        }
+        Ok(Self { cumulative, models })
+    }
+
+    /// One labelled sample: the class index and the row in normalized units.
+    pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> (usize, DVector<f64>) {
+        let u: f64 = rng.gen();
+        let c = self
+            .cumulative
+            .iter()
+            .position(|&p| u < p)
+            .unwrap_or(self.cumulative.len() - 1);
+        (c, self.models[c].sample(rng))
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use dpca_common::data::read_csv;
 use dpca_common::paillier::Ciphertext;
-use dpca_common::protocol::Share;
+use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::client::connect;
@@ -126,7 +126,18 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
         );
     }
     let layout = StudyLayout::new(&spec)?;
-    let (share, clipped_rows) = Share::from_raw_rows(&table.rows, &spec.bounds, &spec.fixed);
+    let labels = match &spec.classes {
+        Some(classes) => Some(table.class_indices(&classes.labels, &name)?),
+        None => None,
+    };
+    let class_rows = labels.as_deref().map(|labels| ClassRows {
+        labels,
+        classes: layout.classes,
+        per_class_matrix: layout.matrix_blocks > 1,
+        count_scale: layout.count_scale,
+    });
+    let (share, clipped_rows) =
+        Share::from_raw_rows(&table.rows, &spec.bounds, &spec.fixed, class_rows.as_ref());
     let plaintexts = share.plaintexts(&layout, &spec.public_key)?;
     if clipped_rows > 0 {
         tracing::info!(clipped_rows, rows, "rows shortened to the row-norm bound");

@@ -3,7 +3,7 @@
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::PublicKey;
-use dpca_common::study::{SpecError, StudySpec};
+use dpca_common::study::{ClassCovariance, ClassSpec, SpecError, StudySpec};
 
 use crate::v1;
 
@@ -12,6 +12,14 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
     let mechanism = Mechanism::parse(&w.mechanism)?;
     let centering = Centering::parse(&w.centering)?;
     let privacy = PrivacyRequest::new(mechanism, centering, w.epsilon, w.delta)?;
+    let classes = if w.classes.is_empty() && w.class_covariance.is_empty() {
+        None
+    } else {
+        Some(ClassSpec {
+            labels: w.classes.clone(),
+            covariance: ClassCovariance::parse(&w.class_covariance)?,
+        })
+    };
     let spec = StudySpec {
         features: w.features.clone(),
         bounds: w.bounds.iter().map(|b| (b.lo, b.hi)).collect(),
@@ -27,6 +35,7 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
         kappa: w.kappa,
         public_key: PublicKey::from_bytes(&w.public_key)?,
         baseline: w.baseline,
+        classes,
     };
     spec.validate()?;
     Ok(spec)
@@ -54,6 +63,16 @@ pub fn spec_to_wire(s: &StudySpec) -> v1::StudySpec {
         kappa: s.kappa,
         public_key: s.public_key.to_bytes(),
         baseline: s.baseline,
+        classes: s
+            .classes
+            .as_ref()
+            .map(|c| c.labels.clone())
+            .unwrap_or_default(),
+        class_covariance: s
+            .classes
+            .as_ref()
+            .map(|c| c.covariance.name().to_string())
+            .unwrap_or_default(),
     }
 }
 

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use dpca_common::dp::{plan_noise, NoisePlan, NoiseScale};
+use dpca_common::dp::{NoisePlan, NoiseScale};
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{release, ProtocolError, ReleaseSecrets};
 use dpca_common::randomizer::{Randomizer, Randomness};
@@ -289,12 +289,7 @@ impl Study {
         rng: &mut R,
     ) -> Result<Released, StudyError> {
         let spec = &self.spec;
-        let mut plan = plan_noise(
-            &spec.privacy,
-            spec.dim(),
-            spec.fixed.norm_bound_int(),
-            n_rows,
-        );
+        let mut plan = spec.noise_plan(n_rows);
         if self.noise_free {
             plan.matrix = NoiseScale::None;
             plan.vector = plan.vector.map(|_| NoiseScale::None);
@@ -388,6 +383,7 @@ mod tests {
             kappa: 40,
             public_key: key().public().clone(),
             baseline: false,
+            classes: None,
         };
         let layout = StudyLayout::new(&spec).expect("layout");
         Study::new("s1".into(), spec, layout, false)

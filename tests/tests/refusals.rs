@@ -51,6 +51,7 @@ fn spec_for(sk: &SecretKey) -> StudySpec {
         kappa: MIN_KAPPA,
         public_key: sk.public().clone(),
         baseline: false,
+        classes: None,
     }
 }
 

@@ -7,14 +7,21 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
+use dpca_common::data::normalize_row;
 use dpca_common::data::{read_bounds, read_csv, Table};
-use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
+use dpca_common::dp::{budget_ledger, Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
-use dpca_common::linalg::{pca, psd_repair};
+use dpca_common::linalg::{centered_scatter, pca, psd_repair, Pca};
 use dpca_common::paillier::{SecretKey, MIN_KEY_BITS};
-use dpca_common::study::{StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
-use dpca_common::synth::{to_original_units, GaussModel, SynthError};
+use dpca_common::protocol::Opened;
+use dpca_common::study::{
+    ClassCovariance, ClassSpec, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
+};
+use dpca_common::synth::{
+    augment_with_label, to_original_units, GaussMixture, GaussModel, SynthError, Task,
+};
 use indicatif::{ProgressBar, ProgressStyle};
+use nalgebra::{DMatrix, DVector};
 use rand::rngs::OsRng;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -80,6 +87,13 @@ pub struct LocalOptions {
     pub baseline: bool,
     /// Rows of PCA-Gauss synthetic data to write (needs `dp-mean`).
     pub synthetic: Option<usize>,
+    /// What the synthetic data is for: decides what the study releases.
+    pub task: Task,
+    /// Shared or per-class covariances (classification only).
+    pub class_covariance: ClassCovariance,
+    /// Pub-PCA: take the components from this public CSV (same features) instead of
+    /// the private release; the study still supplies means and covariances.
+    pub pca_from: Option<PathBuf>,
 }
 
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
@@ -110,7 +124,37 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     };
     let name = data.display().to_string();
     let file = std::fs::File::open(&data).with_context(|| format!("cannot open {name}"))?;
-    let table = read_csv(file, &name, label.as_deref())?;
+    let input = read_csv(file, &name, label.as_deref())?;
+    if opts.task != Task::Cluster && label.is_none() {
+        bail!(
+            "--task {} needs the label column: pass --label",
+            opts.task.name()
+        );
+    }
+    let pca_dim = input.features.len();
+    if opts.k == 0 || opts.k > pca_dim {
+        bail!(
+            "--k must be between 1 and the {pca_dim} features of {name}, got {}",
+            opts.k
+        );
+    }
+    // Regression (Algorithm 2): the label is one more column of the study, so owners
+    // send it as a feature and no separate label.
+    let (table, owner_label) = match opts.task {
+        Task::Regress => (input.with_label_as_feature(&name)?, None),
+        _ => (input, label.clone()),
+    };
+    let classes = match opts.task {
+        Task::Classify => {
+            let mut labels = table.distinct_labels().unwrap_or_default();
+            labels.sort_by(|a, b| natural_order(a, b));
+            Some(ClassSpec {
+                labels,
+                covariance: opts.class_covariance,
+            })
+        }
+        _ => None,
+    };
     let n = table.rows.len();
     if opts.owners == 0 || opts.owners > n {
         bail!(
@@ -119,12 +163,6 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         );
     }
     let dim = table.features.len();
-    if opts.k == 0 || opts.k > dim {
-        bail!(
-            "--k must be between 1 and the {dim} features of {name}, got {}",
-            opts.k
-        );
-    }
     let (bounds, bounds_from_data) = match &bounds_path {
         Some(p) => {
             let f = std::fs::File::open(p)
@@ -142,13 +180,26 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             (table.bounds_from_data(), true)
         }
     };
-    if opts.synthetic.is_some() && opts.centering == Centering::Mask {
+    if (opts.synthetic.is_some() || opts.task == Task::Classify)
+        && opts.centering == Centering::Mask
+    {
         // Refused before any work: the study would release no mean to uncenter with.
         return Err(SynthError::NoMean.into());
     }
     if opts.synthetic == Some(0) {
         bail!("--synthetic must be at least 1 row");
     }
+    let public_pca = match &opts.pca_from {
+        Some(path) => Some(public_components(
+            path,
+            label.as_deref(),
+            &table.features[..pca_dim],
+            &bounds[..pca_dim],
+            opts.row_norm_bound,
+            opts.k,
+        )?),
+        None => None,
+    };
     let delta = opts.delta.unwrap_or_else(|| (n as f64).powf(-1.1));
     let privacy = PrivacyRequest::new(opts.mechanism, opts.centering, opts.epsilon, delta)?;
 
@@ -202,6 +253,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         kappa: MIN_KAPPA,
         public_key: pk.clone(),
         baseline: opts.baseline,
+        classes,
     };
     let layout = StudyLayout::new(&spec)?;
     let mut client = dpca_proto::client::connect(&url).await?;
@@ -223,7 +275,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             .arg("--data")
             .arg(file)
             .args(["--key-fingerprint", &fingerprint, "--quiet"]);
-        if let Some(l) = &label {
+        if let Some(l) = &owner_label {
             cmd.args(["--label", l]);
         }
         cmd.stdout(Stdio::piped())
@@ -271,20 +323,22 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         got.opened.scatter.clone()
     };
     let cov = &scatter / got.n_rows as f64;
-    let result = pca(&cov, opts.k);
+    // Regression: PCA on the features block only; the label is kept whole.
+    let result = match &public_pca {
+        Some(p) => p.clone(),
+        None => pca(&cov.view((0, 0), (pca_dim, pca_dim)).into_owned(), opts.k),
+    };
     let synthetic = match opts.synthetic {
-        Some(rows) => {
-            let mean = got.opened.mean.as_ref().ok_or(SynthError::NoMean)?;
-            let model = GaussModel::new(&scatter, got.n_rows, &result.components, mean)?;
-            let mut rng = OsRng;
-            Some(
-                (0..rows)
-                    .map(|_| {
-                        to_original_units(&model.sample(&mut rng), &bounds, opts.row_norm_bound)
-                    })
-                    .collect::<Vec<_>>(),
-            )
-        }
+        Some(rows) => Some(synthesize(
+            opts,
+            &got.opened,
+            &scatter,
+            got.n_rows,
+            &result.components,
+            &bounds,
+            spec.classes.as_ref(),
+            rows,
+        )?),
         None => None,
     };
     let seconds_user = t_user.elapsed().as_secs_f64() - got.seconds_proxy;
@@ -298,8 +352,8 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     };
     drop(proxy);
 
-    let plan =
-        dpca_common::dp::plan_noise(&spec.privacy, dim, spec.fixed.norm_bound_int(), got.n_rows);
+    let plan = spec.noise_plan(got.n_rows);
+    let budget = budget_ledger(&spec.privacy, spec.classes.is_some());
     let report = StudyReport {
         study_id,
         features: table.features.clone(),
@@ -331,6 +385,19 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         psd_repair: opts.psd_repair,
         baseline: opts.baseline,
         synthetic_rows: opts.synthetic.unwrap_or(0),
+        task: opts.task.name().into(),
+        classes: spec
+            .classes
+            .as_ref()
+            .map(|c| c.labels.clone())
+            .unwrap_or_default(),
+        class_covariance: spec.classes.as_ref().map(|c| c.covariance.name().into()),
+        class_counts: got.opened.classes.as_ref().map(|c| c.counts.clone()),
+        pca_source: match &opts.pca_from {
+            Some(p) => format!("public file {}", p.display()),
+            None => "private release".into(),
+        },
+        budget,
         seconds: Seconds {
             owner: slowest_owner,
             proxy: got.seconds_proxy,
@@ -342,8 +409,11 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     };
     write_outputs(&opts.out, &table.features, &result, &scatter, &report)?;
     if let Some(rows) = &synthetic {
-        let label_name = table.label.as_ref().map(|(name, _)| name.as_str());
-        write_synthetic(&opts.out, &table.features, label_name, rows)?;
+        let mut header = table.features.clone();
+        if let Some((l, _)) = &table.label {
+            header.push(l.clone());
+        }
+        write_synthetic(&opts.out, &header, rows)?;
         println!(
             "{} synthetic rows in {}",
             rows.len(),
@@ -371,6 +441,91 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         report.seconds.total
     );
     Ok(report)
+}
+
+/// Draws `rows` synthetic rows for the task, in the input's units, as CSV cells in
+/// the order of the study's features (the label last).
+#[allow(clippy::too_many_arguments)]
+fn synthesize(
+    opts: &LocalOptions,
+    opened: &Opened,
+    scatter: &DMatrix<f64>,
+    n_rows: u64,
+    components: &DMatrix<f64>,
+    bounds: &[(f64, f64)],
+    classes: Option<&ClassSpec>,
+    rows: usize,
+) -> anyhow::Result<Vec<Vec<String>>> {
+    let mut rng = OsRng;
+    let cells = |x: &DVector<f64>| -> Vec<String> {
+        to_original_units(x, bounds, opts.row_norm_bound)
+            .iter()
+            .map(f64::to_string)
+            .collect()
+    };
+    let mean = opened.mean.as_ref().ok_or(SynthError::NoMean)?;
+    Ok(match (opts.task, &opened.classes, classes) {
+        (Task::Classify, Some(stats), Some(spec)) => {
+            let mixture = GaussMixture::new(stats, n_rows, components)?;
+            (0..rows)
+                .map(|_| {
+                    let (c, x) = mixture.sample(&mut rng);
+                    let mut rec = cells(&x);
+                    rec.push(spec.labels[c].clone());
+                    rec
+                })
+                .collect()
+        }
+        (Task::Classify, _, _) => bail!("the release carries no class statistics"),
+        (Task::Regress, _, _) => {
+            let model = GaussModel::new(scatter, n_rows, &augment_with_label(components), mean)?;
+            (0..rows).map(|_| cells(&model.sample(&mut rng))).collect()
+        }
+        (Task::Cluster, _, _) => {
+            let model = GaussModel::new(scatter, n_rows, components, mean)?;
+            (0..rows)
+                .map(|_| {
+                    let mut rec = cells(&model.sample(&mut rng));
+                    // Unsupervised synthesis does not model the label: left empty.
+                    if opts.label.is_some() || opts.data.is_none() {
+                        rec.push(String::new());
+                    }
+                    rec
+                })
+                .collect()
+        }
+    })
+}
+
+/// Orders labels as numbers when both are, else as text (so 2 < 10).
+fn natural_order(a: &str, b: &str) -> std::cmp::Ordering {
+    match (a.parse::<f64>(), b.parse::<f64>()) {
+        (Ok(x), Ok(y)) => x.total_cmp(&y),
+        _ => a.cmp(b),
+    }
+}
+
+/// Pub-PCA: the top-k components of a public table with the study's features,
+/// preprocessed as the study's rows are. Spends no budget of the study.
+fn public_components(
+    path: &Path,
+    label: Option<&str>,
+    features: &[String],
+    bounds: &[(f64, f64)],
+    c: f64,
+    k: usize,
+) -> anyhow::Result<Pca> {
+    let name = path.display().to_string();
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {name}"))?;
+    let table = read_csv(file, &name, label)?;
+    table.check_schema(features, &name)?;
+    let rows: Vec<Vec<f64>> = table
+        .rows
+        .iter()
+        .map(|r| normalize_row(r, bounds, c).0)
+        .collect();
+    let cov = centered_scatter(&rows) / rows.len() as f64;
+    Ok(pca(&cov, k))
 }
 
 /// Writes each owner's slice (contiguous, sizes differing by at most one row) with

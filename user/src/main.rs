@@ -6,6 +6,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use dpca_common::dp::{Centering, Mechanism};
 use dpca_common::paillier::{SecretKey, DEFAULT_KEY_BITS};
+use dpca_common::study::ClassCovariance;
+use dpca_common::synth::Task;
 use rand::rngs::OsRng;
 
 /// Principal components of data pooled across owners who never reveal their rows.
@@ -33,7 +35,7 @@ enum Cmd {
     /// Run a whole study on this machine: a proxy and several owner processes on
     /// loopback, the table split among them; print the explained variance and write
     /// components.csv, eigenvalues.csv, scatter.csv and study.json.
-    Local(LocalArgs),
+    Local(Box<LocalArgs>),
 }
 
 #[derive(clap::Args, Debug)]
@@ -56,9 +58,10 @@ struct LocalArgs {
     /// gaussian (default), gaussian-classic (epsilon < 1), laplace, wishart-unproven.
     #[arg(long, default_value = "gaussian")]
     mechanism: String,
-    /// mask (default) or dp-mean.
-    #[arg(long, default_value = "mask")]
-    centering: String,
+    /// mask or dp-mean (default: mask, or dp-mean with --synthetic or --task
+    /// classify, which need a DP mean).
+    #[arg(long)]
+    centering: Option<String>,
     /// Label column to exclude from the features.
     #[arg(long)]
     label: Option<String>,
@@ -90,6 +93,19 @@ struct LocalArgs {
     /// budget). Needs a DP mean: `--centering dp-mean`.
     #[arg(long, value_name = "ROWS")]
     synthetic: Option<usize>,
+    /// What the synthetic data is for: cluster (features only), regress (the numeric
+    /// label drawn jointly with the features) or classify (a Gaussian per class:
+    /// class means, proportions and covariances released by the study).
+    #[arg(long, default_value = "cluster")]
+    task: String,
+    /// Classification: `shared` within-class covariance (one noisy scatter, LDA-style)
+    /// or `per-class` (the paper's; noisy with small classes).
+    #[arg(long, default_value = "shared")]
+    class_covariance: String,
+    /// Pub-PCA: take the components from this public CSV (same columns) instead of
+    /// the private release.
+    #[arg(long, value_name = "CSV")]
+    pca_from: Option<PathBuf>,
     /// TEST ONLY: noise-free release (the proxy is started in its test mode).
     #[arg(long, hide = true)]
     noise_free_for_testing: bool,
@@ -110,6 +126,12 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", sk.public().fingerprint());
         }
         Cmd::Local(a) => {
+            let task = Task::parse(&a.task)?;
+            let centering = match &a.centering {
+                Some(c) => Centering::parse(c)?,
+                None if a.synthetic.is_some() || task == Task::Classify => Centering::DpMean,
+                None => Centering::Mask,
+            };
             let opts = dpca_user::local::LocalOptions {
                 data: a.data,
                 owners: a.owners,
@@ -117,7 +139,7 @@ async fn main() -> anyhow::Result<()> {
                 epsilon: a.epsilon,
                 delta: a.delta,
                 mechanism: Mechanism::parse(&a.mechanism)?,
-                centering: Centering::parse(&a.centering)?,
+                centering,
                 label: a.label,
                 bounds: a.bounds,
                 row_norm_bound: a.row_norm_bound,
@@ -128,6 +150,9 @@ async fn main() -> anyhow::Result<()> {
                 no_build: a.no_build,
                 baseline: a.baseline,
                 synthetic: a.synthetic,
+                task,
+                class_covariance: ClassCovariance::parse(&a.class_covariance)?,
+                pca_from: a.pca_from,
             };
             dpca_user::local::run(&opts).await?;
         }

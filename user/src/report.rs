@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::Context;
+use dpca_common::dp::BudgetLedger;
 use dpca_common::linalg::Pca;
 use dpca_proto::usage::Usage;
 use nalgebra::DMatrix;
@@ -98,6 +99,24 @@ pub struct StudyReport {
     /// CPU time and peak memory per role, where `/proc` tells.
     #[serde(default)]
     pub usage: RoleUsage,
+    /// What the synthetic data is for: cluster, regress or classify.
+    #[serde(default)]
+    pub task: String,
+    /// Class labels of a classification study.
+    #[serde(default)]
+    pub classes: Vec<String>,
+    /// shared or per-class (classification only).
+    #[serde(default)]
+    pub class_covariance: Option<String>,
+    /// Noisy class counts as released (classification only).
+    #[serde(default)]
+    pub class_counts: Option<Vec<f64>>,
+    /// Where the components came from: the private release, or a public file
+    /// (Pub-PCA, no budget spent on them).
+    #[serde(default)]
+    pub pca_source: String,
+    /// The budget spent per released block, and composed.
+    pub budget: BudgetLedger,
 }
 
 /// CPU time and peak memory of each role's process in one study.
@@ -153,24 +172,13 @@ pub fn write_outputs(
     Ok(())
 }
 
-/// Writes `synthetic.csv` with the input's header: the features, then the label
-/// column (empty: unsupervised synthesis does not model the label).
-pub fn write_synthetic(
-    dir: &Path,
-    features: &[String],
-    label: Option<&str>,
-    rows: &[Vec<f64>],
-) -> anyhow::Result<()> {
+/// Writes `synthetic.csv`: the input's header (features, then the label column) and
+/// the rows as CSV cells.
+pub fn write_synthetic(dir: &Path, header: &[String], rows: &[Vec<String>]) -> anyhow::Result<()> {
     let mut w = csv_writer(&dir.join("synthetic.csv"))?;
-    let mut header = features.to_vec();
-    header.extend(label.map(str::to_string));
-    w.write_record(&header)?;
+    w.write_record(header)?;
     for row in rows {
-        let mut rec: Vec<String> = row.iter().map(|x| x.to_string()).collect();
-        if label.is_some() {
-            rec.push(String::new());
-        }
-        w.write_record(&rec)?;
+        w.write_record(row)?;
     }
     w.flush()?;
     Ok(())

@@ -352,7 +352,13 @@ fn measure(
             slots,
         },
         triangle: TriangleLayout::new(m, slots),
+        // The speed scenarios are unlabelled `mask` studies.
+        matrix_blocks: 1,
+        classes: 0,
+        vector_len: m,
         vector: vector_segments(m, slots),
+        vector_packed: false,
+        count_scale: 0,
         mask_bits: report.mask_bits,
         baseline: report.baseline,
     };

@@ -17,6 +17,7 @@ use dpca_common::dp::{plan_noise, Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{captured_variance, centered_scatter, pca};
 use dpca_common::protocol::{central_release, ReleaseSecrets, Share};
+use dpca_common::study::BlockShape;
 use dpca_common::study::DEFAULT_FRAC_BITS;
 use nalgebra::DMatrix;
 use rand::SeedableRng;
@@ -115,7 +116,7 @@ fn main() -> anyhow::Result<()> {
     let dim = table.features.len();
     let n = table.rows.len();
     let delta = (n as f64).powf(-1.1);
-    let (pooled, clipped) = Share::from_raw_rows(&table.rows, &bounds, &fixed);
+    let (pooled, clipped) = Share::from_raw_rows(&table.rows, &bounds, &fixed, None);
     let normalized: Vec<Vec<f64>> = table
         .rows
         .iter()
@@ -138,7 +139,7 @@ fn main() -> anyhow::Result<()> {
     for centering in [Centering::Mask, Centering::DpMean] {
         for &eps in &epsilons {
             let req = PrivacyRequest::new(mechanism, centering, eps, delta)?;
-            let plan = plan_noise(&req, dim, fixed.norm_bound_int(), n as u64);
+            let plan = plan_noise(&req, dim, fixed.norm_bound_int(), n as u64, false);
             let mut caps = Vec::with_capacity(args.reps);
             for _ in 0..args.reps {
                 let secrets = ReleaseSecrets {
@@ -150,7 +151,13 @@ fn main() -> anyhow::Result<()> {
                         .map(|v| v.sample_vector(dim, &mut rng))
                         .unwrap_or_default(),
                 };
-                let opened = central_release(&pooled, centering, &secrets, fixed.frac_bits);
+                let opened = central_release(
+                    &pooled,
+                    &BlockShape::new(dim, 0, false, fixed.norm_bound_int()),
+                    centering,
+                    &secrets,
+                    fixed.frac_bits,
+                );
                 caps.push(captured_variance(
                     &s_true,
                     &pca(&opened.scatter, args.k).components,

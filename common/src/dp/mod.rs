@@ -35,6 +35,25 @@
 //! - trace of S (Wishart): |tr dS| <= |a|^2 and |b|^2 <= 4 Cq^2.
 //! - R: Delta_2 = sqrt(2) Cq^2, Delta_1 = (M + 1) Cq^2, trace Cq^2.
 //! - v: Delta_2 = 2 Cq, Delta_1 = 2 sqrt(M) Cq.
+//!
+//! # Classification studies (PCA-Gauss Algorithm 3)
+//! Rows carry a class; the released blocks are the class sums v~_c, the scaled counts
+//! Cq N_c, and either the total R~ (shared covariance) or every R~_c. The replace-one
+//! neighbor may change the row's class, from c to c'. Then:
+//! - stacked class sums and scaled counts change by (-x in block c, +x' in block c',
+//!   -Cq and +Cq in the counts): squared L2 norm |x|^2 + |x'|^2 + 2 Cq^2 <= 4 Cq^2,
+//!   the same 2 Cq as v (within one class the change is x' - x, again <= 2 Cq and the
+//!   counts do not move). L1: |x|_1 + |x'|_1 + 2 Cq <= 2 (sqrt(M) + 1) Cq.
+//! - stacked R~_c change by -x x^T in block c and +x' x'^T in block c': squared
+//!   Frobenius norm |x|^4 + |x'|^4 <= 2 Cq^4, the same sqrt(2) Cq^2 as R~ (upper
+//!   triangles: no more). L1 of the upper triangles: (M + 1)(|x|^2 + |x'|^2) / 2
+//!   <= (M + 1) Cq^2, as for R~. The total R~ does not see the class at all.
+//!
+//! So a classification study costs exactly the privacy of an unlabelled `dp-mean`
+//! study, with Delta_1 of the vector block raised to 2 (sqrt(M) + 1) Cq. Disjoint
+//! classes are not "parallel composition" for free: the sensitivities above are what
+//! accounts for the row that moves. The Wishart mechanism is refused with classes (its
+//! trace argument would need |x|^2 + |x'|^2).
 
 pub mod sampler;
 
@@ -47,6 +66,10 @@ use sampler::{discrete_gaussian, discrete_laplace, Ratio};
 
 /// Share of the budget given to R in `dp-mean` centering (the rest goes to v).
 pub const DP_MEAN_MATRIX_SHARE: f64 = 0.9;
+
+/// Share of the budget given to the matrix in a classification study: the class
+/// means carry the classes apart, so they get more than the global mean does.
+pub const CLASS_MATRIX_SHARE: f64 = 0.5;
 
 /// Errors of privacy parameters.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -200,11 +223,21 @@ pub struct Sensitivity {
     pub r_trace: f64,
     /// L2 sensitivity of v~.
     pub v_l2: f64,
-    /// L1 sensitivity of v~.
+    /// L1 sensitivity of v~ (of the class block, in a classification study).
     pub v_l1: f64,
 }
 
 impl Sensitivity {
+    /// Sensitivities of a classification study's blocks (see the module docs): only
+    /// the vector block's L1 grows, by the two moved counts.
+    pub fn with_classes(cq: u64, dim: usize) -> Self {
+        let plain = Self::new(cq, dim);
+        Self {
+            v_l1: plain.v_l1 + 2.0 * cq as f64,
+            ..plain
+        }
+    }
+
     /// Sensitivities for rows of integer norm at most `cq` in `dim` dimensions.
     pub fn new(cq: u64, dim: usize) -> Self {
         let c = cq as f64;
@@ -346,9 +379,20 @@ fn ceil_big(x: f64) -> BigUint {
 }
 
 /// Plans the noise of a study whose pooled table has `n_rows` rows, in `dim`
-/// dimensions with integer row bound `cq`.
-pub fn plan_noise(req: &PrivacyRequest, dim: usize, cq: u64, n_rows: u64) -> NoisePlan {
-    let sens = Sensitivity::new(cq, dim);
+/// dimensions with integer row bound `cq`; `classes` for a classification study
+/// (`dp-mean` only, never Wishart: [`crate::study::StudySpec`] refuses the rest).
+pub fn plan_noise(
+    req: &PrivacyRequest,
+    dim: usize,
+    cq: u64,
+    n_rows: u64,
+    classes: bool,
+) -> NoisePlan {
+    let sens = if classes {
+        Sensitivity::with_classes(cq, dim)
+    } else {
+        Sensitivity::new(cq, dim)
+    };
     let n = n_rows as f64;
     match req.centering {
         Centering::Mask => {
@@ -405,7 +449,7 @@ pub fn plan_noise(req: &PrivacyRequest, dim: usize, cq: u64, n_rows: u64) -> Noi
             }
         }
         Centering::DpMean => {
-            let share = DP_MEAN_MATRIX_SHARE;
+            let share = matrix_share(classes);
             match req.mechanism {
                 Mechanism::Gaussian => {
                     let rho = rho_for(req.epsilon, req.delta);
@@ -470,6 +514,129 @@ pub fn plan_noise(req: &PrivacyRequest, dim: usize, cq: u64, n_rows: u64) -> Noi
                 },
             }
         }
+    }
+}
+
+/// The share of the budget the matrix block gets in `dp-mean` centering.
+pub fn matrix_share(classes: bool) -> f64 {
+    if classes {
+        CLASS_MATRIX_SHARE
+    } else {
+        DP_MEAN_MATRIX_SHARE
+    }
+}
+
+/// What one released block of a study spends.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BudgetPart {
+    /// The block and what it serves.
+    pub part: String,
+    /// epsilon of this block alone (at `delta` for the Gaussian mechanisms).
+    pub epsilon: f64,
+    /// delta of this block alone.
+    pub delta: f64,
+    /// zCDP rho of this block (zCDP-accounted Gaussian only).
+    pub rho: Option<f64>,
+}
+
+/// The privacy a study spends, block by block, and composed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BudgetLedger {
+    /// One entry per released block; everything derived later (PCA, synthetic data)
+    /// is post-processing and spends nothing.
+    pub parts: Vec<BudgetPart>,
+    /// epsilon of the whole release: zCDP composition (rho adds) for `gaussian`,
+    /// basic composition otherwise.
+    pub epsilon: f64,
+    /// delta of the whole release.
+    pub delta: f64,
+    /// Total zCDP rho (zCDP-accounted Gaussian only).
+    pub rho: Option<f64>,
+}
+
+/// The smallest epsilon at which a rho-zCDP mechanism is (epsilon, delta)-DP.
+pub fn epsilon_for(rho: f64, delta: f64) -> f64 {
+    let (mut lo, mut hi) = (
+        0.0f64,
+        2.0 * rho + 4.0 * (rho * (1.0 / delta).ln()).sqrt() + 1.0,
+    );
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if zcdp_delta(rho, mid) <= delta {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
+}
+
+/// The budget ledger of a study: how `req` is split between the released blocks and
+/// what the parts compose to (never more than asked; a test checks it).
+pub fn budget_ledger(req: &PrivacyRequest, classes: bool) -> BudgetLedger {
+    let names: Vec<(&str, f64)> = match req.centering {
+        Centering::Mask => vec![("centered scatter N S (PCA, covariance)", 1.0)],
+        Centering::DpMean if classes => {
+            let share = matrix_share(true);
+            vec![
+                ("second moments R or R_c (PCA, class covariances)", share),
+                (
+                    "class sums and counts (class means, proportions)",
+                    1.0 - share,
+                ),
+            ]
+        }
+        Centering::DpMean => {
+            let share = matrix_share(false);
+            vec![
+                ("second moments R (PCA, covariance)", share),
+                ("sum v (DP mean)", 1.0 - share),
+            ]
+        }
+    };
+    let split_delta = req.delta / names.len() as f64;
+    let parts: Vec<BudgetPart> = names
+        .iter()
+        .map(|&(part, share)| match req.mechanism {
+            Mechanism::Gaussian => {
+                let rho = share * rho_for(req.epsilon, req.delta);
+                BudgetPart {
+                    part: part.into(),
+                    epsilon: epsilon_for(rho, req.delta),
+                    delta: req.delta,
+                    rho: Some(rho),
+                }
+            }
+            Mechanism::GaussianClassic => BudgetPart {
+                part: part.into(),
+                epsilon: share * req.epsilon,
+                delta: split_delta,
+                rho: None,
+            },
+            Mechanism::Laplace | Mechanism::WishartUnproven => BudgetPart {
+                part: part.into(),
+                epsilon: share * req.epsilon,
+                delta: 0.0,
+                rho: None,
+            },
+        })
+        .collect();
+    match req.mechanism {
+        Mechanism::Gaussian => {
+            let rho: f64 = parts.iter().filter_map(|p| p.rho).sum();
+            BudgetLedger {
+                epsilon: epsilon_for(rho, req.delta),
+                delta: req.delta,
+                rho: Some(rho),
+                parts,
+            }
+        }
+        _ => BudgetLedger {
+            epsilon: parts.iter().map(|p| p.epsilon).sum(),
+            delta: parts.iter().map(|p| p.delta).sum(),
+            rho: None,
+            parts,
+        },
     }
 }
 

@@ -218,11 +218,19 @@ fn classic_calibration_refuses_large_epsilon() {
 /// The planned sigma, converted back, spends no more than was asked.
 #[test]
 fn gaussian_plan_spends_at_most_the_budget() {
-    for centering in [Centering::Mask, Centering::DpMean] {
+    for (centering, classes) in [
+        (Centering::Mask, false),
+        (Centering::DpMean, false),
+        (Centering::DpMean, true),
+    ] {
         let req = PrivacyRequest::new(Mechanism::Gaussian, centering, 1.0, 1e-5).expect("valid");
         let cq = FP.norm_bound_int();
-        let plan = plan_noise(&req, 10, cq, 1000);
-        let sens = Sensitivity::new(cq, 10);
+        let plan = plan_noise(&req, 10, cq, 1000, classes);
+        let sens = if classes {
+            Sensitivity::with_classes(cq, 10)
+        } else {
+            Sensitivity::new(cq, 10)
+        };
         let sigma = plan.matrix.std_dev();
         let spent = match (centering, &plan.vector) {
             (Centering::Mask, _) => (1000.0 * sens.s_l2).powi(2) / (2.0 * sigma * sigma),
@@ -268,5 +276,102 @@ fn wishart_noise_is_positive_semidefinite_on_diagonal() {
     for i in 0..4 {
         let idx = crate::encoding::TriangleLayout::upper_index(4, i, i);
         assert!(upper[idx] >= BigInt::zero());
+    }
+}
+
+/// The ledger's parts compose to no more than was asked, for every mechanism and
+/// centering, with and without classes.
+#[test]
+fn budget_ledger_composes_within_the_request() {
+    for mechanism in [
+        Mechanism::Gaussian,
+        Mechanism::GaussianClassic,
+        Mechanism::Laplace,
+    ] {
+        for (centering, classes) in [
+            (Centering::Mask, false),
+            (Centering::DpMean, false),
+            (Centering::DpMean, true),
+        ] {
+            for epsilon in [0.5, 0.9] {
+                let req = PrivacyRequest::new(mechanism, centering, epsilon, 1e-6).expect("valid");
+                let ledger = budget_ledger(&req, classes);
+                let what = format!("{mechanism:?} {centering:?} classes={classes} eps={epsilon}");
+                assert!(
+                    ledger.epsilon <= epsilon * (1.0 + 1e-9),
+                    "{what}: {ledger:?}"
+                );
+                assert!(ledger.delta <= 1e-6 * (1.0 + 1e-9), "{what}: {ledger:?}");
+                let parts = if centering == Centering::Mask { 1 } else { 2 };
+                assert_eq!(ledger.parts.len(), parts, "{what}");
+                // Every part spends something, and no part alone exceeds the whole.
+                for p in &ledger.parts {
+                    assert!(p.epsilon > 0.0 && p.epsilon <= ledger.epsilon * (1.0 + 1e-9));
+                }
+                if mechanism == Mechanism::Gaussian {
+                    // zCDP: the composed epsilon is the requested one, not less.
+                    assert!(ledger.epsilon >= epsilon * 0.999, "{what}: {ledger:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Exact class blocks of a labelled table: stacked class sums then Cq-scaled counts,
+/// and stacked R_c upper triangles.
+fn class_blocks(rows: &[Vec<i64>], labels: &[usize], g: usize) -> (Vec<i128>, Vec<i128>) {
+    let m = rows[0].len();
+    let cq = FP.norm_bound_int() as i128;
+    let mut v = vec![0i128; g * (m + 1)];
+    let mut r = vec![0i128; g * m * m];
+    for (x, &c) in rows.iter().zip(labels) {
+        for i in 0..m {
+            v[c * m + i] += x[i] as i128;
+            for j in i..m {
+                r[c * m * m + i * m + j] += x[i] as i128 * x[j] as i128;
+            }
+        }
+        v[g * m + c] += cq;
+    }
+    (v, r)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Classification studies: replacing one row, possibly by a row of another class,
+    /// moves the stacked class sums and counts and the stacked R_c by no more than
+    /// the sensitivities the plan uses.
+    #[test]
+    fn class_neighbors_respect_sensitivity(
+        (rows, labels, replacement, new_label) in (1usize..6, 2usize..7, 2usize..5)
+            .prop_flat_map(|(m, n, g)| (
+                proptest::collection::vec(row_strategy(m), n),
+                proptest::collection::vec(0..g, n),
+                row_strategy(m),
+                0..g,
+            ))
+    ) {
+        let g = labels.iter().copied().max().unwrap_or(0).max(new_label) + 1;
+        let m = rows[0].len();
+        let a: Vec<Vec<i64>> = rows.iter().map(|r| clip_encode(r)).collect();
+        let mut b = a.clone();
+        b[0] = clip_encode(&replacement);
+        let mut lb = labels.clone();
+        lb[0] = new_label;
+        let (va, ra) = class_blocks(&a, &labels, g);
+        let (vb, rb) = class_blocks(&b, &lb, g);
+        let sens = Sensitivity::with_classes(FP.norm_bound_int(), m);
+        let dv: Vec<f64> = va.iter().zip(&vb).map(|(x, y)| (x - y) as f64).collect();
+        let dr: Vec<f64> = ra.iter().zip(&rb).map(|(x, y)| (x - y) as f64).collect();
+        let tol = 1.0 + 1e-9;
+        let v2 = dv.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let v1 = dv.iter().map(|x| x.abs()).sum::<f64>();
+        let r2 = dr.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let r1 = dr.iter().map(|x| x.abs()).sum::<f64>();
+        prop_assert!(v2 <= sens.v_l2 * tol, "class vector L2 {} > {}", v2, sens.v_l2);
+        prop_assert!(v1 <= sens.v_l1 * tol, "class vector L1 {} > {}", v1, sens.v_l1);
+        prop_assert!(r2 <= sens.r_l2 * tol, "stacked R_c L2 {} > {}", r2, sens.r_l2);
+        prop_assert!(r1 <= sens.r_l1 * tol, "stacked R_c L1 {} > {}", r1, sens.r_l1);
     }
 }

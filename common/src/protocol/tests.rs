@@ -1,10 +1,10 @@
 //! Exactness and masking invariants of the release, with real encryption.
 
 use super::*;
-use crate::dp::{plan_noise, Mechanism, NoiseScale, PrivacyRequest};
+use crate::dp::{Mechanism, NoiseScale, PrivacyRequest};
 use crate::encoding::FixedPoint;
 use crate::randomizer::Randomizer;
-use crate::study::StudySpec;
+use crate::study::{ClassCovariance, ClassSpec, StudySpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use std::sync::OnceLock;
@@ -33,6 +33,17 @@ fn spec(dim: usize, centering: Centering, mechanism: Mechanism) -> StudySpec {
         kappa: 40,
         public_key: key().public().clone(),
         baseline: false,
+        classes: None,
+    }
+}
+
+fn class_spec(dim: usize, mechanism: Mechanism, covariance: ClassCovariance) -> StudySpec {
+    StudySpec {
+        classes: Some(ClassSpec {
+            labels: vec!["a".into(), "b".into(), "c".into()],
+            covariance,
+        }),
+        ..spec(dim, Centering::DpMean, mechanism)
     }
 }
 
@@ -64,7 +75,23 @@ fn run(
     let dim = spec.dim();
     let shares: Vec<Share> = [7usize, 5, 9]
         .iter()
-        .map(|&n| Share::from_rows(&random_rows(&mut rng, n, dim, &spec.fixed), dim))
+        .map(|&n| {
+            let rows = random_rows(&mut rng, n, dim, &spec.fixed);
+            if layout.classes == 0 {
+                return Share::from_rows(&rows, dim);
+            }
+            let labels: Vec<usize> = (0..n).map(|_| rng.gen_range(0..layout.classes)).collect();
+            Share::from_class_rows(
+                &rows,
+                dim,
+                &ClassRows {
+                    labels: &labels,
+                    classes: layout.classes,
+                    per_class_matrix: layout.matrix_blocks > 1,
+                    count_scale: layout.count_scale,
+                },
+            )
+        })
         .collect();
     let mut agg: Option<Vec<Ciphertext>> = None;
     for s in &shares {
@@ -82,7 +109,7 @@ fn run(
     }
     let agg = agg.expect("owners");
     let pooled = Share::sum(&shares).expect("pooled");
-    let mut plan = plan_noise(&spec.privacy, dim, spec.fixed.norm_bound_int(), pooled.n);
+    let mut plan = spec.noise_plan(pooled.n);
     if let Some(n) = noise {
         plan.matrix = n.clone();
         plan.vector = plan.vector.map(|_| n);
@@ -148,7 +175,11 @@ fn masking_invariant_holds_exactly() {
     for i in 0..dim {
         for j in 0..dim {
             let ns = &n * &r[i][j] - BigInt::from(pooled.v[i]) * BigInt::from(pooled.v[j]);
-            assert_eq!(opened.matrix_grid[i][j], ns + &e[i][j], "entry ({i}, {j})");
+            assert_eq!(
+                opened.matrix_grid[0][i][j],
+                ns + &e[i][j],
+                "entry ({i}, {j})"
+            );
         }
         let v_masked = BigInt::from(pooled.v[i]) + BigInt::from(secrets.mask[i].clone());
         assert_eq!(opened.vector_grid[i], v_masked);
@@ -200,7 +231,7 @@ fn dp_mean_release_is_r_plus_noise() {
         let e = noise_full(&secrets.matrix_noise, dim);
         for i in 0..dim {
             for j in 0..dim {
-                assert_eq!(opened.matrix_grid[i][j], &r[i][j] + &e[i][j]);
+                assert_eq!(opened.matrix_grid[0][i][j], &r[i][j] + &e[i][j]);
             }
             assert_eq!(
                 opened.vector_grid[i],
@@ -224,7 +255,7 @@ fn mask_invariant_for_other_mechanisms() {
         for i in 0..dim {
             for j in 0..dim {
                 let ns = &n * &r[i][j] - BigInt::from(pooled.v[i]) * BigInt::from(pooled.v[j]);
-                assert_eq!(opened.matrix_grid[i][j], ns + &e[i][j]);
+                assert_eq!(opened.matrix_grid[0][i][j], ns + &e[i][j]);
             }
         }
         // Every released ciphertext is a valid group element.
@@ -251,12 +282,98 @@ fn distributed_release_equals_central_mechanism() {
                     // One value per ciphertext: the triangle, then v.
                     assert_eq!(released.len(), 21 + 6, "{centering:?} {mech:?}");
                 }
-                let central = central_release(&pooled, centering, &secrets, spec.fixed.frac_bits);
+                let layout = StudyLayout::new(&spec).expect("layout");
+                let central = central_release(
+                    &pooled,
+                    &layout.shape(),
+                    centering,
+                    &secrets,
+                    spec.fixed.frac_bits,
+                );
                 let what = format!("{centering:?} {mech:?} baseline={baseline}");
                 assert_eq!(central.matrix_grid, opened.matrix_grid, "{what}");
                 assert_eq!(central.scatter, opened.scatter, "{what}");
                 assert_eq!(central.mean, opened.mean, "{what}");
             }
+        }
+    }
+}
+
+/// Classification studies: the distributed release equals the central mechanism bit
+/// for bit, in both covariance modes, with noise.
+#[test]
+fn class_release_equals_central_mechanism() {
+    for (k, covariance) in [ClassCovariance::Shared, ClassCovariance::PerClass]
+        .into_iter()
+        .enumerate()
+    {
+        let spec = class_spec(5, Mechanism::Gaussian, covariance);
+        let layout = StudyLayout::new(&spec).expect("layout");
+        let (pooled, secrets, opened, released) = run(&spec, None, 60 + k as u64);
+        assert_eq!(released.len(), layout.release_ciphertexts());
+        let central = central_release(
+            &pooled,
+            &layout.shape(),
+            Centering::DpMean,
+            &secrets,
+            spec.fixed.frac_bits,
+        );
+        assert_eq!(central.matrix_grid, opened.matrix_grid, "{covariance:?}");
+        assert_eq!(central.vector_grid, opened.vector_grid, "{covariance:?}");
+        assert_eq!(central.scatter, opened.scatter, "{covariance:?}");
+        let (a, b) = (
+            central.classes.expect("classes"),
+            opened.classes.expect("classes"),
+        );
+        assert_eq!(a.counts, b.counts);
+        assert_eq!(a.means, b.means);
+        assert_eq!(a.scatters, b.scatters);
+    }
+}
+
+/// Without noise a classification release opens to the exact class counts, means
+/// and within-class scatters, and the class blocks add up to the unlabelled study's.
+#[test]
+fn noise_free_class_release_is_exact() {
+    for covariance in [ClassCovariance::Shared, ClassCovariance::PerClass] {
+        let spec = class_spec(4, Mechanism::Gaussian, covariance);
+        let layout = StudyLayout::new(&spec).expect("layout");
+        let (pooled, _, opened, _) = run(&spec, Some(NoiseScale::None), 70);
+        let (g, dim) = (3, 4);
+        let stats = opened.classes.expect("classes");
+        let cq = layout.count_scale as i128;
+        let counts: Vec<i128> = (0..g).map(|c| pooled.v[g * dim + c] / cq).collect();
+        assert_eq!(counts.iter().sum::<i128>(), pooled.n as i128);
+        for c in 0..g {
+            assert_eq!(stats.counts[c], counts[c] as f64, "count of class {c}");
+            assert_eq!(pooled.v[g * dim + c] % cq, 0);
+        }
+        assert_eq!(
+            stats.scatters.len(),
+            if covariance == ClassCovariance::Shared {
+                1
+            } else {
+                g
+            }
+        );
+        // Within-class scatters add up to the total minus the between-class part.
+        let scale = f64::from(spec.fixed.frac_bits).exp2();
+        let mean = opened.mean.expect("mean");
+        let within = stats
+            .scatters
+            .iter()
+            .fold(nalgebra::DMatrix::zeros(dim, dim), |acc, s| acc + s);
+        let between = (0..g).fold(nalgebra::DMatrix::zeros(dim, dim), |acc, c| {
+            let d = &stats.means[c] - &mean;
+            acc + &d * d.transpose() * stats.counts[c]
+        });
+        let diff = (&within + between - &opened.scatter).abs().max();
+        assert!(diff < 1e-9, "within + between differs from total by {diff}");
+        // The mean of each class is its sum over its count.
+        for c in 0..g {
+            let sum = nalgebra::DVector::from_fn(dim, |i, _| pooled.v[c * dim + i] as f64 / scale);
+            let want = sum / stats.counts[c].max(1.0);
+            assert!((&stats.means[c] - want).abs().max() < 1e-12);
         }
     }
 }
