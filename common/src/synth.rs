@@ -163,12 +163,18 @@ pub struct GaussMixture {
 
 impl GaussMixture {
     /// Builds the mixture from the released class statistics, the pooled row count
-    /// N and the top-k components. A shared within-class scatter is divided by N; a
-    /// class's own scatter by its noisy count (at least 1).
+    /// N, the top-k components W and the global DP mean mu. A shared within-class
+    /// scatter is divided by N; a class's own scatter by its noisy count (at least 1).
+    ///
+    /// Class c is centered at mu + W W^T (mu_c - mu): the global mean is kept whole
+    /// (it lies mostly outside the span of W), while the class deviations, like the
+    /// covariances, live in the k-dimensional span, which also drops the class means'
+    /// noise along the M - k discarded axes.
     pub fn new(
         stats: &ClassStats,
         n_rows: u64,
         components: &DMatrix<f64>,
+        global_mean: &DVector<f64>,
     ) -> Result<Self, SynthError> {
         let g = stats.means.len();
         if g == 0 || stats.counts.len() != g {
@@ -178,11 +184,23 @@ impl GaussMixture {
                 stats.counts.len()
             )));
         }
+        if global_mean.len() != components.nrows() {
+            return Err(SynthError::Shape(format!(
+                "global mean of {} values for {} features",
+                global_mean.len(),
+                components.nrows()
+            )));
+        }
+        let projector = components * components.transpose();
+        let means: Vec<DVector<f64>> = stats
+            .means
+            .iter()
+            .map(|m| global_mean + &projector * (m - global_mean))
+            .collect();
         let models = match stats.scatters.as_slice() {
             [shared] => {
-                let base = GaussModel::new(shared, n_rows, components, &stats.means[0])?;
-                stats
-                    .means
+                let base = GaussModel::new(shared, n_rows, components, global_mean)?;
+                means
                     .iter()
                     .map(|m| GaussModel {
                         mean: m.clone(),
@@ -192,7 +210,7 @@ impl GaussMixture {
             }
             own if own.len() == g => own
                 .iter()
-                .zip(&stats.means)
+                .zip(&means)
                 .zip(&stats.counts)
                 .map(|((s, m), &c)| GaussModel::with_divisor(s, c.max(1.0), components, m))
                 .collect::<Result<Vec<_>, _>>()?,

@@ -145,7 +145,8 @@ pub fn write_outputs(
     let mut header = vec!["feature".to_string()];
     header.extend((1..=k).map(|i| format!("PC{i}")));
     w.write_record(&header)?;
-    for (i, f) in features.iter().enumerate() {
+    // A regression study's components span the features only, not the label.
+    for (i, f) in features.iter().take(pca.components.nrows()).enumerate() {
         let mut rec = vec![f.clone()];
         rec.extend((0..k).map(|j| pca.components[(i, j)].to_string()));
         w.write_record(&rec)?;

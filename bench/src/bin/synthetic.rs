@@ -1,0 +1,548 @@
+//! Utility of PCA-Gauss synthetic data against real data: the structure of the
+//! PCA-Gauss paper's Tables II-IV on the bundled data sets.
+//!
+//! For each task a model is trained on synthetic rows and scored on a real held-out
+//! split (80/20, seeded):
+//! - cluster (optdigits, Algorithm 1): k-means with 10 clusters fitted on the rows,
+//!   silhouette of the real test rows under its assignment;
+//! - classify (optdigits, letter, Algorithm 3): multinomial logistic regression,
+//!   accuracy on the real test rows;
+//! - regress (diamonds, Algorithm 2): ridge regression, RMSE of price on the real
+//!   test rows.
+//!
+//! Methods, all from the same private release of the study (`dp-mean` centering):
+//! - `real`: the model trained on the real training rows (no privacy);
+//! - `pca-gauss`: the top-k private components (this system);
+//! - `full-gauss`: no dimension reduction, all M axes (the paper's MODIPS
+//!   comparison: a Gaussian fitted to the noisy moments);
+//! - `random-proj`: k random orthonormal axes instead of the components (the paper's
+//!   adaptation of Blocki et al.; with the Gaussian mechanism, projecting the noisy
+//!   scatter equals noising the projected one, W^T E W having E's entry law).
+//!
+//! The release runs centrally on the pooled integer share (`central_release`), which
+//! the protocol's tests prove equal, bit for bit, to what the user opens from the
+//! distributed release with the same noise. Rows are sampled exactly as `user local
+//! --synthetic` samples them, then put through the study's public preprocessing.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use dpca_common::data::{normalize_row, read_bounds, read_csv, Table};
+use dpca_common::dp::{plan_noise, Centering, Mechanism, PrivacyRequest};
+use dpca_common::encoding::FixedPoint;
+use dpca_common::linalg::pca;
+use dpca_common::protocol::{central_release, ClassRows, Opened, ReleaseSecrets, Share};
+use dpca_common::study::{BlockShape, DEFAULT_FRAC_BITS};
+use dpca_common::synth::{augment_with_label, to_original_units, GaussMixture, GaussModel, Task};
+use linfa::metrics::SilhouetteScore;
+use linfa::prelude::*;
+use linfa_clustering::KMeans;
+use linfa_elasticnet::ElasticNet;
+use linfa_logistic::MultiLogisticRegression;
+use nalgebra::{DMatrix, DVector};
+use ndarray::{Array1, Array2};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use rand_distr::StandardNormal;
+use serde::Serialize;
+
+/// PCA-Gauss synthetic data against real data and two baselines.
+#[derive(Parser, Debug)]
+#[command(name = "synthetic", about)]
+struct Args {
+    /// Experiments: cluster-optdigits, classify-optdigits, classify-letter,
+    /// regress-diamonds.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "cluster-optdigits,classify-optdigits,classify-letter,regress-diamonds"
+    )]
+    experiments: Vec<String>,
+    /// Epsilons.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,1,2")]
+    epsilons: Vec<f64>,
+    /// Repetitions per setting (fresh noise and fresh samples each).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Mechanism (gaussian or laplace).
+    #[arg(long, default_value = "gaussian")]
+    mechanism: String,
+    /// Classification: shared or per-class covariance.
+    #[arg(long, default_value = "shared")]
+    class_covariance: String,
+    /// Components k per experiment, in the order of --experiments (default: 20 for
+    /// optdigits, 10 for letter, 5 for diamonds).
+    #[arg(long, value_delimiter = ',')]
+    k: Vec<usize>,
+    /// Also sweep k at the --sweep-epsilon for pca-gauss (utility against k).
+    #[arg(long, value_delimiter = ',')]
+    ks: Vec<usize>,
+    /// epsilon of the k sweep.
+    #[arg(long, default_value_t = 1.0)]
+    sweep_epsilon: f64,
+    /// Seed of the split, the noise and the samples.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// JSON output (default target/bench-synthetic/synthetic-bench.json).
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// One experiment: a data set, its public bounds and the task.
+struct Experiment {
+    name: String,
+    task: Task,
+    k: usize,
+    /// Training rows, normalized (label column last for regression).
+    train: Vec<Vec<f64>>,
+    /// Test rows, normalized the same way.
+    test: Vec<Vec<f64>>,
+    /// Class index per row (classification).
+    train_y: Vec<usize>,
+    test_y: Vec<usize>,
+    classes: usize,
+    /// Bounds of the study's columns (label last for regression).
+    bounds: Vec<(f64, f64)>,
+}
+
+const C: f64 = 1.0;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn load(name: &str, k: Option<usize>, seed: u64) -> anyhow::Result<Experiment> {
+    let (task, file, default_k): (Task, &str, usize) = match name {
+        "cluster-optdigits" => (Task::Cluster, "optdigits", 20),
+        "classify-optdigits" => (Task::Classify, "optdigits", 20),
+        "classify-letter" => (Task::Classify, "letter", 10),
+        "regress-diamonds" => (Task::Regress, "diamonds", 5),
+        other => bail!("unknown experiment `{other}`"),
+    };
+    let root = workspace_root().join("data");
+    let path = root.join(format!("{file}.csv"));
+    let label = if file == "diamonds" { "price" } else { "label" };
+    let shown = path.display().to_string();
+    let input = read_csv(
+        std::fs::File::open(&path).with_context(|| shown.clone())?,
+        &shown,
+        Some(label),
+    )?;
+    let (table, labels): (Table, Vec<usize>) = match task {
+        Task::Regress => (input.with_label_as_feature(&shown)?, Vec::new()),
+        _ => {
+            let mut classes = input.distinct_labels().unwrap_or_default();
+            classes.sort();
+            let idx = input.class_indices(&classes, &shown)?;
+            (input, idx)
+        }
+    };
+    let bounds_path = root.join(format!("{file}.bounds.csv"));
+    let bounds = read_bounds(std::fs::File::open(&bounds_path)?, &table.features)?;
+    let classes = labels.iter().copied().max().map_or(0, |m| m + 1);
+    let mut order: Vec<usize> = (0..table.rows.len()).collect();
+    order.shuffle(&mut ChaCha20Rng::seed_from_u64(seed));
+    let cut = order.len() * 4 / 5;
+    let norm = |i: &usize| normalize_row(&table.rows[*i], &bounds, C).0;
+    let lab = |i: &usize| labels.get(*i).copied().unwrap_or(0);
+    Ok(Experiment {
+        name: name.to_string(),
+        task,
+        k: k.unwrap_or(default_k)
+            .clamp(1, table.features.len() - usize::from(task == Task::Regress)),
+        train: order[..cut].iter().map(norm).collect(),
+        test: order[cut..].iter().map(norm).collect(),
+        train_y: if labels.is_empty() {
+            Vec::new()
+        } else {
+            order[..cut].iter().map(lab).collect()
+        },
+        test_y: if labels.is_empty() {
+            Vec::new()
+        } else {
+            order[cut..].iter().map(lab).collect()
+        },
+        classes,
+        bounds,
+    })
+}
+
+/// The study's pooled share of the training rows.
+fn pooled_share(e: &Experiment, fixed: &FixedPoint, per_class: bool) -> (Share, BlockShape) {
+    let dim = e.bounds.len();
+    let encoded: Vec<Vec<i64>> = e.train.iter().map(|x| fixed.encode_row(x)).collect();
+    let cq = fixed.norm_bound_int();
+    if e.task == Task::Classify {
+        let shape = BlockShape::new(dim, e.classes, per_class, cq);
+        let rows = ClassRows {
+            labels: &e.train_y,
+            classes: e.classes,
+            per_class_matrix: per_class,
+            count_scale: cq,
+        };
+        (Share::from_class_rows(&encoded, dim, &rows), shape)
+    } else {
+        (
+            Share::from_rows(&encoded, dim),
+            BlockShape::new(dim, 0, false, cq),
+        )
+    }
+}
+
+/// One release of the study with fresh noise.
+fn release(
+    pooled: &Share,
+    shape: &BlockShape,
+    req: &PrivacyRequest,
+    fixed: &FixedPoint,
+    rng: &mut ChaCha20Rng,
+) -> Opened {
+    let plan = plan_noise(
+        req,
+        shape.dim,
+        fixed.norm_bound_int(),
+        pooled.n,
+        shape.classes > 0,
+    );
+    let mut matrix_noise = Vec::new();
+    for _ in 0..shape.matrix_blocks {
+        matrix_noise.extend(plan.matrix.sample_upper(shape.dim, rng));
+    }
+    let secrets = ReleaseSecrets {
+        mask: Vec::new(),
+        matrix_noise,
+        vector_noise: plan
+            .vector
+            .as_ref()
+            .map(|v| v.sample_vector(shape.vector_len(), rng))
+            .unwrap_or_default(),
+    };
+    central_release(pooled, shape, Centering::DpMean, &secrets, fixed.frac_bits)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+enum Method {
+    #[serde(rename = "real")]
+    Real,
+    #[serde(rename = "pca-gauss")]
+    PcaGauss,
+    #[serde(rename = "full-gauss")]
+    FullGauss,
+    #[serde(rename = "random-proj")]
+    RandomProj,
+}
+
+impl Method {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Real => "real",
+            Self::PcaGauss => "pca-gauss",
+            Self::FullGauss => "full-gauss",
+            Self::RandomProj => "random-proj",
+        }
+    }
+}
+
+/// k random orthonormal columns in `m` dimensions.
+fn random_axes(m: usize, k: usize, rng: &mut ChaCha20Rng) -> DMatrix<f64> {
+    let g = DMatrix::from_fn(m, k, |_, _| rng.sample::<f64, _>(StandardNormal));
+    g.qr().q()
+}
+
+/// Synthetic training rows (normalized, preprocessed) and their class indices.
+fn synthesize(
+    e: &Experiment,
+    opened: &Opened,
+    n_rows: u64,
+    axes: &DMatrix<f64>,
+    rng: &mut ChaCha20Rng,
+) -> anyhow::Result<(Vec<Vec<f64>>, Vec<usize>)> {
+    let count = e.train.len();
+    let finish =
+        |x: &DVector<f64>| normalize_row(&to_original_units(x, &e.bounds, C), &e.bounds, C).0;
+    let mean = opened.mean.as_ref().context("no mean")?;
+    Ok(match e.task {
+        Task::Classify => {
+            let stats = opened.classes.as_ref().context("no class statistics")?;
+            let mix = GaussMixture::new(stats, n_rows, axes, mean)?;
+            (0..count)
+                .map(|_| {
+                    let (c, x) = mix.sample(rng);
+                    (finish(&x), c)
+                })
+                .unzip()
+        }
+        Task::Regress => {
+            let model = GaussModel::new(&opened.scatter, n_rows, &augment_with_label(axes), mean)?;
+            (
+                (0..count).map(|_| finish(&model.sample(rng))).collect(),
+                Vec::new(),
+            )
+        }
+        Task::Cluster => {
+            let model = GaussModel::new(&opened.scatter, n_rows, axes, mean)?;
+            (
+                (0..count).map(|_| finish(&model.sample(rng))).collect(),
+                Vec::new(),
+            )
+        }
+    })
+}
+
+fn to_array(rows: &[Vec<f64>], cols: usize) -> Array2<f64> {
+    Array2::from_shape_fn((rows.len(), cols), |(i, j)| rows[i][j])
+}
+
+/// Trains on `rows` (with `ys` for classification) and scores on the real test split.
+fn score(
+    e: &Experiment,
+    rows: &[Vec<f64>],
+    ys: &[usize],
+    rng: &mut ChaCha20Rng,
+) -> anyhow::Result<f64> {
+    let m = e.bounds.len();
+    match e.task {
+        Task::Classify => {
+            let x = to_array(rows, m);
+            let model = MultiLogisticRegression::default()
+                .max_iterations(200)
+                .fit(&Dataset::new(x, Array1::from(ys.to_vec())))?;
+            let pred = model.predict(&to_array(&e.test, m));
+            let hits = pred.iter().zip(&e.test_y).filter(|(a, b)| a == b).count();
+            Ok(hits as f64 / e.test.len() as f64)
+        }
+        Task::Regress => {
+            let f = m - 1;
+            let x = Array2::from_shape_fn((rows.len(), f), |(i, j)| rows[i][j]);
+            let y = Array1::from_iter(rows.iter().map(|r| r[f]));
+            let model = ElasticNet::ridge().penalty(1e-4).fit(&Dataset::new(x, y))?;
+            let tx = Array2::from_shape_fn((e.test.len(), f), |(i, j)| e.test[i][j]);
+            let pred: Array1<f64> = model.predict(&tx);
+            // Back to price units through the public bounds of the label column.
+            let (lo, hi) = e.bounds[f];
+            let unit = |u: f64| lo + (u + 1.0) * (hi - lo) / 2.0;
+            let se: f64 = pred
+                .iter()
+                .zip(&e.test)
+                .map(|(p, r)| (unit(*p) - unit(r[f])).powi(2))
+                .sum();
+            Ok((se / e.test.len() as f64).sqrt())
+        }
+        Task::Cluster => {
+            let x = to_array(rows, m);
+            let model = KMeans::params_with_rng(10, rng.clone())
+                .max_n_iterations(100)
+                .tolerance(1e-4)
+                .fit(&DatasetBase::from(x))?;
+            let tx = to_array(&e.test, m);
+            let assigned: Array1<usize> = model.predict(&tx);
+            Ok(Dataset::new(tx, assigned).silhouette_score()?)
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Cell {
+    experiment: String,
+    metric: &'static str,
+    method: Method,
+    epsilon: Option<f64>,
+    k: usize,
+    reps: usize,
+    mean: f64,
+    sd: f64,
+}
+
+fn summarize(values: &[f64]) -> (f64, f64) {
+    let n = values.len().max(1) as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, var.sqrt())
+}
+
+fn metric(task: Task) -> &'static str {
+    match task {
+        Task::Cluster => "silhouette",
+        Task::Classify => "accuracy",
+        Task::Regress => "RMSE",
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_method(
+    e: &Experiment,
+    method: Method,
+    k: usize,
+    req: &PrivacyRequest,
+    pooled: &Share,
+    shape: &BlockShape,
+    fixed: &FixedPoint,
+    reps: usize,
+    rng: &mut ChaCha20Rng,
+) -> anyhow::Result<Cell> {
+    let m = if e.task == Task::Regress {
+        e.bounds.len() - 1
+    } else {
+        e.bounds.len()
+    };
+    let mut values = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let opened = release(pooled, shape, req, fixed, rng);
+        let axes = match method {
+            Method::PcaGauss => {
+                let cov = &opened.scatter / pooled.n as f64;
+                pca(&cov.view((0, 0), (m, m)).into_owned(), k).components
+            }
+            Method::FullGauss => DMatrix::identity(m, m),
+            Method::RandomProj => random_axes(m, k, rng),
+            Method::Real => bail!("the real baseline is not synthesized"),
+        };
+        let (rows, ys) = synthesize(e, &opened, pooled.n, &axes, rng)?;
+        values.push(score(e, &rows, &ys, rng)?);
+    }
+    let (mean, sd) = summarize(&values);
+    Ok(Cell {
+        experiment: e.name.clone(),
+        metric: metric(e.task),
+        method,
+        epsilon: Some(req.epsilon),
+        k: if method == Method::FullGauss { m } else { k },
+        reps,
+        mean,
+        sd,
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mechanism = Mechanism::parse(&args.mechanism)?;
+    let per_class = match args.class_covariance.as_str() {
+        "shared" => false,
+        "per-class" => true,
+        other => bail!("--class-covariance must be shared or per-class, got `{other}`"),
+    };
+    let fixed = FixedPoint {
+        frac_bits: DEFAULT_FRAC_BITS,
+        row_norm_bound: C,
+    };
+    let mut cells = Vec::new();
+    let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
+    for (i, name) in args.experiments.iter().enumerate() {
+        let e = load(name, args.k.get(i).copied(), args.seed)?;
+        let (pooled, shape) = pooled_share(&e, &fixed, per_class);
+        let delta = (pooled.n as f64).powf(-1.1);
+        eprintln!(
+            "{name}: {} train / {} test rows, M = {}, k = {}, {} classes, delta = 1/N^1.1",
+            e.train.len(),
+            e.test.len(),
+            e.bounds.len(),
+            e.k,
+            e.classes
+        );
+        // Real rows: once for the deterministic learners, reps times for k-means.
+        let real_reps = if e.task == Task::Cluster {
+            args.reps
+        } else {
+            1
+        };
+        let real: Vec<f64> = (0..real_reps)
+            .map(|_| score(&e, &e.train, &e.train_y, &mut rng))
+            .collect::<anyhow::Result<_>>()?;
+        let (mean, sd) = summarize(&real);
+        cells.push(Cell {
+            experiment: e.name.clone(),
+            metric: metric(e.task),
+            method: Method::Real,
+            epsilon: None,
+            k: e.bounds.len(),
+            reps: real_reps,
+            mean,
+            sd,
+        });
+        for &eps in &args.epsilons {
+            let req = PrivacyRequest::new(mechanism, Centering::DpMean, eps, delta)?;
+            for method in [Method::PcaGauss, Method::FullGauss, Method::RandomProj] {
+                let cell = run_method(
+                    &e, method, e.k, &req, &pooled, &shape, &fixed, args.reps, &mut rng,
+                )?;
+                eprintln!(
+                    "  eps {eps}: {} {:.4} +- {:.4}",
+                    method.name(),
+                    cell.mean,
+                    cell.sd
+                );
+                cells.push(cell);
+            }
+        }
+        let features = e.bounds.len() - usize::from(e.task == Task::Regress);
+        for &k in args.ks.iter().filter(|&&k| k >= 1 && k <= features) {
+            let req = PrivacyRequest::new(mechanism, Centering::DpMean, args.sweep_epsilon, delta)?;
+            let cell = run_method(
+                &e,
+                Method::PcaGauss,
+                k,
+                &req,
+                &pooled,
+                &shape,
+                &fixed,
+                args.reps,
+                &mut rng,
+            )?;
+            eprintln!("  k {k}: {:.4} +- {:.4}", cell.mean, cell.sd);
+            cells.push(Cell {
+                experiment: format!("{} (k sweep)", e.name),
+                ..cell
+            });
+        }
+    }
+    print_tables(&cells, &args);
+    let json = args
+        .json
+        .unwrap_or_else(|| workspace_root().join("target/bench-synthetic/synthetic-bench.json"));
+    if let Some(dir) = json.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&json, serde_json::to_string_pretty(&cells)? + "\n")?;
+    println!("JSON in {}", json.display());
+    Ok(())
+}
+
+fn print_tables(cells: &[Cell], args: &Args) {
+    println!(
+        "mechanism {}, {} covariance, {} repetitions; mean +- sd; in brackets the ratio to real",
+        args.mechanism, args.class_covariance, args.reps
+    );
+    let mut experiments: Vec<&str> = Vec::new();
+    for c in cells {
+        if !experiments.contains(&c.experiment.as_str()) {
+            experiments.push(&c.experiment);
+        }
+    }
+    for exp in experiments {
+        let rows: Vec<&Cell> = cells.iter().filter(|c| c.experiment == exp).collect();
+        let Some(first) = rows.first() else { continue };
+        let real = cells
+            .iter()
+            .find(|c| c.method == Method::Real && exp.starts_with(c.experiment.as_str()))
+            .map(|c| c.mean);
+        println!("\n{exp} ({})", first.metric);
+        println!(
+            "| method | epsilon | k | {} | ratio to real |",
+            first.metric
+        );
+        println!("|---|---|---|---|---|");
+        for c in rows {
+            let eps = c.epsilon.map_or("-".to_string(), |e| e.to_string());
+            let ratio = real.map_or("-".to_string(), |r| format!("{:.2}", c.mean / r));
+            println!(
+                "| {} | {eps} | {} | {:.4} +- {:.4} | {ratio} |",
+                c.method.name(),
+                c.k,
+                c.mean,
+                c.sd
+            );
+        }
+    }
+}
