@@ -26,7 +26,7 @@ use crate::dp::{Centering, NoisePlan};
 use crate::encoding::{EncodingError, FixedPoint, TriangleLayout};
 use crate::paillier::{random_below, Ciphertext, PaillierError, PowerTable, PublicKey, SecretKey};
 use crate::randomizer::Randomness;
-use crate::study::{BlockShape, StudyLayout};
+use crate::study::{BlockShape, Projection, StudyLayout};
 
 /// Errors of the protocol computations.
 #[derive(Debug, thiserror::Error)]
@@ -76,27 +76,60 @@ pub struct ClassRows<'a> {
     pub count_scale: u64,
 }
 
-/// Adds the upper triangle of x x^T to `r` and x to `v`, exactly.
-fn accumulate(r: &mut [i128], v: &mut [i128], x: &[i64]) {
-    let dim = x.len();
+/// Adds the upper triangle of y y^T to `r` and x to `v`, exactly (y = x, or the
+/// projected row of a projected study).
+fn accumulate(r: &mut [i128], v: &mut [i128], y: &[i64], x: &[i64]) {
+    let dim = y.len();
     let mut idx = 0;
     for i in 0..dim {
-        let xi = x[i] as i128;
-        v[i] += xi;
-        for &xj in &x[i..dim] {
-            r[idx] += xi * xj as i128;
+        let yi = y[i] as i128;
+        for &yj in &y[i..dim] {
+            r[idx] += yi * yj as i128;
             idx += 1;
         }
+    }
+    for (vi, &xi) in v.iter_mut().zip(x) {
+        *vi += xi as i128;
     }
 }
 
 impl Share {
     /// Computes the share of encoded rows exactly in i128.
     pub fn from_rows(rows: &[Vec<i64>], dim: usize) -> Self {
-        let mut r_upper = vec![0i128; dim * (dim + 1) / 2];
-        let mut v = vec![0i128; dim];
-        for x in rows {
-            accumulate(&mut r_upper, &mut v, x);
+        Self::from_split_rows(rows, rows, dim, None)
+    }
+
+    /// The general share: R from `matrix_rows` (the rows, or their projections),
+    /// the vector block from `rows`, split by class when `classes` is given.
+    pub fn from_split_rows(
+        matrix_rows: &[Vec<i64>],
+        rows: &[Vec<i64>],
+        dim: usize,
+        classes: Option<&ClassRows<'_>>,
+    ) -> Self {
+        let k = matrix_rows.first().map_or(dim, Vec::len);
+        let tri = k * (k + 1) / 2;
+        let (g, blocks) = match classes {
+            Some(c) => (c.classes, if c.per_class_matrix { c.classes } else { 1 }),
+            None => (0, 1),
+        };
+        let mut r_upper = vec![0i128; blocks * tri];
+        let mut v = vec![0i128; if g == 0 { dim } else { g * (dim + 1) }];
+        for (i, (y, x)) in matrix_rows.iter().zip(rows).enumerate() {
+            let (block, class) = match classes {
+                Some(c) => {
+                    let class = c.labels[i];
+                    v[g * dim + class] += c.count_scale as i128;
+                    (if c.per_class_matrix { class } else { 0 }, class)
+                }
+                None => (0, 0),
+            };
+            accumulate(
+                &mut r_upper[block * tri..(block + 1) * tri],
+                &mut v[class * dim..(class + 1) * dim],
+                y,
+                x,
+            );
         }
         Self {
             r_upper,
@@ -108,25 +141,7 @@ impl Share {
     /// Computes a classification share of encoded rows. `classes.labels` has one
     /// entry per row; the caller maps labels to indices (and refuses unknown ones).
     pub fn from_class_rows(rows: &[Vec<i64>], dim: usize, classes: &ClassRows<'_>) -> Self {
-        let tri = dim * (dim + 1) / 2;
-        let g = classes.classes;
-        let blocks = if classes.per_class_matrix { g } else { 1 };
-        let mut r_upper = vec![0i128; blocks * tri];
-        let mut v = vec![0i128; g * (dim + 1)];
-        for (x, &c) in rows.iter().zip(classes.labels) {
-            let block = if classes.per_class_matrix { c } else { 0 };
-            accumulate(
-                &mut r_upper[block * tri..(block + 1) * tri],
-                &mut v[c * dim..(c + 1) * dim],
-                x,
-            );
-            v[g * dim + c] += classes.count_scale as i128;
-        }
-        Self {
-            r_upper,
-            v,
-            n: rows.len() as u64,
-        }
+        Self::from_split_rows(rows, rows, dim, Some(classes))
     }
 
     /// The public preprocessing and the share of raw rows, in one step: each row is
@@ -137,19 +152,27 @@ impl Share {
         bounds: &[(f64, f64)],
         fixed: &FixedPoint,
         classes: Option<&ClassRows<'_>>,
+        projection: Option<&Projection>,
     ) -> (Self, usize) {
         let mut clipped = 0;
-        let encoded: Vec<Vec<i64>> = rows
+        let normalized: Vec<Vec<f64>> = rows
             .iter()
             .map(|r| {
                 let (x, c) = normalize_row(r, bounds, fixed.row_norm_bound);
                 clipped += usize::from(c);
-                fixed.encode_row(&x)
+                x
             })
             .collect();
-        let share = match classes {
-            Some(c) => Self::from_class_rows(&encoded, bounds.len(), c),
-            None => Self::from_rows(&encoded, bounds.len()),
+        let encoded: Vec<Vec<i64>> = normalized.iter().map(|x| fixed.encode_row(x)).collect();
+        let share = match projection {
+            Some(p) => {
+                let projected: Vec<Vec<i64>> = normalized
+                    .iter()
+                    .map(|x| fixed.encode_row(&p.apply(x, fixed.row_norm_bound)))
+                    .collect();
+                Self::from_split_rows(&projected, &encoded, bounds.len(), classes)
+            }
+            None => Self::from_split_rows(&encoded, &encoded, bounds.len(), classes),
         };
         (share, clipped)
     }
@@ -518,6 +541,7 @@ pub fn open_release(
     sk: &SecretKey,
     layout: &StudyLayout,
     centering: Centering,
+    projection: Option<&Projection>,
     cts: &[Ciphertext],
     n_rows: u64,
     frac_bits: u32,
@@ -561,6 +585,7 @@ pub fn open_release(
     Ok(from_grid(
         &layout.shape(),
         centering,
+        projection,
         blocks,
         vec,
         n_rows,
@@ -573,17 +598,29 @@ pub fn open_release(
 fn from_grid(
     layout: &BlockShape,
     centering: Centering,
+    projection: Option<&Projection>,
     blocks: Vec<Vec<Vec<BigInt>>>,
     vec: Vec<BigInt>,
     n_rows: u64,
     frac_bits: u32,
 ) -> Opened {
     let dim = layout.dim;
+    let k = layout.matrix_dim;
     let scale_1 = f64::from(frac_bits).exp2();
     let scale_2 = scale_1 * scale_1;
     let n = n_rows as f64;
-    let to_matrix =
-        |t: &[Vec<BigInt>]| DMatrix::from_fn(dim, dim, |i, j| to_f64(&t[i][j]) / scale_2);
+    let to_matrix = |t: &[Vec<BigInt>]| DMatrix::from_fn(k, k, |i, j| to_f64(&t[i][j]) / scale_2);
+    // A projected study's R lives on the k axes: sums are projected down to meet
+    // it, and scatters lifted back as W S W^T (rank k, M x M).
+    let axes = projection.map(|p| DMatrix::from_fn(k, dim, |i, j| p.axes[i][j]));
+    let down = |v: &DVector<f64>| match &axes {
+        Some(p) => p * v,
+        None => v.clone(),
+    };
+    let up = |s: DMatrix<f64>| match &axes {
+        Some(p) => p.transpose() * s * p,
+        None => s,
+    };
     let (matrix_grid, scatter, mean, classes) = match centering {
         Centering::Mask => {
             // T - v' v'^T = N S~ + E': the masks cancel exactly.
@@ -598,7 +635,7 @@ fn from_grid(
         }
         Centering::DpMean => {
             let rs: Vec<DMatrix<f64>> = blocks.iter().map(|t| to_matrix(t)).collect();
-            let r_total = rs.iter().fold(DMatrix::zeros(dim, dim), |acc, r| acc + r);
+            let r_total = rs.iter().fold(DMatrix::zeros(k, k), |acc, r| acc + r);
             let g = layout.classes;
             let sums: Vec<DVector<f64>> = if g == 0 {
                 vec![DVector::from_fn(dim, |i, _| to_f64(&vec[i]) / scale_1)]
@@ -609,7 +646,8 @@ fn from_grid(
             };
             let v = sums.iter().fold(DVector::zeros(dim), |acc, s| acc + s);
             // S' = R' - v' v'^T / N, in normalized units.
-            let s = &r_total - &v * v.transpose() / n;
+            let vk = down(&v);
+            let s = up(&r_total - &vk * vk.transpose() / n);
             let classes = (g > 0).then(|| {
                 let counts: Vec<f64> = (0..g)
                     .map(|c| to_f64(&vec[g * dim + c]) / layout.count_scale as f64)
@@ -624,16 +662,16 @@ fn from_grid(
                     rs.iter()
                         .zip(&sums)
                         .zip(&means)
-                        .map(|((r, s), m)| r - s * m.transpose())
+                        .map(|((r, s), m)| up(r - down(s) * down(m).transpose()))
                         .collect()
                 } else {
                     let between = sums
                         .iter()
                         .zip(&means)
-                        .fold(DMatrix::zeros(dim, dim), |acc, (s, m)| {
-                            acc + s * m.transpose()
+                        .fold(DMatrix::zeros(k, k), |acc, (s, m)| {
+                            acc + down(s) * down(m).transpose()
                         });
-                    vec![&r_total - between]
+                    vec![up(&r_total - between)]
                 };
                 ClassStats {
                     counts,
@@ -661,10 +699,11 @@ pub fn central_release(
     pooled: &Share,
     layout: &BlockShape,
     centering: Centering,
+    projection: Option<&Projection>,
     secrets: &ReleaseSecrets,
     frac_bits: u32,
 ) -> Opened {
-    let dim = layout.dim;
+    let dim = layout.matrix_dim;
     let tri = dim * (dim + 1) / 2;
     let n = BigInt::from(pooled.n);
     let blocks = (0..layout.matrix_blocks)
@@ -697,7 +736,9 @@ pub fn central_release(
             .map(|(&x, e)| BigInt::from(x) + e)
             .collect(),
     };
-    from_grid(layout, centering, blocks, vec, pooled.n, frac_bits)
+    from_grid(
+        layout, centering, projection, blocks, vec, pooled.n, frac_bits,
+    )
 }
 
 /// Lossy view of a big integer as f64 (values here are far below f64's range).

@@ -4,7 +4,7 @@
 use num_bigint::BigUint;
 use num_traits::One;
 
-use crate::dp::{plan_noise, Centering, DpError, Mechanism, PrivacyRequest};
+use crate::dp::{plan_noise_blocks, Centering, DpError, Mechanism, PrivacyRequest};
 use crate::encoding::{vector_segments, EncodingError, FixedPoint, SlotBudget, TriangleLayout};
 use crate::paillier::{PaillierError, PowerTable, PublicKey};
 
@@ -91,6 +91,36 @@ pub struct ClassSpec {
     pub covariance: ClassCovariance,
 }
 
+/// Public axes the owners project their rows onto before forming R (the second
+/// round of PCA-Gauss: Pub-PCA, or the components of an earlier study). The sums v
+/// stay M-dimensional, so the mean is not lost outside the span.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Projection {
+    /// k orthonormal rows of M values: W^T.
+    pub axes: Vec<Vec<f64>>,
+}
+
+impl Projection {
+    /// Number of axes k.
+    pub fn rank(&self) -> usize {
+        self.axes.len()
+    }
+
+    /// W^T x, scaled back to norm `c` should rounding have pushed it past.
+    pub fn apply(&self, x: &[f64], c: f64) -> Vec<f64> {
+        let mut y: Vec<f64> = self
+            .axes
+            .iter()
+            .map(|w| w.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect();
+        let norm = y.iter().map(|v| v * v).sum::<f64>().sqrt();
+        if norm > c {
+            y.iter_mut().for_each(|v| *v *= c / norm);
+        }
+        y
+    }
+}
+
 /// Most classes a study may declare (every class adds M + 1 released values).
 pub const MAX_CLASSES: usize = 1000;
 
@@ -122,6 +152,8 @@ pub struct StudySpec {
     pub baseline: bool,
     /// Classes of a classification study; `None` for PCA, clustering and regression.
     pub classes: Option<ClassSpec>,
+    /// Public axes for a projected study; `None` releases R in all M dimensions.
+    pub projection: Option<Projection>,
 }
 
 impl StudySpec {
@@ -192,6 +224,9 @@ impl StudySpec {
         if let Some(classes) = &self.classes {
             self.validate_classes(classes)?;
         }
+        if let Some(p) = &self.projection {
+            self.validate_projection(p)?;
+        }
         // Re-validates epsilon/delta/mechanism combinations.
         PrivacyRequest::new(
             self.privacy.mechanism,
@@ -244,13 +279,61 @@ impl StudySpec {
 
     /// The noise plan of this study for a pooled table of `n_rows` rows.
     pub fn noise_plan(&self, n_rows: u64) -> crate::dp::NoisePlan {
-        plan_noise(
+        plan_noise_blocks(
             &self.privacy,
+            self.matrix_dim(),
             self.dim(),
             self.fixed.norm_bound_int(),
             n_rows,
             self.classes.is_some(),
         )
+    }
+
+    fn validate_projection(&self, p: &Projection) -> Result<(), SpecError> {
+        let (k, m) = (p.rank(), self.dim());
+        if k == 0 || k > m {
+            return Err(param("projection", format!("needs 1..={m} axes, got {k}")));
+        }
+        if let Some(i) = p
+            .axes
+            .iter()
+            .position(|w| w.len() != m || w.iter().any(|v| !v.is_finite()))
+        {
+            return Err(param(
+                "projection",
+                format!("axis {} must hold {m} finite values", i + 1),
+            ));
+        }
+        for i in 0..k {
+            for j in i..k {
+                let dot: f64 = p.axes[i].iter().zip(&p.axes[j]).map(|(a, b)| a * b).sum();
+                let want = if i == j { 1.0 } else { 0.0 };
+                if (dot - want).abs() > 1e-6 {
+                    return Err(param(
+                        "projection",
+                        format!(
+                            "axes must be orthonormal: axes {} and {} have inner product {dot}",
+                            i + 1,
+                            j + 1
+                        ),
+                    ));
+                }
+            }
+        }
+        if self.privacy.centering != Centering::DpMean {
+            return Err(param(
+                "projection",
+                "a projected study releases the sums beside the projected R: it needs `dp-mean` centering",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Dimensions of the released matrix block: k with a projection, else M.
+    pub fn matrix_dim(&self) -> usize {
+        self.projection
+            .as_ref()
+            .map_or(self.dim(), Projection::rank)
     }
 
     /// Number of classes (0 when the study has none).
@@ -274,8 +357,10 @@ impl StudySpec {
 /// reference computation needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockShape {
-    /// Features M.
+    /// Features M (of the vector block).
     pub dim: usize,
+    /// Dimensions of the matrix block: k with a projection, else M.
+    pub matrix_dim: usize,
     /// Matrix blocks: 1, or one per class with per-class covariances.
     pub matrix_blocks: usize,
     /// Classes (0 when the study has none).
@@ -290,6 +375,7 @@ impl BlockShape {
     pub fn new(dim: usize, classes: usize, per_class_matrix: bool, cq: u64) -> Self {
         Self {
             dim,
+            matrix_dim: dim,
             matrix_blocks: if per_class_matrix && classes > 0 {
                 classes
             } else {
@@ -297,6 +383,14 @@ impl BlockShape {
             },
             classes,
             count_scale: cq,
+        }
+    }
+
+    /// The same shape with the matrix block in `k` projected dimensions.
+    pub fn projected(self, k: usize) -> Self {
+        Self {
+            matrix_dim: k,
+            ..self
         }
     }
 
@@ -329,6 +423,8 @@ pub struct StudyLayout {
     pub classes: usize,
     /// Values in the vector block: M, or G (M + 1) with G classes.
     pub vector_len: usize,
+    /// Features M of the vector block (the triangle has k with a projection).
+    pub vector_dim: usize,
     /// Packed segments of the vector block (start, len), as released.
     pub vector: Vec<(usize, usize)>,
     /// Whether owners send the vector block packed (`dp-mean`) or one value per
@@ -378,12 +474,14 @@ impl StudyLayout {
         if spec.baseline {
             budget.slots = 1;
         }
-        let shape = BlockShape::new(m, spec.class_count(), spec.per_class_matrix(), cq_int);
+        let shape = BlockShape::new(m, spec.class_count(), spec.per_class_matrix(), cq_int)
+            .projected(spec.matrix_dim());
         let vector_len = shape.vector_len();
         let slots = budget.slots;
         Ok(Self {
             budget,
-            triangle: TriangleLayout::new(m, slots),
+            triangle: TriangleLayout::new(shape.matrix_dim, slots),
+            vector_dim: m,
             matrix_blocks: shape.matrix_blocks,
             classes: shape.classes,
             vector_len,
@@ -398,7 +496,8 @@ impl StudyLayout {
     /// The shape of the released blocks.
     pub fn shape(&self) -> BlockShape {
         BlockShape {
-            dim: self.triangle.dim,
+            dim: self.vector_dim,
+            matrix_dim: self.triangle.dim,
             matrix_blocks: self.matrix_blocks,
             classes: self.classes,
             count_scale: self.count_scale,

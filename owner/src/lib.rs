@@ -136,8 +136,13 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
         per_class_matrix: layout.matrix_blocks > 1,
         count_scale: layout.count_scale,
     });
-    let (share, clipped_rows) =
-        Share::from_raw_rows(&table.rows, &spec.bounds, &spec.fixed, class_rows.as_ref());
+    let (share, clipped_rows) = Share::from_raw_rows(
+        &table.rows,
+        &spec.bounds,
+        &spec.fixed,
+        class_rows.as_ref(),
+        spec.projection.as_ref(),
+    );
     let plaintexts = share.plaintexts(&layout, &spec.public_key)?;
     if clipped_rows > 0 {
         tracing::info!(clipped_rows, rows, "rows shortened to the row-norm bound");

@@ -3,7 +3,7 @@
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::PublicKey;
-use dpca_common::study::{ClassCovariance, ClassSpec, SpecError, StudySpec};
+use dpca_common::study::{ClassCovariance, ClassSpec, Projection, SpecError, StudySpec};
 
 use crate::v1;
 
@@ -19,6 +19,21 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
             labels: w.classes.clone(),
             covariance: ClassCovariance::parse(&w.class_covariance)?,
         })
+    };
+    let projection = match (w.projection_rank as usize, w.features.len()) {
+        (0, _) if w.projection.is_empty() => None,
+        (k, m) if k > 0 && m > 0 && w.projection.len() == k * m => Some(Projection {
+            axes: w.projection.chunks(m).map(<[f64]>::to_vec).collect(),
+        }),
+        (k, m) => {
+            return Err(SpecError::Parameter {
+                name: "projection",
+                reason: format!(
+                    "{} values do not make {k} axes of {m} features",
+                    w.projection.len()
+                ),
+            })
+        }
     };
     let spec = StudySpec {
         features: w.features.clone(),
@@ -36,6 +51,7 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
         public_key: PublicKey::from_bytes(&w.public_key)?,
         baseline: w.baseline,
         classes,
+        projection,
     };
     spec.validate()?;
     Ok(spec)
@@ -73,6 +89,12 @@ pub fn spec_to_wire(s: &StudySpec) -> v1::StudySpec {
             .as_ref()
             .map(|c| c.covariance.name().to_string())
             .unwrap_or_default(),
+        projection: s
+            .projection
+            .as_ref()
+            .map(|p| p.axes.concat())
+            .unwrap_or_default(),
+        projection_rank: s.projection.as_ref().map_or(0, |p| p.rank() as u32),
     }
 }
 

@@ -384,6 +384,7 @@ mod tests {
             public_key: key().public().clone(),
             baseline: false,
             classes: None,
+            projection: None,
         };
         let layout = StudyLayout::new(&spec).expect("layout");
         Study::new("s1".into(), spec, layout, false)

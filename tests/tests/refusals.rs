@@ -52,6 +52,7 @@ fn spec_for(sk: &SecretKey) -> StudySpec {
         public_key: sk.public().clone(),
         baseline: false,
         classes: None,
+        projection: None,
     }
 }
 

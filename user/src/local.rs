@@ -15,7 +15,7 @@ use dpca_common::linalg::{centered_scatter, pca, psd_repair, Pca};
 use dpca_common::paillier::{SecretKey, MIN_KEY_BITS};
 use dpca_common::protocol::Opened;
 use dpca_common::study::{
-    ClassCovariance, ClassSpec, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
+    ClassCovariance, ClassSpec, Projection, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
 };
 use dpca_common::synth::{
     augment_with_label, to_original_units, GaussMixture, GaussModel, SynthError, Task,
@@ -91,9 +91,12 @@ pub struct LocalOptions {
     pub task: Task,
     /// Shared or per-class covariances (classification only).
     pub class_covariance: ClassCovariance,
-    /// Pub-PCA: take the components from this public CSV (same features) instead of
-    /// the private release; the study still supplies means and covariances.
+    /// Pub-PCA: take the axes from the PCA of this public CSV (same features); the
+    /// study then releases R of the rows projected onto them (the second round).
     pub pca_from: Option<PathBuf>,
+    /// Take the axes from `components.csv` of an earlier study (DP PCA as the
+    /// independent source); the study releases R of the projected rows.
+    pub components_from: Option<PathBuf>,
 }
 
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
@@ -189,17 +192,41 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     if opts.synthetic == Some(0) {
         bail!("--synthetic must be at least 1 row");
     }
-    let public_pca = match &opts.pca_from {
-        Some(path) => Some(public_components(
-            path,
-            label.as_deref(),
-            &table.features[..pca_dim],
-            &bounds[..pca_dim],
-            opts.row_norm_bound,
-            opts.k,
-        )?),
-        None => None,
+    let axes: Option<DMatrix<f64>> = match (&opts.pca_from, &opts.components_from) {
+        (Some(_), Some(_)) => {
+            bail!("--pca-from and --components-from are two sources of the same axes: give one")
+        }
+        (Some(path), None) => Some(
+            public_components(
+                path,
+                label.as_deref(),
+                &table.features[..pca_dim],
+                &bounds[..pca_dim],
+                opts.row_norm_bound,
+                opts.k,
+            )?
+            .components,
+        ),
+        (None, Some(path)) => Some(read_components(path, &table.features[..pca_dim], opts.k)?),
+        (None, None) => None,
     };
+    if axes.is_some() && opts.centering == Centering::Mask {
+        bail!("a projected study (--pca-from, --components-from) needs --centering dp-mean");
+    }
+    // The owners project onto the axes (and keep the label axis in a regression).
+    let projection = axes.as_ref().map(|w| {
+        let w = if opts.task == Task::Regress {
+            augment_with_label(w)
+        } else {
+            w.clone()
+        };
+        Projection {
+            axes: w
+                .column_iter()
+                .map(|c| c.iter().copied().collect())
+                .collect(),
+        }
+    });
     let delta = opts.delta.unwrap_or_else(|| (n as f64).powf(-1.1));
     let privacy = PrivacyRequest::new(opts.mechanism, opts.centering, opts.epsilon, delta)?;
 
@@ -254,6 +281,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         public_key: pk.clone(),
         baseline: opts.baseline,
         classes,
+        projection,
     };
     let layout = StudyLayout::new(&spec)?;
     let mut client = dpca_proto::client::connect(&url).await?;
@@ -324,9 +352,17 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     };
     let cov = &scatter / got.n_rows as f64;
     // Regression: PCA on the features block only; the label is kept whole.
-    let result = match &public_pca {
-        Some(p) => p.clone(),
-        None => pca(&cov.view((0, 0), (pca_dim, pca_dim)).into_owned(), opts.k),
+    let cov_x = cov.view((0, 0), (pca_dim, pca_dim)).into_owned();
+    let result = match &axes {
+        // A projected study knows the variance inside the span only: PCA there.
+        Some(w) => {
+            let inner = pca(&(w.transpose() * &cov_x * w), opts.k);
+            Pca {
+                components: w * &inner.components,
+                ..inner
+            }
+        }
+        None => pca(&cov_x, opts.k),
     };
     let synthetic = match opts.synthetic {
         Some(rows) => Some(synthesize(
@@ -393,9 +429,10 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             .unwrap_or_default(),
         class_covariance: spec.classes.as_ref().map(|c| c.covariance.name().into()),
         class_counts: got.opened.classes.as_ref().map(|c| c.counts.clone()),
-        pca_source: match &opts.pca_from {
-            Some(p) => format!("public file {}", p.display()),
-            None => "private release".into(),
+        pca_source: match (&opts.pca_from, &opts.components_from) {
+            (Some(p), _) => format!("Pub-PCA of {}; R released on its axes", p.display()),
+            (_, Some(p)) => format!("components of {}; R released on them", p.display()),
+            _ => "private release".into(),
         },
         budget,
         seconds: Seconds {
@@ -526,6 +563,56 @@ fn public_components(
         .collect();
     let cov = centered_scatter(&rows) / rows.len() as f64;
     Ok(pca(&cov, k))
+}
+
+/// Reads the first `k` components of an earlier study's `components.csv` (rows:
+/// features in the study's order; columns PC1, PC2, ...).
+fn read_components(path: &Path, features: &[String], k: usize) -> anyhow::Result<DMatrix<f64>> {
+    let name = path.display().to_string();
+    let mut rdr = csv::Reader::from_path(path).with_context(|| format!("cannot open {name}"))?;
+    let cols = rdr.headers().with_context(|| name.clone())?.len();
+    if cols < k + 1 {
+        bail!(
+            "{name}: {} components, --k asks for {k}",
+            cols.saturating_sub(1)
+        );
+    }
+    let mut w = DMatrix::zeros(features.len(), k);
+    let mut seen = 0;
+    for (i, rec) in rdr.records().enumerate() {
+        let rec = rec.with_context(|| format!("{name}, row {}", i + 1))?;
+        match features.get(i) {
+            Some(f) if rec.get(0) == Some(f.as_str()) => {}
+            _ => bail!(
+                "{name}, row {}: feature `{}` where the study has `{}`",
+                i + 1,
+                rec.get(0).unwrap_or(""),
+                features.get(i).map_or("nothing", String::as_str)
+            ),
+        }
+        for j in 0..k {
+            let cell = rec.get(j + 1).unwrap_or("");
+            w[(i, j)] = cell
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .with_context(|| {
+                    format!(
+                        "{name}, row {}, PC{}: `{cell}` is not a number",
+                        i + 1,
+                        j + 1
+                    )
+                })?;
+        }
+        seen += 1;
+    }
+    if seen != features.len() {
+        bail!(
+            "{name}: {seen} feature rows, the study has {}",
+            features.len()
+        );
+    }
+    Ok(w)
 }
 
 /// Writes each owner's slice (contiguous, sizes differing by at most one row) with

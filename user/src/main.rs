@@ -102,10 +102,15 @@ struct LocalArgs {
     /// or `per-class` (the paper's; noisy with small classes).
     #[arg(long, default_value = "shared")]
     class_covariance: String,
-    /// Pub-PCA: take the components from this public CSV (same columns) instead of
-    /// the private release.
+    /// Pub-PCA: take k axes from the PCA of this public CSV (same columns); owners
+    /// then release R of their rows projected onto them (the second round of
+    /// PCA-Gauss: far less Laplace noise for k much below M). Needs dp-mean.
     #[arg(long, value_name = "CSV")]
     pca_from: Option<PathBuf>,
+    /// As --pca-from, with the axes read from components.csv of an earlier study
+    /// (DP PCA as the independent source; its budget was spent by that study).
+    #[arg(long, value_name = "CSV")]
+    components_from: Option<PathBuf>,
     /// TEST ONLY: noise-free release (the proxy is started in its test mode).
     #[arg(long, hide = true)]
     noise_free_for_testing: bool,
@@ -129,7 +134,13 @@ async fn main() -> anyhow::Result<()> {
             let task = Task::parse(&a.task)?;
             let centering = match &a.centering {
                 Some(c) => Centering::parse(c)?,
-                None if a.synthetic.is_some() || task == Task::Classify => Centering::DpMean,
+                None if a.synthetic.is_some()
+                    || task == Task::Classify
+                    || a.pca_from.is_some()
+                    || a.components_from.is_some() =>
+                {
+                    Centering::DpMean
+                }
                 None => Centering::Mask,
             };
             let opts = dpca_user::local::LocalOptions {
@@ -153,6 +164,7 @@ async fn main() -> anyhow::Result<()> {
                 task,
                 class_covariance: ClassCovariance::parse(&a.class_covariance)?,
                 pca_from: a.pca_from,
+                components_from: a.components_from,
             };
             dpca_user::local::run(&opts).await?;
         }

@@ -146,6 +146,7 @@ pub async fn collect(
         sk,
         &layout,
         spec.privacy.centering,
+        spec.projection.as_ref(),
         &cts,
         n_rows,
         spec.fixed.frac_bits,

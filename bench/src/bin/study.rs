@@ -356,6 +356,7 @@ fn measure(
         matrix_blocks: 1,
         classes: 0,
         vector_len: m,
+        vector_dim: m,
         vector: vector_segments(m, slots),
         vector_packed: false,
         count_scale: 0,

@@ -12,12 +12,17 @@
 //!
 //! Methods, all from the same private release of the study (`dp-mean` centering):
 //! - `real`: the model trained on the real training rows (no privacy);
-//! - `pca-gauss`: the top-k private components (this system);
+//! - `pca-gauss`: one study; the top-k private components of its scatter, and the
+//!   moments from the same release (this system, one round);
+//! - `pca-gauss-2`: two studies, half the budget each (zCDP rho halves for the
+//!   Gaussian, epsilon halves for Laplace): the first for the components, the
+//!   second releasing R of the rows projected onto them (`--components-from`): the
+//!   paper's independent PCA source, where the Laplace noise of R shrinks from
+//!   (M + 1) to (k + 1) in L1 sensitivity;
 //! - `full-gauss`: no dimension reduction, all M axes (the paper's MODIPS
 //!   comparison: a Gaussian fitted to the noisy moments);
-//! - `random-proj`: k random orthonormal axes instead of the components (the paper's
-//!   adaptation of Blocki et al.; with the Gaussian mechanism, projecting the noisy
-//!   scatter equals noising the projected one, W^T E W having E's entry law).
+//! - `random-proj`: k random orthonormal axes, public, so the whole budget goes to
+//!   one projected study on them (the paper's adaptation of Blocki et al.).
 //!
 //! The release runs centrally on the pooled integer share (`central_release`), which
 //! the protocol's tests prove equal, bit for bit, to what the user opens from the
@@ -29,11 +34,13 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Parser;
 use dpca_common::data::{normalize_row, read_bounds, read_csv, Table};
-use dpca_common::dp::{plan_noise, Centering, Mechanism, PrivacyRequest};
+use dpca_common::dp::{
+    epsilon_for, plan_noise_blocks, rho_for, Centering, Mechanism, PrivacyRequest,
+};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::pca;
 use dpca_common::protocol::{central_release, ClassRows, Opened, ReleaseSecrets, Share};
-use dpca_common::study::{BlockShape, DEFAULT_FRAC_BITS};
+use dpca_common::study::{BlockShape, Projection, DEFAULT_FRAC_BITS};
 use dpca_common::synth::{augment_with_label, to_original_units, GaussMixture, GaussModel, Task};
 use linfa::metrics::SilhouetteScore;
 use linfa::prelude::*;
@@ -141,7 +148,11 @@ fn load(name: &str, k: Option<usize>, seed: u64) -> anyhow::Result<Experiment> {
     };
     let bounds_path = root.join(format!("{file}.bounds.csv"));
     let bounds = read_bounds(std::fs::File::open(&bounds_path)?, &table.features)?;
-    let classes = labels.iter().copied().max().map_or(0, |m| m + 1);
+    let classes = if task == Task::Classify {
+        labels.iter().copied().max().map_or(0, |m| m + 1)
+    } else {
+        0
+    };
     let mut order: Vec<usize> = (0..table.rows.len()).collect();
     order.shuffle(&mut ChaCha20Rng::seed_from_u64(seed));
     let cut = order.len() * 4 / 5;
@@ -169,38 +180,63 @@ fn load(name: &str, k: Option<usize>, seed: u64) -> anyhow::Result<Experiment> {
     })
 }
 
-/// The study's pooled share of the training rows.
-fn pooled_share(e: &Experiment, fixed: &FixedPoint, per_class: bool) -> (Share, BlockShape) {
+/// The study's pooled share of the training rows, projected onto `axes` (M x k,
+/// label axis added for regression) when given, and its block shape.
+fn pooled_share(
+    e: &Experiment,
+    fixed: &FixedPoint,
+    per_class: bool,
+    axes: Option<&DMatrix<f64>>,
+) -> (Share, BlockShape, Option<Projection>) {
     let dim = e.bounds.len();
     let encoded: Vec<Vec<i64>> = e.train.iter().map(|x| fixed.encode_row(x)).collect();
     let cq = fixed.norm_bound_int();
-    if e.task == Task::Classify {
-        let shape = BlockShape::new(dim, e.classes, per_class, cq);
-        let rows = ClassRows {
-            labels: &e.train_y,
-            classes: e.classes,
-            per_class_matrix: per_class,
-            count_scale: cq,
+    let projection = axes.map(|w| {
+        let w = if e.task == Task::Regress {
+            augment_with_label(w)
+        } else {
+            w.clone()
         };
-        (Share::from_class_rows(&encoded, dim, &rows), shape)
-    } else {
-        (
-            Share::from_rows(&encoded, dim),
-            BlockShape::new(dim, 0, false, cq),
-        )
-    }
+        Projection {
+            axes: w
+                .column_iter()
+                .map(|c| c.iter().copied().collect())
+                .collect(),
+        }
+    });
+    let matrix_rows: Vec<Vec<i64>> = match &projection {
+        Some(p) => e
+            .train
+            .iter()
+            .map(|x| fixed.encode_row(&p.apply(x, C)))
+            .collect(),
+        None => encoded.clone(),
+    };
+    let classes = e.classes;
+    let rows = ClassRows {
+        labels: &e.train_y,
+        classes,
+        per_class_matrix: per_class,
+        count_scale: cq,
+    };
+    let share = Share::from_split_rows(&matrix_rows, &encoded, dim, (classes > 0).then_some(&rows));
+    let k = projection.as_ref().map_or(dim, Projection::rank);
+    let shape = BlockShape::new(dim, classes, per_class, cq).projected(k);
+    (share, shape, projection)
 }
 
 /// One release of the study with fresh noise.
 fn release(
     pooled: &Share,
     shape: &BlockShape,
+    projection: Option<&Projection>,
     req: &PrivacyRequest,
     fixed: &FixedPoint,
     rng: &mut ChaCha20Rng,
 ) -> Opened {
-    let plan = plan_noise(
+    let plan = plan_noise_blocks(
         req,
+        shape.matrix_dim,
         shape.dim,
         fixed.norm_bound_int(),
         pooled.n,
@@ -208,7 +244,7 @@ fn release(
     );
     let mut matrix_noise = Vec::new();
     for _ in 0..shape.matrix_blocks {
-        matrix_noise.extend(plan.matrix.sample_upper(shape.dim, rng));
+        matrix_noise.extend(plan.matrix.sample_upper(shape.matrix_dim, rng));
     }
     let secrets = ReleaseSecrets {
         mask: Vec::new(),
@@ -219,7 +255,30 @@ fn release(
             .map(|v| v.sample_vector(shape.vector_len(), rng))
             .unwrap_or_default(),
     };
-    central_release(pooled, shape, Centering::DpMean, &secrets, fixed.frac_bits)
+    central_release(
+        pooled,
+        shape,
+        Centering::DpMean,
+        projection,
+        &secrets,
+        fixed.frac_bits,
+    )
+}
+
+/// The two requests of a study split in two rounds of equal privacy: half the zCDP
+/// rho each (Gaussian), half the epsilon each (pure mechanisms). They compose to
+/// exactly `req`.
+fn halves(req: &PrivacyRequest) -> anyhow::Result<PrivacyRequest> {
+    let eps = match req.mechanism {
+        Mechanism::Gaussian => epsilon_for(rho_for(req.epsilon, req.delta) / 2.0, req.delta),
+        _ => req.epsilon / 2.0,
+    };
+    Ok(PrivacyRequest::new(
+        req.mechanism,
+        req.centering,
+        eps,
+        req.delta,
+    )?)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -228,6 +287,8 @@ enum Method {
     Real,
     #[serde(rename = "pca-gauss")]
     PcaGauss,
+    #[serde(rename = "pca-gauss-2")]
+    PcaGauss2,
     #[serde(rename = "full-gauss")]
     FullGauss,
     #[serde(rename = "random-proj")]
@@ -239,6 +300,7 @@ impl Method {
         match self {
             Self::Real => "real",
             Self::PcaGauss => "pca-gauss",
+            Self::PcaGauss2 => "pca-gauss-2",
             Self::FullGauss => "full-gauss",
             Self::RandomProj => "random-proj",
         }
@@ -370,45 +432,99 @@ fn metric(task: Task) -> &'static str {
     }
 }
 
+/// Features of the PCA (the study's columns, the label excluded in regression).
+fn pca_dim(e: &Experiment) -> usize {
+    e.bounds.len() - usize::from(e.task == Task::Regress)
+}
+
+/// Top-k components of the features block of an opened release.
+fn components(opened: &Opened, n: u64, m: usize, k: usize) -> DMatrix<f64> {
+    let cov = &opened.scatter / n as f64;
+    pca(&cov.view((0, 0), (m, m)).into_owned(), k).components
+}
+
+/// Top-k components inside the span of `w` of a projected release.
+fn components_in_span(opened: &Opened, n: u64, w: &DMatrix<f64>, k: usize) -> DMatrix<f64> {
+    let m = w.nrows();
+    let cov = (&opened.scatter / n as f64)
+        .view((0, 0), (m, m))
+        .into_owned();
+    w * pca(&(w.transpose() * cov * w), k).components
+}
+
+/// One repetition of a method: its release(s), axes and synthetic rows, scored.
+#[allow(clippy::too_many_arguments)]
+fn one_rep(
+    e: &Experiment,
+    method: Method,
+    k: usize,
+    req: &PrivacyRequest,
+    fixed: &FixedPoint,
+    per_class: bool,
+    plain: &(Share, BlockShape),
+    rng: &mut ChaCha20Rng,
+) -> anyhow::Result<f64> {
+    let m = pca_dim(e);
+    let (pooled, shape) = plain;
+    let (opened, axes) = match method {
+        Method::PcaGauss => {
+            let opened = release(pooled, shape, None, req, fixed, rng);
+            let w = components(&opened, pooled.n, m, k);
+            (opened, w)
+        }
+        Method::FullGauss => {
+            let opened = release(pooled, shape, None, req, fixed, rng);
+            (opened, DMatrix::identity(m, m))
+        }
+        Method::PcaGauss2 => {
+            // Round 1: a plain study for the axes; round 2: R on them.
+            let half = halves(req)?;
+            let first = release(pooled, shape, None, &half, fixed, rng);
+            let w = components(&first, pooled.n, m, k);
+            let (share, pshape, projection) = pooled_share(e, fixed, per_class, Some(&w));
+            let opened = release(&share, &pshape, projection.as_ref(), &half, fixed, rng);
+            let axes = components_in_span(&opened, share.n, &w, k);
+            (opened, axes)
+        }
+        Method::RandomProj => {
+            // Random axes are public: the whole budget goes to R on them.
+            let w = random_axes(m, k, rng);
+            let (share, pshape, projection) = pooled_share(e, fixed, per_class, Some(&w));
+            let opened = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
+            (opened, w)
+        }
+        Method::Real => bail!("the real baseline is not synthesized"),
+    };
+    let (rows, ys) = synthesize(e, &opened, pooled.n, &axes, rng)?;
+    score(e, &rows, &ys, rng)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_method(
     e: &Experiment,
     method: Method,
     k: usize,
     req: &PrivacyRequest,
-    pooled: &Share,
-    shape: &BlockShape,
     fixed: &FixedPoint,
+    per_class: bool,
+    plain: &(Share, BlockShape),
     reps: usize,
     rng: &mut ChaCha20Rng,
 ) -> anyhow::Result<Cell> {
-    let m = if e.task == Task::Regress {
-        e.bounds.len() - 1
-    } else {
-        e.bounds.len()
-    };
-    let mut values = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let opened = release(pooled, shape, req, fixed, rng);
-        let axes = match method {
-            Method::PcaGauss => {
-                let cov = &opened.scatter / pooled.n as f64;
-                pca(&cov.view((0, 0), (m, m)).into_owned(), k).components
-            }
-            Method::FullGauss => DMatrix::identity(m, m),
-            Method::RandomProj => random_axes(m, k, rng),
-            Method::Real => bail!("the real baseline is not synthesized"),
-        };
-        let (rows, ys) = synthesize(e, &opened, pooled.n, &axes, rng)?;
-        values.push(score(e, &rows, &ys, rng)?);
-    }
+    let values = (0..reps)
+        .map(|_| one_rep(e, method, k, req, fixed, per_class, plain, rng))
+        .collect::<anyhow::Result<Vec<f64>>>()?;
     let (mean, sd) = summarize(&values);
     Ok(Cell {
         experiment: e.name.clone(),
         metric: metric(e.task),
         method,
         epsilon: Some(req.epsilon),
-        k: if method == Method::FullGauss { m } else { k },
+        k: if method == Method::FullGauss {
+            pca_dim(e)
+        } else {
+            k
+        },
         reps,
         mean,
         sd,
@@ -431,8 +547,9 @@ fn main() -> anyhow::Result<()> {
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     for (i, name) in args.experiments.iter().enumerate() {
         let e = load(name, args.k.get(i).copied(), args.seed)?;
-        let (pooled, shape) = pooled_share(&e, &fixed, per_class);
+        let (pooled, shape, _) = pooled_share(&e, &fixed, per_class, None);
         let delta = (pooled.n as f64).powf(-1.1);
+        let plain = (pooled, shape);
         eprintln!(
             "{name}: {} train / {} test rows, M = {}, k = {}, {} classes, delta = 1/N^1.1",
             e.train.len(),
@@ -463,9 +580,14 @@ fn main() -> anyhow::Result<()> {
         });
         for &eps in &args.epsilons {
             let req = PrivacyRequest::new(mechanism, Centering::DpMean, eps, delta)?;
-            for method in [Method::PcaGauss, Method::FullGauss, Method::RandomProj] {
+            for method in [
+                Method::PcaGauss,
+                Method::PcaGauss2,
+                Method::FullGauss,
+                Method::RandomProj,
+            ] {
                 let cell = run_method(
-                    &e, method, e.k, &req, &pooled, &shape, &fixed, args.reps, &mut rng,
+                    &e, method, e.k, &req, &fixed, per_class, &plain, args.reps, &mut rng,
                 )?;
                 eprintln!(
                     "  eps {eps}: {} {:.4} +- {:.4}",
@@ -476,25 +598,24 @@ fn main() -> anyhow::Result<()> {
                 cells.push(cell);
             }
         }
-        let features = e.bounds.len() - usize::from(e.task == Task::Regress);
+        let features = pca_dim(&e);
         for &k in args.ks.iter().filter(|&&k| k >= 1 && k <= features) {
             let req = PrivacyRequest::new(mechanism, Centering::DpMean, args.sweep_epsilon, delta)?;
-            let cell = run_method(
-                &e,
-                Method::PcaGauss,
-                k,
-                &req,
-                &pooled,
-                &shape,
-                &fixed,
-                args.reps,
-                &mut rng,
-            )?;
-            eprintln!("  k {k}: {:.4} +- {:.4}", cell.mean, cell.sd);
-            cells.push(Cell {
-                experiment: format!("{} (k sweep)", e.name),
-                ..cell
-            });
+            for method in [Method::PcaGauss, Method::PcaGauss2] {
+                let cell = run_method(
+                    &e, method, k, &req, &fixed, per_class, &plain, args.reps, &mut rng,
+                )?;
+                eprintln!(
+                    "  k {k}: {} {:.4} +- {:.4}",
+                    method.name(),
+                    cell.mean,
+                    cell.sd
+                );
+                cells.push(Cell {
+                    experiment: format!("{} (k sweep)", e.name),
+                    ..cell
+                });
+            }
         }
     }
     print_tables(&cells, &args);

@@ -116,7 +116,7 @@ fn main() -> anyhow::Result<()> {
     let dim = table.features.len();
     let n = table.rows.len();
     let delta = (n as f64).powf(-1.1);
-    let (pooled, clipped) = Share::from_raw_rows(&table.rows, &bounds, &fixed, None);
+    let (pooled, clipped) = Share::from_raw_rows(&table.rows, &bounds, &fixed, None, None);
     let normalized: Vec<Vec<f64>> = table
         .rows
         .iter()
@@ -155,6 +155,7 @@ fn main() -> anyhow::Result<()> {
                     &pooled,
                     &BlockShape::new(dim, 0, false, fixed.norm_bound_int()),
                     centering,
+                    None,
                     &secrets,
                     fixed.frac_bits,
                 );

@@ -49,6 +49,15 @@
 //!   triangles: no more). L1 of the upper triangles: (M + 1)(|x|^2 + |x'|^2) / 2
 //!   <= (M + 1) Cq^2, as for R~. The total R~ does not see the class at all.
 //!
+//! # Projected studies (the second round of PCA-Gauss)
+//! With k public orthonormal axes W (Pub-PCA, or the components of an earlier
+//! study), owners release R of the projected rows W^T x beside the sums of the full
+//! rows. Since |W^T x| <= |x| <= Cq (re-clipped before encoding), every bound above
+//! holds with M replaced by k for the matrix block: Delta_1 of R becomes (k + 1) Cq^2
+//! instead of (M + 1) Cq^2, the Laplace mechanism's gain the paper calls quadratic
+//! (its noise spreads over k (k + 1) / 2 entries instead of M (M + 1) / 2). The
+//! Gaussian's Delta_2 does not depend on the dimension.
+//!
 //! So a classification study costs exactly the privacy of an unlabelled `dp-mean`
 //! study, with Delta_1 of the vector block raised to 2 (sqrt(M) + 1) Cq. Disjoint
 //! classes are not "parallel composition" for free: the sensitivities above are what
@@ -231,10 +240,20 @@ impl Sensitivity {
     /// Sensitivities of a classification study's blocks (see the module docs): only
     /// the vector block's L1 grows, by the two moved counts.
     pub fn with_classes(cq: u64, dim: usize) -> Self {
-        let plain = Self::new(cq, dim);
+        Self::for_blocks(cq, dim, dim, true)
+    }
+
+    /// Sensitivities when the matrix block has `matrix_dim` dimensions and the vector
+    /// block `vector_dim` (a projected study: R of the rows projected onto k public
+    /// axes, which keep |W^T x| <= Cq, beside the sums of the M-dimensional rows).
+    pub fn for_blocks(cq: u64, matrix_dim: usize, vector_dim: usize, classes: bool) -> Self {
+        let matrix = Self::new(cq, matrix_dim);
+        let vector = Self::new(cq, vector_dim);
+        let moved_counts = if classes { 2.0 * cq as f64 } else { 0.0 };
         Self {
-            v_l1: plain.v_l1 + 2.0 * cq as f64,
-            ..plain
+            v_l2: vector.v_l2,
+            v_l1: vector.v_l1 + moved_counts,
+            ..matrix
         }
     }
 
@@ -388,11 +407,21 @@ pub fn plan_noise(
     n_rows: u64,
     classes: bool,
 ) -> NoisePlan {
-    let sens = if classes {
-        Sensitivity::with_classes(cq, dim)
-    } else {
-        Sensitivity::new(cq, dim)
-    };
+    plan_noise_blocks(req, dim, dim, cq, n_rows, classes)
+}
+
+/// As [`plan_noise`], for a matrix block of `matrix_dim` dimensions beside a vector
+/// block of `vector_dim` (a projected study, `dp-mean` only).
+pub fn plan_noise_blocks(
+    req: &PrivacyRequest,
+    matrix_dim: usize,
+    vector_dim: usize,
+    cq: u64,
+    n_rows: u64,
+    classes: bool,
+) -> NoisePlan {
+    let dim = matrix_dim;
+    let sens = Sensitivity::for_blocks(cq, matrix_dim, vector_dim, classes);
     let n = n_rows as f64;
     match req.centering {
         Centering::Mask => {

@@ -4,7 +4,7 @@ use super::*;
 use crate::dp::{Mechanism, NoiseScale, PrivacyRequest};
 use crate::encoding::FixedPoint;
 use crate::randomizer::Randomizer;
-use crate::study::{ClassCovariance, ClassSpec, StudySpec};
+use crate::study::{ClassCovariance, ClassSpec, Projection, StudySpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use std::sync::OnceLock;
@@ -34,6 +34,7 @@ fn spec(dim: usize, centering: Centering, mechanism: Mechanism) -> StudySpec {
         public_key: key().public().clone(),
         baseline: false,
         classes: None,
+        projection: None,
     }
 }
 
@@ -77,19 +78,31 @@ fn run(
         .iter()
         .map(|&n| {
             let rows = random_rows(&mut rng, n, dim, &spec.fixed);
-            if layout.classes == 0 {
-                return Share::from_rows(&rows, dim);
-            }
-            let labels: Vec<usize> = (0..n).map(|_| rng.gen_range(0..layout.classes)).collect();
-            Share::from_class_rows(
+            let matrix_rows: Vec<Vec<i64>> = match &spec.projection {
+                Some(p) => rows
+                    .iter()
+                    .map(|x| {
+                        let real: Vec<f64> =
+                            x.iter().map(|&v| v as f64 / spec.fixed.scale()).collect();
+                        spec.fixed.encode_row(&p.apply(&real, 1.0))
+                    })
+                    .collect(),
+                None => rows.clone(),
+            };
+            let labels: Vec<usize> = (0..n)
+                .map(|_| rng.gen_range(0..layout.classes.max(1)))
+                .collect();
+            let classes = ClassRows {
+                labels: &labels,
+                classes: layout.classes,
+                per_class_matrix: layout.matrix_blocks > 1,
+                count_scale: layout.count_scale,
+            };
+            Share::from_split_rows(
+                &matrix_rows,
                 &rows,
                 dim,
-                &ClassRows {
-                    labels: &labels,
-                    classes: layout.classes,
-                    per_class_matrix: layout.matrix_blocks > 1,
-                    count_scale: layout.count_scale,
-                },
+                (layout.classes > 0).then_some(&classes),
             )
         })
         .collect();
@@ -130,6 +143,7 @@ fn run(
         key(),
         &layout,
         spec.privacy.centering,
+        spec.projection.as_ref(),
         &released,
         pooled.n,
         spec.fixed.frac_bits,
@@ -287,6 +301,7 @@ fn distributed_release_equals_central_mechanism() {
                     &pooled,
                     &layout.shape(),
                     centering,
+                    None,
                     &secrets,
                     spec.fixed.frac_bits,
                 );
@@ -315,6 +330,7 @@ fn class_release_equals_central_mechanism() {
             &pooled,
             &layout.shape(),
             Centering::DpMean,
+            None,
             &secrets,
             spec.fixed.frac_bits,
         );
@@ -376,4 +392,74 @@ fn noise_free_class_release_is_exact() {
             assert!((&stats.means[c] - want).abs().max() < 1e-12);
         }
     }
+}
+
+/// Two orthonormal axes in 5 dimensions (rotated, not coordinate axes).
+fn two_axes() -> Projection {
+    let a = 1.0 / 2f64.sqrt();
+    Projection {
+        axes: vec![vec![a, a, 0.0, 0.0, 0.0], vec![0.0, 0.0, 0.6, 0.8, 0.0]],
+    }
+}
+
+/// Projected studies (the second round): distributed equals central bit for bit,
+/// with classes; and without noise the opened scatter is W (W^T S W) W^T.
+#[test]
+fn projected_release_equals_central_and_lifts_the_projected_scatter() {
+    for covariance in [ClassCovariance::PerClass, ClassCovariance::Shared] {
+        let mut spec = class_spec(5, Mechanism::Laplace, covariance);
+        spec.projection = Some(two_axes());
+        spec.validate().expect("valid projected spec");
+        let layout = StudyLayout::new(&spec).expect("layout");
+        assert_eq!(layout.triangle.dim, 2);
+        assert_eq!(layout.vector_len, 3 * 6);
+        let (pooled, secrets, opened, _) = run(&spec, None, 80);
+        let central = central_release(
+            &pooled,
+            &layout.shape(),
+            Centering::DpMean,
+            spec.projection.as_ref(),
+            &secrets,
+            spec.fixed.frac_bits,
+        );
+        assert_eq!(central.matrix_grid, opened.matrix_grid);
+        assert_eq!(central.scatter, opened.scatter);
+        assert_eq!(central.mean, opened.mean);
+        let stats = opened.classes.expect("classes");
+        assert!(stats.scatters.iter().all(|s| s.shape() == (5, 5)));
+    }
+    let spec = {
+        let mut s = class_spec(5, Mechanism::Laplace, ClassCovariance::Shared);
+        s.projection = Some(two_axes());
+        s
+    };
+
+    let mut plain = spec.clone();
+    plain.classes = None;
+    let (pooled, _, opened, _) = run(&plain, Some(NoiseScale::None), 81);
+    // The unprojected scatter of the same rows, from the vector block and R of the
+    // full rows (rebuilt from the shares' sums is not possible: compare in the span).
+    let w = nalgebra::DMatrix::from_fn(2, 5, |i, j| two_axes().axes[i][j]);
+    let s = &opened.scatter;
+    // Lifted: symmetric, rank 2, and W S W^T recovers it.
+    let back = w.transpose() * (&w * s * w.transpose()) * &w;
+    assert!((&back - s).abs().max() < 1e-12);
+    let mean = opened.mean.expect("mean");
+    let v = nalgebra::DVector::from_fn(5, |i, _| pooled.v[i] as f64 / spec.fixed.scale());
+    assert!((&mean - v / pooled.n as f64).abs().max() < 1e-12);
+    assert!(s.trace() > 0.0);
+}
+
+#[test]
+fn projections_that_are_not_orthonormal_or_need_the_mask_are_refused() {
+    let mut spec = spec(5, Centering::DpMean, Mechanism::Gaussian);
+    spec.projection = Some(Projection {
+        axes: vec![vec![1.0, 1.0, 0.0, 0.0, 0.0]],
+    });
+    let err = spec.validate().expect_err("norm sqrt 2").to_string();
+    assert!(err.contains("orthonormal"), "{err}");
+    spec.projection = Some(two_axes());
+    spec.privacy.centering = Centering::Mask;
+    let err = spec.validate().expect_err("mask").to_string();
+    assert!(err.contains("dp-mean"), "{err}");
 }
