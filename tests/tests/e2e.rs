@@ -550,3 +550,49 @@ fn regression_synthetic_rows_carry_the_label() {
         "RMSE {rmse} against real-trained {rmse_real}"
     );
 }
+
+/// The second round through the real programs: the components of a first study go
+/// to `--components-from`; owners send R of their rows projected onto them (far
+/// fewer ciphertexts), and the synthetic rows still carry the classes.
+#[test]
+fn projected_second_round_uses_the_first_studys_components() {
+    let (dir, data) = train_set();
+    let first = dir.path().join("first");
+    let args = ["--task", "classify", "--k", "20", "--epsilon", "100000"];
+    let o = local(&data, &first, &args);
+    assert!(o.status.success(), "{}", describe(&o));
+    let second = dir.path().join("second");
+    let components = first.join("components.csv");
+    let components = components.to_str().expect("utf-8 path");
+    let mut extra = args.to_vec();
+    extra.extend(["--components-from", components, "--synthetic", "3000"]);
+    let o = local(&data, &second, &extra);
+    assert!(o.status.success(), "{}", describe(&o));
+    let (one, two) = (study_json(&first), study_json(&second));
+    let cts = |j: &serde_json::Value| j["ciphertexts_per_owner"].as_u64().expect("count");
+    assert!(
+        cts(&two) * 2 < cts(&one),
+        "projected study sends {} ciphertexts per owner, the first {}",
+        cts(&two),
+        cts(&one)
+    );
+    assert!(two["pca_source"]
+        .as_str()
+        .expect("pca_source")
+        .starts_with("components of"));
+
+    let (_, rows, labels) = read_synthetic(&second);
+    let t = optdigits();
+    let (_, real_labels) = t.label.clone().expect("labels");
+    let bounds = vec![(0.0, 16.0); t.features.len()];
+    let real: Vec<Vec<f64>> = t.rows[..ROWS]
+        .iter()
+        .map(|r| dpca_common::synth::preprocessed(r, &bounds, 1.0))
+        .collect();
+    let real_acc = centroid_accuracy(&real, &real_labels[..ROWS], &real, &real_labels[..ROWS]);
+    let synth_acc = centroid_accuracy(&rows, &labels, &real, &real_labels[..ROWS]);
+    assert!(
+        synth_acc > 0.9 * real_acc,
+        "nearest centroid: synthetic {synth_acc}, real {real_acc}"
+    );
+}

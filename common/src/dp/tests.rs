@@ -375,3 +375,52 @@ proptest! {
         prop_assert!(r1 <= sens.r_l1 * tol, "stacked R_c L1 {} > {}", r1, sens.r_l1);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Projected studies: R of the rows projected onto k orthonormal axes (then
+    /// re-clipped and encoded as the owners do) and the sums of the full rows move
+    /// by no more than `Sensitivity::for_blocks(cq, k, M)` under replace-one.
+    #[test]
+    fn projected_neighbors_respect_sensitivity(
+        (rows, replacement, basis, k) in (2usize..6, 2usize..6).prop_flat_map(|(m, n)| (
+            proptest::collection::vec(row_strategy(m), n),
+            row_strategy(m),
+            proptest::collection::vec(proptest::collection::vec(-1.0f64..1.0, m), m),
+            1..=m,
+        ))
+    ) {
+        let m = rows[0].len();
+        // Orthonormal axes from the random basis (Gram-Schmidt through QR).
+        let b = nalgebra::DMatrix::from_fn(m, m, |i, j| basis[j][i] + if i == j { 3.0 } else { 0.0 });
+        let q = b.qr().q();
+        let proj = crate::study::Projection {
+            axes: (0..k).map(|j| q.column(j).iter().copied().collect()).collect(),
+        };
+        let clip = |r: &[f64]| -> Vec<f64> {
+            let norm = r.iter().map(|x| x * x).sum::<f64>().sqrt();
+            if norm > 1.0 { r.iter().map(|x| x / norm).collect() } else { r.to_vec() }
+        };
+        let full_a: Vec<Vec<f64>> = rows.iter().map(|r| clip(r)).collect();
+        let mut full_b = full_a.clone();
+        full_b[0] = clip(&replacement);
+        let share = |full: &[Vec<f64>]| {
+            let x: Vec<Vec<i64>> = full.iter().map(|r| FP.encode_row(r)).collect();
+            let y: Vec<Vec<i64>> = full.iter().map(|r| FP.encode_row(&proj.apply(r, 1.0))).collect();
+            crate::protocol::Share::from_split_rows(&y, &x, m, None)
+        };
+        let (sa, sb) = (share(&full_a), share(&full_b));
+        let sens = Sensitivity::for_blocks(FP.norm_bound_int(), k, m, false);
+        let d = |a: &[i128], b: &[i128]| -> Vec<f64> { a.iter().zip(b).map(|(x, y)| (x - y) as f64).collect() };
+        let (dr, dv) = (d(&sa.r_upper, &sb.r_upper), d(&sa.v, &sb.v));
+        let l2 = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let l1 = |v: &[f64]| v.iter().map(|x| x.abs()).sum::<f64>();
+        let tol = 1.0 + 1e-9;
+        prop_assert_eq!(sa.r_upper.len(), k * (k + 1) / 2);
+        prop_assert!(l2(&dr) <= sens.r_l2 * tol, "R L2 {} > {}", l2(&dr), sens.r_l2);
+        prop_assert!(l1(&dr) <= sens.r_l1 * tol, "R L1 {} > {}", l1(&dr), sens.r_l1);
+        prop_assert!(l2(&dv) <= sens.v_l2 * tol);
+        prop_assert!(l1(&dv) <= sens.v_l1 * tol);
+    }
+}
