@@ -96,6 +96,80 @@ struct Args {
     /// JSON output (default target/bench-synthetic/synthetic-bench.json).
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Score mode: the output folder of `user local --synthetic ... --task classify`;
+    /// trains logistic regression on its synthetic.csv and on --train, scores both
+    /// on --test after the study's public preprocessing (bounds and row-norm bound
+    /// from its study.json).
+    #[arg(long, value_name = "DIR")]
+    score_study: Option<PathBuf>,
+    /// Score mode: the real training rows the study ran on.
+    #[arg(long, requires = "score_study")]
+    train: Option<PathBuf>,
+    /// Score mode: the real held-out rows.
+    #[arg(long, requires = "score_study")]
+    test: Option<PathBuf>,
+    /// Score mode: the label column.
+    #[arg(long, default_value = "label")]
+    label: String,
+}
+
+/// Score mode: real-trained against synthetic-trained accuracy of a finished study.
+fn score_study(args: &Args, dir: &Path) -> anyhow::Result<()> {
+    let (Some(train), Some(test)) = (&args.train, &args.test) else {
+        bail!("--score-study needs --train and --test");
+    };
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("study.json")).context("study.json")?,
+    )?;
+    let bounds: Vec<(f64, f64)> = json["bounds"]
+        .as_array()
+        .context("study.json has no bounds")?
+        .iter()
+        .map(|b| (b[0].as_f64().unwrap_or(0.0), b[1].as_f64().unwrap_or(0.0)))
+        .collect();
+    let c = json["row_norm_bound"]
+        .as_f64()
+        .context("no row_norm_bound")?;
+    let read = |p: &Path| -> anyhow::Result<Table> {
+        let name = p.display().to_string();
+        Ok(read_csv(
+            std::fs::File::open(p).with_context(|| name.clone())?,
+            &name,
+            Some(&args.label),
+        )?)
+    };
+    let (syn, tr, te) = (read(&dir.join("synthetic.csv"))?, read(train)?, read(test)?);
+    let mut classes = tr.distinct_labels().unwrap_or_default();
+    classes.sort();
+    let prep = |t: &Table| -> anyhow::Result<(Vec<Vec<f64>>, Vec<usize>)> {
+        let rows = t
+            .rows
+            .iter()
+            .map(|r| normalize_row(r, &bounds, c).0)
+            .collect();
+        Ok((rows, t.class_indices(&classes, "table")?))
+    };
+    let ((sx, sy), (rx, ry), (tx, ty)) = (prep(&syn)?, prep(&tr)?, prep(&te)?);
+    let e = Experiment {
+        name: dir.display().to_string(),
+        task: Task::Classify,
+        k: 0,
+        train: rx.clone(),
+        test: tx,
+        train_y: ry.clone(),
+        test_y: ty,
+        classes: classes.len(),
+        bounds,
+    };
+    let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
+    let real = score(&e, &rx, &ry, &mut rng)?;
+    let synth = score(&e, &sx, &sy, &mut rng)?;
+    println!(
+        "logistic regression accuracy on {}: real-trained {real:.4}, synthetic-trained {synth:.4}, ratio {:.2}",
+        test.display(),
+        synth / real
+    );
+    Ok(())
 }
 
 /// One experiment: a data set, its public bounds and the task.
@@ -535,6 +609,9 @@ fn run_method(
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(dir) = &args.score_study {
+        return score_study(&args, dir);
+    }
     let mechanism = Mechanism::parse(&args.mechanism)?;
     let per_class = match args.class_covariance.as_str() {
         "shared" => false,
