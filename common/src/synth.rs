@@ -152,6 +152,22 @@ pub fn augment_with_label(components: &DMatrix<f64>) -> DMatrix<f64> {
     a
 }
 
+/// The public axes a projected study sends to the owners: the columns of `w` (M x k),
+/// with the label axis added in a regression study, whose label is a column.
+pub fn task_projection(task: Task, w: &DMatrix<f64>) -> crate::study::Projection {
+    let w = if task == Task::Regress {
+        augment_with_label(w)
+    } else {
+        w.clone()
+    };
+    crate::study::Projection {
+        axes: w
+            .column_iter()
+            .map(|c| c.iter().copied().collect())
+            .collect(),
+    }
+}
+
 /// A Gaussian mixture over classes (Algorithm 3), in normalized units.
 #[derive(Clone, Debug)]
 pub struct GaussMixture {

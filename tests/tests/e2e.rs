@@ -334,6 +334,35 @@ fn read_synthetic(out: &Path) -> (Vec<String>, Vec<Vec<f64>>, Vec<String>) {
     (header, rows, labels)
 }
 
+/// Runs a synthetic-data study on the test rows with `args` into `dir/name` and
+/// reads its `synthetic.csv`, whose header must be the input's.
+fn synthetic_study(
+    name: &str,
+    args: &[&str],
+) -> (tempfile::TempDir, PathBuf, Vec<Vec<f64>>, Vec<String>) {
+    let (dir, data) = train_set();
+    let out = dir.path().join(name);
+    let o = local(&data, &out, args);
+    assert!(o.status.success(), "{}", describe(&o));
+    let (header, rows, labels) = read_synthetic(&out);
+    let input = std::fs::read_to_string(&data).expect("input");
+    assert_eq!(header.join(","), input.lines().next().expect("header"));
+    (dir, out, rows, labels)
+}
+
+/// The test rows as the study saw them (bounds 0..16, row norm 1) in the input's
+/// units, and their labels.
+fn real_rows() -> (Vec<Vec<f64>>, Vec<String>) {
+    let t = optdigits();
+    let (_, labels) = t.label.clone().expect("labels");
+    let bounds = vec![(0.0, 16.0); t.features.len()];
+    let rows = t.rows[..ROWS]
+        .iter()
+        .map(|r| dpca_common::synth::preprocessed(r, &bounds, 1.0))
+        .collect();
+    (rows, labels[..ROWS].to_vec())
+}
+
 /// Nearest-centroid accuracy on `test` of the class means of (rows, labels).
 fn centroid_accuracy(
     rows: &[Vec<f64>],
@@ -386,11 +415,8 @@ fn centroid_accuracy(
 /// almost as well as one fitted to the real rows.
 #[test]
 fn classification_synthetic_rows_carry_the_classes() {
-    let (dir, data) = train_set();
-    let out = dir.path().join("classify");
-    let o = local(
-        &data,
-        &out,
+    let (_dir, out, rows, labels) = synthetic_study(
+        "classify",
         &[
             "--task",
             "classify",
@@ -402,21 +428,10 @@ fn classification_synthetic_rows_carry_the_classes() {
             "3000",
         ],
     );
-    assert!(o.status.success(), "{}", describe(&o));
-    let (header, rows, labels) = read_synthetic(&out);
-    let input = std::fs::read_to_string(&data).expect("input");
-    assert_eq!(header.join(","), input.lines().next().expect("header"));
     assert_eq!(rows.len(), 3000);
     assert!(rows.iter().flatten().all(|x| (0.0..=16.0).contains(x)));
-
-    let t = optdigits();
-    let (_, real_labels) = t.label.clone().expect("labels");
-    let real_labels = &real_labels[..ROWS];
-    let bounds = vec![(0.0, 16.0); t.features.len()];
-    let real: Vec<Vec<f64>> = t.rows[..ROWS]
-        .iter()
-        .map(|r| dpca_common::synth::preprocessed(r, &bounds, 1.0))
-        .collect();
+    let (real, real_labels) = real_rows();
+    let real_labels = &real_labels[..];
     let json = study_json(&out);
     assert_eq!(json["task"], "classify");
     assert_eq!(json["class_covariance"], "shared");
@@ -459,11 +474,8 @@ fn classification_synthetic_rows_carry_the_classes() {
 /// (preprocessed) labels clearly better than their mean does.
 #[test]
 fn regression_synthetic_rows_carry_the_label() {
-    let (dir, data) = train_set();
-    let out = dir.path().join("regress");
-    let o = local(
-        &data,
-        &out,
+    let (_dir, out, rows, labels) = synthetic_study(
+        "regress",
         &[
             "--task",
             "regress",
@@ -475,10 +487,6 @@ fn regression_synthetic_rows_carry_the_label() {
             "3000",
         ],
     );
-    assert!(o.status.success(), "{}", describe(&o));
-    let (header, rows, labels) = read_synthetic(&out);
-    let input = std::fs::read_to_string(&data).expect("input");
-    assert_eq!(header.join(","), input.lines().next().expect("header"));
     let y: Vec<f64> = labels
         .iter()
         .map(|l| l.parse::<f64>().expect("numeric label"))
@@ -582,15 +590,9 @@ fn projected_second_round_uses_the_first_studys_components() {
         .starts_with("components of"));
 
     let (_, rows, labels) = read_synthetic(&second);
-    let t = optdigits();
-    let (_, real_labels) = t.label.clone().expect("labels");
-    let bounds = vec![(0.0, 16.0); t.features.len()];
-    let real: Vec<Vec<f64>> = t.rows[..ROWS]
-        .iter()
-        .map(|r| dpca_common::synth::preprocessed(r, &bounds, 1.0))
-        .collect();
-    let real_acc = centroid_accuracy(&real, &real_labels[..ROWS], &real, &real_labels[..ROWS]);
-    let synth_acc = centroid_accuracy(&rows, &labels, &real, &real_labels[..ROWS]);
+    let (real, real_labels) = real_rows();
+    let real_acc = centroid_accuracy(&real, &real_labels, &real, &real_labels);
+    let synth_acc = centroid_accuracy(&rows, &labels, &real, &real_labels);
     assert!(
         synth_acc > 0.9 * real_acc,
         "nearest centroid: synthetic {synth_acc}, real {real_acc}"

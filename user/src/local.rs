@@ -15,10 +15,11 @@ use dpca_common::linalg::{centered_scatter, pca, psd_repair, Pca};
 use dpca_common::paillier::{SecretKey, MIN_KEY_BITS};
 use dpca_common::protocol::Opened;
 use dpca_common::study::{
-    ClassCovariance, ClassSpec, Projection, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
+    ClassCovariance, ClassSpec, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
 };
 use dpca_common::synth::{
-    augment_with_label, to_original_units, GaussMixture, GaussModel, SynthError, Task,
+    augment_with_label, task_projection, to_original_units, GaussMixture, GaussModel, SynthError,
+    Task,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use nalgebra::{DMatrix, DVector};
@@ -214,19 +215,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         bail!("a projected study (--pca-from, --components-from) needs --centering dp-mean");
     }
     // The owners project onto the axes (and keep the label axis in a regression).
-    let projection = axes.as_ref().map(|w| {
-        let w = if opts.task == Task::Regress {
-            augment_with_label(w)
-        } else {
-            w.clone()
-        };
-        Projection {
-            axes: w
-                .column_iter()
-                .map(|c| c.iter().copied().collect())
-                .collect(),
-        }
-    });
+    let projection = axes.as_ref().map(|w| task_projection(opts.task, w));
     let delta = opts.delta.unwrap_or_else(|| (n as f64).powf(-1.1));
     let privacy = PrivacyRequest::new(opts.mechanism, opts.centering, opts.epsilon, delta)?;
 

@@ -42,7 +42,9 @@ use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::pca;
 use dpca_common::protocol::{central_release, ClassRows, Opened, ReleaseSecrets, Share};
 use dpca_common::study::{BlockShape, Projection, DEFAULT_FRAC_BITS};
-use dpca_common::synth::{augment_with_label, to_original_units, GaussMixture, GaussModel, Task};
+use dpca_common::synth::{
+    augment_with_label, task_projection, to_original_units, GaussMixture, GaussModel, Task,
+};
 use linfa::metrics::SilhouetteScore;
 use linfa::prelude::*;
 use linfa_clustering::KMeans;
@@ -266,19 +268,7 @@ fn pooled_share(
     let dim = e.bounds.len();
     let encoded: Vec<Vec<i64>> = e.train.iter().map(|x| fixed.encode_row(x)).collect();
     let cq = fixed.norm_bound_int();
-    let projection = axes.map(|w| {
-        let w = if e.task == Task::Regress {
-            augment_with_label(w)
-        } else {
-            w.clone()
-        };
-        Projection {
-            axes: w
-                .column_iter()
-                .map(|c| c.iter().copied().collect())
-                .collect(),
-        }
-    });
+    let projection = axes.map(|w| task_projection(e.task, w));
     let matrix_rows: Vec<Vec<i64>> = match &projection {
         Some(p) => e
             .train
