@@ -179,18 +179,18 @@ pub struct GaussMixture {
 
 impl GaussMixture {
     /// Builds the mixture from the released class statistics, the pooled row count
-    /// N, the top-k components W and the global DP mean mu. A shared within-class
-    /// scatter is divided by N; a class's own scatter by its noisy count (at least 1).
+    /// N and the top-k components W. A shared within-class scatter is divided by N; a
+    /// class's own scatter by its noisy count (at least 1).
     ///
-    /// Class c is centered at mu + W W^T (mu_c - mu): the global mean is kept whole
-    /// (it lies mostly outside the span of W), while the class deviations, like the
-    /// covariances, live in the k-dimensional span, which also drops the class means'
-    /// noise along the M - k discarded axes.
+    /// Class c is centered at its DP mean mu_c, kept whole: the study released it in
+    /// all M dimensions, so using it costs nothing, and the features that separate
+    /// the classes need not lie in the span of noisy components (projecting the class
+    /// deviations onto that span cost 19 points of accuracy on optdigits at epsilon 1
+    /// with the Laplace mechanism). The covariances live in the k-dimensional span.
     pub fn new(
         stats: &ClassStats,
         n_rows: u64,
         components: &DMatrix<f64>,
-        global_mean: &DVector<f64>,
     ) -> Result<Self, SynthError> {
         let g = stats.means.len();
         if g == 0 || stats.counts.len() != g {
@@ -200,22 +200,17 @@ impl GaussMixture {
                 stats.counts.len()
             )));
         }
-        if global_mean.len() != components.nrows() {
+        if let Some(m) = stats.means.iter().find(|m| m.len() != components.nrows()) {
             return Err(SynthError::Shape(format!(
-                "global mean of {} values for {} features",
-                global_mean.len(),
+                "class mean of {} values for {} features",
+                m.len(),
                 components.nrows()
             )));
         }
-        let projector = components * components.transpose();
-        let means: Vec<DVector<f64>> = stats
-            .means
-            .iter()
-            .map(|m| global_mean + &projector * (m - global_mean))
-            .collect();
+        let means = &stats.means;
         let models = match stats.scatters.as_slice() {
             [shared] => {
-                let base = GaussModel::new(shared, n_rows, components, global_mean)?;
+                let base = GaussModel::new(shared, n_rows, components, &means[0])?;
                 means
                     .iter()
                     .map(|m| GaussModel {
@@ -226,7 +221,7 @@ impl GaussMixture {
             }
             own if own.len() == g => own
                 .iter()
-                .zip(&means)
+                .zip(means)
                 .zip(&stats.counts)
                 .map(|((s, m), &c)| GaussModel::with_divisor(s, c.max(1.0), components, m))
                 .collect::<Result<Vec<_>, _>>()?,
@@ -339,6 +334,46 @@ mod tests {
             Err(SynthError::Shape(_))
         ));
         assert!(GaussModel::new(&s, 0, &DMatrix::identity(3, 1), &DVector::zeros(3)).is_err());
+    }
+
+    #[test]
+    fn mixture_keeps_class_means_outside_the_span() {
+        // Two classes that differ only along axis 2, which the one component (axis 0)
+        // does not span; proportions 0.25 / 0.75 from the noisy counts.
+        let stats = ClassStats {
+            counts: vec![25.0, 75.0],
+            means: vec![
+                DVector::from_vec(vec![0.0, 0.1, 0.5]),
+                DVector::from_vec(vec![0.0, 0.1, -0.5]),
+            ],
+            scatters: vec![DMatrix::from_diagonal(&DVector::from_vec(vec![
+                100.0, 50.0, 50.0,
+            ]))],
+        };
+        let w = DMatrix::from_column_slice(3, 1, &[1.0, 0.0, 0.0]);
+        let mix = GaussMixture::new(&stats, 100, &w).expect("mixture");
+        let mut rng = ChaCha20Rng::seed_from_u64(5);
+        let mut sums = [DVector::zeros(3), DVector::zeros(3)];
+        let mut counts = [0usize; 2];
+        for _ in 0..8000 {
+            let (c, x) = mix.sample(&mut rng);
+            sums[c] += x;
+            counts[c] += 1;
+        }
+        let share = counts[0] as f64 / 8000.0;
+        assert!((share - 0.25).abs() < 0.02, "{counts:?}");
+        for c in 0..2 {
+            let mean = &sums[c] / counts[c] as f64;
+            assert!((&mean - &stats.means[c]).amax() < 0.05, "class {c}: {mean}");
+        }
+        let bad = ClassStats {
+            means: vec![DVector::zeros(2), DVector::zeros(2)],
+            ..stats
+        };
+        assert!(matches!(
+            GaussMixture::new(&bad, 100, &w),
+            Err(SynthError::Shape(_))
+        ));
     }
 
     proptest! {

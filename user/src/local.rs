@@ -492,7 +492,7 @@ fn synthesize(
     let mean = opened.mean.as_ref().ok_or(SynthError::NoMean)?;
     Ok(match (opts.task, &opened.classes, classes) {
         (Task::Classify, Some(stats), Some(spec)) => {
-            let mixture = GaussMixture::new(stats, n_rows, components, mean)?;
+            let mixture = GaussMixture::new(stats, n_rows, components)?;
             (0..rows)
                 .map(|_| {
                     let (c, x) = mixture.sample(&mut rng);

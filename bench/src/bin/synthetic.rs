@@ -39,7 +39,7 @@ use dpca_common::dp::{
     epsilon_for, plan_noise_blocks, rho_for, Centering, Mechanism, PrivacyRequest,
 };
 use dpca_common::encoding::FixedPoint;
-use dpca_common::linalg::pca;
+use dpca_common::linalg::{centered_scatter, pca};
 use dpca_common::protocol::{central_release, ClassRows, Opened, ReleaseSecrets, Share};
 use dpca_common::study::{BlockShape, Projection, DEFAULT_FRAC_BITS};
 use dpca_common::synth::{
@@ -92,6 +92,9 @@ struct Args {
     /// epsilon of the k sweep.
     #[arg(long, default_value_t = 1.0)]
     sweep_epsilon: f64,
+    /// Row-norm bound C of the normalized rows (each feature mapped to [-1, 1]).
+    #[arg(long, default_value_t = 1.0)]
+    row_norm_bound: f64,
     /// Seed of the split, the noise and the samples.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -162,6 +165,7 @@ fn score_study(args: &Args, dir: &Path) -> anyhow::Result<()> {
         test_y: ty,
         classes: classes.len(),
         bounds,
+        c,
     };
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     let real = score(&e, &rx, &ry, &mut rng)?;
@@ -175,6 +179,7 @@ fn score_study(args: &Args, dir: &Path) -> anyhow::Result<()> {
 }
 
 /// One experiment: a data set, its public bounds and the task.
+#[derive(Clone)]
 struct Experiment {
     name: String,
     task: Task,
@@ -189,15 +194,18 @@ struct Experiment {
     classes: usize,
     /// Bounds of the study's columns (label last for regression).
     bounds: Vec<(f64, f64)>,
+    /// Row-norm bound C of the normalized rows.
+    c: f64,
 }
 
-const C: f64 = 1.0;
+/// Share of the training rows set aside as public for Pub-PCA.
+const PUBLIC_SHARE: f64 = 0.1;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn load(name: &str, k: Option<usize>, seed: u64) -> anyhow::Result<Experiment> {
+fn load(name: &str, k: Option<usize>, seed: u64, c: f64) -> anyhow::Result<Experiment> {
     let (task, file, default_k): (Task, &str, usize) = match name {
         "cluster-optdigits" => (Task::Cluster, "optdigits", 20),
         "classify-optdigits" => (Task::Classify, "optdigits", 20),
@@ -233,7 +241,7 @@ fn load(name: &str, k: Option<usize>, seed: u64) -> anyhow::Result<Experiment> {
     let mut order: Vec<usize> = (0..table.rows.len()).collect();
     order.shuffle(&mut ChaCha20Rng::seed_from_u64(seed));
     let cut = order.len() * 4 / 5;
-    let norm = |i: &usize| normalize_row(&table.rows[*i], &bounds, C).0;
+    let norm = |i: &usize| normalize_row(&table.rows[*i], &bounds, c).0;
     let lab = |i: &usize| labels.get(*i).copied().unwrap_or(0);
     Ok(Experiment {
         name: name.to_string(),
@@ -254,6 +262,7 @@ fn load(name: &str, k: Option<usize>, seed: u64) -> anyhow::Result<Experiment> {
         },
         classes,
         bounds,
+        c,
     })
 }
 
@@ -273,7 +282,7 @@ fn pooled_share(
         Some(p) => e
             .train
             .iter()
-            .map(|x| fixed.encode_row(&p.apply(x, C)))
+            .map(|x| fixed.encode_row(&p.apply(x, e.c)))
             .collect(),
         None => encoded.clone(),
     };
@@ -358,6 +367,10 @@ enum Method {
     FullGauss,
     #[serde(rename = "random-proj")]
     RandomProj,
+    #[serde(rename = "pca-gauss-2k")]
+    PcaGauss2K,
+    #[serde(rename = "pub-pca")]
+    PubPca,
 }
 
 impl Method {
@@ -368,6 +381,8 @@ impl Method {
             Self::PcaGauss2 => "pca-gauss-2",
             Self::FullGauss => "full-gauss",
             Self::RandomProj => "random-proj",
+            Self::PcaGauss2K => "pca-gauss-2k",
+            Self::PubPca => "pub-pca",
         }
     }
 }
@@ -388,12 +403,12 @@ fn synthesize(
 ) -> anyhow::Result<(Vec<Vec<f64>>, Vec<usize>)> {
     let count = e.train.len();
     let finish =
-        |x: &DVector<f64>| normalize_row(&to_original_units(x, &e.bounds, C), &e.bounds, C).0;
+        |x: &DVector<f64>| normalize_row(&to_original_units(x, &e.bounds, e.c), &e.bounds, e.c).0;
     let mean = opened.mean.as_ref().context("no mean")?;
     Ok(match e.task {
         Task::Classify => {
             let stats = opened.classes.as_ref().context("no class statistics")?;
-            let mix = GaussMixture::new(stats, n_rows, axes, mean)?;
+            let mix = GaussMixture::new(stats, n_rows, axes)?;
             (0..count)
                 .map(|_| {
                     let (c, x) = mix.sample(rng);
@@ -432,11 +447,13 @@ fn score(
     let m = e.bounds.len();
     match e.task {
         Task::Classify => {
-            let x = to_array(rows, m);
+            // The learner sees rows in the unit ball whatever C is, so one set of
+            // hyperparameters serves every row-norm bound.
+            let x = to_array(rows, m) / e.c;
             let model = MultiLogisticRegression::default()
                 .max_iterations(200)
                 .fit(&Dataset::new(x, Array1::from(ys.to_vec())))?;
-            let pred = model.predict(&to_array(&e.test, m));
+            let pred = model.predict(&(to_array(&e.test, m) / e.c));
             let hits = pred.iter().zip(&e.test_y).filter(|(a, b)| a == b).count();
             Ok(hits as f64 / e.test.len() as f64)
         }
@@ -532,15 +549,36 @@ fn one_rep(
 ) -> anyhow::Result<f64> {
     let m = pca_dim(e);
     let (pooled, shape) = plain;
-    let (opened, axes) = match method {
+    let n = pooled.n;
+    let (opened, axes, n) = match method {
         Method::PcaGauss => {
             let opened = release(pooled, shape, None, req, fixed, rng);
             let w = components(&opened, pooled.n, m, k);
-            (opened, w)
+            (opened, w, n)
         }
         Method::FullGauss => {
             let opened = release(pooled, shape, None, req, fixed, rng);
-            (opened, DMatrix::identity(m, m))
+            (opened, DMatrix::identity(m, m), n)
+        }
+        Method::PubPca => {
+            // The paper's Pub-PCA: a disjoint public part of the training rows gives
+            // the axes; the study runs on the rest, projected, with the whole budget.
+            let cut = (e.train.len() as f64 * PUBLIC_SHARE).round() as usize;
+            let public: Vec<Vec<f64>> = e.train[..cut].iter().map(|r| r[..m].to_vec()).collect();
+            let w = pca(&(centered_scatter(&public) / cut as f64), k).components;
+            let private = Experiment {
+                train: e.train[cut..].to_vec(),
+                train_y: e
+                    .train_y
+                    .get(cut..)
+                    .map(<[usize]>::to_vec)
+                    .unwrap_or_default(),
+                ..e.clone()
+            };
+            let (share, pshape, projection) = pooled_share(&private, fixed, per_class, Some(&w));
+            let opened = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
+            let axes = components_in_span(&opened, share.n, &w, k);
+            (opened, axes, share.n)
         }
         Method::PcaGauss2 => {
             // Round 1: a plain study for the axes; round 2: R on them.
@@ -550,18 +588,63 @@ fn one_rep(
             let (share, pshape, projection) = pooled_share(e, fixed, per_class, Some(&w));
             let opened = release(&share, &pshape, projection.as_ref(), &half, fixed, rng);
             let axes = components_in_span(&opened, share.n, &w, k);
-            (opened, axes)
+            (opened, axes, n)
         }
         Method::RandomProj => {
-            // Random axes are public: the whole budget goes to R on them.
+            // Random axes are public: the whole budget goes to R on them. The Blocki
+            // adaptation releases only projected data, so the class deviations from
+            // the global mean are kept in the random span too.
             let w = random_axes(m, k, rng);
             let (share, pshape, projection) = pooled_share(e, fixed, per_class, Some(&w));
-            let opened = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
-            (opened, w)
+            let mut opened = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
+            if let (Some(stats), Some(mu)) = (opened.classes.as_mut(), opened.mean.as_ref()) {
+                let p = &w * w.transpose();
+                for mc in &mut stats.means {
+                    *mc = mu + &p * (&*mc - mu);
+                }
+            }
+            (opened, w, n)
+        }
+        Method::PcaGauss2K => {
+            // Round 1 as pca-gauss-2; round 2 releases only k-dimensional sums and
+            // scatters of W^T x; the global mean's part outside the span comes from
+            // round 1.
+            let half = halves(req)?;
+            let first = release(pooled, shape, None, &half, fixed, rng);
+            let w = components(&first, pooled.n, m, k);
+            let mu1 = first.mean.clone().context("no mean")?;
+            let projection = task_projection(e.task, &w);
+            let kk = projection.rank();
+            let rows: Vec<Vec<i64>> = e
+                .train
+                .iter()
+                .map(|x| fixed.encode_row(&projection.apply(x, e.c)))
+                .collect();
+            let cls = ClassRows {
+                labels: &e.train_y,
+                classes: e.classes,
+                per_class_matrix: per_class,
+                count_scale: fixed.norm_bound_int(),
+            };
+            let share = Share::from_split_rows(&rows, &rows, kk, (e.classes > 0).then_some(&cls));
+            let kshape = BlockShape::new(kk, e.classes, per_class, fixed.norm_bound_int());
+            let mut opened = release(&share, &kshape, None, &half, fixed, rng);
+            let wk = DMatrix::from_fn(mu1.len(), kk, |i, j| projection.axes[j][i]);
+            let outside = &mu1 - &wk * (wk.transpose() * &mu1);
+            let lift_m = |v: &DVector<f64>| &wk * v + &outside;
+            let lift_s = |s: &DMatrix<f64>| &wk * s * wk.transpose();
+            opened.scatter = lift_s(&opened.scatter);
+            opened.mean = opened.mean.as_ref().map(lift_m);
+            if let Some(st) = opened.classes.as_mut() {
+                st.means = st.means.iter().map(lift_m).collect();
+                st.scatters = st.scatters.iter().map(lift_s).collect();
+            }
+            let axes = components_in_span(&opened, share.n, &w, k);
+            (opened, axes, n)
         }
         Method::Real => bail!("the real baseline is not synthesized"),
     };
-    let (rows, ys) = synthesize(e, &opened, pooled.n, &axes, rng)?;
+    let (rows, ys) = synthesize(e, &opened, n, &axes, rng)?;
     score(e, &rows, &ys, rng)
 }
 
@@ -608,14 +691,14 @@ fn main() -> anyhow::Result<()> {
         "per-class" => true,
         other => bail!("--class-covariance must be shared or per-class, got `{other}`"),
     };
-    let fixed = FixedPoint {
-        frac_bits: DEFAULT_FRAC_BITS,
-        row_norm_bound: C,
-    };
     let mut cells = Vec::new();
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     for (i, name) in args.experiments.iter().enumerate() {
-        let e = load(name, args.k.get(i).copied(), args.seed)?;
+        let e = load(name, args.k.get(i).copied(), args.seed, args.row_norm_bound)?;
+        let fixed = FixedPoint {
+            frac_bits: DEFAULT_FRAC_BITS,
+            row_norm_bound: e.c,
+        };
         let (pooled, shape, _) = pooled_share(&e, &fixed, per_class, None);
         let delta = (pooled.n as f64).powf(-1.1);
         let plain = (pooled, shape);
@@ -652,6 +735,8 @@ fn main() -> anyhow::Result<()> {
             for method in [
                 Method::PcaGauss,
                 Method::PcaGauss2,
+                Method::PcaGauss2K,
+                Method::PubPca,
                 Method::FullGauss,
                 Method::RandomProj,
             ] {
@@ -670,7 +755,12 @@ fn main() -> anyhow::Result<()> {
         let features = pca_dim(&e);
         for &k in args.ks.iter().filter(|&&k| k >= 1 && k <= features) {
             let req = PrivacyRequest::new(mechanism, Centering::DpMean, args.sweep_epsilon, delta)?;
-            for method in [Method::PcaGauss, Method::PcaGauss2] {
+            for method in [
+                Method::PcaGauss,
+                Method::PcaGauss2,
+                Method::PcaGauss2K,
+                Method::PubPca,
+            ] {
                 let cell = run_method(
                     &e, method, k, &req, &fixed, per_class, &plain, args.reps, &mut rng,
                 )?;
