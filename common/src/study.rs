@@ -121,6 +121,180 @@ impl Projection {
     }
 }
 
+/// A row-norm histogram study: instead of its rows, each owner sends one-hot rows
+/// that mark the bin of each row's L2 norm (after the public bounds, before any
+/// clipping), so the release is a DP histogram of the norms from which the user picks
+/// the row-norm bound C of the real study (a DP quantile).
+///
+/// The study's own features are the bins, with bounds [-1, 1] (the identity
+/// normalization) and C = 1: a one-hot row has norm exactly 1, so the ordinary
+/// `dp-mean` sensitivities of a unit-norm study cover it, and replacing one data row
+/// replaces one one-hot row. Bin b counts the norms in [edges[b], edges[b + 1]); the
+/// last bin is open above.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NormBins {
+    /// The data columns the owners read (the real study's features).
+    pub features: Vec<String>,
+    /// Their public bounds.
+    pub bounds: Vec<(f64, f64)>,
+    /// Lower edges of the bins, starting at 0, strictly increasing.
+    pub edges: Vec<f64>,
+}
+
+/// Most bins a row-norm histogram may have.
+pub const MAX_NORM_BINS: usize = 64;
+
+impl NormBins {
+    /// Geometric bins from `lo` up to the largest norm possible, sqrt(M) (every
+    /// value at a bound), with a first bin [0, lo).
+    pub fn geometric(features: Vec<String>, bounds: Vec<(f64, f64)>, lo: f64, bins: usize) -> Self {
+        let top = (features.len() as f64).sqrt();
+        let ratio = (top / lo).powf(1.0 / (bins.saturating_sub(2).max(1)) as f64);
+        let mut edges = vec![0.0];
+        edges.extend((0..bins.saturating_sub(1)).map(|i| lo * ratio.powi(i as i32)));
+        Self {
+            features,
+            bounds,
+            edges,
+        }
+    }
+
+    /// The bin names, which are the histogram study's features.
+    pub fn bin_names(&self) -> Vec<String> {
+        self.edges
+            .iter()
+            .enumerate()
+            .map(|(i, lo)| match self.edges.get(i + 1) {
+                Some(hi) => format!("norm [{lo:.4}, {hi:.4})"),
+                None => format!("norm >= {lo:.4}"),
+            })
+            .collect()
+    }
+
+    /// The bin of a norm.
+    pub fn bin_of(&self, norm: f64) -> usize {
+        self.edges.iter().rposition(|&e| norm >= e).unwrap_or(0)
+    }
+
+    /// The one-hot row an owner sends for a data row: 1 in the bin of its norm after
+    /// the public bounds (unclipped), 0 elsewhere.
+    pub fn one_hot(&self, row: &[f64]) -> Vec<f64> {
+        let (x, _) = crate::data::normalize_row(row, &self.bounds, f64::INFINITY);
+        let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let mut out = vec![0.0; self.edges.len()];
+        out[self.bin_of(norm)] = 1.0;
+        out
+    }
+
+    /// Noisy bin counts from a histogram study's release: the sums v' and the
+    /// diagonal of R' both count the rows per bin (a one-hot row adds 1 to each),
+    /// with independent noise, so they are averaged with inverse-variance weights.
+    /// Post-processing only.
+    pub fn counts(
+        &self,
+        opened: &crate::protocol::Opened,
+        plan: &crate::dp::NoisePlan,
+        fixed: &FixedPoint,
+    ) -> Vec<f64> {
+        let cq = fixed.norm_bound_int() as f64;
+        let var_r = (plan.matrix.std_dev() / (cq * cq)).powi(2);
+        let var_v = plan
+            .vector
+            .as_ref()
+            .map_or(f64::INFINITY, |v| (v.std_dev() / cq).powi(2));
+        let grid = opened.matrix_grid.first();
+        (0..self.edges.len())
+            .map(|b| {
+                let from_v = opened
+                    .vector_grid
+                    .get(b)
+                    .map_or(0.0, |x| crate::protocol::to_f64(x) / cq);
+                let Some(r) = grid.and_then(|g| g.get(b)).and_then(|row| row.get(b)) else {
+                    return from_v;
+                };
+                let from_r = crate::protocol::to_f64(r) / (cq * cq);
+                if var_r == 0.0 || var_v == 0.0 {
+                    // Noise-free test release: both are exact.
+                    return from_v;
+                }
+                (from_r / var_r + from_v / var_v) / (1.0 / var_r + 1.0 / var_v)
+            })
+            .collect()
+    }
+
+    /// The q-quantile of the norms from noisy counts (negative counts taken as 0):
+    /// the upper edge of the first bin where the cumulative count reaches q of the
+    /// total, sqrt(M) for the open last bin. Rounding up to an edge clips at most
+    /// the share 1 - q of the rows, up to the noise.
+    pub fn quantile(&self, counts: &[f64], q: f64) -> f64 {
+        let top = (self.features.len() as f64).sqrt();
+        let clipped: Vec<f64> = counts.iter().map(|c| c.max(0.0)).collect();
+        let total: f64 = clipped.iter().sum();
+        if total <= 0.0 {
+            return top;
+        }
+        let mut acc = 0.0;
+        for (b, c) in clipped.iter().enumerate() {
+            acc += c;
+            if acc >= q * total {
+                return self.edges.get(b + 1).copied().unwrap_or(top);
+            }
+        }
+        top
+    }
+
+    fn validate(&self, spec: &StudySpec) -> Result<(), SpecError> {
+        let b = self.edges.len();
+        if !(2..=MAX_NORM_BINS).contains(&b) {
+            return Err(param(
+                "norm_bins",
+                format!("needs 2..={MAX_NORM_BINS} bins, got {b}"),
+            ));
+        }
+        if self.edges[0] != 0.0
+            || self
+                .edges
+                .windows(2)
+                .any(|w| !(w[1].is_finite() && w[1] > w[0]))
+        {
+            return Err(param(
+                "norm_bins",
+                "edges must start at 0 and increase strictly",
+            ));
+        }
+        if self.features.is_empty() || self.bounds.len() != self.features.len() {
+            return Err(param(
+                "norm_bins",
+                format!(
+                    "{} data features but {} bounds",
+                    self.features.len(),
+                    self.bounds.len()
+                ),
+            ));
+        }
+        if spec.features != self.bin_names()
+            || spec.bounds.iter().any(|&b| b != (-1.0, 1.0))
+            || spec.fixed.row_norm_bound != 1.0
+        {
+            return Err(param(
+                "norm_bins",
+                "a histogram study's features must be its bins, with bounds [-1, 1] and C = 1",
+            ));
+        }
+        if spec.privacy.centering != Centering::DpMean
+            || spec.classes.is_some()
+            || spec.projection.is_some()
+            || spec.privacy.mechanism == Mechanism::WishartUnproven
+        {
+            return Err(param(
+                "norm_bins",
+                "a histogram study is a plain `dp-mean` study (gaussian or laplace): no classes, no projection",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Most classes a study may declare (every class adds M + 1 released values).
 pub const MAX_CLASSES: usize = 1000;
 
@@ -154,6 +328,9 @@ pub struct StudySpec {
     pub classes: Option<ClassSpec>,
     /// Public axes for a projected study; `None` releases R in all M dimensions.
     pub projection: Option<Projection>,
+    /// A row-norm histogram study: owners send the one-hot bins of their rows'
+    /// norms instead of the rows.
+    pub norm_bins: Option<NormBins>,
 }
 
 impl StudySpec {
@@ -226,6 +403,9 @@ impl StudySpec {
         }
         if let Some(p) = &self.projection {
             self.validate_projection(p)?;
+        }
+        if let Some(bins) = &self.norm_bins {
+            bins.validate(self)?;
         }
         // Re-validates epsilon/delta/mechanism combinations.
         PrivacyRequest::new(

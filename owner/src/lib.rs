@@ -117,7 +117,18 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let mut client = connect(&cfg.proxy).await?;
     let spec = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
     let table = read_csv(bytes.as_slice(), &name, cfg.label.as_deref())?;
-    table.check_schema(&spec.features, &name)?;
+    // A histogram study's features are its bins: the data is checked against the
+    // columns it names and each row is replaced by the one-hot bin of its norm.
+    let study_rows: Vec<Vec<f64>> = match &spec.norm_bins {
+        Some(bins) => {
+            table.check_schema(&bins.features, &name)?;
+            table.rows.iter().map(|r| bins.one_hot(r)).collect()
+        }
+        None => {
+            table.check_schema(&spec.features, &name)?;
+            table.rows.clone()
+        }
+    };
     let rows = table.rows.len() as u64;
     if rows > spec.max_rows {
         bail!(
@@ -137,7 +148,7 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
         count_scale: layout.count_scale,
     });
     let (share, clipped_rows) = Share::from_raw_rows(
-        &table.rows,
+        &study_rows,
         &spec.bounds,
         &spec.fixed,
         class_rows.as_ref(),

@@ -3,7 +3,7 @@
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::PublicKey;
-use dpca_common::study::{ClassCovariance, ClassSpec, Projection, SpecError, StudySpec};
+use dpca_common::study::{ClassCovariance, ClassSpec, NormBins, Projection, SpecError, StudySpec};
 
 use crate::v1;
 
@@ -35,6 +35,15 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
             })
         }
     };
+    let norm_bins = if w.norm_edges.is_empty() && w.norm_features.is_empty() {
+        None
+    } else {
+        Some(NormBins {
+            features: w.norm_features.clone(),
+            bounds: w.norm_bounds.iter().map(|b| (b.lo, b.hi)).collect(),
+            edges: w.norm_edges.clone(),
+        })
+    };
     let spec = StudySpec {
         features: w.features.clone(),
         bounds: w.bounds.iter().map(|b| (b.lo, b.hi)).collect(),
@@ -52,6 +61,7 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
         baseline: w.baseline,
         classes,
         projection,
+        norm_bins,
     };
     spec.validate()?;
     Ok(spec)
@@ -95,6 +105,26 @@ pub fn spec_to_wire(s: &StudySpec) -> v1::StudySpec {
             .map(|p| p.axes.concat())
             .unwrap_or_default(),
         projection_rank: s.projection.as_ref().map_or(0, |p| p.rank() as u32),
+        norm_features: s
+            .norm_bins
+            .as_ref()
+            .map(|b| b.features.clone())
+            .unwrap_or_default(),
+        norm_bounds: s
+            .norm_bins
+            .as_ref()
+            .map(|b| {
+                b.bounds
+                    .iter()
+                    .map(|&(lo, hi)| v1::Bounds { lo, hi })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        norm_edges: s
+            .norm_bins
+            .as_ref()
+            .map(|b| b.edges.clone())
+            .unwrap_or_default(),
     }
 }
 

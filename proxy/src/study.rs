@@ -385,6 +385,7 @@ mod tests {
             baseline: false,
             classes: None,
             projection: None,
+            norm_bins: None,
         };
         let layout = StudyLayout::new(&spec).expect("layout");
         Study::new("s1".into(), spec, layout, false)

@@ -53,6 +53,7 @@ fn spec_for(sk: &SecretKey) -> StudySpec {
         baseline: false,
         classes: None,
         projection: None,
+        norm_bins: None,
     }
 }
 

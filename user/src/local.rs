@@ -271,6 +271,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         baseline: opts.baseline,
         classes,
         projection,
+        norm_bins: None,
     };
     let layout = StudyLayout::new(&spec)?;
     let mut client = dpca_proto::client::connect(&url).await?;

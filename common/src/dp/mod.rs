@@ -98,6 +98,9 @@ pub enum DpError {
     /// Unknown centering name.
     #[error("unknown centering `{0}` (expected mask or dp-mean)")]
     UnknownCentering(String),
+    /// A budget share outside (0, 1).
+    #[error("a share of the budget must be strictly between 0 and 1, got {0}")]
+    BadShare(f64),
 }
 
 /// The noise mechanism the proxy adds.
@@ -666,6 +669,64 @@ pub fn budget_ledger(req: &PrivacyRequest, classes: bool) -> BudgetLedger {
             rho: None,
             parts,
         },
+    }
+}
+
+/// Splits a request into two studies that compose to exactly it: `share` of the
+/// zCDP rho and the rest (Gaussian, both at the request's delta, which the composed
+/// rho meets); `share` of epsilon and of delta and the rest (basic composition, for
+/// the others).
+pub fn split_request(
+    req: &PrivacyRequest,
+    share: f64,
+) -> Result<(PrivacyRequest, PrivacyRequest), DpError> {
+    if !(share > 0.0 && share < 1.0) {
+        return Err(DpError::BadShare(share));
+    }
+    let part = |s: f64| match req.mechanism {
+        Mechanism::Gaussian => PrivacyRequest::new(
+            req.mechanism,
+            req.centering,
+            epsilon_for(s * rho_for(req.epsilon, req.delta), req.delta),
+            req.delta,
+        ),
+        Mechanism::GaussianClassic => {
+            PrivacyRequest::new(req.mechanism, req.centering, s * req.epsilon, s * req.delta)
+        }
+        _ => PrivacyRequest::new(req.mechanism, req.centering, s * req.epsilon, req.delta),
+    };
+    Ok((part(share)?, part(1.0 - share)?))
+}
+
+impl BudgetLedger {
+    /// The ledger of two studies run one after the other on the same rows: the parts
+    /// of both (named with their study), composed as [`budget_ledger`] composes
+    /// parts (rho adds for `gaussian`; epsilon and delta add otherwise).
+    pub fn then(self, first_name: &str, next: BudgetLedger, next_name: &str) -> BudgetLedger {
+        let name = |study: &str, p: BudgetPart| BudgetPart {
+            part: format!("{study}: {}", p.part),
+            ..p
+        };
+        let (rho, delta) = match (self.rho, next.rho) {
+            (Some(a), Some(b)) => (Some(a + b), self.delta.max(next.delta)),
+            _ => (None, self.delta + next.delta),
+        };
+        let epsilon = match rho {
+            Some(r) => epsilon_for(r, delta),
+            None => self.epsilon + next.epsilon,
+        };
+        let parts = self
+            .parts
+            .into_iter()
+            .map(|p| name(first_name, p))
+            .chain(next.parts.into_iter().map(|p| name(next_name, p)))
+            .collect();
+        BudgetLedger {
+            parts,
+            epsilon,
+            delta,
+            rho,
+        }
     }
 }
 

@@ -282,6 +282,36 @@ fn wishart_noise_is_positive_semidefinite_on_diagonal() {
 /// The ledger's parts compose to no more than was asked, for every mechanism and
 /// centering, with and without classes.
 #[test]
+fn split_requests_compose_to_the_request() {
+    for mechanism in [
+        Mechanism::Gaussian,
+        Mechanism::GaussianClassic,
+        Mechanism::Laplace,
+    ] {
+        for share in [0.05, 0.1, 0.5] {
+            let req = PrivacyRequest::new(mechanism, Centering::DpMean, 0.8, 1e-6).expect("valid");
+            let (a, b) = split_request(&req, share).expect("split");
+            let whole = budget_ledger(&a, false).then("first", budget_ledger(&b, false), "second");
+            let what = format!("{mechanism:?} share {share}: {whole:?}");
+            assert!((whole.epsilon - 0.8).abs() < 1e-6, "{what}");
+            assert!(whole.delta <= 1e-6 * (1.0 + 1e-9), "{what}");
+            assert_eq!(whole.parts.len(), 4, "{what}");
+            assert!(whole.parts[0].part.starts_with("first: "), "{what}");
+            // The small study spends less than the large one.
+            assert!(a.epsilon < b.epsilon || share == 0.5, "{what}");
+        }
+    }
+    for bad in [0.0, 1.0, -0.1, f64::NAN] {
+        let req =
+            PrivacyRequest::new(Mechanism::Laplace, Centering::DpMean, 1.0, 1e-6).expect("valid");
+        assert!(matches!(
+            split_request(&req, bad),
+            Err(DpError::BadShare(_))
+        ));
+    }
+}
+
+#[test]
 fn budget_ledger_composes_within_the_request() {
     for mechanism in [
         Mechanism::Gaussian,
@@ -418,6 +448,46 @@ proptest! {
         let l1 = |v: &[f64]| v.iter().map(|x| x.abs()).sum::<f64>();
         let tol = 1.0 + 1e-9;
         prop_assert_eq!(sa.r_upper.len(), k * (k + 1) / 2);
+        prop_assert!(l2(&dr) <= sens.r_l2 * tol, "R L2 {} > {}", l2(&dr), sens.r_l2);
+        prop_assert!(l1(&dr) <= sens.r_l1 * tol, "R L1 {} > {}", l1(&dr), sens.r_l1);
+        prop_assert!(l2(&dv) <= sens.v_l2 * tol);
+        prop_assert!(l1(&dv) <= sens.v_l1 * tol);
+    }
+
+    /// Row-norm histogram studies: each data row becomes the one-hot row of its
+    /// norm's bin, so replace-one moves the bin study's shares by no more than the
+    /// unit-norm sensitivities of a B-dimensional `dp-mean` study, which is what the
+    /// proxy calibrates to.
+    #[test]
+    fn norm_histogram_neighbors_respect_sensitivity(
+        (rows, replacement, bins) in (1usize..6, 1usize..6).prop_flat_map(|(m, n)| (
+            proptest::collection::vec(proptest::collection::vec(-50.0f64..50.0, m), n),
+            proptest::collection::vec(-50.0f64..50.0, m),
+            2usize..12,
+        ))
+    ) {
+        let m = rows[0].len();
+        let features: Vec<String> = (0..m).map(|i| format!("x{i}")).collect();
+        let nb = crate::study::NormBins::geometric(features, vec![(-10.0, 10.0); m], 0.05, bins);
+        let b = nb.edges.len();
+        prop_assert_eq!(b, bins);
+        let share = |data: &[Vec<f64>]| {
+            let hot: Vec<Vec<f64>> = data.iter().map(|r| nb.one_hot(r)).collect();
+            crate::protocol::Share::from_raw_rows(&hot, &vec![(-1.0, 1.0); b], &FP, None, None)
+        };
+        let mut other = rows.clone();
+        other[0] = replacement;
+        let ((sa, ca), (sb, cb)) = (share(&rows), share(&other));
+        // One-hot rows have norm exactly C: never clipped, each counted once.
+        prop_assert_eq!(ca + cb, 0);
+        let cq = FP.norm_bound_int() as i128;
+        prop_assert_eq!(sa.v.iter().sum::<i128>(), rows.len() as i128 * cq);
+        let sens = Sensitivity::new(FP.norm_bound_int(), b);
+        let d = |a: &[i128], b: &[i128]| -> Vec<f64> { a.iter().zip(b).map(|(x, y)| (x - y) as f64).collect() };
+        let (dr, dv) = (d(&sa.r_upper, &sb.r_upper), d(&sa.v, &sb.v));
+        let l2 = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let l1 = |v: &[f64]| v.iter().map(|x| x.abs()).sum::<f64>();
+        let tol = 1.0 + 1e-9;
         prop_assert!(l2(&dr) <= sens.r_l2 * tol, "R L2 {} > {}", l2(&dr), sens.r_l2);
         prop_assert!(l1(&dr) <= sens.r_l1 * tol, "R L1 {} > {}", l1(&dr), sens.r_l1);
         prop_assert!(l2(&dv) <= sens.v_l2 * tol);

@@ -35,6 +35,7 @@ fn spec(dim: usize, centering: Centering, mechanism: Mechanism) -> StudySpec {
         baseline: false,
         classes: None,
         projection: None,
+        norm_bins: None,
     }
 }
 
@@ -462,4 +463,131 @@ fn projections_that_are_not_orthonormal_or_need_the_mask_are_refused() {
     spec.privacy.centering = Centering::Mask;
     let err = spec.validate().expect_err("mask").to_string();
     assert!(err.contains("dp-mean"), "{err}");
+}
+
+fn histogram_spec(bins: &crate::study::NormBins, mechanism: Mechanism) -> StudySpec {
+    let b = bins.edges.len();
+    StudySpec {
+        features: bins.bin_names(),
+        bounds: vec![(-1.0, 1.0); b],
+        norm_bins: Some(bins.clone()),
+        ..spec(b, Centering::DpMean, mechanism)
+    }
+}
+
+/// A row-norm histogram study releases the bin counts (exactly without noise, within
+/// the noise otherwise), and the quantile read off them brackets the true one.
+#[test]
+fn norm_histogram_release_counts_the_bins() {
+    let names: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    let bins = crate::study::NormBins::geometric(names, vec![(0.0, 10.0); 3], 0.2, 10);
+    let b = bins.edges.len();
+    let mut rng = ChaCha20Rng::seed_from_u64(21);
+    let rows: Vec<Vec<f64>> = (0..400)
+        .map(|_| (0..3).map(|_| rng.gen_range(0.0..10.0)).collect())
+        .collect();
+    let norm = |r: &[f64]| {
+        let (x, _) = crate::data::normalize_row(r, &bins.bounds, f64::INFINITY);
+        x.iter().map(|v| v * v).sum::<f64>().sqrt()
+    };
+    let mut exact = vec![0.0; b];
+    for r in &rows {
+        exact[bins.bin_of(norm(r))] += 1.0;
+    }
+    for mechanism in [Mechanism::Gaussian, Mechanism::Laplace] {
+        let spec = histogram_spec(&bins, mechanism);
+        spec.validate().expect("a valid histogram study");
+        let shape = StudyLayout::new(&spec).expect("layout").shape();
+        let hot: Vec<Vec<f64>> = rows.iter().map(|r| bins.one_hot(r)).collect();
+        let (pooled, clipped) = Share::from_raw_rows(&hot, &spec.bounds, &spec.fixed, None, None);
+        assert_eq!(clipped, 0);
+        let plan = spec.noise_plan(pooled.n);
+        let tri = b * (b + 1) / 2;
+        let quiet = ReleaseSecrets {
+            mask: Vec::new(),
+            matrix_noise: vec![BigInt::zero(); tri],
+            vector_noise: vec![BigInt::zero(); b],
+        };
+        let release = |secrets: &ReleaseSecrets| {
+            central_release(
+                &pooled,
+                &shape,
+                Centering::DpMean,
+                None,
+                secrets,
+                spec.fixed.frac_bits,
+            )
+        };
+        let counts = bins.counts(&release(&quiet), &plan, &spec.fixed);
+        for (got, want) in counts.iter().zip(&exact) {
+            assert!((got - want).abs() < 1e-9, "{counts:?} vs {exact:?}");
+        }
+        for q in [0.1, 0.5, 0.9] {
+            let c = bins.quantile(&counts, q);
+            let below = rows.iter().filter(|r| norm(r) < c).count() as f64 / rows.len() as f64;
+            assert!(below >= q, "q {q}: {below} of the norms below {c}");
+            let edge = bins
+                .edges
+                .iter()
+                .rposition(|&e| e < c)
+                .expect("an edge below");
+            let under = rows.iter().filter(|r| norm(r) < bins.edges[edge]).count() as f64;
+            assert!(
+                under / (rows.len() as f64) < q,
+                "q {q}: the bin below already holds it"
+            );
+        }
+        let noisy = ReleaseSecrets {
+            mask: Vec::new(),
+            matrix_noise: plan.matrix.sample_upper(b, &mut rng),
+            vector_noise: plan
+                .vector
+                .as_ref()
+                .expect("dp-mean noise on v")
+                .sample_vector(b, &mut rng),
+        };
+        let counts = bins.counts(&release(&noisy), &plan, &spec.fixed);
+        let cq = spec.fixed.norm_bound_int() as f64;
+        let sd = plan.vector.as_ref().map_or(0.0, |v| v.std_dev() / cq);
+        for (got, want) in counts.iter().zip(&exact) {
+            assert!((got - want).abs() < 6.0 * sd, "{got} vs {want}, sd {sd}");
+        }
+    }
+}
+
+#[test]
+fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
+    let names: Vec<String> = ["a", "b"].iter().map(|s| s.to_string()).collect();
+    let bins = crate::study::NormBins::geometric(names, vec![(0.0, 1.0); 2], 0.1, 6);
+    let good = histogram_spec(&bins, Mechanism::Gaussian);
+    good.validate().expect("valid");
+    let mut bad_edges = bins.clone();
+    bad_edges.edges.swap(2, 3);
+    let cases = [
+        StudySpec {
+            features: (0..6).map(|i| format!("f{i}")).collect(),
+            ..good.clone()
+        },
+        StudySpec {
+            norm_bins: Some(bad_edges.clone()),
+            features: bad_edges.bin_names(),
+            ..good.clone()
+        },
+        StudySpec {
+            fixed: FixedPoint {
+                frac_bits: 16,
+                row_norm_bound: 2.0,
+            },
+            ..good.clone()
+        },
+        StudySpec {
+            privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-6)
+                .expect("valid"),
+            ..good.clone()
+        },
+    ];
+    for (i, spec) in cases.iter().enumerate() {
+        let err = spec.validate().expect_err("refused");
+        assert!(err.to_string().contains("norm_bins"), "case {i}: {err}");
+    }
 }
