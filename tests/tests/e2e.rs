@@ -598,3 +598,72 @@ fn projected_second_round_uses_the_first_studys_components() {
         "nearest centroid: synthetic {synth_acc}, real {real_acc}"
     );
 }
+
+/// `--row-norm-quantile`: a histogram study on the same owners counts the rows'
+/// norms exactly (noise-free test mode), C is the upper edge of the bin holding the
+/// quantile, the study runs with it, and the ledger composes both studies.
+#[test]
+fn row_norm_quantile_chooses_c_from_a_histogram_study() {
+    let (dir, data) = train_set();
+    let out = dir.path().join("out");
+    let o = local(
+        &data,
+        &out,
+        &[
+            "--row-norm-quantile",
+            "0.5",
+            "--epsilon",
+            "2",
+            "--noise-free-for-testing",
+        ],
+    );
+    assert!(o.status.success(), "{}", describe(&o));
+    let j = study_json(&out);
+    let choice = &j["row_norm_choice"];
+    let floats = |v: &serde_json::Value| -> Vec<f64> {
+        v.as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_f64().expect("number"))
+            .collect()
+    };
+    let (edges, counts) = (floats(&choice["edges"]), floats(&choice["counts"]));
+    let chosen = choice["chosen"].as_f64().expect("chosen");
+    assert_eq!(j["row_norm_bound"].as_f64(), Some(chosen));
+
+    let t = optdigits();
+    let bounds = vec![(0.0, 16.0); t.features.len()];
+    let norms: Vec<f64> = t.rows[..ROWS]
+        .iter()
+        .map(|r| {
+            let (x, _) = dpca_common::data::normalize_row(r, &bounds, f64::INFINITY);
+            x.iter().map(|v| v * v).sum::<f64>().sqrt()
+        })
+        .collect();
+    let mut exact = vec![0.0; edges.len()];
+    for &n in &norms {
+        exact[edges.iter().rposition(|&e| n >= e).expect("edge 0")] += 1.0;
+    }
+    for (got, want) in counts.iter().zip(&exact) {
+        assert!((got - want).abs() < 1e-6, "{counts:?} vs {exact:?}");
+    }
+    let share_below = |c: f64| norms.iter().filter(|&&n| n < c).count() as f64 / ROWS as f64;
+    assert!(share_below(chosen) >= 0.5, "C = {chosen}");
+    let lower = edges
+        .iter()
+        .rev()
+        .find(|&&e| e < chosen)
+        .copied()
+        .expect("an edge below C");
+    assert!(share_below(lower) < 0.5, "C = {chosen} is a bin too high");
+
+    let budget = &j["budget"];
+    assert!((budget["epsilon"].as_f64().expect("epsilon") - 2.0).abs() < 1e-6);
+    let parts = budget["parts"].as_array().expect("parts");
+    // Two histogram blocks, then the `mask` study's one.
+    assert_eq!(parts.len(), 3);
+    assert!(parts[0]["part"]
+        .as_str()
+        .expect("name")
+        .starts_with("row-norm histogram"));
+}

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use dpca_common::data::normalize_row;
 use dpca_common::data::{read_bounds, read_csv, Table};
-use dpca_common::dp::{budget_ledger, Centering, Mechanism, PrivacyRequest};
+use dpca_common::dp::{budget_ledger, split_request, Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{centered_scatter, pca, psd_repair, Pca};
 use dpca_common::paillier::{SecretKey, MIN_KEY_BITS};
 use dpca_common::protocol::Opened;
 use dpca_common::study::{
-    ClassCovariance, ClassSpec, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
+    ClassCovariance, ClassSpec, NormBins, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
 };
 use dpca_common::synth::{
     augment_with_label, task_projection, to_original_units, GaussMixture, GaussModel, SynthError,
@@ -31,7 +31,7 @@ use dpca_owner::OwnerReport;
 use dpca_proto::usage::Usage;
 
 use crate::report::{
-    variance_table, write_outputs, write_synthetic, RoleUsage, Seconds, StudyReport,
+    variance_table, write_outputs, write_synthetic, RoleUsage, RowNormChoice, Seconds, StudyReport,
 };
 use crate::session::{collect, open_study};
 
@@ -98,7 +98,16 @@ pub struct LocalOptions {
     /// Take the axes from `components.csv` of an earlier study (DP PCA as the
     /// independent source); the study releases R of the projected rows.
     pub components_from: Option<PathBuf>,
+    /// Choose C as this DP quantile of the rows' norms, from a row-norm histogram
+    /// study run first on the same owners (replaces `row_norm_bound`).
+    pub row_norm_quantile: Option<f64>,
+    /// Share of the budget the histogram study spends (the rest goes to the study).
+    pub quantile_budget_share: f64,
 }
+
+/// Bins of the row-norm histogram: geometric from sqrt(M) / 256 up to sqrt(M), the
+/// largest norm possible, about 19% apart.
+const NORM_BINS: usize = 32;
 
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
 struct Guard(Child);
@@ -193,31 +202,49 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     if opts.synthetic == Some(0) {
         bail!("--synthetic must be at least 1 row");
     }
-    let axes: Option<DMatrix<f64>> = match (&opts.pca_from, &opts.components_from) {
-        (Some(_), Some(_)) => {
-            bail!("--pca-from and --components-from are two sources of the same axes: give one")
-        }
-        (Some(path), None) => Some(
-            public_components(
-                path,
-                label.as_deref(),
-                &table.features[..pca_dim],
-                &bounds[..pca_dim],
-                opts.row_norm_bound,
-                opts.k,
-            )?
-            .components,
-        ),
-        (None, Some(path)) => Some(read_components(path, &table.features[..pca_dim], opts.k)?),
-        (None, None) => None,
+    // Pub-PCA preprocesses the public rows with C: recomputed if C is chosen later.
+    let load_axes = |c: f64| -> anyhow::Result<Option<DMatrix<f64>>> {
+        Ok(match (&opts.pca_from, &opts.components_from) {
+            (Some(_), Some(_)) => {
+                bail!("--pca-from and --components-from are two sources of the same axes: give one")
+            }
+            (Some(path), None) => Some(
+                public_components(
+                    path,
+                    label.as_deref(),
+                    &table.features[..pca_dim],
+                    &bounds[..pca_dim],
+                    c,
+                    opts.k,
+                )?
+                .components,
+            ),
+            (None, Some(path)) => Some(read_components(path, &table.features[..pca_dim], opts.k)?),
+            (None, None) => None,
+        })
     };
+    let mut axes = load_axes(opts.row_norm_bound)?;
     if axes.is_some() && opts.centering == Centering::Mask {
         bail!("a projected study (--pca-from, --components-from) needs --centering dp-mean");
     }
-    // The owners project onto the axes (and keep the label axis in a regression).
-    let projection = axes.as_ref().map(|w| task_projection(opts.task, w));
     let delta = opts.delta.unwrap_or_else(|| (n as f64).powf(-1.1));
     let privacy = PrivacyRequest::new(opts.mechanism, opts.centering, opts.epsilon, delta)?;
+    let (privacy, histogram_request) = match opts.row_norm_quantile {
+        None => (privacy, None),
+        Some(q) => {
+            if !(q > 0.0 && q < 1.0) {
+                bail!("--row-norm-quantile must be strictly between 0 and 1, got {q}");
+            }
+            if opts.mechanism == Mechanism::WishartUnproven {
+                bail!("--row-norm-quantile needs the gaussian or laplace mechanism");
+            }
+            let (h, main) = split_request(&privacy, opts.quantile_budget_share)
+                .context("--quantile-budget-share")?;
+            // The histogram is always a `dp-mean` study: it has nothing to mask.
+            let h = PrivacyRequest::new(h.mechanism, Centering::DpMean, h.epsilon, h.delta)?;
+            (main, Some((q, h)))
+        }
+    };
 
     let owners_dir = opts.out.join("owners");
     let owner_files = split_rows(&table, opts.owners, &owners_dir)?;
@@ -254,6 +281,77 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)?;
+    let max_rows = (n as u64).next_power_of_two().max(2);
+    let mut client = dpca_proto::client::connect(&url).await?;
+    let fingerprint = pk.fingerprint();
+    let row_norm_choice = match &histogram_request {
+        None => None,
+        Some((q, h)) => {
+            let bins = NormBins::geometric(
+                table.features.clone(),
+                bounds.clone(),
+                (dim as f64).sqrt() / 256.0,
+                NORM_BINS,
+            );
+            let spec_h = StudySpec {
+                features: bins.bin_names(),
+                bounds: vec![(-1.0, 1.0); NORM_BINS],
+                fixed: FixedPoint {
+                    frac_bits: DEFAULT_FRAC_BITS,
+                    row_norm_bound: 1.0,
+                },
+                max_rows,
+                privacy: h.clone(),
+                min_owners: opts.owners as u32,
+                quorum: opts.owners as u32,
+                deadline_unix_ms: now_ms + 3_600_000,
+                kappa: MIN_KAPPA,
+                public_key: pk.clone(),
+                baseline: opts.baseline,
+                classes: None,
+                projection: None,
+                norm_bins: Some(bins.clone()),
+            };
+            let hid = open_study(&mut client, &spec_h, opts.noise_free_for_testing).await?;
+            eprintln!(
+                "row-norm histogram study {hid} opened (epsilon {:.4} of {})",
+                h.epsilon, opts.epsilon
+            );
+            run_owners(
+                &owner_bin,
+                &url,
+                &hid,
+                &fingerprint,
+                &owner_files,
+                owner_label.as_deref(),
+            )
+            .await?;
+            let got = collect(&mut client, &sk, &spec_h, &hid).await?;
+            let counts = bins.counts(&got.opened, &spec_h.noise_plan(got.n_rows), &spec_h.fixed);
+            let chosen = bins.quantile(&counts, *q);
+            eprintln!("row-norm bound C = {chosen:.4}: the {q} quantile of the row norms");
+            Some(RowNormChoice {
+                quantile: *q,
+                chosen,
+                edges: bins.edges.clone(),
+                counts,
+                epsilon: h.epsilon,
+                delta: h.delta,
+                study_id: hid,
+            })
+        }
+    };
+    let opts = &LocalOptions {
+        row_norm_bound: row_norm_choice
+            .as_ref()
+            .map_or(opts.row_norm_bound, |c| c.chosen),
+        ..opts.clone()
+    };
+    if row_norm_choice.is_some() && opts.pca_from.is_some() {
+        axes = load_axes(opts.row_norm_bound)?;
+    }
+    // The owners project onto the axes (and keep the label axis in a regression).
+    let projection = axes.as_ref().map(|w| task_projection(opts.task, w));
     let spec = StudySpec {
         features: table.features.clone(),
         bounds: bounds.clone(),
@@ -261,7 +359,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             frac_bits: DEFAULT_FRAC_BITS,
             row_norm_bound: opts.row_norm_bound,
         },
-        max_rows: (n as u64).next_power_of_two().max(2),
+        max_rows,
         privacy,
         min_owners: opts.owners as u32,
         quorum: opts.owners as u32,
@@ -274,58 +372,18 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         norm_bins: None,
     };
     let layout = StudyLayout::new(&spec)?;
-    let mut client = dpca_proto::client::connect(&url).await?;
     let study_id = open_study(&mut client, &spec, opts.noise_free_for_testing).await?;
-    let fingerprint = pk.fingerprint();
     eprintln!("study {study_id} opened; key fingerprint {fingerprint}");
 
-    let bar = ProgressBar::new(opts.owners as u64);
-    if let Ok(style) =
-        ProgressStyle::with_template("owners {bar:30} {pos}/{len} contributed ({elapsed})")
-    {
-        bar.set_style(style);
-    }
-    let mut tasks = Vec::new();
-    for (i, file) in owner_files.iter().enumerate() {
-        let mut cmd = Command::new(&owner_bin);
-        cmd.args(["--proxy", &url, "--study", &study_id, "--owner-id"])
-            .arg(format!("owner-{:02}", i + 1))
-            .arg("--data")
-            .arg(file)
-            .args(["--key-fingerprint", &fingerprint, "--quiet"]);
-        if let Some(l) = &owner_label {
-            cmd.args(["--label", l]);
-        }
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {}", owner_bin.display()))?;
-        let bar = bar.clone();
-        tasks.push(tokio::spawn(async move {
-            let out = child.wait_with_output().await;
-            bar.inc(1);
-            out
-        }));
-    }
-    let mut owner_reports = Vec::new();
-    for (i, task) in tasks.into_iter().enumerate() {
-        let out = task.await.context("owner task")?.context("owner process")?;
-        if !out.status.success() {
-            bail!(
-                "owner-{:02} failed ({}): {}",
-                i + 1,
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        let line = String::from_utf8_lossy(&out.stdout);
-        let report: OwnerReport = serde_json::from_str(line.trim())
-            .with_context(|| format!("owner-{:02} printed an unreadable report: {line}", i + 1))?;
-        owner_reports.push(report);
-    }
-    bar.finish_and_clear();
+    let owner_reports = run_owners(
+        &owner_bin,
+        &url,
+        &study_id,
+        &fingerprint,
+        &owner_files,
+        owner_label.as_deref(),
+    )
+    .await?;
     let slowest_owner = owner_reports
         .iter()
         .map(|r| r.seconds_total)
@@ -379,7 +437,22 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     drop(proxy);
 
     let plan = spec.noise_plan(got.n_rows);
-    let budget = budget_ledger(&spec.privacy, spec.classes.is_some());
+    let study_budget = budget_ledger(&spec.privacy, spec.classes.is_some());
+    let budget = match &histogram_request {
+        Some((_, h)) => {
+            let mut hist = budget_ledger(h, false);
+            // The histogram's two blocks both count the rows per bin.
+            for (p, name) in hist
+                .parts
+                .iter_mut()
+                .zip(["bin counts (diagonal of R)", "bin counts (sums v)"])
+            {
+                p.part = name.into();
+            }
+            hist.then("row-norm histogram", study_budget, "study")
+        }
+        None => study_budget,
+    };
     let report = StudyReport {
         study_id,
         features: table.features.clone(),
@@ -424,6 +497,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             (_, Some(p)) => format!("components of {}; R released on them", p.display()),
             _ => "private release".into(),
         },
+        row_norm_choice,
         budget,
         seconds: Seconds {
             owner: slowest_owner,
@@ -468,6 +542,66 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         report.seconds.total
     );
     Ok(report)
+}
+
+/// Starts one owner process per file for `study_id` and waits for all of them,
+/// returning their reports; the first failure names its owner.
+async fn run_owners(
+    owner_bin: &Path,
+    url: &str,
+    study_id: &str,
+    fingerprint: &str,
+    owner_files: &[PathBuf],
+    owner_label: Option<&str>,
+) -> anyhow::Result<Vec<OwnerReport>> {
+    let bar = ProgressBar::new(owner_files.len() as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("owners {bar:30} {pos}/{len} contributed ({elapsed})")
+    {
+        bar.set_style(style);
+    }
+    let mut tasks = Vec::new();
+    for (i, file) in owner_files.iter().enumerate() {
+        let mut cmd = Command::new(owner_bin);
+        cmd.args(["--proxy", url, "--study", study_id, "--owner-id"])
+            .arg(format!("owner-{:02}", i + 1))
+            .arg("--data")
+            .arg(file)
+            .args(["--key-fingerprint", fingerprint, "--quiet"]);
+        if let Some(l) = owner_label {
+            cmd.args(["--label", l]);
+        }
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", owner_bin.display()))?;
+        let bar = bar.clone();
+        tasks.push(tokio::spawn(async move {
+            let out = child.wait_with_output().await;
+            bar.inc(1);
+            out
+        }));
+    }
+    let mut owner_reports = Vec::new();
+    for (i, task) in tasks.into_iter().enumerate() {
+        let out = task.await.context("owner task")?.context("owner process")?;
+        if !out.status.success() {
+            bail!(
+                "owner-{:02} failed ({}): {}",
+                i + 1,
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let line = String::from_utf8_lossy(&out.stdout);
+        let report: OwnerReport = serde_json::from_str(line.trim())
+            .with_context(|| format!("owner-{:02} printed an unreadable report: {line}", i + 1))?;
+        owner_reports.push(report);
+    }
+    bar.finish_and_clear();
+    Ok(owner_reports)
 }
 
 /// Draws `rows` synthetic rows for the task, in the input's units, as CSV cells in

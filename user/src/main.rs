@@ -111,6 +111,15 @@ struct LocalArgs {
     /// (DP PCA as the independent source; its budget was spent by that study).
     #[arg(long, value_name = "CSV")]
     components_from: Option<PathBuf>,
+    /// Choose the row-norm bound C as this quantile of the rows' norms (e.g. 0.9):
+    /// a row-norm histogram study runs first on the same owners and spends
+    /// --quantile-budget-share of the budget; replaces --row-norm-bound.
+    #[arg(long, value_name = "Q")]
+    row_norm_quantile: Option<f64>,
+    /// Share of epsilon (of zCDP rho for the gaussian mechanism) the row-norm
+    /// histogram spends; the study gets the rest, and study.json the composed total.
+    #[arg(long, default_value_t = 0.05, requires = "row_norm_quantile")]
+    quantile_budget_share: f64,
     /// TEST ONLY: noise-free release (the proxy is started in its test mode).
     #[arg(long, hide = true)]
     noise_free_for_testing: bool,
@@ -165,6 +174,8 @@ async fn main() -> anyhow::Result<()> {
                 class_covariance: ClassCovariance::parse(&a.class_covariance)?,
                 pca_from: a.pca_from,
                 components_from: a.components_from,
+                row_norm_quantile: a.row_norm_quantile,
+                quantile_budget_share: a.quantile_budget_share,
             };
             dpca_user::local::run(&opts).await?;
         }

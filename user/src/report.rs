@@ -115,6 +115,9 @@ pub struct StudyReport {
     /// (Pub-PCA, no budget spent on them).
     #[serde(default)]
     pub pca_source: String,
+    /// How C was chosen when `--row-norm-quantile` asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_norm_choice: Option<RowNormChoice>,
     /// The budget spent per released block, and composed.
     pub budget: BudgetLedger,
 }
@@ -210,4 +213,23 @@ pub fn variance_table(pca: &Pca, k: usize) -> String {
         );
     }
     out
+}
+
+/// How the row-norm bound was chosen, for study.json.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RowNormChoice {
+    /// The quantile asked for.
+    pub quantile: f64,
+    /// The chosen C (an upper bin edge).
+    pub chosen: f64,
+    /// Lower edges of the bins.
+    pub edges: Vec<f64>,
+    /// Noisy counts per bin (post-processing of the histogram study).
+    pub counts: Vec<f64>,
+    /// Privacy of the histogram study alone.
+    pub epsilon: f64,
+    /// Its delta.
+    pub delta: f64,
+    /// Its proxy study id.
+    pub study_id: String,
 }
