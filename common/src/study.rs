@@ -144,7 +144,18 @@ pub struct NormBins {
 /// Most bins a row-norm histogram may have.
 pub const MAX_NORM_BINS: usize = 64;
 
+/// Bins of the standard row-norm histogram ([`NormBins::standard`]).
+pub const STANDARD_NORM_BINS: usize = 32;
+
 impl NormBins {
+    /// The histogram `user local --row-norm-quantile` runs: [`STANDARD_NORM_BINS`]
+    /// geometric bins from sqrt(M) / 256 up to sqrt(M), about 19% apart, so the
+    /// chosen C is at most that far above the quantile.
+    pub fn standard(features: Vec<String>, bounds: Vec<(f64, f64)>) -> Self {
+        let lo = (features.len() as f64).sqrt() / 256.0;
+        Self::geometric(features, bounds, lo, STANDARD_NORM_BINS)
+    }
+
     /// Geometric bins from `lo` up to the largest norm possible, sqrt(M) (every
     /// value at a bound), with a first bin [0, lo).
     pub fn geometric(features: Vec<String>, bounds: Vec<(f64, f64)>, lo: f64, bins: usize) -> Self {

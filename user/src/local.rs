@@ -105,10 +105,6 @@ pub struct LocalOptions {
     pub quantile_budget_share: f64,
 }
 
-/// Bins of the row-norm histogram: geometric from sqrt(M) / 256 up to sqrt(M), the
-/// largest norm possible, about 19% apart.
-const NORM_BINS: usize = 32;
-
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
 struct Guard(Child);
 
@@ -287,21 +283,16 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let row_norm_choice = match &histogram_request {
         None => None,
         Some((q, h)) => {
-            let bins = NormBins::geometric(
-                table.features.clone(),
-                bounds.clone(),
-                (dim as f64).sqrt() / 256.0,
-                NORM_BINS,
-            );
+            let bins = NormBins::standard(table.features.clone(), bounds.clone());
             let spec_h = StudySpec {
                 features: bins.bin_names(),
-                bounds: vec![(-1.0, 1.0); NORM_BINS],
+                bounds: vec![(-1.0, 1.0); bins.edges.len()],
                 fixed: FixedPoint {
                     frac_bits: DEFAULT_FRAC_BITS,
                     row_norm_bound: 1.0,
                 },
                 max_rows,
-                privacy: h.clone(),
+                privacy: *h,
                 min_owners: opts.owners as u32,
                 quorum: opts.owners as u32,
                 deadline_unix_ms: now_ms + 3_600_000,

@@ -20,10 +20,24 @@
 //!   second releasing R of the rows projected onto them (`--components-from`): the
 //!   paper's independent PCA source, where the Laplace noise of R shrinks from
 //!   (M + 1) to (k + 1) in L1 sensitivity;
+//! - `pca-gauss-2k`: as `pca-gauss-2`, but the second round releases only
+//!   k-dimensional sums and scatters of W^T x (the paper's PCA-induced class means,
+//!   whose Laplace sensitivity also shrinks with k), the global mean's part outside
+//!   the span taken from round 1. The protocol does not offer this second round (its
+//!   projected studies keep M-dimensional sums); it is evaluated here, centrally, to
+//!   look for the paper's Lap-PCA gain;
+//! - `pub-pca`: the paper's Pub-PCA source: a disjoint public tenth of the training
+//!   rows gives the axes; the study runs projected on the rest with the whole budget
+//!   (`user local --pca-from`);
 //! - `full-gauss`: no dimension reduction, all M axes (the paper's MODIPS
 //!   comparison: a Gaussian fitted to the noisy moments);
 //! - `random-proj`: k random orthonormal axes, public, so the whole budget goes to
-//!   one projected study on them (the paper's adaptation of Blocki et al.).
+//!   one projected study on them (the paper's adaptation of Blocki et al.); its
+//!   synthetic data lives in the random span, class deviations included.
+//!
+//! `--row-norm-quantile Q` chooses C per epsilon from a central row-norm histogram
+//! release (as `user local --row-norm-quantile`), which spends
+//! `--quantile-budget-share` of the budget; the methods get the rest.
 //!
 //! The release runs centrally on the pooled integer share (`central_release`), which
 //! the protocol's tests prove equal, bit for bit, to what the user opens from the
@@ -35,13 +49,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Parser;
 use dpca_common::data::{normalize_row, read_bounds, read_csv, Table};
-use dpca_common::dp::{
-    epsilon_for, plan_noise_blocks, rho_for, Centering, Mechanism, PrivacyRequest,
-};
+use dpca_common::dp::{plan_noise_blocks, split_request, Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{centered_scatter, pca};
 use dpca_common::protocol::{central_release, ClassRows, Opened, ReleaseSecrets, Share};
-use dpca_common::study::{BlockShape, Projection, DEFAULT_FRAC_BITS};
+use dpca_common::study::{BlockShape, NormBins, Projection, DEFAULT_FRAC_BITS};
 use dpca_common::synth::{
     augment_with_label, task_projection, to_original_units, GaussMixture, GaussModel, Task,
 };
@@ -95,6 +107,14 @@ struct Args {
     /// Row-norm bound C of the normalized rows (each feature mapped to [-1, 1]).
     #[arg(long, default_value_t = 1.0)]
     row_norm_bound: f64,
+    /// Choose C per epsilon as this DP quantile of the training rows' norms: a
+    /// row-norm histogram release spending --quantile-budget-share of the budget, as
+    /// `user local --row-norm-quantile` runs it; the methods get the rest.
+    #[arg(long, value_name = "Q")]
+    row_norm_quantile: Option<f64>,
+    /// Share of the budget the row-norm histogram spends.
+    #[arg(long, default_value_t = 0.05)]
+    quantile_budget_share: f64,
     /// Seed of the split, the noise and the samples.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -166,6 +186,7 @@ fn score_study(args: &Args, dir: &Path) -> anyhow::Result<()> {
         classes: classes.len(),
         bounds,
         c,
+        seed: args.seed,
     };
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     let real = score(&e, &rx, &ry, &mut rng)?;
@@ -196,6 +217,8 @@ struct Experiment {
     bounds: Vec<(f64, f64)>,
     /// Row-norm bound C of the normalized rows.
     c: f64,
+    /// Seed of the split.
+    seed: u64,
 }
 
 /// Share of the training rows set aside as public for Pub-PCA.
@@ -263,6 +286,7 @@ fn load(name: &str, k: Option<usize>, seed: u64, c: f64) -> anyhow::Result<Exper
         classes,
         bounds,
         c,
+        seed,
     })
 }
 
@@ -297,6 +321,34 @@ fn pooled_share(
     let k = projection.as_ref().map_or(dim, Projection::rank);
     let shape = BlockShape::new(dim, classes, per_class, cq).projected(k);
     (share, shape, projection)
+}
+
+/// C chosen as the q-quantile of the training rows' norms from a central row-norm
+/// histogram release with `req` (the split-off share of the budget).
+fn dp_row_norm(
+    e: &Experiment,
+    q: f64,
+    req: &PrivacyRequest,
+    rng: &mut ChaCha20Rng,
+) -> anyhow::Result<f64> {
+    let wide = load(&e.name, Some(e.k), e.seed, f64::INFINITY)?;
+    let m = wide.bounds.len();
+    // The rows are normalized already: the bins read them through identity bounds.
+    let bins = NormBins::standard(
+        (0..m).map(|i| format!("x{i}")).collect(),
+        vec![(-1.0, 1.0); m],
+    );
+    let b = bins.edges.len();
+    let hot: Vec<Vec<f64>> = wide.train.iter().map(|r| bins.one_hot(r)).collect();
+    let fixed = FixedPoint {
+        frac_bits: DEFAULT_FRAC_BITS,
+        row_norm_bound: 1.0,
+    };
+    let (share, _) = Share::from_raw_rows(&hot, &vec![(-1.0, 1.0); b], &fixed, None, None);
+    let shape = BlockShape::new(b, 0, false, fixed.norm_bound_int());
+    let opened = release(&share, &shape, None, req, &fixed, rng);
+    let plan = plan_noise_blocks(req, b, b, fixed.norm_bound_int(), share.n, false);
+    Ok(bins.quantile(&bins.counts(&opened, &plan, &fixed), q))
 }
 
 /// One release of the study with fresh noise.
@@ -343,16 +395,7 @@ fn release(
 /// rho each (Gaussian), half the epsilon each (pure mechanisms). They compose to
 /// exactly `req`.
 fn halves(req: &PrivacyRequest) -> anyhow::Result<PrivacyRequest> {
-    let eps = match req.mechanism {
-        Mechanism::Gaussian => epsilon_for(rho_for(req.epsilon, req.delta) / 2.0, req.delta),
-        _ => req.epsilon / 2.0,
-    };
-    Ok(PrivacyRequest::new(
-        req.mechanism,
-        req.centering,
-        eps,
-        req.delta,
-    )?)
+    Ok(split_request(req, 0.5)?.0)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -633,7 +676,7 @@ fn one_rep(
             let outside = &mu1 - &wk * (wk.transpose() * &mu1);
             let lift_m = |v: &DVector<f64>| &wk * v + &outside;
             let lift_s = |s: &DMatrix<f64>| &wk * s * wk.transpose();
-            opened.scatter = lift_s(&opened.scatter);
+            opened.scatter = &wk * &opened.scatter * wk.transpose();
             opened.mean = opened.mean.as_ref().map(lift_m);
             if let Some(st) = opened.classes.as_mut() {
                 st.means = st.means.iter().map(lift_m).collect();
@@ -732,6 +775,27 @@ fn main() -> anyhow::Result<()> {
         });
         for &eps in &args.epsilons {
             let req = PrivacyRequest::new(mechanism, Centering::DpMean, eps, delta)?;
+            // With a DP row-norm quantile, the experiment is reloaded with its C and
+            // the methods get the rest of the budget.
+            let chosen = match args.row_norm_quantile {
+                Some(q) => {
+                    let (h, main) = split_request(&req, args.quantile_budget_share)?;
+                    let c = dp_row_norm(&e, q, &h, &mut rng)?;
+                    let e = load(name, Some(e.k), args.seed, c)?;
+                    let fixed = FixedPoint {
+                        frac_bits: DEFAULT_FRAC_BITS,
+                        row_norm_bound: c,
+                    };
+                    let (pooled, shape, _) = pooled_share(&e, &fixed, per_class, None);
+                    eprintln!("  eps {eps}: C = {c:.4} (the {q} quantile of the norms)");
+                    Some((e, fixed, (pooled, shape), main))
+                }
+                None => None,
+            };
+            let (e, fixed, plain, req) = match &chosen {
+                Some((e, fixed, plain, main)) => (e, fixed, plain, main),
+                None => (&e, &fixed, &plain, &req),
+            };
             for method in [
                 Method::PcaGauss,
                 Method::PcaGauss2,
@@ -741,7 +805,7 @@ fn main() -> anyhow::Result<()> {
                 Method::RandomProj,
             ] {
                 let cell = run_method(
-                    &e, method, e.k, &req, &fixed, per_class, &plain, args.reps, &mut rng,
+                    e, method, e.k, req, fixed, per_class, plain, args.reps, &mut rng,
                 )?;
                 eprintln!(
                     "  eps {eps}: {} {:.4} +- {:.4}",
