@@ -429,6 +429,26 @@ impl StudySpec {
         Ok(())
     }
 
+    /// The row-norm histogram study of this study's data: the same key, rows,
+    /// owners and schedule; the standard bins as features; `privacy` (the share
+    /// split off for it, `dp-mean`).
+    pub fn norm_histogram(&self, privacy: PrivacyRequest) -> StudySpec {
+        let bins = NormBins::standard(self.features.clone(), self.bounds.clone());
+        StudySpec {
+            features: bins.bin_names(),
+            bounds: vec![(-1.0, 1.0); bins.edges.len()],
+            fixed: FixedPoint {
+                frac_bits: self.fixed.frac_bits,
+                row_norm_bound: 1.0,
+            },
+            privacy,
+            classes: None,
+            projection: None,
+            norm_bins: Some(bins),
+            ..self.clone()
+        }
+    }
+
     /// Number of features M.
     pub fn dim(&self) -> usize {
         self.features.len()

@@ -15,7 +15,7 @@ use dpca_common::linalg::{centered_scatter, pca, psd_repair, Pca};
 use dpca_common::paillier::{SecretKey, MIN_KEY_BITS};
 use dpca_common::protocol::Opened;
 use dpca_common::study::{
-    ClassCovariance, ClassSpec, NormBins, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
+    ClassCovariance, ClassSpec, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
 };
 use dpca_common::synth::{
     augment_with_label, task_projection, to_original_units, GaussMixture, GaussModel, SynthError,
@@ -280,29 +280,35 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let max_rows = (n as u64).next_power_of_two().max(2);
     let mut client = dpca_proto::client::connect(&url).await?;
     let fingerprint = pk.fingerprint();
+    let mut spec = StudySpec {
+        features: table.features.clone(),
+        bounds: bounds.clone(),
+        fixed: FixedPoint {
+            frac_bits: DEFAULT_FRAC_BITS,
+            row_norm_bound: opts.row_norm_bound,
+        },
+        max_rows,
+        privacy,
+        min_owners: opts.owners as u32,
+        quorum: opts.owners as u32,
+        deadline_unix_ms: now_ms + 3_600_000,
+        kappa: MIN_KAPPA,
+        public_key: pk.clone(),
+        baseline: opts.baseline,
+        classes,
+        projection: None,
+        norm_bins: None,
+    };
+    // Refused before the histogram study runs, should the study itself be invalid.
+    spec.validate()?;
     let row_norm_choice = match &histogram_request {
         None => None,
         Some((q, h)) => {
-            let bins = NormBins::standard(table.features.clone(), bounds.clone());
-            let spec_h = StudySpec {
-                features: bins.bin_names(),
-                bounds: vec![(-1.0, 1.0); bins.edges.len()],
-                fixed: FixedPoint {
-                    frac_bits: DEFAULT_FRAC_BITS,
-                    row_norm_bound: 1.0,
-                },
-                max_rows,
-                privacy: *h,
-                min_owners: opts.owners as u32,
-                quorum: opts.owners as u32,
-                deadline_unix_ms: now_ms + 3_600_000,
-                kappa: MIN_KAPPA,
-                public_key: pk.clone(),
-                baseline: opts.baseline,
-                classes: None,
-                projection: None,
-                norm_bins: Some(bins.clone()),
-            };
+            let spec_h = spec.norm_histogram(*h);
+            let bins = spec_h
+                .norm_bins
+                .clone()
+                .context("a histogram study has bins")?;
             let hid = open_study(&mut client, &spec_h, opts.noise_free_for_testing).await?;
             eprintln!(
                 "row-norm histogram study {hid} opened (epsilon {:.4} of {})",
@@ -341,27 +347,10 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     if row_norm_choice.is_some() && opts.pca_from.is_some() {
         axes = load_axes(opts.row_norm_bound)?;
     }
+    spec.fixed.row_norm_bound = opts.row_norm_bound;
     // The owners project onto the axes (and keep the label axis in a regression).
-    let projection = axes.as_ref().map(|w| task_projection(opts.task, w));
-    let spec = StudySpec {
-        features: table.features.clone(),
-        bounds: bounds.clone(),
-        fixed: FixedPoint {
-            frac_bits: DEFAULT_FRAC_BITS,
-            row_norm_bound: opts.row_norm_bound,
-        },
-        max_rows,
-        privacy,
-        min_owners: opts.owners as u32,
-        quorum: opts.owners as u32,
-        deadline_unix_ms: now_ms + 3_600_000,
-        kappa: MIN_KAPPA,
-        public_key: pk.clone(),
-        baseline: opts.baseline,
-        classes,
-        projection,
-        norm_bins: None,
-    };
+    spec.projection = axes.as_ref().map(|w| task_projection(opts.task, w));
+    spec.validate()?;
     let layout = StudyLayout::new(&spec)?;
     let study_id = open_study(&mut client, &spec, opts.noise_free_for_testing).await?;
     eprintln!("study {study_id} opened; key fingerprint {fingerprint}");
