@@ -115,6 +115,10 @@ struct Args {
     /// Share of the budget the row-norm histogram spends.
     #[arg(long, default_value_t = 0.05)]
     quantile_budget_share: f64,
+    /// Methods to run (default all): pca-gauss, pca-gauss-2, pca-gauss-2k, pub-pca,
+    /// full-gauss, random-proj.
+    #[arg(long, value_delimiter = ',')]
+    methods: Vec<String>,
     /// Seed of the split, the noise and the samples.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -417,6 +421,16 @@ enum Method {
 }
 
 impl Method {
+    /// Every method that synthesizes rows, in table order.
+    const SYNTHESIZED: [Method; 6] = [
+        Method::PcaGauss,
+        Method::PcaGauss2,
+        Method::PcaGauss2K,
+        Method::PubPca,
+        Method::FullGauss,
+        Method::RandomProj,
+    ];
+
     fn name(&self) -> &'static str {
         match self {
             Self::Real => "real",
@@ -729,6 +743,13 @@ fn main() -> anyhow::Result<()> {
         return score_study(&args, dir);
     }
     let mechanism = Mechanism::parse(&args.mechanism)?;
+    let known: Vec<&str> = Method::SYNTHESIZED.iter().map(Method::name).collect();
+    if let Some(bad) = args.methods.iter().find(|m| !known.contains(&m.as_str())) {
+        bail!(
+            "unknown method `{bad}` (expected one of {})",
+            known.join(", ")
+        );
+    }
     let per_class = match args.class_covariance.as_str() {
         "shared" => false,
         "per-class" => true,
@@ -796,14 +817,10 @@ fn main() -> anyhow::Result<()> {
                 Some((e, fixed, plain, main)) => (e, fixed, plain, main),
                 None => (&e, &fixed, &plain, &req),
             };
-            for method in [
-                Method::PcaGauss,
-                Method::PcaGauss2,
-                Method::PcaGauss2K,
-                Method::PubPca,
-                Method::FullGauss,
-                Method::RandomProj,
-            ] {
+            for method in Method::SYNTHESIZED
+                .into_iter()
+                .filter(|m| args.methods.is_empty() || args.methods.iter().any(|a| a == m.name()))
+            {
                 let cell = run_method(
                     e, method, e.k, req, fixed, per_class, plain, args.reps, &mut rng,
                 )?;
@@ -824,7 +841,10 @@ fn main() -> anyhow::Result<()> {
                 Method::PcaGauss2,
                 Method::PcaGauss2K,
                 Method::PubPca,
-            ] {
+            ]
+            .into_iter()
+            .filter(|m| args.methods.is_empty() || args.methods.iter().any(|a| a == m.name()))
+            {
                 let cell = run_method(
                     &e, method, k, &req, &fixed, per_class, &plain, args.reps, &mut rng,
                 )?;
