@@ -134,6 +134,10 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let name = data.display().to_string();
     let file = std::fs::File::open(&data).with_context(|| format!("cannot open {name}"))?;
     let input = read_csv(file, &name, label.as_deref())?;
+    // synthetic.csv follows the input's column order, the label where it was.
+    let input_header: Vec<String> = csv::Reader::from_path(&data)
+        .and_then(|mut r| r.headers().map(|h| h.iter().map(str::to_string).collect()))
+        .with_context(|| format!("cannot read the header of {name}"))?;
     if opts.task != Task::Cluster && label.is_none() {
         bail!(
             "--task {} needs the label column: pass --label",
@@ -490,11 +494,12 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     };
     write_outputs(&opts.out, &table.features, &result, &scatter, &report)?;
     if let Some(rows) = &synthetic {
-        let mut header = table.features.clone();
+        let mut drawn = table.features.clone();
         if let Some((l, _)) = &table.label {
-            header.push(l.clone());
+            drawn.push(l.clone());
         }
-        write_synthetic(&opts.out, &header, rows)?;
+        let rows = in_input_order(&input_header, &drawn, rows)?;
+        write_synthetic(&opts.out, &input_header, &rows)?;
         println!(
             "{} synthetic rows in {}",
             rows.len(),
@@ -522,6 +527,27 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         report.seconds.total
     );
     Ok(report)
+}
+
+/// Reorders synthetic records drawn in the `drawn` column order (the study's
+/// features, the label last) into the input's column order.
+fn in_input_order(
+    input: &[String],
+    drawn: &[String],
+    rows: &[Vec<String>],
+) -> anyhow::Result<Vec<Vec<String>>> {
+    let order = input
+        .iter()
+        .map(|h| drawn.iter().position(|d| d == h))
+        .collect::<Option<Vec<usize>>>()
+        .filter(|o| o.len() == drawn.len())
+        .with_context(|| {
+            format!("the input's columns {input:?} are not the synthesized ones {drawn:?}")
+        })?;
+    Ok(rows
+        .iter()
+        .map(|r| order.iter().map(|&i| r[i].clone()).collect())
+        .collect())
 }
 
 /// Starts one owner process per file for `study_id` and waits for all of them,
@@ -814,4 +840,28 @@ fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
         }
     }
     Ok((proxy, owner))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn synthetic_records_follow_the_input_column_order() {
+        let input = strings(&["a", "label", "b"]);
+        let drawn = strings(&["a", "b", "label"]);
+        let rows = vec![strings(&["1", "2", "x"]), strings(&["3", "4", "y"])];
+        let out = in_input_order(&input, &drawn, &rows).expect("same columns");
+        assert_eq!(
+            out,
+            vec![strings(&["1", "x", "2"]), strings(&["3", "y", "4"])]
+        );
+        let err = in_input_order(&strings(&["a", "c"]), &strings(&["a", "b"]), &rows)
+            .expect_err("column c was not drawn");
+        assert!(err.to_string().contains("\"c\""), "{err}");
+    }
 }
