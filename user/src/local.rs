@@ -506,14 +506,24 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             opts.out.join("synthetic.csv").display()
         );
     }
+    let histogram = report
+        .row_norm_choice
+        .as_ref()
+        .map(|c| {
+            format!(
+                " in all; the histogram that chose C = {:.4} alone {:.4}",
+                c.chosen, c.epsilon
+            )
+        })
+        .unwrap_or_default();
     println!(
-        "{} rows, {} features, {} owners; {} (epsilon {}, delta {:.3e}), centering {}; noise sd {:.3e} per entry of S",
+        "{} rows, {} features, {} owners; {} (epsilon {:.4}{histogram}; delta {:.3e}), centering {}; noise sd {:.3e} per entry of S",
         report.n_rows,
         dim,
         report.n_owners,
         report.mechanism,
-        report.epsilon,
-        report.delta,
+        report.budget.epsilon,
+        report.budget.delta,
         report.centering,
         report.sigma
     );

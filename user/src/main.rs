@@ -69,9 +69,10 @@ struct LocalArgs {
     /// read off the data, for demos only.
     #[arg(long)]
     bounds: Option<PathBuf>,
-    /// Row L2 norm bound C in normalized units.
-    #[arg(long, default_value_t = 1.0)]
-    row_norm_bound: f64,
+    /// Row L2 norm bound C in normalized units (default 1; the bundled demo chooses
+    /// it with --row-norm-quantile 0.9).
+    #[arg(long, conflicts_with = "row_norm_quantile")]
+    row_norm_bound: Option<f64>,
     /// Paillier modulus bits (2048 or more).
     #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
     key_bits: u64,
@@ -96,8 +97,9 @@ struct LocalArgs {
     /// What the synthetic data is for: cluster (features only), regress (the numeric
     /// label drawn jointly with the features) or classify (a Gaussian per class:
     /// class means, proportions and covariances released by the study).
-    #[arg(long, default_value = "cluster")]
-    task: String,
+    /// Default: cluster; classify for the bundled demo.
+    #[arg(long)]
+    task: Option<String>,
     /// Classification: `shared` within-class covariance (one noisy scatter, LDA-style)
     /// or `per-class` (the paper's; noisy with small classes).
     #[arg(long, default_value = "shared")]
@@ -125,6 +127,12 @@ struct LocalArgs {
     noise_free_for_testing: bool,
 }
 
+/// Rows of the bundled optdigits table: the demo writes as many synthetic rows.
+const BUNDLED_ROWS: usize = 5620;
+
+/// The quantile of the row norms the demo takes as C.
+const DEMO_NORM_QUANTILE: f64 = 0.9;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     dpca_proto::logging::init();
@@ -140,10 +148,24 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", sk.public().fingerprint());
         }
         Cmd::Local(a) => {
-            let task = Task::parse(&a.task)?;
+            // The bundled demo (no --data) shows the whole product: components and
+            // labelled synthetic rows, one per real row (unless asked for `mask`,
+            // which releases no mean to synthesize with).
+            let demo = a.data.is_none() && a.centering.as_deref() != Some("mask");
+            let task = match &a.task {
+                Some(t) => Task::parse(t)?,
+                None if demo => Task::Classify,
+                None => Task::Cluster,
+            };
+            let synthetic = a.synthetic.or(demo.then_some(BUNDLED_ROWS));
+            // Synthetic rows in the input's units look like the real ones only if
+            // few rows are clipped: the demo picks C privately.
+            let row_norm_quantile = a
+                .row_norm_quantile
+                .or((demo && a.row_norm_bound.is_none()).then_some(DEMO_NORM_QUANTILE));
             let centering = match &a.centering {
                 Some(c) => Centering::parse(c)?,
-                None if a.synthetic.is_some()
+                None if synthetic.is_some()
                     || task == Task::Classify
                     || a.pca_from.is_some()
                     || a.components_from.is_some() =>
@@ -162,19 +184,19 @@ async fn main() -> anyhow::Result<()> {
                 centering,
                 label: a.label,
                 bounds: a.bounds,
-                row_norm_bound: a.row_norm_bound,
+                row_norm_bound: a.row_norm_bound.unwrap_or(1.0),
                 key_bits: a.key_bits,
                 psd_repair: a.psd_repair,
                 out: a.out,
                 noise_free_for_testing: a.noise_free_for_testing,
                 no_build: a.no_build,
                 baseline: a.baseline,
-                synthetic: a.synthetic,
+                synthetic,
                 task,
                 class_covariance: ClassCovariance::parse(&a.class_covariance)?,
                 pca_from: a.pca_from,
                 components_from: a.components_from,
-                row_norm_quantile: a.row_norm_quantile,
+                row_norm_quantile,
                 quantile_budget_share: a.quantile_budget_share,
             };
             dpca_user::local::run(&opts).await?;
