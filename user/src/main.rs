@@ -58,8 +58,9 @@ struct LocalArgs {
     /// gaussian (default), gaussian-classic (epsilon < 1), laplace, wishart-unproven.
     #[arg(long, default_value = "gaussian")]
     mechanism: String,
-    /// mask or dp-mean (default: mask, or dp-mean with --synthetic or --task
-    /// classify, which need a DP mean).
+    /// mask or dp-mean (default: mask, or dp-mean with --synthetic, --task classify
+    /// or a projection, which need a DP mean; the bundled demo without --data uses
+    /// dp-mean and writes labelled synthetic rows).
     #[arg(long)]
     centering: Option<String>,
     /// Label column to exclude from the features.

@@ -217,6 +217,11 @@ fn distributed(
                 "1",
                 "--key-bits",
                 "2048",
+                // The paper's C and no synthesis, as the central runs it is compared to.
+                "--row-norm-bound",
+                "1",
+                "--task",
+                "cluster",
             ])
             .args([
                 "--k",
