@@ -185,8 +185,8 @@ impl GaussMixture {
     /// Class c is centered at its DP mean mu_c, kept whole: the study released it in
     /// all M dimensions, so using it costs nothing, and the features that separate
     /// the classes need not lie in the span of noisy components (projecting the class
-    /// deviations onto that span cost 19 points of accuracy on optdigits at epsilon 1
-    /// with the Laplace mechanism). The covariances live in the k-dimensional span.
+    /// deviations onto that span cost about 20 points of accuracy on optdigits at
+    /// epsilon 1 with the Laplace mechanism). The covariances live in the span.
     pub fn new(
         stats: &ClassStats,
         n_rows: u64,
