@@ -12,5 +12,6 @@ pub mod v1 {
 
 pub mod client;
 pub mod convert;
+pub mod fuzzing;
 pub mod logging;
 pub mod usage;

@@ -1,0 +1,75 @@
+//! Entry points for fuzzing the decoders of untrusted bytes: one function per
+//! cargo-fuzz target in `fuzz/`, also replayed over the committed corpus by the
+//! test `fuzz_corpus_replays` so that every finding stays fixed. Each function must
+//! return (accept or refuse the input) and never panic, whatever the bytes.
+
+use std::sync::OnceLock;
+
+use dpca_common::data::{read_bounds, read_csv};
+use dpca_common::paillier::PublicKey;
+use num_bigint::BigUint;
+use prost::Message;
+
+use crate::convert::spec_from_wire;
+use crate::v1;
+
+/// A fixed 2048-bit odd modulus: range and coprimality checks of ciphertexts need a
+/// key, not a secret. (2^2047 + 2^1024 + 1, odd, 2048 bits.)
+fn fuzz_key() -> &'static PublicKey {
+    static KEY: OnceLock<PublicKey> = OnceLock::new();
+    KEY.get_or_init(|| {
+        let n = (BigUint::from(1u8) << 2047usize) + (BigUint::from(1u8) << 1024usize) + 1u8;
+        PublicKey::from_modulus(n).expect("an odd 2048-bit modulus is accepted")
+    })
+}
+
+/// The proxy's `OpenStudy` edge: a request decoded and its spec fully validated.
+pub fn open_study(data: &[u8]) {
+    if let Ok(req) = v1::OpenStudyRequest::decode(data) {
+        if let Some(spec) = req.spec {
+            let _ = spec_from_wire(&spec);
+        }
+    }
+}
+
+/// The owner's `GetStudy` edge: a study description from the proxy.
+pub fn study_info(data: &[u8]) {
+    if let Ok(info) = v1::StudyInfo::decode(data) {
+        if let Some(spec) = info.spec {
+            let _ = spec_from_wire(&spec);
+        }
+    }
+}
+
+/// The proxy's `Contribute` edge: a chunk decoded and its ciphertexts validated
+/// (range and membership in Z*_(n^2)).
+pub fn contribution_chunk(data: &[u8]) {
+    if let Ok(chunk) = v1::ContributionChunk::decode(data) {
+        let _ = fuzz_key().ciphertexts_from_bytes(&chunk.ciphertexts, 0);
+    }
+}
+
+/// The user's `FetchResult` edge: a result chunk from the proxy.
+pub fn result_chunk(data: &[u8]) {
+    if let Ok(chunk) = v1::ResultChunk::decode(data) {
+        let _ = fuzz_key().ciphertexts_from_bytes(&chunk.ciphertexts, 0);
+    }
+}
+
+/// An owner's data file and a bounds file: CSV text of any shape.
+pub fn csv_files(data: &[u8]) {
+    if let Ok(table) = read_csv(data, "fuzz.csv", Some("label")) {
+        let _ = table.class_indices(&["0".to_string(), "1".to_string()], "fuzz.csv");
+        let _ = table.bounds_from_data();
+    }
+    let _ = read_bounds(data, &["a".to_string(), "b".to_string()]);
+}
+
+/// Every target by name, for the corpus replay.
+pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+    ("open_study", open_study),
+    ("study_info", study_info),
+    ("contribution_chunk", contribution_chunk),
+    ("result_chunk", result_chunk),
+    ("csv_files", csv_files),
+];

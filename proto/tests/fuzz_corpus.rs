@@ -1,0 +1,55 @@
+//! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) through the same entry
+//! points the cargo-fuzz targets call, so every input a fuzzer kept, and every
+//! crash it found, is checked by the ordinary test run. A panic fails the test.
+
+use std::path::PathBuf;
+
+use dpca_proto::convert::spec_from_wire;
+use dpca_proto::fuzzing::TARGETS;
+use dpca_proto::v1;
+use prost::Message;
+
+fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target);
+    let mut files: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| {
+            let path = entry.expect("corpus entry").path();
+            let bytes = std::fs::read(&path).expect("corpus file");
+            (path, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn fuzz_corpus_replays() {
+    for (target, run) in TARGETS {
+        let files = corpus(target);
+        assert!(!files.is_empty(), "no corpus for {target}");
+        for (path, bytes) in files {
+            let outcome = std::panic::catch_unwind(|| run(&bytes));
+            assert!(outcome.is_ok(), "{target} panicked on {}", path.display());
+        }
+    }
+}
+
+/// The hand-made seeds are valid messages, so fuzzing starts deep in the validators
+/// rather than at the protobuf decoder.
+#[test]
+fn seed_specs_are_valid_studies() {
+    for name in ["plain", "classes", "projection", "histogram"] {
+        let (_, bytes) = corpus("open_study")
+            .into_iter()
+            .find(|(p, _)| p.ends_with(name))
+            .unwrap_or_else(|| panic!("seed {name} missing"));
+        let req = v1::OpenStudyRequest::decode(bytes.as_slice()).expect("decodes");
+        let spec = req.spec.expect("has a spec");
+        if let Err(e) = spec_from_wire(&spec) {
+            panic!("seed {name} refused: {e}");
+        }
+    }
+}
