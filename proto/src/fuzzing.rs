@@ -65,8 +65,11 @@ pub fn csv_files(data: &[u8]) {
     let _ = read_bounds(data, &["a".to_string(), "b".to_string()]);
 }
 
+/// A fuzz target: its name (the folder of its corpus) and its entry point.
+pub type Target = (&'static str, fn(&[u8]));
+
 /// Every target by name, for the corpus replay.
-pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+pub const TARGETS: [Target; 5] = [
     ("open_study", open_study),
     ("study_info", study_info),
     ("contribution_chunk", contribution_chunk),
