@@ -119,14 +119,14 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let table = read_csv(bytes.as_slice(), &name, cfg.label.as_deref())?;
     // A histogram study's features are its bins: the data is checked against the
     // columns it names and each row is replaced by the one-hot bin of its norm.
-    let study_rows: Vec<Vec<f64>> = match &spec.norm_bins {
+    let study_rows: std::borrow::Cow<'_, [Vec<f64>]> = match &spec.norm_bins {
         Some(bins) => {
             table.check_schema(&bins.features, &name)?;
             table.rows.iter().map(|r| bins.one_hot(r)).collect()
         }
         None => {
             table.check_schema(&spec.features, &name)?;
-            table.rows.clone()
+            std::borrow::Cow::Borrowed(&table.rows)
         }
     };
     let rows = table.rows.len() as u64;

@@ -554,10 +554,15 @@ fn in_input_order(
         .with_context(|| {
             format!("the input's columns {input:?} are not the synthesized ones {drawn:?}")
         })?;
-    Ok(rows
-        .iter()
-        .map(|r| order.iter().map(|&i| r[i].clone()).collect())
-        .collect())
+    rows.iter()
+        .map(|r| {
+            order
+                .iter()
+                .map(|&i| r.get(i).cloned())
+                .collect::<Option<Vec<String>>>()
+                .with_context(|| format!("a synthetic record of {} cells for {drawn:?}", r.len()))
+        })
+        .collect()
 }
 
 /// Starts one owner process per file for `study_id` and waits for all of them,
