@@ -26,12 +26,14 @@ use sha2::{Digest, Sha256};
 #[derive(Debug, thiserror::Error)]
 pub enum StudyError {
     /// Contributions are accepted only while collecting.
-    #[error("study {study} is {phase}: contributions are closed")]
+    #[error("study {study} is {phase}{why}: contributions are closed")]
     Closed {
         /// Study id.
         study: String,
         /// Current phase.
         phase: &'static str,
+        /// Why it ended, for an aborted study (` (deadline passed ...)`), else empty.
+        why: String,
     },
     /// A second, different contribution from the same owner.
     #[error("owner `{owner}` already contributed to study {study}")]
@@ -197,6 +199,10 @@ impl Study {
             return Err(StudyError::Closed {
                 study: self.id.clone(),
                 phase: self.phase.name(),
+                why: match &self.phase {
+                    Phase::Aborted(reason) => format!(" ({reason})"),
+                    _ => String::new(),
+                },
             });
         }
         Ok(None)

@@ -357,3 +357,74 @@ fn user_refuses_small_keys_and_bad_privacy_parameters_before_any_work() {
     assert!(stderr(&o).contains("2048"), "{}", stderr(&o));
     assert!(!dir.path().join("sk").exists());
 }
+
+/// A message over the size limit is refused and counts nothing, and the proxy keeps
+/// serving; a contribution after the study's deadline is refused with the reason.
+#[test]
+fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
+    let f = fixture();
+    let n_bytes = f.spec.public_key.ciphertext_bytes();
+    let over = dpca_proto::convert::MAX_MESSAGE_BYTES / n_bytes + 16;
+    rt().block_on(async {
+        let mut c = dpca_proto::client::connect(&f.url).await.expect("connect");
+        let chunk = v1::ContributionChunk {
+            study_id: f.study.clone(),
+            owner_id: "mallory".into(),
+            total_ciphertexts: over as u32,
+            ciphertexts: vec![vec![1u8; n_bytes]; over],
+            contribution_id: "big".into(),
+        };
+        c.contribute(tokio_stream_iter(vec![chunk]))
+            .await
+            .expect_err("a message over the limit accepted");
+    });
+    assert_eq!(f.owners_in(), 0);
+    let data = f.good_file("good.csv", 20, 0);
+    let o = f.owner("hospital-a", &data);
+    assert!(
+        o.status.success(),
+        "proxy no longer serves: {}",
+        describe(&o)
+    );
+    assert_eq!(f.owners_in(), 1);
+
+    // A study whose deadline passes with no owner: aborted, contributions refused.
+    let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let spec = StudySpec {
+        deadline_unix_ms: now + 1_000,
+        ..spec_for(&sk)
+    };
+    let study = rt().block_on(async {
+        let mut c = dpca_proto::client::connect(&f.url).await.expect("connect");
+        dpca_user::session::open_study(&mut c, &spec, false)
+            .await
+            .expect("open study")
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let o = run(Command::new(bin("owner"))
+        .args(["--proxy", &f.url, "--study", &study, "--owner-id", "late"])
+        .arg("--data")
+        .arg(&data)
+        .args([
+            "--key-fingerprint",
+            &sk.public().fingerprint(),
+            "--label",
+            "label",
+            "--quiet",
+        ]));
+    assert!(!o.status.success(), "a late contribution was accepted");
+    assert!(stderr(&o).contains("deadline"), "{}", stderr(&o));
+    let info = rt().block_on(async {
+        let mut c = dpca_proto::client::connect(&f.url).await.expect("connect");
+        c.get_study(v1::GetStudyRequest { study_id: study })
+            .await
+            .expect("get study")
+            .into_inner()
+    });
+    assert_eq!(info.owners_in, 0);
+    assert_eq!(info.state, "aborted");
+}
