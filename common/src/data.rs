@@ -94,6 +94,9 @@ pub struct Table {
     pub rows: Vec<Vec<f64>>,
     /// The label column's name and raw cells, if a label was named.
     pub label: Option<(String, Vec<String>)>,
+    /// The input's header (trimmed) in file order, label included: what output
+    /// written in the input's shape follows.
+    pub columns: Vec<String>,
 }
 
 /// Reads a CSV with a header. Every feature cell must be a finite number; the label
@@ -180,6 +183,7 @@ pub fn read_csv<R: Read>(
         features,
         rows,
         label: label_idx.map(|i| (header[i].clone(), labels)),
+        columns: header,
     })
 }
 
@@ -278,6 +282,7 @@ impl Table {
             features,
             rows,
             label: None,
+            columns: self.columns.clone(),
         })
     }
 

@@ -134,10 +134,6 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let name = data.display().to_string();
     let file = std::fs::File::open(&data).with_context(|| format!("cannot open {name}"))?;
     let input = read_csv(file, &name, label.as_deref())?;
-    // synthetic.csv follows the input's column order, the label where it was.
-    let input_header: Vec<String> = csv::Reader::from_path(&data)
-        .and_then(|mut r| r.headers().map(|h| h.iter().map(str::to_string).collect()))
-        .with_context(|| format!("cannot read the header of {name}"))?;
     if opts.task != Task::Cluster && label.is_none() {
         bail!(
             "--task {} needs the label column: pass --label",
@@ -498,8 +494,9 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         if let Some((l, _)) = &table.label {
             drawn.push(l.clone());
         }
-        let rows = in_input_order(&input_header, &drawn, rows)?;
-        write_synthetic(&opts.out, &input_header, &rows)?;
+        // synthetic.csv follows the input's column order, the label where it was.
+        let rows = in_input_order(&table.columns, &drawn, rows)?;
+        write_synthetic(&opts.out, &table.columns, &rows)?;
         println!(
             "{} synthetic rows in {}",
             rows.len(),
