@@ -450,6 +450,22 @@ impl StudySpec {
         }
     }
 
+    /// What this study spends, block by block ([`crate::dp::budget_ledger`]); a
+    /// histogram study's two blocks are named for what they count.
+    pub fn budget_ledger(&self) -> crate::dp::BudgetLedger {
+        let mut ledger = crate::dp::budget_ledger(&self.privacy, self.classes.is_some());
+        if self.norm_bins.is_some() {
+            for (p, name) in ledger
+                .parts
+                .iter_mut()
+                .zip(["bin counts (diagonal of R)", "bin counts (sums v)"])
+            {
+                p.part = name.into();
+            }
+        }
+        ledger
+    }
+
     /// Number of features M.
     pub fn dim(&self) -> usize {
         self.features.len()

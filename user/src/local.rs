@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use dpca_common::data::normalize_row;
 use dpca_common::data::{read_bounds, read_csv, Table};
-use dpca_common::dp::{budget_ledger, split_request, Centering, Mechanism, PrivacyRequest};
+use dpca_common::dp::{split_request, Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{centered_scatter, pca, psd_repair, Pca};
 use dpca_common::paillier::{SecretKey, MIN_KEY_BITS};
@@ -301,8 +301,8 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     };
     // Refused before the histogram study runs, should the study itself be invalid.
     spec.validate()?;
-    let row_norm_choice = match &histogram_request {
-        None => None,
+    let (row_norm_choice, histogram_budget) = match &histogram_request {
+        None => (None, None),
         Some((q, h)) => {
             let spec_h = spec.norm_histogram(*h);
             let bins = spec_h
@@ -327,7 +327,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             let counts = bins.counts(&got.opened, &spec_h.noise_plan(got.n_rows), &spec_h.fixed);
             let chosen = bins.quantile(&counts, *q);
             eprintln!("row-norm bound C = {chosen:.4}: the {q} quantile of the row norms");
-            Some(RowNormChoice {
+            let choice = RowNormChoice {
                 quantile: *q,
                 chosen,
                 edges: bins.edges.clone(),
@@ -335,7 +335,8 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
                 epsilon: h.epsilon,
                 delta: h.delta,
                 study_id: hid,
-            })
+            };
+            (Some(choice), Some(spec_h.budget_ledger()))
         }
     };
     let opts = &LocalOptions {
@@ -417,21 +418,9 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     drop(proxy);
 
     let plan = spec.noise_plan(got.n_rows);
-    let study_budget = budget_ledger(&spec.privacy, spec.classes.is_some());
-    let budget = match &histogram_request {
-        Some((_, h)) => {
-            let mut hist = budget_ledger(h, false);
-            // The histogram's two blocks both count the rows per bin.
-            for (p, name) in hist
-                .parts
-                .iter_mut()
-                .zip(["bin counts (diagonal of R)", "bin counts (sums v)"])
-            {
-                p.part = name.into();
-            }
-            hist.then("row-norm histogram", study_budget, "study")
-        }
-        None => study_budget,
+    let budget = match histogram_budget {
+        Some(hist) => hist.then("row-norm histogram", spec.budget_ledger(), "study"),
+        None => spec.budget_ledger(),
     };
     let report = StudyReport {
         study_id,

@@ -653,12 +653,21 @@ pub fn budget_ledger(req: &PrivacyRequest, classes: bool) -> BudgetLedger {
             },
         })
         .collect();
-    match req.mechanism {
-        Mechanism::Gaussian => {
-            let rho: f64 = parts.iter().filter_map(|p| p.rho).sum();
+    compose(parts)
+}
+
+/// What released blocks compose to: zCDP when every part is accounted in rho (rho
+/// adds, converted once at the parts' delta), basic composition otherwise (epsilon
+/// and delta add).
+fn compose(parts: Vec<BudgetPart>) -> BudgetLedger {
+    let rhos: Option<Vec<f64>> = parts.iter().map(|p| p.rho).collect();
+    match rhos {
+        Some(rhos) if !rhos.is_empty() => {
+            let rho: f64 = rhos.iter().sum();
+            let delta = parts.iter().map(|p| p.delta).fold(0.0, f64::max);
             BudgetLedger {
-                epsilon: epsilon_for(rho, req.delta),
-                delta: req.delta,
+                epsilon: epsilon_for(rho, delta),
+                delta,
                 rho: Some(rho),
                 parts,
             }
@@ -707,26 +716,13 @@ impl BudgetLedger {
             part: format!("{study}: {}", p.part),
             ..p
         };
-        let (rho, delta) = match (self.rho, next.rho) {
-            (Some(a), Some(b)) => (Some(a + b), self.delta.max(next.delta)),
-            _ => (None, self.delta + next.delta),
-        };
-        let epsilon = match rho {
-            Some(r) => epsilon_for(r, delta),
-            None => self.epsilon + next.epsilon,
-        };
-        let parts = self
-            .parts
-            .into_iter()
-            .map(|p| name(first_name, p))
-            .chain(next.parts.into_iter().map(|p| name(next_name, p)))
-            .collect();
-        BudgetLedger {
-            parts,
-            epsilon,
-            delta,
-            rho,
-        }
+        compose(
+            self.parts
+                .into_iter()
+                .map(|p| name(first_name, p))
+                .chain(next.parts.into_iter().map(|p| name(next_name, p)))
+                .collect(),
+        )
     }
 }
 
