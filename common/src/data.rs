@@ -376,13 +376,20 @@ pub fn normalize_row(row: &[f64], bounds: &[(f64, f64)], c: f64) -> (Vec<f64>, b
             }
         })
         .collect();
-    let norm = out.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let clipped = clip_to_norm(&mut out, c);
+    (out, clipped)
+}
+
+/// Scales `row` down to L2 norm `c` if it is longer; returns whether it did. The
+/// row-norm clip of [`normalize_row`], for rows already normalized.
+pub fn clip_to_norm(row: &mut [f64], c: f64) -> bool {
+    let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
     let clipped = norm > c;
     if clipped {
         let s = c / norm;
-        out.iter_mut().for_each(|x| *x *= s);
+        row.iter_mut().for_each(|x| *x *= s);
     }
-    (out, clipped)
+    clipped
 }
 
 #[cfg(test)]

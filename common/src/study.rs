@@ -113,10 +113,7 @@ impl Projection {
             .iter()
             .map(|w| w.iter().zip(x).map(|(a, b)| a * b).sum())
             .collect();
-        let norm = y.iter().map(|v| v * v).sum::<f64>().sqrt();
-        if norm > c {
-            y.iter_mut().for_each(|v| *v *= c / norm);
-        }
+        crate::data::clip_to_norm(&mut y, c);
         y
     }
 }
@@ -144,6 +141,11 @@ pub struct NormBins {
 /// Most bins a row-norm histogram may have.
 pub const MAX_NORM_BINS: usize = 64;
 
+/// The largest norm a normalized row of `m` values can have (each at -1 or 1).
+fn max_norm(m: usize) -> f64 {
+    (m as f64).sqrt()
+}
+
 /// Bins of the standard row-norm histogram ([`NormBins::standard`]).
 pub const STANDARD_NORM_BINS: usize = MAX_NORM_BINS;
 
@@ -153,14 +155,14 @@ impl NormBins {
     /// chosen C is at most that far above the quantile (norms tend to bunch: on
     /// optdigits 80% of them lie within 9% of each other).
     pub fn standard(features: Vec<String>, bounds: Vec<(f64, f64)>) -> Self {
-        let lo = (features.len() as f64).sqrt() / 64.0;
+        let lo = max_norm(features.len()) / 64.0;
         Self::geometric(features, bounds, lo, STANDARD_NORM_BINS)
     }
 
     /// Geometric bins from `lo` up to the largest norm possible, sqrt(M) (every
     /// value at a bound), with a first bin [0, lo).
     pub fn geometric(features: Vec<String>, bounds: Vec<(f64, f64)>, lo: f64, bins: usize) -> Self {
-        let top = (features.len() as f64).sqrt();
+        let top = max_norm(features.len());
         let ratio = (top / lo).powf(1.0 / (bins.saturating_sub(2).max(1)) as f64);
         let mut edges = vec![0.0];
         edges.extend((0..bins.saturating_sub(1)).map(|i| lo * ratio.powi(i as i32)));
@@ -239,7 +241,7 @@ impl NormBins {
     /// total, sqrt(M) for the open last bin. Rounding up to an edge clips at most
     /// the share 1 - q of the rows, up to the noise.
     pub fn quantile(&self, counts: &[f64], q: f64) -> f64 {
-        let top = (self.features.len() as f64).sqrt();
+        let top = max_norm(self.features.len());
         let clipped: Vec<f64> = counts.iter().map(|c| c.max(0.0)).collect();
         let total: f64 = clipped.iter().sum();
         if total <= 0.0 {

@@ -69,6 +69,17 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
 
 /// Converts a domain spec to its wire form.
 pub fn spec_to_wire(s: &StudySpec) -> v1::StudySpec {
+    let (norm_features, norm_bounds, norm_edges) = match &s.norm_bins {
+        Some(b) => (
+            b.features.clone(),
+            b.bounds
+                .iter()
+                .map(|&(lo, hi)| v1::Bounds { lo, hi })
+                .collect(),
+            b.edges.clone(),
+        ),
+        None => Default::default(),
+    };
     v1::StudySpec {
         features: s.features.clone(),
         bounds: s
@@ -105,26 +116,9 @@ pub fn spec_to_wire(s: &StudySpec) -> v1::StudySpec {
             .map(|p| p.axes.concat())
             .unwrap_or_default(),
         projection_rank: s.projection.as_ref().map_or(0, |p| p.rank() as u32),
-        norm_features: s
-            .norm_bins
-            .as_ref()
-            .map(|b| b.features.clone())
-            .unwrap_or_default(),
-        norm_bounds: s
-            .norm_bins
-            .as_ref()
-            .map(|b| {
-                b.bounds
-                    .iter()
-                    .map(|&(lo, hi)| v1::Bounds { lo, hi })
-                    .collect()
-            })
-            .unwrap_or_default(),
-        norm_edges: s
-            .norm_bins
-            .as_ref()
-            .map(|b| b.edges.clone())
-            .unwrap_or_default(),
+        norm_features,
+        norm_bounds,
+        norm_edges,
     }
 }
 

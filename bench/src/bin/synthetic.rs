@@ -48,7 +48,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use dpca_common::data::{normalize_row, read_bounds, read_csv, Table};
+use dpca_common::data::{clip_to_norm, normalize_row, read_bounds, read_csv, Table};
 use dpca_common::dp::{plan_noise_blocks, split_request, Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{centered_scatter, pca};
@@ -190,7 +190,6 @@ fn score_study(args: &Args, dir: &Path) -> anyhow::Result<()> {
         classes: classes.len(),
         bounds,
         c,
-        seed: args.seed,
     };
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     let real = score(&e, &rx, &ry, &mut rng)?;
@@ -221,8 +220,27 @@ struct Experiment {
     bounds: Vec<(f64, f64)>,
     /// Row-norm bound C of the normalized rows.
     c: f64,
-    /// Seed of the split.
-    seed: u64,
+}
+
+impl Experiment {
+    /// The same rows clipped to row norm `c` (from an experiment loaded unclipped).
+    fn clipped(&self, c: f64) -> Experiment {
+        let clip = |rows: &[Vec<f64>]| -> Vec<Vec<f64>> {
+            rows.iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    clip_to_norm(&mut r, c);
+                    r
+                })
+                .collect()
+        };
+        Experiment {
+            train: clip(&self.train),
+            test: clip(&self.test),
+            c,
+            ..self.clone()
+        }
+    }
 }
 
 /// Share of the training rows set aside as public for Pub-PCA.
@@ -290,7 +308,6 @@ fn load(name: &str, k: Option<usize>, seed: u64, c: f64) -> anyhow::Result<Exper
         classes,
         bounds,
         c,
-        seed,
     })
 }
 
@@ -328,14 +345,14 @@ fn pooled_share(
 }
 
 /// C chosen as the q-quantile of the training rows' norms from a central row-norm
-/// histogram release with `req` (the split-off share of the budget).
+/// histogram release with `req` (the split-off share of the budget); `wide` is the
+/// experiment loaded without a row-norm clip.
 fn dp_row_norm(
-    e: &Experiment,
+    wide: &Experiment,
     q: f64,
     req: &PrivacyRequest,
     rng: &mut ChaCha20Rng,
 ) -> anyhow::Result<f64> {
-    let wide = load(&e.name, Some(e.k), e.seed, f64::INFINITY)?;
     let m = wide.bounds.len();
     // The rows are normalized already: the bins read them through identity bounds.
     let bins = NormBins::standard(
@@ -794,15 +811,20 @@ fn main() -> anyhow::Result<()> {
             mean,
             sd,
         });
+        // The unclipped rows the row-norm histogram counts, loaded once.
+        let wide = match args.row_norm_quantile {
+            Some(_) => Some(load(name, Some(e.k), args.seed, f64::INFINITY)?),
+            None => None,
+        };
         for &eps in &args.epsilons {
             let req = PrivacyRequest::new(mechanism, Centering::DpMean, eps, delta)?;
             // With a DP row-norm quantile, the experiment is reloaded with its C and
             // the methods get the rest of the budget.
-            let chosen = match args.row_norm_quantile {
-                Some(q) => {
+            let chosen = match (args.row_norm_quantile, &wide) {
+                (Some(q), Some(wide)) => {
                     let (h, main) = split_request(&req, args.quantile_budget_share)?;
-                    let c = dp_row_norm(&e, q, &h, &mut rng)?;
-                    let e = load(name, Some(e.k), args.seed, c)?;
+                    let c = dp_row_norm(wide, q, &h, &mut rng)?;
+                    let e = wide.clipped(c);
                     let fixed = FixedPoint {
                         frac_bits: DEFAULT_FRAC_BITS,
                         row_norm_bound: c,
@@ -811,7 +833,7 @@ fn main() -> anyhow::Result<()> {
                     eprintln!("  eps {eps}: C = {c:.4} (the {q} quantile of the norms)");
                     Some((e, fixed, (pooled, shape), main))
                 }
-                None => None,
+                _ => None,
             };
             let (e, fixed, plain, req) = match &chosen {
                 Some((e, fixed, plain, main)) => (e, fixed, plain, main),
