@@ -15,8 +15,9 @@ use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::study::{StudyLayout, StudySpec};
-use dpca_proto::client::connect;
+use dpca_proto::client::{connect, status_message, ConnectError};
 use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
+use dpca_proto::tls::Transport;
 use dpca_proto::usage::Usage;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
@@ -31,13 +32,16 @@ use tonic::transport::Channel;
 /// What the owner needs to take part in one study.
 #[derive(Clone, Debug)]
 pub struct OwnerConfig {
-    /// Proxy URL, e.g. `http://127.0.0.1:50051`.
+    /// Proxy URL, e.g. `https://localhost:50051`.
     pub proxy: String,
+    /// Mutual TLS (the owner's certificate) or, asked for by name, plaintext.
+    pub transport: Transport,
     /// Study to join.
     pub study_id: String,
     /// The owner's CSV file.
     pub data: PathBuf,
-    /// The owner's identity at the proxy.
+    /// The owner's identity at the proxy (on TLS, its certificate's name:
+    /// [`owner_id`]).
     pub owner_id: String,
     /// SHA-256 fingerprint of the data user's key, obtained out of band.
     pub key_fingerprint: String,
@@ -45,6 +49,8 @@ pub struct OwnerConfig {
     pub label: Option<String>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// How long to keep retrying while the proxy cannot be reached.
+    pub retry_for: std::time::Duration,
 }
 
 /// What the owner did, printed as one JSON line.
@@ -71,6 +77,27 @@ pub struct OwnerReport {
     pub usage: Option<Usage>,
 }
 
+/// The owner's id at the proxy: on TLS the name in its certificate (the proxy
+/// accepts no other), which `--owner-id`, if given, must repeat; on plaintext the
+/// id given.
+pub fn owner_id(given: Option<&str>, transport: &Transport) -> anyhow::Result<String> {
+    match (transport, given) {
+        (Transport::Tls(tls), None) => Ok(tls.me.name.clone()),
+        (Transport::Tls(tls), Some(id)) if id == tls.me.name => Ok(id.to_string()),
+        (Transport::Tls(tls), Some(id)) => bail!(
+            "--owner-id `{id}` is not the name in this owner's certificate (`{}`); the \
+             proxy knows an owner by its certificate",
+            tls.me.name
+        ),
+        (Transport::InsecurePlaintext, Some(id)) if !id.is_empty() => Ok(id.to_string()),
+        (Transport::InsecurePlaintext, _) => {
+            bail!(
+                "--owner-id is required with --insecure-plaintext (no certificate names the owner)"
+            )
+        }
+    }
+}
+
 /// Stable idempotency key of one contribution: the same owner retrying with the same
 /// file for the same study is recognised; any other data is a different contribution.
 pub fn contribution_id(study_id: &str, owner_id: &str, data: &[u8]) -> String {
@@ -93,7 +120,7 @@ pub async fn fetch_study(
             study_id: study_id.to_string(),
         })
         .await
-        .map_err(|s| anyhow::anyhow!("proxy refused study `{study_id}`: {}", s.message()))?
+        .map_err(|s| refusal(format!("proxy refused study `{study_id}`"), &s))?
         .into_inner();
     let wire = info.spec.context("proxy sent a study without a spec")?;
     let spec =
@@ -108,13 +135,69 @@ pub async fn fetch_study(
     Ok(spec)
 }
 
-/// Runs one owner's part of a study end to end.
+/// The proxy could not be reached or the connection broke: worth retrying (a
+/// contribution is idempotent by its id). A refused certificate is not this.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unreachable(String);
+
+fn transient(status: &tonic::Status) -> bool {
+    let msg = status_message(status).to_lowercase();
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    ) && !msg.contains("alert")
+        && !msg.contains("invalid peer certificate")
+}
+
+/// A refusal as an error: [`Unreachable`] when the call may succeed if retried.
+fn refusal(what: String, status: &tonic::Status) -> anyhow::Error {
+    let msg = format!("{what}: {}", status_message(status));
+    if transient(status) {
+        Unreachable(msg).into()
+    } else {
+        anyhow::anyhow!(msg)
+    }
+}
+
+/// Runs one owner's part of a study end to end. While the proxy cannot be reached
+/// (restarting, or the connection broke mid-stream) it tries again, for up to
+/// `cfg.retry_for`: the retry carries the same contribution id, so the proxy
+/// counts it once however often it arrives.
 pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
+    let start = Instant::now();
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        match run_once(cfg).await {
+            Err(e) if e.downcast_ref::<Unreachable>().is_some() => {
+                if start.elapsed() + pause > cfg.retry_for {
+                    return Err(e.context(format!(
+                        "gave up after {:.0} s of retries",
+                        start.elapsed().as_secs_f64()
+                    )));
+                }
+                tracing::warn!(error = %e, "proxy unreachable; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(5));
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn run_once(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let start = Instant::now();
     let bytes =
         std::fs::read(&cfg.data).with_context(|| format!("cannot read {}", cfg.data.display()))?;
     let name = cfg.data.display().to_string();
-    let mut client = connect(&cfg.proxy).await?;
+    let mut client = connect(&cfg.proxy, &cfg.transport)
+        .await
+        .map_err(|e| match &e {
+            ConnectError::Connect { reason, .. } if !reason.contains("certificate") => {
+                anyhow::Error::new(Unreachable(e.to_string()))
+            }
+            _ => e.into(),
+        })?;
     let spec = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
     let table = read_csv(bytes.as_slice(), &name, cfg.label.as_deref())?;
     // A histogram study's features are its bins: the data is checked against the
@@ -206,7 +289,7 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let response = client
         .contribute(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
-        .map_err(|s| anyhow::anyhow!("proxy refused the contribution: {}", s.message()));
+        .map_err(|s| refusal("proxy refused the contribution".into(), &s));
     let seconds_encrypt = producer.await.context("encryption task panicked")??;
     bar.finish_and_clear();
     let response = response?.into_inner();

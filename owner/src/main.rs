@@ -2,15 +2,21 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Parser;
+use dpca_proto::tls::{Role, TransportArgs};
 
 /// Encrypts this owner's scatter share under the data user's key and streams it to
 /// the proxy. Prints one JSON line with what was sent.
 #[derive(Parser, Debug)]
 #[command(name = "owner", version, about)]
 struct Args {
-    /// Proxy URL.
-    #[arg(long, default_value = "http://127.0.0.1:50051", env = "DPCA_PROXY_URL")]
+    /// Proxy URL (https, or http with --insecure-plaintext).
+    #[arg(
+        long,
+        default_value = "https://localhost:50051",
+        env = "DPCA_PROXY_URL"
+    )]
     proxy: String,
     /// Study to contribute to.
     #[arg(long, env = "DPCA_STUDY")]
@@ -18,9 +24,10 @@ struct Args {
     /// This owner's CSV file (header row, numeric feature columns).
     #[arg(long, env = "DPCA_DATA")]
     data: PathBuf,
-    /// This owner's identity at the proxy.
+    /// This owner's identity at the proxy. On TLS it is the name in the owner's
+    /// certificate (the default); required with --insecure-plaintext.
     #[arg(long, env = "DPCA_OWNER_ID")]
-    owner_id: String,
+    owner_id: Option<String>,
     /// SHA-256 fingerprint of the data user's public key, obtained out of band. The
     /// owner refuses to encrypt for any other key.
     #[arg(long, env = "DPCA_KEY_FINGERPRINT")]
@@ -31,20 +38,31 @@ struct Args {
     /// Do not draw a progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Seconds to keep retrying while the proxy cannot be reached (restarting, or
+    /// the connection broke); the proxy counts a retried contribution once.
+    #[arg(long, default_value_t = 60.0, env = "DPCA_RETRY_FOR")]
+    retry_for: f64,
+    #[command(flatten)]
+    transport: TransportArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     dpca_proto::logging::init();
     let args = Args::parse();
+    let transport = args.transport.transport(Role::Owner).context("transport")?;
+    let owner_id = dpca_owner::owner_id(args.owner_id.as_deref(), &transport)?;
     let cfg = dpca_owner::OwnerConfig {
         proxy: args.proxy,
+        transport,
         study_id: args.study,
         data: args.data,
-        owner_id: args.owner_id,
+        owner_id,
         key_fingerprint: args.key_fingerprint,
         label: args.label,
         progress: !args.quiet,
+        retry_for: std::time::Duration::try_from_secs_f64(args.retry_for)
+            .context("--retry-for must be a number of seconds, 0 or more")?,
     };
     let report = dpca_owner::run(&cfg).await?;
     println!("{}", serde_json::to_string(&report)?);

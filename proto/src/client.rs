@@ -1,22 +1,24 @@
-//! Connecting to the proxy with the protocol's limits.
+//! Connecting to the proxy with the protocol's limits, over mutual TLS unless
+//! plaintext was asked for.
 
 use tonic::transport::Channel;
 
 use crate::convert::MAX_MESSAGE_BYTES;
+use crate::tls::Transport;
 use crate::v1::proxy_client::ProxyClient;
 
 /// Why a connection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    /// The URL does not parse.
+    /// The URL does not parse or does not fit the transport.
     #[error("invalid proxy URL `{url}`: {reason}")]
     Url {
         /// The URL given.
         url: String,
-        /// Parser message.
+        /// What is wrong.
         reason: String,
     },
-    /// Nothing answered.
+    /// Nothing answered, or the TLS handshake failed.
     #[error("cannot connect to proxy at {url}: {reason}")]
     Connect {
         /// The URL given.
@@ -26,23 +28,82 @@ pub enum ConnectError {
     },
 }
 
-/// Connects to the proxy at `url` with the protocol's message size limits.
-pub async fn connect(url: &str) -> Result<ProxyClient<Channel>, ConnectError> {
-    let endpoint = Channel::from_shared(url.to_string()).map_err(|e| ConnectError::Url {
+/// The error and its sources on one line: tonic's own message alone says only
+/// "transport error", the cause (refused, bad certificate) is in the chain.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !msg.contains(&part) {
+            msg.push_str(": ");
+            msg.push_str(&part);
+        }
+        source = s.source();
+    }
+    msg
+}
+
+/// A refusal's message. When the call never reached the proxy's handlers the
+/// message is only "transport error" and the cause sits in the source chain; with
+/// TLS a refused client certificate shows there only as a closed connection, so
+/// the message says what to check.
+pub fn status_message(status: &tonic::Status) -> String {
+    use std::error::Error as _;
+    if !matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    ) {
+        return status.message().to_string();
+    }
+    let cause = match status.source() {
+        Some(source) => {
+            let chain = error_chain(source);
+            if chain.starts_with(status.message()) {
+                chain
+            } else {
+                format!("{}: {chain}", status.message())
+            }
+        }
+        None => status.message().to_string(),
+    };
+    format!(
+        "{cause} (the connection failed; if the proxy refused this party's certificate, \
+         check that the proxy's CA issued it, for this role, and that it is still valid)"
+    )
+}
+
+/// Connects to the proxy at `url` with the protocol's message size limits: `https`
+/// with this party's certificate on TLS, `http` only on the insecure transport.
+pub async fn connect(
+    url: &str,
+    transport: &Transport,
+) -> Result<ProxyClient<Channel>, ConnectError> {
+    let bad_url = |reason: String| ConnectError::Url {
         url: url.to_string(),
-        reason: e.to_string(),
-    })?;
+        reason,
+    };
+    let scheme = transport.scheme();
+    if !url.starts_with(&format!("{scheme}://")) {
+        return Err(bad_url(match transport {
+            Transport::Tls(_) => "TLS is on: the URL must start with https://".into(),
+            Transport::InsecurePlaintext => {
+                "--insecure-plaintext: the URL must start with http://".into()
+            }
+        }));
+    }
+    let mut endpoint = Channel::from_shared(url.to_string()).map_err(|e| bad_url(e.to_string()))?;
+    if let Transport::Tls(tls) = transport {
+        endpoint = endpoint
+            .tls_config(tls.client_config())
+            .map_err(|e| bad_url(error_chain(&e)))?;
+    }
     let channel = endpoint
         .connect()
         .await
         .map_err(|e| ConnectError::Connect {
             url: url.to_string(),
-            reason: format!(
-                "{e}: {}",
-                std::error::Error::source(&e)
-                    .map(|s| s.to_string())
-                    .unwrap_or_default()
-            ),
+            reason: error_chain(&e),
         })?;
     Ok(ProxyClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -2,7 +2,7 @@
 //! validating conversions to the domain types of `dpca-common` (in [`convert`]), so
 //! nothing beyond this crate's edge handles unvalidated prost structs. It also holds
 //! the small pieces every role's shell shares: [`client::connect`] and
-//! [`logging::init`], [`usage::Usage`].
+//! [`logging::init`], [`usage::Usage`], and mutual TLS ([`tls`]).
 
 /// Version 1 of the protocol (generated code).
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
@@ -14,4 +14,5 @@ pub mod client;
 pub mod convert;
 pub mod fuzzing;
 pub mod logging;
+pub mod tls;
 pub mod usage;

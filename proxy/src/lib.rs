@@ -5,20 +5,29 @@
 //! and adds the symmetric noise (the `study` state machine), serving the same release
 //! to every fetch.
 //!
-//! Known limitations: study state lives in memory (a restart loses open studies);
-//! transport is plaintext gRPC and owners are identified by the id they send.
+//! Transport is mutual TLS: every caller is known by its certificate and may only do
+//! what its role allows ([`access`]). Every transition is stored in a redb database
+//! before it is acknowledged ([`store`]), so a restart loses no acknowledged
+//! contribution and serves the same release.
 
+pub mod access;
 pub mod listener;
 pub mod service;
+pub mod store;
 pub mod study;
 
 use std::net::SocketAddr;
 
+use dpca_proto::tls::Transport;
 use tokio::net::TcpListener;
 
 /// Proxy configuration.
 #[derive(Clone, Debug)]
 pub struct ProxyConfig {
+    /// Mutual TLS with the proxy's certificate, or (asked for by name) plaintext.
+    pub transport: Transport,
+    /// The state database (studies survive restarts); `None` keeps them in memory.
+    pub state: Option<std::path::PathBuf>,
     /// Accept studies that ask for a noise-free release. Test-only: a noise-free
     /// release hands the user the exact scatter.
     pub allow_noise_free_for_testing: bool,
@@ -32,15 +41,6 @@ pub struct ProxyConfig {
 /// validating while more streams arrive.
 pub const DEFAULT_MAX_CONCURRENT_UPLOADS: usize = 8;
 
-impl Default for ProxyConfig {
-    fn default() -> Self {
-        Self {
-            allow_noise_free_for_testing: false,
-            max_concurrent_uploads: DEFAULT_MAX_CONCURRENT_UPLOADS,
-        }
-    }
-}
-
 /// HTTP/2 flow-control window per stream and per connection (bytes).
 const UPLOAD_WINDOW_BYTES: u32 = 16 * 1024;
 
@@ -50,12 +50,22 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let svc = service::ProxyService::new(config);
+    let tls = match &config.transport {
+        Transport::Tls(tls) => Some(tls.server_config()),
+        Transport::InsecurePlaintext => None,
+    };
+    let svc = service::ProxyService::new(config)?;
     svc.spawn_deadline_ticker();
     let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
         .max_decoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES);
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        // Client certificates are required and checked against the CA in the
+        // handshake; a connection without one never reaches the service.
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         // Small flow-control windows: an owner waiting for an upload slot can park
         // at most this much data in the proxy, so memory stays flat in the owners.
         .initial_stream_window_size(UPLOAD_WINDOW_BYTES)

@@ -2,7 +2,9 @@
 
 use anyhow::Context;
 use clap::Parser;
+use dpca_proto::tls::{Role, TransportArgs};
 use std::io::Write;
+use std::path::PathBuf;
 
 /// Aggregates encrypted scatter shares, masks and noises them for the data user.
 #[derive(Parser, Debug)]
@@ -20,6 +22,12 @@ struct Args {
     #[arg(long, default_value_t = dpca_proxy::DEFAULT_MAX_CONCURRENT_UPLOADS as u16,
           value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_uploads: u16,
+    /// State database (created if missing): studies, the owners counted and the
+    /// running aggregates survive a restart. One proxy per file.
+    #[arg(long, default_value = "dpca-proxy.redb", env = "DPCA_PROXY_STATE")]
+    state: PathBuf,
+    #[command(flatten)]
+    transport: TransportArgs,
 }
 
 #[tokio::main]
@@ -29,12 +37,15 @@ async fn main() -> anyhow::Result<()> {
     if args.allow_noise_free_for_testing {
         tracing::warn!("noise-free releases are ENABLED: test use only");
     }
+    let transport = args.transport.transport(Role::Proxy).context("transport")?;
     let (listener, addr) = dpca_proxy::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     println!("listening on {addr}");
     std::io::stdout().flush().context("stdout")?;
     let config = dpca_proxy::ProxyConfig {
+        transport,
+        state: Some(args.state),
         allow_noise_free_for_testing: args.allow_noise_free_for_testing,
         max_concurrent_uploads: usize::from(args.max_concurrent_uploads),
     };

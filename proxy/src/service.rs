@@ -17,6 +17,10 @@ use tokio::sync::Semaphore;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use dpca_proto::tls::{peer_of, Peer, Transport};
+
+use crate::access::{permit, Action};
+use crate::store::{Store, StoreError};
 use crate::study::{ContributionOutcome, Phase, Study, StudyError};
 use crate::ProxyConfig;
 
@@ -52,16 +56,66 @@ pub struct ProxyService {
     config: ProxyConfig,
     studies: Arc<Mutex<HashMap<String, Study>>>,
     uploads: Arc<Semaphore>,
+    store: Option<Arc<Store>>,
 }
 
 impl ProxyService {
-    /// A service with no studies.
-    pub fn new(config: ProxyConfig) -> Self {
-        Self {
+    /// A service holding the studies of `config.state` (none without a state file).
+    pub fn new(config: ProxyConfig) -> Result<Self, StoreError> {
+        let mut studies = HashMap::new();
+        let store = match &config.state {
+            Some(path) => {
+                let store = Store::open(path)?;
+                for mut study in store.load_all()? {
+                    study.tick(now_ms());
+                    tracing::info!(
+                        study = %study.id,
+                        phase = study.phase.name(),
+                        owners_in = study.owners_in().len(),
+                        "study restored"
+                    );
+                    studies.insert(study.id.clone(), study);
+                }
+                Some(Arc::new(store))
+            }
+            None => None,
+        };
+        Ok(Self {
             uploads: Arc::new(Semaphore::new(config.max_concurrent_uploads.max(1))),
             config,
-            studies: Arc::new(Mutex::new(HashMap::new())),
+            studies: Arc::new(Mutex::new(studies)),
+            store,
+        })
+    }
+
+    /// Writes a study's record; an error means the transition did not happen.
+    fn persist(&self, study: &Study) -> Result<(), Status> {
+        match &self.store {
+            Some(store) => store.save(study).map_err(|e| {
+                tracing::error!(study = %study.id, error = %e, "state not stored");
+                Status::unavailable(format!("the proxy could not store the study: {e}"))
+            }),
+            None => Ok(()),
         }
+    }
+
+    /// Applies a transition to a copy of the study, stores the copy, and only then
+    /// makes it the study: what the caller is told has happened is on disk.
+    fn update_study<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Study) -> Result<T, Status>,
+    ) -> Result<T, Status> {
+        let mut map = self.lock()?;
+        let study = map
+            .get_mut(id)
+            .ok_or_else(|| Status::not_found(format!("unknown study `{id}`")))?;
+        study.tick(now_ms());
+        let mut next = study.clone();
+        let out = f(&mut next)?;
+        self.persist(&next)?;
+        *study = next;
+        Ok(out)
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, HashMap<String, Study>>, Status> {
@@ -83,6 +137,39 @@ impl ProxyService {
                 }
             }
         });
+    }
+
+    /// The caller as its certificate names it; `None` on plaintext.
+    fn caller<T>(&self, req: &Request<T>) -> Result<Option<Peer>, Status> {
+        if matches!(self.config.transport, Transport::InsecurePlaintext) {
+            return Ok(None);
+        }
+        // The handshake already required a certificate from the CA; this reads it.
+        let certs = req
+            .peer_certs()
+            .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
+        let leaf = certs
+            .first()
+            .ok_or_else(|| Status::unauthenticated("empty client certificate chain"))?;
+        peer_of(leaf)
+            .map(Some)
+            .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))
+    }
+
+    /// Refuses `action` unless the caller may do it.
+    fn authorize(peer: Option<&Peer>, action: Action<'_>) -> Result<(), Status> {
+        permit(peer, action).map_err(Status::permission_denied)
+    }
+
+    /// Refuses unless the caller is the user who opened study `id`.
+    fn authorize_user(&self, peer: Option<&Peer>, id: &str) -> Result<(), Status> {
+        let opened_by = self.with_study(id, |s| Ok(s.opened_by.clone()))?;
+        Self::authorize(
+            peer,
+            Action::UseStudy {
+                opened_by: opened_by.as_deref(),
+            },
+        )
     }
 
     fn with_study<T>(
@@ -107,6 +194,8 @@ impl v1::proxy_server::Proxy for ProxyService {
         &self,
         req: Request<v1::OpenStudyRequest>,
     ) -> Result<Response<v1::OpenStudyResponse>, Status> {
+        let peer = self.caller(&req)?;
+        Self::authorize(peer.as_ref(), Action::OpenStudy)?;
         let req = req.into_inner();
         let wire = req
             .spec
@@ -126,8 +215,11 @@ impl v1::proxy_server::Proxy for ProxyService {
         OsRng.fill_bytes(&mut id_bytes);
         let id = hex::encode(id_bytes);
         tracing::info!(study = %id, features = spec.dim(), quorum = spec.quorum, "study opened");
-        let study = Study::new(id.clone(), spec, layout, req.noise_free_for_testing);
-        self.lock()?.insert(id.clone(), study);
+        let mut study = Study::new(id.clone(), spec, layout, req.noise_free_for_testing);
+        study.opened_by = peer.map(|p| p.name);
+        let mut map = self.lock()?;
+        self.persist(&study)?;
+        map.insert(id.clone(), study);
         Ok(Response::new(v1::OpenStudyResponse { study_id: id }))
     }
 
@@ -135,6 +227,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         &self,
         req: Request<v1::GetStudyRequest>,
     ) -> Result<Response<v1::StudyInfo>, Status> {
+        Self::authorize(self.caller(&req)?.as_ref(), Action::ReadSpec)?;
         let id = req.into_inner().study_id;
         self.with_study(&id, |s| {
             Ok(Response::new(v1::StudyInfo {
@@ -150,6 +243,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         &self,
         req: Request<Streaming<v1::ContributionChunk>>,
     ) -> Result<Response<v1::ContributeResponse>, Status> {
+        let peer = self.caller(&req)?;
         let mut stream = req.into_inner();
         // Held until this contribution is counted or refused: bounds the ciphertexts
         // in memory whatever the number of owners uploading.
@@ -172,6 +266,7 @@ impl v1::proxy_server::Proxy for ProxyService {
                 "owner_id and contribution_id are required",
             ));
         }
+        Self::authorize(peer.as_ref(), Action::Contribute { owner_id: &owner })?;
         // Refuse early, before reading the stream, when the contribution cannot count.
         let (pk, expected): (PublicKey, usize) = {
             let pre = self.with_study(&study_id, |s| {
@@ -217,7 +312,8 @@ impl v1::proxy_server::Proxy for ProxyService {
                 cts.len()
             )));
         }
-        let (outcome, owners_in) = self.with_study(&study_id, |s| {
+        // Acknowledged only once stored (`update_study`).
+        let (outcome, owners_in) = self.update_study(&study_id, |s| {
             let outcome = s.contribute(&owner, &cid, &cts, |a, b| pk.add(a, b))?;
             Ok((outcome, s.owners_in().len()))
         })?;
@@ -232,7 +328,9 @@ impl v1::proxy_server::Proxy for ProxyService {
         &self,
         req: Request<v1::AwaitSealRequest>,
     ) -> Result<Response<v1::SealedStudy>, Status> {
+        let peer = self.caller(&req)?;
         let id = req.into_inner().study_id;
+        self.authorize_user(peer.as_ref(), &id)?;
         loop {
             let ready = self.with_study(&id, |s| match &s.phase {
                 Phase::Collecting => Ok(None),
@@ -264,8 +362,10 @@ impl v1::proxy_server::Proxy for ProxyService {
         &self,
         req: Request<v1::RevealCountRequest>,
     ) -> Result<Response<v1::RevealCountResponse>, Status> {
+        let peer = self.caller(&req)?;
         let req = req.into_inner();
         let id = req.study_id;
+        self.authorize_user(peer.as_ref(), &id)?;
         let snapshot = self.with_study(&id, |s| {
             s.check_count(req.n_rows)?;
             Ok(s.clone())
@@ -288,7 +388,8 @@ impl v1::proxy_server::Proxy for ProxyService {
         })
         .await
         .map_err(|e| Status::internal(format!("release task failed: {e}")))??;
-        self.with_study(&id, |s| Ok(s.commit_release(released)?))?;
+        // Stored before it can be served: a restart serves this release again.
+        self.update_study(&id, |s| Ok(s.commit_release(released)?))?;
         tracing::info!(study = %id, seconds = started.elapsed().as_secs_f64(), "release computed");
         Ok(Response::new(v1::RevealCountResponse {}))
     }
@@ -299,7 +400,9 @@ impl v1::proxy_server::Proxy for ProxyService {
         &self,
         req: Request<v1::FetchResultRequest>,
     ) -> Result<Response<ResultStream>, Status> {
+        let peer = self.caller(&req)?;
         let id = req.into_inner().study_id;
+        self.authorize_user(peer.as_ref(), &id)?;
         let chunks = self.with_study(&id, |s| {
             let Phase::Released(r) = &s.phase else {
                 return Err(Status::failed_precondition(format!(

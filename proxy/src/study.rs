@@ -144,6 +144,9 @@ pub struct Study {
     /// Test-only: release without noise (the proxy refuses it unless started with
     /// its explicit test flag).
     pub noise_free: bool,
+    /// The user who opened the study, as its certificate names it (`None` on the
+    /// insecure plaintext transport); only this user may use the study's result.
+    pub opened_by: Option<String>,
     /// Owner id -> contribution id of each counted contribution.
     contributors: BTreeMap<String, String>,
     /// Running ciphertext product of all counted contributions. Its size is the
@@ -163,10 +166,70 @@ impl Study {
             spec,
             layout,
             noise_free,
+            opened_by: None,
             contributors: BTreeMap::new(),
             aggregate,
             phase: Phase::Collecting,
         }
+    }
+
+    /// A study as its durable record describes it; refuses a record whose
+    /// aggregate or release does not fit the spec's layout.
+    #[allow(clippy::too_many_arguments)]
+    pub fn restore(
+        id: String,
+        spec: StudySpec,
+        layout: StudyLayout,
+        noise_free: bool,
+        opened_by: Option<String>,
+        contributors: BTreeMap<String, String>,
+        aggregate: Vec<Ciphertext>,
+        phase: Phase,
+    ) -> Result<Self, String> {
+        let expected = layout.owner_ciphertexts();
+        if aggregate.len() != expected {
+            return Err(format!(
+                "aggregate of {} ciphertexts, the layout has {expected}",
+                aggregate.len()
+            ));
+        }
+        if let Phase::Released(r) = &phase {
+            if r.ciphertexts.len() != layout.release_ciphertexts() {
+                return Err(format!(
+                    "release of {} ciphertexts, the layout has {}",
+                    r.ciphertexts.len(),
+                    layout.release_ciphertexts()
+                ));
+            }
+        }
+        if matches!(phase, Phase::Sealed | Phase::Released(_)) && contributors.is_empty() {
+            return Err("sealed with no contributions".into());
+        }
+        Ok(Self {
+            id,
+            spec,
+            layout,
+            noise_free,
+            opened_by,
+            contributors,
+            aggregate,
+            phase,
+        })
+    }
+
+    /// Owner id -> contribution id of every counted contribution.
+    pub fn contributors(&self) -> &BTreeMap<String, String> {
+        &self.contributors
+    }
+
+    /// The running aggregate, one ciphertext per layout position.
+    pub fn aggregate(&self) -> &[Ciphertext] {
+        &self.aggregate
+    }
+
+    /// The noise plan of this study's release for `n_rows`.
+    pub fn noise_plan(&self, n_rows: u64) -> NoisePlan {
+        release_plan(&self.spec, self.noise_free, n_rows)
     }
 
     /// Owners counted so far.
@@ -295,12 +358,7 @@ impl Study {
         rng: &mut R,
     ) -> Result<Released, StudyError> {
         let spec = &self.spec;
-        let mut plan = spec.noise_plan(n_rows);
-        if self.noise_free {
-            plan.matrix = NoiseScale::None;
-            plan.vector = plan.vector.map(|_| NoiseScale::None);
-            plan.epsilon = f64::INFINITY;
-        }
+        let plan = self.noise_plan(n_rows);
         let err = |source| StudyError::Release {
             study: self.id.clone(),
             source,
@@ -344,6 +402,17 @@ impl Study {
     }
 }
 
+/// The noise plan of a release for `n_rows`: the spec's, or none in test mode.
+pub fn release_plan(spec: &StudySpec, noise_free: bool, n_rows: u64) -> NoisePlan {
+    let mut plan = spec.noise_plan(n_rows);
+    if noise_free {
+        plan.matrix = NoiseScale::None;
+        plan.vector = plan.vector.map(|_| NoiseScale::None);
+        plan.epsilon = f64::INFINITY;
+    }
+    plan
+}
+
 /// Idempotency key of a contribution: SHA-256 over its ciphertext bytes.
 pub fn contribution_digest(chunks: &[Vec<u8>]) -> String {
     let mut h = Sha256::new();
@@ -355,7 +424,7 @@ pub fn contribution_digest(chunks: &[Vec<u8>]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
     use dpca_common::encoding::FixedPoint;
@@ -365,14 +434,14 @@ mod tests {
     use rand_chacha::ChaCha20Rng;
     use std::sync::OnceLock;
 
-    fn key() -> &'static SecretKey {
+    pub(crate) fn key() -> &'static SecretKey {
         static KEY: OnceLock<SecretKey> = OnceLock::new();
         KEY.get_or_init(|| {
             SecretKey::generate(2048, &mut ChaCha20Rng::seed_from_u64(5)).expect("keygen")
         })
     }
 
-    fn study(quorum: u32, min_owners: u32) -> Study {
+    pub(crate) fn study(quorum: u32, min_owners: u32) -> Study {
         let spec = StudySpec {
             features: vec!["a".into(), "b".into()],
             bounds: vec![(0.0, 1.0); 2],

@@ -3,13 +3,15 @@
 //! loopback, and the plaintext reference computations the results are checked
 //! against.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use dpca_common::data::{normalize_row, read_csv, Table};
 use dpca_common::encoding::FixedPoint;
+use dpca_proto::tls::{write_dev_pki, DevPki, Role, TlsFiles, Transport};
 use nalgebra::DMatrix;
 
 /// The folder holding this test run's binaries (`target/<profile>`).
@@ -78,29 +80,126 @@ impl Drop for Proc {
     }
 }
 
-/// Starts a proxy on a free loopback port; returns it with its URL.
-pub fn start_proxy(test_mode: bool) -> (Proc, String) {
+/// Users with certificates in a test proxy's development PKI.
+pub const TEST_USERS: &[&str] = &["user", "eve"];
+
+/// Owners with certificates in a test proxy's development PKI.
+pub const TEST_OWNERS: &[&str] = &["a", "b", "hospital-a", "hospital-b", "mallory", "late"];
+
+/// A proxy process on mutual TLS, with the development PKI its parties use.
+pub struct TestProxy {
+    /// The process (killed on drop).
+    pub proc: Proc,
+    /// Its `https://127.0.0.1:PORT` URL.
+    pub url: String,
+    /// Certificates of the proxy, [`TEST_USERS`] and [`TEST_OWNERS`].
+    pub pki: DevPki,
+    /// Its state database.
+    pub state: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TestProxy {
+    /// The transport of the user or owner `name` (its certificate from this PKI).
+    pub fn transport(&self, name: &str) -> Transport {
+        let files = self
+            .pki
+            .files(name)
+            .unwrap_or_else(|| panic!("no test certificate for `{name}`"));
+        let role = if TEST_USERS.contains(&name) {
+            Role::User
+        } else {
+            Role::Owner
+        };
+        Transport::Tls(Arc::new(files.load(role).expect("test certificate loads")))
+    }
+
+    /// The command-line flags pointing a program at `name`'s certificate.
+    pub fn tls_args(&self, name: &str) -> Vec<OsString> {
+        tls_args(
+            self.pki
+                .files(name)
+                .unwrap_or_else(|| panic!("no test certificate for `{name}`")),
+        )
+    }
+}
+
+/// `--tls-ca`, `--tls-cert`, `--tls-key` for these files.
+pub fn tls_args(files: &TlsFiles) -> Vec<OsString> {
+    vec![
+        "--tls-ca".into(),
+        files.ca.clone().into(),
+        "--tls-cert".into(),
+        files.cert.clone().into(),
+        "--tls-key".into(),
+        files.key.clone().into(),
+    ]
+}
+
+/// A fresh development PKI in a temporary folder (kept while the folder lives).
+pub fn dev_pki() -> (DevPki, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let pki = write_dev_pki(
+        dir.path(),
+        &strings(&["localhost", "127.0.0.1"]),
+        &strings(TEST_USERS),
+        &strings(TEST_OWNERS),
+    )
+    .expect("development PKI");
+    (pki, dir)
+}
+
+/// Starts a proxy on mutual TLS on a free loopback port.
+pub fn start_proxy(test_mode: bool) -> TestProxy {
+    let (pki, dir) = dev_pki();
+    let state = dir.path().join("proxy.redb");
+    let (proc, addr) = spawn_proxy(&pki, &state, "127.0.0.1:0", test_mode);
+    TestProxy {
+        proc,
+        url: format!("https://{addr}"),
+        pki,
+        state,
+        _dir: dir,
+    }
+}
+
+/// Starts the proxy program on `listen` with `state` and the PKI's proxy
+/// certificate; returns it with the address it printed.
+pub fn spawn_proxy(pki: &DevPki, state: &Path, listen: &str, test_mode: bool) -> (Proc, String) {
+    try_spawn_proxy(pki, state, listen, test_mode)
+        .unwrap_or_else(|| panic!("the proxy did not start on {listen}"))
+}
+
+/// As [`spawn_proxy`], `None` if the proxy exits before listening (say, the port is
+/// still taken).
+pub fn try_spawn_proxy(
+    pki: &DevPki,
+    state: &Path,
+    listen: &str,
+    test_mode: bool,
+) -> Option<(Proc, String)> {
     let mut cmd = Command::new(bin("proxy"));
-    cmd.args(["--listen", "127.0.0.1:0"]);
+    cmd.args(["--listen", listen]);
+    cmd.arg("--state").arg(state);
+    cmd.args(tls_args(&pki.proxy));
     if test_mode {
         cmd.arg("--allow-noise-free-for-testing");
     }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start proxy");
-    let stdout = child.stdout.take().expect("proxy stdout");
+    // Held as a Proc at once: killed and reaped on every path.
+    let mut proc = Proc(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start proxy"),
+    );
+    let stdout = proc.0.stdout.take().expect("proxy stdout");
     let mut line = String::new();
     BufReader::new(stdout)
         .read_line(&mut line)
         .expect("proxy prints its address");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected proxy output `{line}`"))
-        .to_string();
-    (Proc(child), format!("http://{addr}"))
+    let addr = line.trim().strip_prefix("listening on ")?.to_string();
+    Some((proc, addr))
 }
 
 /// Runs a command to completion and returns its output.

@@ -10,7 +10,7 @@ use dpca_common::paillier::SecretKey;
 use dpca_common::study::{StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
-use dpca_tests::{bin, describe, optdigits, run, start_proxy, write_rows, Proc};
+use dpca_tests::{bin, describe, optdigits, run, start_proxy, write_rows, TestProxy};
 use rand::rngs::OsRng;
 
 fn rt() -> tokio::runtime::Runtime {
@@ -21,7 +21,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 struct Fixture {
-    _proxy: Proc,
+    proxy: TestProxy,
     url: String,
     study: String,
     fingerprint: String,
@@ -59,17 +59,20 @@ fn spec_for(sk: &SecretKey) -> StudySpec {
 
 /// A proxy with one open study (quorum 2) and a temp folder.
 fn fixture() -> Fixture {
-    let (proxy, url) = start_proxy(false);
+    let proxy = start_proxy(false);
+    let url = proxy.url.clone();
     let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
     let spec = spec_for(&sk);
     let study = rt().block_on(async {
-        let mut c = dpca_proto::client::connect(&url).await.expect("connect");
+        let mut c = dpca_proto::client::connect(&url, &proxy.transport("user"))
+            .await
+            .expect("connect");
         dpca_user::session::open_study(&mut c, &spec, false)
             .await
             .expect("open study")
     });
     Fixture {
-        _proxy: proxy,
+        proxy,
         url,
         study,
         fingerprint: sk.public().fingerprint(),
@@ -79,8 +82,23 @@ fn fixture() -> Fixture {
 }
 
 impl Fixture {
+    /// A client with `name`'s certificate.
+    async fn client(&self, name: &str) -> v1::proxy_client::ProxyClient<tonic::transport::Channel> {
+        dpca_proto::client::connect(&self.url, &self.proxy.transport(name))
+            .await
+            .expect("connect")
+    }
+
+    /// The owner program with `id`'s certificate.
+    fn owner_cmd(&self, id: &str) -> Command {
+        let mut cmd = Command::new(bin("owner"));
+        cmd.args(self.proxy.tls_args(id));
+        cmd
+    }
+
     fn owner(&self, id: &str, data: &Path) -> std::process::Output {
-        run(Command::new(bin("owner"))
+        run(self
+            .owner_cmd(id)
             .args([
                 "--proxy",
                 &self.url,
@@ -102,9 +120,7 @@ impl Fixture {
 
     fn owners_in(&self) -> u32 {
         rt().block_on(async {
-            let mut c = dpca_proto::client::connect(&self.url)
-                .await
-                .expect("connect");
+            let mut c = self.client("user").await;
             c.get_study(v1::GetStudyRequest {
                 study_id: self.study.clone(),
             })
@@ -191,7 +207,8 @@ fn owner_refuses_malformed_csv_and_sends_nothing() {
 fn owner_refuses_unknown_study_and_foreign_key() {
     let f = fixture();
     let p = f.good_file("good.csv", 5, 0);
-    let o = run(Command::new(bin("owner"))
+    let o = run(f
+        .owner_cmd("a")
         .args([
             "--proxy",
             &f.url,
@@ -210,7 +227,8 @@ fn owner_refuses_unknown_study_and_foreign_key() {
         stderr(&o)
     );
 
-    let o = run(Command::new(bin("owner"))
+    let o = run(f
+        .owner_cmd("a")
         .args(["--proxy", &f.url, "--study", &f.study, "--owner-id", "a"])
         .arg("--data")
         .arg(&p)
@@ -259,7 +277,7 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
         .owner_ciphertexts();
     let n2 = f.spec.public_key.n_squared().to_bytes_be();
     rt().block_on(async {
-        let mut c = dpca_proto::client::connect(&f.url).await.expect("connect");
+        let mut c = f.client("mallory").await;
         // c = n^2 (out of range) and c = 0 (not a unit), each at index 1.
         for bad in [n2.clone(), vec![0u8; n_bytes]] {
             let mut cts = vec![vec![0u8; n_bytes]; 2];
@@ -285,6 +303,7 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
         }
 
         // Specs the user's own checks would stop, sent raw: the proxy checks too.
+        let mut c = f.client("user").await;
         let mut wire = spec_to_wire(&f.spec);
         for (field, eps, delta) in [
             ("epsilon", 0.0, 1e-5),
@@ -366,7 +385,7 @@ fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
     let n_bytes = f.spec.public_key.ciphertext_bytes();
     let over = dpca_proto::convert::MAX_MESSAGE_BYTES / n_bytes + 16;
     rt().block_on(async {
-        let mut c = dpca_proto::client::connect(&f.url).await.expect("connect");
+        let mut c = f.client("mallory").await;
         let chunk = v1::ContributionChunk {
             study_id: f.study.clone(),
             owner_id: "mallory".into(),
@@ -399,13 +418,14 @@ fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
         ..spec_for(&sk)
     };
     let study = rt().block_on(async {
-        let mut c = dpca_proto::client::connect(&f.url).await.expect("connect");
+        let mut c = f.client("user").await;
         dpca_user::session::open_study(&mut c, &spec, false)
             .await
             .expect("open study")
     });
     std::thread::sleep(std::time::Duration::from_millis(1_500));
-    let o = run(Command::new(bin("owner"))
+    let o = run(f
+        .owner_cmd("late")
         .args(["--proxy", &f.url, "--study", &study, "--owner-id", "late"])
         .arg("--data")
         .arg(&data)
@@ -419,7 +439,7 @@ fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
     assert!(!o.status.success(), "a late contribution was accepted");
     assert!(stderr(&o).contains("deadline"), "{}", stderr(&o));
     let info = rt().block_on(async {
-        let mut c = dpca_proto::client::connect(&f.url).await.expect("connect");
+        let mut c = f.client("user").await;
         c.get_study(v1::GetStudyRequest { study_id: study })
             .await
             .expect("get study")
@@ -427,4 +447,168 @@ fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
     });
     assert_eq!(info.owners_in, 0);
     assert_eq!(info.state, "aborted");
+}
+
+/// Mutual TLS: a certificate from another CA, no certificate, an owner claiming
+/// another owner's id, an owner opening a study, a user contributing and another
+/// user using the study's result are each refused with a reason, nothing is
+/// counted, and the proxy goes on serving the right owner.
+#[test]
+fn wrong_certificates_and_roles_are_refused_without_state_change() {
+    let f = fixture();
+    let data = f.good_file("good.csv", 20, 0);
+
+    // An owner whose certificate another CA issued: the proxy refuses it in the
+    // handshake. With that CA's own root the owner refuses the proxy too.
+    let (foreign, _foreign_dir) = dpca_tests::dev_pki();
+    let foreign_a = foreign.files("a").expect("foreign owner a");
+    let own_ca = dpca_proto::tls::TlsFiles {
+        ca: f.proxy.pki.proxy.ca.clone(),
+        ..foreign_a.clone()
+    };
+    for (files, says) in [
+        // The proxy's refusal reaches the owner as an alert or a closed connection.
+        (&own_ca, "certificate"),
+        (foreign_a, "invalid peer certificate"),
+    ] {
+        let o = run(Command::new(bin("owner"))
+            .args(dpca_tests::tls_args(files))
+            .args(["--proxy", &f.url, "--study", &f.study])
+            .arg("--data")
+            .arg(&data)
+            .args([
+                "--key-fingerprint",
+                &f.fingerprint,
+                "--label",
+                "label",
+                "--quiet",
+            ]));
+        assert!(!o.status.success(), "a foreign certificate was accepted");
+        assert!(stderr(&o).contains(says), "{}", stderr(&o));
+    }
+    assert_eq!(f.owners_in(), 0);
+
+    // No TLS at all against a TLS proxy.
+    let plain_url = f.url.replacen("https://", "http://", 1);
+    let o = run(Command::new(bin("owner"))
+        .args([
+            "--insecure-plaintext",
+            "--owner-id",
+            "a",
+            "--retry-for",
+            "0",
+        ])
+        .args(["--proxy", &plain_url, "--study", &f.study])
+        .arg("--data")
+        .arg(&data)
+        .args([
+            "--key-fingerprint",
+            &f.fingerprint,
+            "--label",
+            "label",
+            "--quiet",
+        ]));
+    assert!(!o.status.success(), "a plaintext owner was accepted");
+
+    // The owner program refuses an --owner-id that is not its certificate's name.
+    let o = f.owner("b", &data);
+    assert!(o.status.success(), "{}", describe(&o));
+    let o = run(f
+        .owner_cmd("a")
+        .args([
+            "--proxy",
+            &f.url,
+            "--study",
+            &f.study,
+            "--owner-id",
+            "hospital-b",
+        ])
+        .arg("--data")
+        .arg(&data)
+        .args([
+            "--key-fingerprint",
+            &f.fingerprint,
+            "--label",
+            "label",
+            "--quiet",
+        ]));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("not the name in this owner's certificate"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(f.owners_in(), 1);
+
+    let total = dpca_common::study::StudyLayout::new(&f.spec)
+        .expect("layout")
+        .owner_ciphertexts();
+    let n_bytes = f.spec.public_key.ciphertext_bytes();
+    let chunk = |owner: &str| v1::ContributionChunk {
+        study_id: f.study.clone(),
+        owner_id: owner.into(),
+        total_ciphertexts: total as u32,
+        ciphertexts: vec![vec![1u8; n_bytes]],
+        contribution_id: "forged".into(),
+    };
+    rt().block_on(async {
+        // The proxy's own check: owner `a` claiming to be `hospital-a`.
+        let err = f
+            .client("a")
+            .await
+            .contribute(tokio_stream_iter(vec![chunk("hospital-a")]))
+            .await
+            .expect_err("a forged owner id was accepted");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        assert!(err.message().contains("`hospital-a`"), "{}", err.message());
+        assert!(err.message().contains("names `a`"), "{}", err.message());
+
+        // A user contributing.
+        let err = f
+            .client("user")
+            .await
+            .contribute(tokio_stream_iter(vec![chunk("user")]))
+            .await
+            .expect_err("a user contributed");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        assert!(err.message().contains("only an owner"), "{}", err.message());
+
+        // An owner opening a study.
+        let err = f
+            .client("a")
+            .await
+            .open_study(v1::OpenStudyRequest {
+                spec: Some(spec_to_wire(&f.spec)),
+                noise_free_for_testing: false,
+            })
+            .await
+            .expect_err("an owner opened a study");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+
+        // Another user using this study's result.
+        let mut eve = f.client("eve").await;
+        let err = eve
+            .reveal_count(v1::RevealCountRequest {
+                study_id: f.study.clone(),
+                n_rows: 40,
+            })
+            .await
+            .expect_err("another user revealed the count");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        assert!(err.message().contains("`user`"), "{}", err.message());
+        let Err(err) = eve
+            .fetch_result(v1::FetchResultRequest {
+                study_id: f.study.clone(),
+            })
+            .await
+        else {
+            panic!("another user fetched the result");
+        };
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    });
+    assert_eq!(f.owners_in(), 1, "a refused call changed the study");
+    // The proxy still serves the rightful owners.
+    let o = f.owner("hospital-a", &f.good_file("second.csv", 20, 20));
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(f.owners_in(), 2);
 }

@@ -1,7 +1,6 @@
 //! The data user's key pair on disk: the secret key as the hex of its two primes in a
 //! JSON file readable by its owner only, the public key as the hex of n.
 
-use std::io::Write;
 use std::path::Path;
 
 use anyhow::{bail, Context};
@@ -31,18 +30,8 @@ pub fn save_secret_key(sk: &SecretKey, path: &Path) -> anyhow::Result<()> {
         p: p.to_str_radix(16),
         q: q.to_str_radix(16),
     })?;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts
-        .open(path)
-        .with_context(|| format!("cannot create {} (it must not exist yet)", path.display()))?;
-    f.write_all(body.as_bytes())
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    dpca_proto::tls::write_file(path, body.as_bytes(), true)
+        .with_context(|| "the secret key file must not exist yet".to_string())?;
     Ok(())
 }
 

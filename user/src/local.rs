@@ -28,6 +28,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use dpca_owner::OwnerReport;
+use dpca_proto::tls::{write_dev_pki, DevPki, Role, TlsFiles, Transport};
 use dpca_proto::usage::Usage;
 
 use crate::report::{
@@ -103,6 +104,9 @@ pub struct LocalOptions {
     pub row_norm_quantile: Option<f64>,
     /// Share of the budget the histogram study spends (the rest goes to the study).
     pub quantile_budget_share: f64,
+    /// Run without TLS (otherwise a throwaway development CA and certificates for
+    /// the proxy, the user and every owner are made for the run and deleted after).
+    pub insecure_plaintext: bool,
 }
 
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
@@ -257,8 +261,39 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let pk = sk.public().clone();
 
     let (proxy_bin, owner_bin) = sibling_binaries(opts.no_build)?;
+    // Mutual TLS even on loopback: the run exercises what a deployment runs. The CA
+    // and the proxy's state live only as long as this run.
+    let pki_dir = tempfile::Builder::new()
+        .prefix("dpca-local-tls-")
+        .tempdir()
+        .context("cannot create a folder for the run's certificates")?;
+    let pki = if opts.insecure_plaintext {
+        None
+    } else {
+        let owners: Vec<String> = (1..=opts.owners).map(owner_name).collect();
+        let hosts = ["localhost".to_string(), "127.0.0.1".to_string()];
+        Some(write_dev_pki(
+            pki_dir.path(),
+            &hosts,
+            &["user".to_string()],
+            &owners,
+        )?)
+    };
+    let transport = match &pki {
+        Some(p) => Transport::Tls(std::sync::Arc::new(
+            p.files("user")
+                .context("no user certificate")?
+                .load(Role::User)?,
+        )),
+        None => Transport::InsecurePlaintext,
+    };
     let mut proxy_cmd = Command::new(&proxy_bin);
     proxy_cmd.args(["--listen", "127.0.0.1:0"]);
+    // The run's studies live as long as the run.
+    proxy_cmd
+        .arg("--state")
+        .arg(pki_dir.path().join("proxy.redb"));
+    transport_flags(&mut proxy_cmd, pki.as_ref().map(|p| &p.proxy));
     if opts.noise_free_for_testing {
         proxy_cmd.arg("--allow-noise-free-for-testing");
     }
@@ -271,14 +306,14 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             .with_context(|| format!("cannot start {}", proxy_bin.display()))?,
     );
     let addr = read_listen_line(&mut proxy.0).await?;
-    let url = format!("http://{addr}");
+    let url = format!("{}://{addr}", transport.scheme());
     eprintln!("proxy listening on {addr}");
 
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)?;
     let max_rows = (n as u64).next_power_of_two().max(2);
-    let mut client = dpca_proto::client::connect(&url).await?;
+    let mut client = dpca_proto::client::connect(&url, &transport).await?;
     let fingerprint = pk.fingerprint();
     let mut spec = StudySpec {
         features: table.features.clone(),
@@ -316,6 +351,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             );
             run_owners(
                 &owner_bin,
+                pki.as_ref(),
                 &url,
                 &hid,
                 &fingerprint,
@@ -358,6 +394,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
 
     let owner_reports = run_owners(
         &owner_bin,
+        pki.as_ref(),
         &url,
         &study_id,
         &fingerprint,
@@ -551,10 +588,33 @@ fn in_input_order(
         .collect()
 }
 
+/// The name of the `i`-th owner (from 1) of a local run.
+fn owner_name(i: usize) -> String {
+    format!("owner-{i:02}")
+}
+
+/// Points a program at its certificate, or runs it on plaintext.
+fn transport_flags(cmd: &mut Command, files: Option<&TlsFiles>) {
+    match files {
+        Some(f) => {
+            cmd.arg("--tls-ca")
+                .arg(&f.ca)
+                .arg("--tls-cert")
+                .arg(&f.cert)
+                .arg("--tls-key")
+                .arg(&f.key);
+        }
+        None => {
+            cmd.arg("--insecure-plaintext");
+        }
+    }
+}
+
 /// Starts one owner process per file for `study_id` and waits for all of them,
 /// returning their reports; the first failure names its owner.
 async fn run_owners(
     owner_bin: &Path,
+    pki: Option<&DevPki>,
     url: &str,
     study_id: &str,
     fingerprint: &str,
@@ -570,8 +630,16 @@ async fn run_owners(
     let mut tasks = Vec::new();
     for (i, file) in owner_files.iter().enumerate() {
         let mut cmd = Command::new(owner_bin);
-        cmd.args(["--proxy", url, "--study", study_id, "--owner-id"])
-            .arg(format!("owner-{:02}", i + 1))
+        let name = owner_name(i + 1);
+        let files = match pki {
+            Some(p) => Some(
+                p.files(&name)
+                    .with_context(|| format!("no certificate for {name}"))?,
+            ),
+            None => None,
+        };
+        transport_flags(&mut cmd, files);
+        cmd.args(["--proxy", url, "--study", study_id, "--owner-id", &name])
             .arg("--data")
             .arg(file)
             .args(["--key-fingerprint", fingerprint, "--quiet"]);
@@ -596,15 +664,16 @@ async fn run_owners(
         let out = task.await.context("owner task")?.context("owner process")?;
         if !out.status.success() {
             bail!(
-                "owner-{:02} failed ({}): {}",
-                i + 1,
+                "{} failed ({}): {}",
+                owner_name(i + 1),
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
         let line = String::from_utf8_lossy(&out.stdout);
-        let report: OwnerReport = serde_json::from_str(line.trim())
-            .with_context(|| format!("owner-{:02} printed an unreadable report: {line}", i + 1))?;
+        let report: OwnerReport = serde_json::from_str(line.trim()).with_context(|| {
+            format!("{} printed an unreadable report: {line}", owner_name(i + 1))
+        })?;
         owner_reports.push(report);
     }
     bar.finish_and_clear();
@@ -755,7 +824,7 @@ fn split_rows(table: &Table, owners: usize, dir: &Path) -> anyhow::Result<Vec<Pa
     let mut start = 0;
     for i in 0..owners {
         let len = n / owners + usize::from(i < n % owners);
-        let path = dir.join(format!("owner-{:02}.csv", i + 1));
+        let path = dir.join(format!("{}.csv", owner_name(i + 1)));
         let mut w = csv::Writer::from_path(&path)
             .with_context(|| format!("cannot create {}", path.display()))?;
         let mut header = table.features.clone();
@@ -794,6 +863,26 @@ async fn read_listen_line(child: &mut Child) -> anyhow::Result<String> {
 pub fn build_programs(dir: &Path, packages: &[&str]) -> anyhow::Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
+    // Variables cargo sets for the running crate (under `cargo test` or `cargo run`)
+    // must not reach the nested build: build scripts that watch them (ring's watches
+    // CARGO_MANIFEST_DIR) would rebuild, and the next ordinary build would again.
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        if key.starts_with("CARGO_PKG_")
+            || matches!(
+                key,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_MANIFEST_LINKS"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+            )
+        {
+            cmd.env_remove(key);
+        }
+    }
     cmd.arg("build")
         .arg("--manifest-path")
         .arg(workspace_root().join("Cargo.toml"))

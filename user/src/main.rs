@@ -32,6 +32,28 @@ enum Cmd {
         #[arg(long)]
         public: PathBuf,
     },
+    /// Create a development CA and certificates for the proxy, the user and each
+    /// owner (mutual TLS). For trials and the local demo only: a deployment's CA is
+    /// run by the proxy's operator, and each party keeps its own key.
+    DevCerts {
+        /// Folder to write ca.pem, ca.key, proxy.pem/.key, USER.pem/.key and
+        /// OWNER.pem/.key into; existing files are never overwritten.
+        #[arg(long)]
+        out: PathBuf,
+        /// The proxy's host names or IP addresses (its certificate is valid for
+        /// these only).
+        #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
+        proxy_hosts: Vec<String>,
+        /// The data users' names, comma separated.
+        #[arg(long, value_delimiter = ',', default_value = "user")]
+        users: Vec<String>,
+        /// Owner names (each becomes that owner's id at the proxy), comma separated.
+        #[arg(long, value_delimiter = ',', conflicts_with = "owner_count")]
+        owners: Vec<String>,
+        /// Or this many owners named owner-01, owner-02, ...
+        #[arg(long)]
+        owner_count: Option<usize>,
+    },
     /// Run a whole study on this machine: a proxy and several owner processes on
     /// loopback, the table split among them; print the explained variance and write
     /// components.csv, eigenvalues.csv, scatter.csv and study.json.
@@ -123,6 +145,10 @@ struct LocalArgs {
     /// histogram spends; the study gets the rest, and study.json the composed total.
     #[arg(long, default_value_t = 0.05, requires = "row_norm_quantile")]
     quantile_budget_share: f64,
+    /// INSECURE: run the proxy and owners on plaintext gRPC (by default the run
+    /// makes a throwaway CA and uses mutual TLS, as a deployment does).
+    #[arg(long)]
+    insecure_plaintext: bool,
     /// TEST ONLY: noise-free release (the proxy is started in its test mode).
     #[arg(long, hide = true)]
     noise_free_for_testing: bool,
@@ -147,6 +173,27 @@ async fn main() -> anyhow::Result<()> {
             dpca_user::keys::save_secret_key(&sk, &secret)?;
             dpca_user::keys::save_public_key(sk.public(), &public)?;
             println!("{}", sk.public().fingerprint());
+        }
+        Cmd::DevCerts {
+            out,
+            proxy_hosts,
+            users,
+            owners,
+            owner_count,
+        } => {
+            let owners = match owner_count {
+                Some(n) => (1..=n).map(|i| format!("owner-{i:02}")).collect(),
+                None => owners,
+            };
+            let pki = dpca_proto::tls::write_dev_pki(&out, &proxy_hosts, &users, &owners)?;
+            println!(
+                "wrote a development CA and certificates for the proxy ({}), users {} \
+                 and {} owners to {}",
+                proxy_hosts.join(", "),
+                users.join(", "),
+                pki.owners.len(),
+                out.display()
+            );
         }
         Cmd::Local(a) => {
             // The bundled demo (no --data) shows the whole product: components and
@@ -199,6 +246,7 @@ async fn main() -> anyhow::Result<()> {
                 components_from: a.components_from,
                 row_norm_quantile,
                 quantile_budget_share: a.quantile_budget_share,
+                insecure_plaintext: a.insecure_plaintext,
             };
             dpca_user::local::run(&opts).await?;
         }

@@ -35,7 +35,13 @@ pub struct Collected {
 }
 
 fn status(what: &str) -> impl Fn(tonic::Status) -> anyhow::Error + '_ {
-    move |s| anyhow::anyhow!("{what}: {} ({:?})", s.message(), s.code())
+    move |s| {
+        anyhow::anyhow!(
+            "{what}: {} ({:?})",
+            dpca_proto::client::status_message(&s),
+            s.code()
+        )
+    }
 }
 
 /// Opens a study at the proxy; returns its id.

@@ -1,0 +1,609 @@
+//! Mutual TLS between the three roles (rustls through tonic).
+//!
+//! Every party holds a certificate from one CA that the proxy's operator runs, and
+//! every connection authenticates both ends. The proxy presents a server
+//! certificate for its host names. Owners and the user present client certificates
+//! whose subject says who they are: organizational unit = role (`dpca-owner`,
+//! `dpca-user`, `dpca-proxy`), common name = the party's name. An owner's name is its
+//! owner id at the proxy. Client certificates carry no subject alternative name and
+//! only the clientAuth usage, so no owner or user can pose as the proxy with its own
+//! certificate; the proxy's carries only serverAuth, so it cannot pose as an owner.
+//!
+//! Plaintext runs only with an explicit `--insecure-plaintext`, which logs a warning.
+//! [`write_dev_pki`] creates a development CA and certificates for a local run.
+
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+/// A party's role, written in its certificate's organizational unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The aggregation server.
+    Proxy,
+    /// The data user: opens studies, reveals N, fetches the release.
+    User,
+    /// A data owner: contributes its encrypted share.
+    Owner,
+}
+
+impl Role {
+    /// The organizational unit that names this role in a certificate.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Role::Proxy => "dpca-proxy",
+            Role::User => "dpca-user",
+            Role::Owner => "dpca-owner",
+        }
+    }
+
+    fn from_unit(unit: &str) -> Option<Self> {
+        [Role::Proxy, Role::User, Role::Owner]
+            .into_iter()
+            .find(|r| r.unit() == unit)
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Proxy => "proxy",
+            Role::User => "user",
+            Role::Owner => "owner",
+        })
+    }
+}
+
+/// Who is at the other end of a connection, as its certificate says.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Peer {
+    /// The role (organizational unit).
+    pub role: Role,
+    /// The name (common name); an owner's owner id.
+    pub name: String,
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} `{}`", self.role, self.name)
+    }
+}
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file could not be written (or exists already).
+    #[error("cannot create {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file's content is not what it should be.
+    #[error("{}: {reason}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The flags do not describe one transport.
+    #[error("{0}")]
+    Flags(String),
+    /// Certificate generation failed.
+    #[error("certificate generation: {0}")]
+    Generate(String),
+}
+
+/// Reads the role and name off a DER certificate's subject. Exactly one
+/// organizational unit naming a role and exactly one non-empty common name.
+pub fn peer_of(der: &[u8]) -> Result<Peer, String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let subject = cert.subject();
+    let one = |values: Vec<_>, what: &str| -> Result<String, String> {
+        match values.as_slice() {
+            [v] => Ok(String::from(*v)),
+            [] => Err(format!("the subject has no {what}")),
+            _ => Err(format!("the subject has {} {what}s", values.len())),
+        }
+    };
+    let units: Vec<&str> = subject
+        .iter_organizational_unit()
+        .map(|a| {
+            a.as_str()
+                .map_err(|e| format!("unreadable organizational unit: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let names: Vec<&str> = subject
+        .iter_common_name()
+        .map(|a| {
+            a.as_str()
+                .map_err(|e| format!("unreadable common name: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let unit = one(units, "organizational unit")?;
+    let name = one(names, "common name")?;
+    let role = Role::from_unit(&unit).ok_or_else(|| {
+        format!("organizational unit `{unit}` names no role (dpca-owner, dpca-user, dpca-proxy)")
+    })?;
+    check_name(&name)?;
+    Ok(Peer { role, name })
+}
+
+/// Party names become file names and owner ids: keep them to a safe alphabet.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "name `{name}`: use 1 to 64 of A-Z a-z 0-9 - _ . (not starting with a dot)"
+        ))
+    }
+}
+
+/// The three PEM files of one party.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The CA certificate every peer is checked against.
+    pub ca: PathBuf,
+    /// This party's certificate.
+    pub cert: PathBuf,
+    /// This party's private key.
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    /// The files [`write_dev_pki`] writes for `name` in `dir`.
+    pub fn in_dir(dir: &Path, name: &str) -> Self {
+        Self {
+            ca: dir.join("ca.pem"),
+            cert: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}.key")),
+        }
+    }
+
+    /// Reads the files and checks that the certificate is `role`'s.
+    pub fn load(&self, role: Role) -> Result<LoadedTls, TlsError> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|source| TlsError::Read {
+                path: path.to_path_buf(),
+                source,
+            })
+        };
+        let (ca_pem, cert_pem, key_pem) = (read(&self.ca)?, read(&self.cert)?, read(&self.key)?);
+        let invalid = |path: &Path, reason: String| TlsError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let der = |path: &Path, pem: &[u8]| -> Result<Vec<u8>, TlsError> {
+            let (_, block) = x509_parser::pem::parse_x509_pem(pem)
+                .map_err(|e| invalid(path, format!("not a PEM certificate: {e}")))?;
+            Ok(block.contents)
+        };
+        // The CA's subject names no party; only its form is checked here.
+        der(&self.ca, &ca_pem)?;
+        let me = peer_of(&der(&self.cert, &cert_pem)?).map_err(|r| invalid(&self.cert, r))?;
+        if me.role != role {
+            return Err(invalid(
+                &self.cert,
+                format!(
+                    "this certificate is the {me}'s (organizational unit {}); the {role} \
+                     needs one with organizational unit {}",
+                    me.role.unit(),
+                    role.unit()
+                ),
+            ));
+        }
+        if !String::from_utf8_lossy(&key_pem).contains("PRIVATE KEY-----") {
+            return Err(invalid(&self.key, "not a PEM private key".into()));
+        }
+        Ok(LoadedTls {
+            ca_pem,
+            cert_pem,
+            key_pem,
+            me,
+        })
+    }
+}
+
+/// A party's CA, certificate and key, read and checked.
+#[derive(Clone)]
+pub struct LoadedTls {
+    ca_pem: Vec<u8>,
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    /// Who this party's certificate says it is.
+    pub me: Peer,
+}
+
+impl fmt::Debug for LoadedTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the private key.
+        f.debug_struct("LoadedTls").field("me", &self.me).finish()
+    }
+}
+
+impl LoadedTls {
+    /// The proxy's server configuration: its identity, and client certificates
+    /// required and checked against the CA.
+    pub fn server_config(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+            .client_ca_root(Certificate::from_pem(&self.ca_pem))
+    }
+
+    /// A client configuration: the proxy is checked against the CA and the URL's
+    /// host; this party presents its certificate.
+    pub fn client_config(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+    }
+}
+
+/// How a party talks to the proxy.
+#[derive(Clone, Debug)]
+pub enum Transport {
+    /// Mutual TLS.
+    Tls(Arc<LoadedTls>),
+    /// Plaintext, unauthenticated: only when asked for by name.
+    InsecurePlaintext,
+}
+
+impl Transport {
+    /// Reads a party's files from `dir` as [`write_dev_pki`] wrote them.
+    pub fn from_dir(dir: &Path, name: &str, role: Role) -> Result<Self, TlsError> {
+        Ok(Transport::Tls(Arc::new(
+            TlsFiles::in_dir(dir, name).load(role)?,
+        )))
+    }
+
+    /// The scheme a proxy URL must have on this transport.
+    pub fn scheme(&self) -> &'static str {
+        match self {
+            Transport::Tls(_) => "https",
+            Transport::InsecurePlaintext => "http",
+        }
+    }
+}
+
+/// The transport flags every program takes.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TransportArgs {
+    /// CA certificate (PEM) that every peer's certificate must chain to.
+    #[arg(long, env = "DPCA_TLS_CA", value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+    /// This party's certificate (PEM), issued by that CA for this party's role.
+    #[arg(long, env = "DPCA_TLS_CERT", value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// This party's private key (PEM).
+    #[arg(long, env = "DPCA_TLS_KEY", value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+    /// INSECURE: plaintext gRPC without authentication, instead of mutual TLS.
+    /// Anyone on the network can read the traffic and pose as any party.
+    #[arg(long, env = "DPCA_INSECURE_PLAINTEXT",
+          conflicts_with_all = ["tls_ca", "tls_cert", "tls_key"])]
+    pub insecure_plaintext: bool,
+}
+
+impl TransportArgs {
+    /// The transport the flags ask for, as `role`. TLS unless plaintext is asked for
+    /// by name; then a warning is logged.
+    pub fn transport(&self, role: Role) -> Result<Transport, TlsError> {
+        if self.insecure_plaintext {
+            tracing::warn!(
+                "--insecure-plaintext: no TLS; traffic is readable and parties are \
+                 not authenticated"
+            );
+            return Ok(Transport::InsecurePlaintext);
+        }
+        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (Some(ca), Some(cert), Some(key)) => {
+                let files = TlsFiles {
+                    ca: ca.clone(),
+                    cert: cert.clone(),
+                    key: key.clone(),
+                };
+                Ok(Transport::Tls(Arc::new(files.load(role)?)))
+            }
+            (ca, cert, key) => {
+                let missing: Vec<&str> =
+                    [("--tls-ca", ca), ("--tls-cert", cert), ("--tls-key", key)]
+                        .into_iter()
+                        .filter(|(_, v)| v.is_none())
+                        .map(|(f, _)| f)
+                        .collect();
+                Err(TlsError::Flags(format!(
+                    "mutual TLS needs {} (a development set: `user dev-certs`), or \
+                     --insecure-plaintext to run without TLS",
+                    missing.join(", ")
+                )))
+            }
+        }
+    }
+}
+
+/// The files of a development PKI.
+#[derive(Clone, Debug)]
+pub struct DevPki {
+    /// The folder holding everything.
+    pub dir: PathBuf,
+    /// The proxy's files.
+    pub proxy: TlsFiles,
+    /// Each data user's name and files.
+    pub users: Vec<(String, TlsFiles)>,
+    /// Each owner's name and files.
+    pub owners: Vec<(String, TlsFiles)>,
+}
+
+impl DevPki {
+    /// The files of the user or owner called `name`.
+    pub fn files(&self, name: &str) -> Option<&TlsFiles> {
+        self.users
+            .iter()
+            .chain(&self.owners)
+            .find(|(n, _)| n == name)
+            .map(|(_, f)| f)
+    }
+}
+
+/// How long development certificates are valid.
+const DEV_VALIDITY_DAYS: i64 = 90;
+
+/// Writes a development CA (`ca.pem`, `ca.key`) and certificates into `dir`: the
+/// proxy's (`proxy.pem`, `proxy.key`, valid for `proxy_hosts`: DNS names or IP
+/// addresses), one per user (`USER.pem`, `USER.key`) and one per owner
+/// (`OWNER.pem`, `OWNER.key`). Private keys are readable by their owner only.
+/// Refuses, before writing anything, if any of the files exists or a name is unsafe.
+pub fn write_dev_pki(
+    dir: &Path,
+    proxy_hosts: &[String],
+    users: &[String],
+    owners: &[String],
+) -> Result<DevPki, TlsError> {
+    let bad = |r: String| TlsError::Flags(r);
+    if proxy_hosts.is_empty() {
+        return Err(bad("the proxy needs at least one host name".into()));
+    }
+    let mut names: Vec<&str> = vec!["ca", "proxy"];
+    names.extend(users.iter().chain(owners).map(String::as_str));
+    for n in &names {
+        check_name(n).map_err(bad)?;
+    }
+    for (i, n) in names.iter().enumerate() {
+        if names[..i].contains(n) {
+            return Err(bad(format!(
+                "name `{n}` is used twice (ca and proxy are reserved)"
+            )));
+        }
+    }
+    let files: Vec<PathBuf> = names
+        .iter()
+        .flat_map(|n| [dir.join(format!("{n}.pem")), dir.join(format!("{n}.key"))])
+        .collect();
+    if let Some(existing) = files.iter().find(|p| p.exists()) {
+        return Err(TlsError::Write {
+            path: existing.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists already; development certificates are never overwritten",
+            ),
+        });
+    }
+    std::fs::create_dir_all(dir).map_err(|source| TlsError::Write {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let gen = |e: rcgen::Error| TlsError::Generate(e.to_string());
+    let now = time::OffsetDateTime::now_utc();
+    let validity = |p: &mut CertificateParams| {
+        // A day back for clocks slightly behind the issuer's.
+        p.not_before = now - time::Duration::days(1);
+        p.not_after = now + time::Duration::days(DEV_VALIDITY_DAYS);
+    };
+
+    let ca_key = KeyPair::generate().map_err(gen)?;
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name = subject("dpca development CA", "dpca-ca");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    validity(&mut ca);
+    let ca_cert = ca.self_signed(&ca_key).map_err(gen)?;
+    write_file(&dir.join("ca.pem"), ca_cert.pem().as_bytes(), false)?;
+    write_file(&dir.join("ca.key"), ca_key.serialize_pem().as_bytes(), true)?;
+    let issuer = Issuer::new(ca, ca_key);
+
+    let issue = |name: &str, role: Role| -> Result<TlsFiles, TlsError> {
+        let key = KeyPair::generate().map_err(gen)?;
+        let mut p = CertificateParams::default();
+        p.distinguished_name = subject(name, role.unit());
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        if role == Role::Proxy {
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            p.subject_alt_names = proxy_hosts
+                .iter()
+                .map(|h| match h.parse::<std::net::IpAddr>() {
+                    Ok(ip) => Ok(SanType::IpAddress(ip)),
+                    Err(_) => h
+                        .clone()
+                        .try_into()
+                        .map(SanType::DnsName)
+                        .map_err(|_| TlsError::Flags(format!("`{h}` is not a host name"))),
+                })
+                .collect::<Result<_, _>>()?;
+        } else {
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        }
+        validity(&mut p);
+        let cert = p.signed_by(&key, &issuer).map_err(gen)?;
+        let files = TlsFiles::in_dir(dir, name);
+        write_file(&files.cert, cert.pem().as_bytes(), false)?;
+        write_file(&files.key, key.serialize_pem().as_bytes(), true)?;
+        Ok(files)
+    };
+    let proxy = issue("proxy", Role::Proxy)?;
+    let users = users
+        .iter()
+        .map(|u| Ok((u.clone(), issue(u, Role::User)?)))
+        .collect::<Result<_, TlsError>>()?;
+    let owners = owners
+        .iter()
+        .map(|o| Ok((o.clone(), issue(o, Role::Owner)?)))
+        .collect::<Result<_, TlsError>>()?;
+    Ok(DevPki {
+        dir: dir.to_path_buf(),
+        proxy,
+        users,
+        owners,
+    })
+}
+
+fn subject(name: &str, unit: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "dpca");
+    dn.push(DnType::OrganizationalUnitName, unit);
+    dn.push(DnType::CommonName, name);
+    dn
+}
+
+/// Creates `path` (never overwriting); secret files are readable by their owner only.
+pub fn write_file(path: &Path, body: &[u8], secret: bool) -> Result<(), TlsError> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    if secret {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = secret;
+    let wrap = |source| TlsError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = opts.open(path).map_err(wrap)?;
+    f.write_all(body).map_err(wrap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: usize) -> Vec<String> {
+        (1..=n).map(|i| format!("owner-{i:02}")).collect()
+    }
+
+    #[test]
+    fn dev_pki_certificates_name_their_roles() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = write_dev_pki(
+            dir.path(),
+            &["localhost".into()],
+            &["analyst".into()],
+            &names(2),
+        )
+        .expect("dev pki");
+        assert_eq!(pki.proxy.load(Role::Proxy).expect("proxy").me.name, "proxy");
+        assert_eq!(
+            pki.files("analyst")
+                .expect("analyst")
+                .load(Role::User)
+                .expect("user")
+                .me,
+            Peer {
+                role: Role::User,
+                name: "analyst".into()
+            }
+        );
+        for (name, files) in &pki.owners {
+            assert_eq!(&files.load(Role::Owner).expect("owner").me.name, name);
+        }
+        // A certificate loaded for the wrong role is refused, naming the file.
+        let err = pki.owners[0]
+            .1
+            .load(Role::User)
+            .expect_err("owner cert as user");
+        assert!(err.to_string().contains("owner-01.pem"), "{err}");
+        assert!(err.to_string().contains("owner `owner-01`"), "{err}");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&pki.users[0].1.key)
+                .expect("key")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o077, 0, "private key readable by others: {mode:o}");
+        }
+    }
+
+    #[test]
+    fn dev_pki_refuses_existing_files_and_unsafe_names_before_writing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let hosts = ["localhost".to_string()];
+        let user = ["user".to_string()];
+        let err =
+            write_dev_pki(dir.path(), &hosts, &user, &["../evil".into()]).expect_err("unsafe name");
+        assert!(err.to_string().contains("../evil"), "{err}");
+        let err =
+            write_dev_pki(dir.path(), &hosts, &user, &["proxy".into()]).expect_err("reserved name");
+        assert!(err.to_string().contains("twice"), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
+        write_dev_pki(dir.path(), &hosts, &user, &names(1)).expect("first");
+        let err = write_dev_pki(dir.path(), &hosts, &user, &names(1)).expect_err("second");
+        assert!(err.to_string().contains("ca.pem"), "{err}");
+    }
+
+    #[test]
+    fn transport_flags_name_what_is_missing() {
+        let args = TransportArgs {
+            tls_ca: Some("ca.pem".into()),
+            ..Default::default()
+        };
+        let err = args.transport(Role::Owner).expect_err("incomplete");
+        let msg = err.to_string();
+        assert!(msg.contains("--tls-cert, --tls-key"), "{msg}");
+        assert!(!msg.contains("--tls-ca,"), "{msg}");
+        let plain = TransportArgs {
+            insecure_plaintext: true,
+            ..Default::default()
+        };
+        assert!(matches!(
+            plain.transport(Role::Owner),
+            Ok(Transport::InsecurePlaintext)
+        ));
+    }
+
+    #[test]
+    fn peer_of_refuses_certificates_without_a_role() {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::default();
+        p.distinguished_name = subject("someone", "marketing");
+        let cert = p.self_signed(&key).expect("cert");
+        let err = peer_of(cert.der()).expect_err("no role");
+        assert!(err.contains("marketing"), "{err}");
+        assert!(peer_of(b"not a certificate").is_err());
+    }
+}

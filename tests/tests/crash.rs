@@ -1,0 +1,228 @@
+//! The proxy under SIGKILL: killed at random moments of a study with 20 owner
+//! processes and restarted on the same port and state database, 20 times. No
+//! acknowledged contribution is lost, none is counted twice, the result equals the
+//! pooled plaintext scatter exactly (noise-free test mode, so "the same result" is
+//! checkable), and a release is served identically across restarts.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
+use dpca_common::encoding::FixedPoint;
+use dpca_common::linalg::centered_scatter;
+use dpca_common::paillier::SecretKey;
+use dpca_common::study::{StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
+use dpca_proto::tls::{write_dev_pki, Role, Transport};
+use dpca_proto::v1;
+use dpca_tests::{
+    bin, describe, optdigits, preprocess, spawn_proxy, tls_args, try_spawn_proxy, write_rows, Proc,
+};
+use rand::rngs::OsRng;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const OWNERS: usize = 20;
+const ROWS_PER_OWNER: usize = 10;
+const KILLS: usize = 20;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Kills the proxy with SIGKILL and starts it again on the same address and state.
+fn kill_and_restart(proxy: &mut Proc, pki: &dpca_proto::tls::DevPki, state: &Path, addr: &str) {
+    proxy.0.kill().expect("SIGKILL the proxy");
+    proxy.0.wait().expect("reap the proxy");
+    // The port is free once the process is gone; give the kernel a moment if not.
+    for attempt in 0.. {
+        if let Some((p, got)) = try_spawn_proxy(pki, state, addr, true) {
+            assert_eq!(got, addr);
+            *proxy = p;
+            return;
+        }
+        assert!(attempt < 50, "proxy did not come back on {addr}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every ciphertext of the release, as served.
+async fn fetch_raw(
+    client: &mut v1::proxy_client::ProxyClient<tonic::transport::Channel>,
+    study: &str,
+) -> Vec<Vec<u8>> {
+    let mut stream = client
+        .fetch_result(v1::FetchResultRequest {
+            study_id: study.to_string(),
+        })
+        .await
+        .expect("fetch after restart")
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.message().await.expect("result stream") {
+        out.extend(chunk.ciphertexts);
+    }
+    out
+}
+
+#[test]
+fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names: Vec<String> = (1..=OWNERS).map(|i| format!("owner-{i:02}")).collect();
+    let pki = write_dev_pki(
+        &dir.path().join("pki"),
+        &["127.0.0.1".to_string()],
+        &["user".to_string()],
+        &names,
+    )
+    .expect("pki");
+    let state = dir.path().join("proxy.redb");
+    let (mut proxy, addr) = spawn_proxy(&pki, &state, "127.0.0.1:0", true);
+    let url = format!("https://{addr}");
+    let user = Transport::Tls(std::sync::Arc::new(
+        pki.files("user")
+            .expect("user")
+            .load(Role::User)
+            .expect("user cert"),
+    ));
+
+    let table = optdigits();
+    let mut files = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let mut t = table.clone();
+        t.rows.drain(..i * ROWS_PER_OWNER);
+        if let Some((_, cells)) = &mut t.label {
+            cells.drain(..i * ROWS_PER_OWNER);
+        }
+        let path = dir.path().join(format!("{name}.csv"));
+        write_rows(&t, ROWS_PER_OWNER, &path);
+        files.push(path);
+    }
+    let n = OWNERS * ROWS_PER_OWNER;
+    let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let spec = StudySpec {
+        bounds: vec![(0.0, 16.0); table.features.len()],
+        features: table.features.clone(),
+        fixed: FixedPoint {
+            frac_bits: DEFAULT_FRAC_BITS,
+            row_norm_bound: 1.0,
+        },
+        max_rows: 1024,
+        privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5)
+            .expect("privacy"),
+        min_owners: OWNERS as u32,
+        quorum: OWNERS as u32,
+        deadline_unix_ms: now + 600_000,
+        kappa: MIN_KAPPA,
+        public_key: sk.public().clone(),
+        baseline: false,
+        classes: None,
+        projection: None,
+        norm_bins: None,
+    };
+    let study = rt().block_on(async {
+        let mut c = dpca_proto::client::connect(&url, &user)
+            .await
+            .expect("connect");
+        dpca_user::session::open_study(&mut c, &spec, true)
+            .await
+            .expect("open study")
+    });
+
+    let mut owners: Vec<Child> = names
+        .iter()
+        .zip(&files)
+        .map(|(name, file)| {
+            Command::new(bin("owner"))
+                .args(tls_args(pki.files(name).expect("owner files")))
+                .args(["--proxy", &url, "--study", &study, "--retry-for", "300"])
+                .arg("--data")
+                .arg(file)
+                .args(["--key-fingerprint", &sk.public().fingerprint()])
+                .args(["--label", "label", "--quiet"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start owner")
+        })
+        .collect();
+
+    // Kills at random moments while the owners encrypt and upload.
+    let mut rng = ChaCha8Rng::seed_from_u64(20);
+    let mut kills = 0;
+    let started = Instant::now();
+    while kills < KILLS - 4 {
+        std::thread::sleep(Duration::from_millis(rng.gen_range(20..400)));
+        let running = owners
+            .iter_mut()
+            .map(|o| o.try_wait())
+            .filter(|w| matches!(w, Ok(None)))
+            .count();
+        if running == 0 {
+            break;
+        }
+        kill_and_restart(&mut proxy, &pki, &state, &addr);
+        kills += 1;
+    }
+    let kills_during_upload = kills;
+    let mut counted = 0;
+    for o in owners {
+        let out = o.wait_with_output().expect("owner output");
+        assert!(out.status.success(), "owner failed: {}", describe(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report");
+        counted += usize::from(report["newly_counted"] == true);
+    }
+    eprintln!(
+        "{kills_during_upload} kills while {OWNERS} owners uploaded ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+    // An acknowledgement crossed by a kill is retried and answered "already
+    // counted": every owner was counted once, whoever was told so.
+    assert!(counted <= OWNERS);
+
+    // The rest of the kills between the user's steps and across fetches.
+    if kills < KILLS {
+        kill_and_restart(&mut proxy, &pki, &state, &addr);
+        kills += 1;
+    }
+    let (collected, first) = rt().block_on(async {
+        let mut c = dpca_proto::client::connect(&url, &user)
+            .await
+            .expect("connect");
+        let collected = dpca_user::session::collect(&mut c, &sk, &spec, &study)
+            .await
+            .expect("collect after restarts");
+        (collected, fetch_raw(&mut c, &study).await)
+    });
+    while kills < KILLS {
+        kill_and_restart(&mut proxy, &pki, &state, &addr);
+        kills += 1;
+        let again = rt().block_on(async {
+            let mut c = dpca_proto::client::connect(&url, &user)
+                .await
+                .expect("connect");
+            fetch_raw(&mut c, &study).await
+        });
+        assert!(again == first, "the release changed across a restart");
+    }
+
+    assert_eq!(collected.n_rows, n as u64, "rows lost or counted twice");
+    assert_eq!(collected.owners_in, names, "owners lost or counted twice");
+    let fixed = spec.fixed;
+    let bounds = vec![(0.0, 16.0); table.features.len()];
+    let (_, q) = preprocess(&table.rows[..n], &bounds, &fixed);
+    let exact = centered_scatter(&q);
+    let err = (&collected.opened.scatter - &exact).amax();
+    assert!(
+        err <= 1e-9 * exact.amax(),
+        "after {KILLS} kills |S' - S| = {err}"
+    );
+    drop(proxy);
+}
