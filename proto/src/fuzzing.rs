@@ -65,14 +65,35 @@ pub fn csv_files(data: &[u8]) {
     let _ = read_bounds(data, &["a".to_string(), "b".to_string()]);
 }
 
+/// The proxy's view of a peer: the role and name read off a certificate's DER
+/// (after rustls has checked its chain, but the subject is parsed here).
+pub fn peer_certificate(data: &[u8]) {
+    let _ = crate::tls::peer_of(data);
+}
+
+/// A record of the proxy's state database: decoded, its spec validated and its
+/// ciphertexts checked, as `dpca_proxy::store::from_record` does before the
+/// layout checks.
+pub fn stored_study(data: &[u8]) {
+    if let Ok(rec) = v1::StoredStudy::decode(data) {
+        if let Some(spec) = rec.spec {
+            let _ = spec_from_wire(&spec);
+        }
+        let _ = fuzz_key().ciphertexts_from_bytes(&rec.aggregate, 0);
+        let _ = fuzz_key().ciphertexts_from_bytes(&rec.released, 0);
+    }
+}
+
 /// A fuzz target: its name (the folder of its corpus) and its entry point.
 pub type Target = (&'static str, fn(&[u8]));
 
 /// Every target by name, for the corpus replay.
-pub const TARGETS: [Target; 5] = [
+pub const TARGETS: [Target; 7] = [
     ("open_study", open_study),
     ("study_info", study_info),
     ("contribution_chunk", contribution_chunk),
     ("result_chunk", result_chunk),
     ("csv_files", csv_files),
+    ("peer_certificate", peer_certificate),
+    ("stored_study", stored_study),
 ];

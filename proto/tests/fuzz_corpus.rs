@@ -53,3 +53,31 @@ fn seed_specs_are_valid_studies() {
         }
     }
 }
+
+/// The certificate seeds are what `user dev-certs` writes, read as the proxy reads
+/// them; the state seeds are records of each phase.
+#[test]
+fn certificate_and_state_seeds_decode() {
+    for (name, role) in [
+        ("user", dpca_proto::tls::Role::User),
+        ("owner-01", dpca_proto::tls::Role::Owner),
+        ("proxy", dpca_proto::tls::Role::Proxy),
+    ] {
+        let (_, der) = corpus("peer_certificate")
+            .into_iter()
+            .find(|(p, _)| p.ends_with(name))
+            .unwrap_or_else(|| panic!("seed {name} missing"));
+        let peer = dpca_proto::tls::peer_of(&der).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!((peer.role, peer.name.as_str()), (role, name));
+    }
+    for name in ["collecting", "released", "aborted"] {
+        let (_, bytes) = corpus("stored_study")
+            .into_iter()
+            .find(|(p, _)| p.ends_with(name))
+            .unwrap_or_else(|| panic!("seed {name} missing"));
+        let rec = v1::StoredStudy::decode(bytes.as_slice()).expect("decodes");
+        assert_eq!(rec.phase, name);
+        let spec = rec.spec.expect("has a spec");
+        spec_from_wire(&spec).unwrap_or_else(|e| panic!("seed {name}: {e}"));
+    }
+}
