@@ -51,6 +51,8 @@ pub struct OwnerConfig {
     pub progress: bool,
     /// How long to keep retrying while the proxy cannot be reached.
     pub retry_for: std::time::Duration,
+    /// This data set's privacy budget cap (epsilon, delta) over all studies.
+    pub budget_cap: (f64, f64),
 }
 
 /// What the owner did, printed as one JSON line.
@@ -75,6 +77,23 @@ pub struct OwnerReport {
     /// CPU time and peak memory of this owner's process, where `/proc` tells.
     #[serde(default)]
     pub usage: Option<Usage>,
+    /// This data set's budget at the proxy after this contribution: epsilon and
+    /// delta spent over all studies, and the cap in force.
+    #[serde(default)]
+    pub budget: Option<BudgetReport>,
+}
+
+/// An owner's budget as the proxy keeps it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct BudgetReport {
+    /// Epsilon spent over all studies.
+    pub spent_epsilon: f64,
+    /// Delta spent over all studies.
+    pub spent_delta: f64,
+    /// The cap's epsilon.
+    pub cap_epsilon: f64,
+    /// The cap's delta.
+    pub cap_delta: f64,
 }
 
 /// The owner's id at the proxy: on TLS the name in its certificate (the proxy
@@ -251,6 +270,7 @@ async fn run_once(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let baseline = spec.baseline;
     let (study_id, owner_id) = (cfg.study_id.clone(), cfg.owner_id.clone());
     let enc_bar = bar.clone();
+    let cap = cfg.budget_cap;
     // Encryption runs on rayon, chunk by chunk, and each chunk is sent as soon as it
     // is ready, so the proxy aggregates while the owner still encrypts.
     let producer = tokio::task::spawn_blocking(move || -> anyhow::Result<f64> {
@@ -278,6 +298,8 @@ async fn run_once(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
                 msg.owner_id = owner_id.clone();
                 msg.total_ciphertexts = total as u32;
                 msg.contribution_id = cid.clone();
+                msg.cap_epsilon = cap.0;
+                msg.cap_delta = cap.1;
             }
             if tx.blocking_send(msg).is_err() {
                 // The call ended early; its error is reported by the caller.
@@ -303,6 +325,12 @@ async fn run_once(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
         seconds_encrypt,
         seconds_total: start.elapsed().as_secs_f64(),
         usage: Usage::of_self(),
+        budget: (response.cap_epsilon > 0.0).then_some(BudgetReport {
+            spent_epsilon: response.spent_epsilon,
+            spent_delta: response.spent_delta,
+            cap_epsilon: response.cap_epsilon,
+            cap_delta: response.cap_delta,
+        }),
     })
 }
 

@@ -42,8 +42,26 @@ struct Args {
     /// the connection broke); the proxy counts a retried contribution once.
     #[arg(long, default_value_t = 60.0, env = "DPCA_RETRY_FOR")]
     retry_for: f64,
+    /// This data set's privacy budget over all studies, EPSILON,DELTA (e.g.
+    /// `2,1e-5`): the proxy refuses a study that would take the spent total past
+    /// it. Lowering it later is allowed, raising it is not.
+    #[arg(long, env = "DPCA_BUDGET_CAP", value_name = "EPSILON,DELTA",
+          value_parser = parse_cap)]
+    budget_cap: (f64, f64),
     #[command(flatten)]
     transport: TransportArgs,
+}
+
+fn parse_cap(s: &str) -> Result<(f64, f64), String> {
+    let (e, d) = s
+        .split_once(',')
+        .ok_or_else(|| format!("`{s}`: give EPSILON,DELTA, e.g. 2,1e-5"))?;
+    let num = |x: &str, what: &str| {
+        x.trim()
+            .parse::<f64>()
+            .map_err(|_| format!("`{s}`: {what} `{x}` is not a number"))
+    };
+    Ok((num(e, "epsilon")?, num(d, "delta")?))
 }
 
 #[tokio::main]
@@ -61,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
         key_fingerprint: args.key_fingerprint,
         label: args.label,
         progress: !args.quiet,
+        budget_cap: args.budget_cap,
         retry_for: std::time::Duration::try_from_secs_f64(args.retry_for)
             .context("--retry-for must be a number of seconds, 0 or more")?,
     };

@@ -11,6 +11,7 @@
 //! contribution and serves the same release.
 
 pub mod access;
+pub mod budget;
 pub mod listener;
 pub mod service;
 pub mod store;

@@ -20,6 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 use dpca_proto::tls::{peer_of, Peer, Transport};
 
 use crate::access::{permit, Action};
+use crate::budget::{charge, BudgetError, OwnerBudget};
 use crate::store::{Store, StoreError};
 use crate::study::{ContributionOutcome, Phase, Study, StudyError};
 use crate::ProxyConfig;
@@ -57,15 +58,19 @@ pub struct ProxyService {
     studies: Arc<Mutex<HashMap<String, Study>>>,
     uploads: Arc<Semaphore>,
     store: Option<Arc<Store>>,
+    /// Owner id -> privacy budget. Locked after `studies` when both are held.
+    budgets: Arc<Mutex<HashMap<String, OwnerBudget>>>,
 }
 
 impl ProxyService {
     /// A service holding the studies of `config.state` (none without a state file).
     pub fn new(config: ProxyConfig) -> Result<Self, StoreError> {
         let mut studies = HashMap::new();
+        let mut budgets = HashMap::new();
         let store = match &config.state {
             Some(path) => {
                 let store = Store::open(path)?;
+                budgets = store.load_budgets()?;
                 for mut study in store.load_all()? {
                     study.tick(now_ms());
                     tracing::info!(
@@ -85,7 +90,65 @@ impl ProxyService {
             config,
             studies: Arc::new(Mutex::new(studies)),
             store,
+            budgets: Arc::new(Mutex::new(budgets)),
         })
+    }
+
+    fn budget_of(&self, owner: &str) -> Result<Option<OwnerBudget>, Status> {
+        Ok(self
+            .budgets
+            .lock()
+            .map_err(|_| Status::internal("budget table poisoned"))?
+            .get(owner)
+            .cloned())
+    }
+
+    /// Counts a read and validated contribution and charges the owner's budget:
+    /// both on a copy, stored in one transaction, then made current.
+    fn commit_contribution(
+        &self,
+        study_id: &str,
+        owner: &str,
+        cid: &str,
+        cap: (f64, f64),
+        cts: &[Ciphertext],
+    ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Status> {
+        let mut map = self.lock()?;
+        let study = map
+            .get_mut(study_id)
+            .ok_or_else(|| Status::not_found(format!("unknown study `{study_id}`")))?;
+        study.tick(now_ms());
+        let mut budgets = self
+            .budgets
+            .lock()
+            .map_err(|_| Status::internal("budget table poisoned"))?;
+        let mut next = study.clone();
+        let pk = next.spec.public_key.clone();
+        let outcome = next.contribute(owner, cid, cts, |a, b| pk.add(a, b))?;
+        let charged = match outcome {
+            ContributionOutcome::Counted => {
+                let cost = (next.spec.privacy.epsilon, next.spec.privacy.delta);
+                Some(
+                    charge(owner, budgets.get(owner), cap, study_id, cost)
+                        .map_err(budget_status)?,
+                )
+            }
+            ContributionOutcome::AlreadyCounted => None,
+        };
+        if let Some(store) = &self.store {
+            store
+                .save_with_budget(&next, charged.as_ref().map(|b| (owner, b)))
+                .map_err(|e| {
+                    tracing::error!(study = %study_id, error = %e, "state not stored");
+                    Status::unavailable(format!("the proxy could not store the study: {e}"))
+                })?;
+        }
+        let owners_in = next.owners_in().len();
+        *study = next;
+        if let Some(b) = &charged {
+            budgets.insert(owner.to_string(), b.clone());
+        }
+        Ok((outcome, owners_in, budgets.get(owner).cloned()))
     }
 
     /// Writes a study's record; an error means the transition did not happen.
@@ -186,6 +249,32 @@ impl ProxyService {
     }
 }
 
+fn budget_status(e: BudgetError) -> Status {
+    match e {
+        BudgetError::InvalidCap { .. } => Status::invalid_argument(e.to_string()),
+        BudgetError::Exhausted { .. } => Status::failed_precondition(e.to_string()),
+    }
+}
+
+fn contribute_response(
+    newly_counted: bool,
+    owners_in: usize,
+    budget: Option<&OwnerBudget>,
+) -> v1::ContributeResponse {
+    let mut r = v1::ContributeResponse {
+        newly_counted,
+        owners_in: owners_in as u32,
+        ..Default::default()
+    };
+    if let Some(b) = budget {
+        r.spent_epsilon = b.spent_epsilon;
+        r.spent_delta = b.spent_delta;
+        r.cap_epsilon = b.cap_epsilon;
+        r.cap_delta = b.cap_delta;
+    }
+    r
+}
+
 type ResultStream = Pin<Box<dyn Stream<Item = Result<v1::ResultChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -267,7 +356,9 @@ impl v1::proxy_server::Proxy for ProxyService {
             ));
         }
         Self::authorize(peer.as_ref(), Action::Contribute { owner_id: &owner })?;
-        // Refuse early, before reading the stream, when the contribution cannot count.
+        let cap = (first.cap_epsilon, first.cap_delta);
+        // Refuse early, before reading the stream, when the contribution cannot count
+        // or the owner's budget cannot pay for the study.
         let (pk, expected): (PublicKey, usize) = {
             let pre = self.with_study(&study_id, |s| {
                 let outcome = s.check_can_contribute(&owner, &cid)?;
@@ -276,14 +367,18 @@ impl v1::proxy_server::Proxy for ProxyService {
                     s.spec.public_key.clone(),
                     s.layout.owner_ciphertexts(),
                     s.owners_in().len(),
+                    (s.spec.privacy.epsilon, s.spec.privacy.delta),
                 ))
             })?;
-            if let (Some(ContributionOutcome::AlreadyCounted), _, _, owners_in) = pre {
-                return Ok(Response::new(v1::ContributeResponse {
-                    newly_counted: false,
-                    owners_in: owners_in as u32,
-                }));
+            let current = self.budget_of(&owner)?;
+            if let (Some(ContributionOutcome::AlreadyCounted), _, _, owners_in, _) = pre {
+                return Ok(Response::new(contribute_response(
+                    false,
+                    owners_in,
+                    current.as_ref(),
+                )));
             }
+            charge(&owner, current.as_ref(), cap, &study_id, pre.4).map_err(budget_status)?;
             (pre.1, pre.2)
         };
         if first.total_ciphertexts as usize != expected {
@@ -312,16 +407,15 @@ impl v1::proxy_server::Proxy for ProxyService {
                 cts.len()
             )));
         }
-        // Acknowledged only once stored (`update_study`).
-        let (outcome, owners_in) = self.update_study(&study_id, |s| {
-            let outcome = s.contribute(&owner, &cid, &cts, |a, b| pk.add(a, b))?;
-            Ok((outcome, s.owners_in().len()))
-        })?;
+        // Acknowledged only once stored, with its charge.
+        let (outcome, owners_in, budget) =
+            self.commit_contribution(&study_id, &owner, &cid, cap, &cts)?;
         tracing::info!(study = %study_id, owner = %owner, owners_in, "contribution counted");
-        Ok(Response::new(v1::ContributeResponse {
-            newly_counted: outcome == ContributionOutcome::Counted,
-            owners_in: owners_in as u32,
-        }))
+        Ok(Response::new(contribute_response(
+            outcome == ContributionOutcome::Counted,
+            owners_in,
+            budget.as_ref(),
+        )))
     }
 
     async fn await_seal(

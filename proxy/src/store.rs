@@ -14,7 +14,7 @@
 //!
 //! redb locks the file: a second proxy on the same state refuses to start.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use dpca_common::study::StudyLayout;
@@ -23,10 +23,14 @@ use dpca_proto::v1;
 use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
+use crate::budget::OwnerBudget;
 use crate::study::{release_plan, Phase, Released, Study};
 
 /// Study id -> encoded [`v1::StoredStudy`].
 const STUDIES: TableDefinition<&str, &[u8]> = TableDefinition::new("studies");
+
+/// Owner id -> encoded [`v1::StoredBudget`].
+const BUDGETS: TableDefinition<&str, &[u8]> = TableDefinition::new("budgets");
 
 /// The record format this proxy writes and reads.
 const FORMAT: u32 = 1;
@@ -42,8 +46,8 @@ pub enum StoreError {
         /// redb's error.
         source: Box<redb::Error>,
     },
-    /// A stored record does not decode into a valid study.
-    #[error("state database {}: study `{study}`: {reason}", path.display())]
+    /// A stored record does not decode into a valid study (or budget).
+    #[error("state database {}: `{study}`: {reason}", path.display())]
     Record {
         /// The database file.
         path: PathBuf,
@@ -77,6 +81,7 @@ impl Store {
         // Create the table up front so reads of a fresh file find it.
         let txn = store.db.begin_write().map_err(|e| store.err(e))?;
         txn.open_table(STUDIES).map_err(|e| store.err(e))?;
+        txn.open_table(BUDGETS).map_err(|e| store.err(e))?;
         txn.commit().map_err(|e| store.err(e))?;
         Ok(store)
     }
@@ -87,6 +92,16 @@ impl Store {
 
     /// Writes `study`'s record and waits until it is on disk.
     pub fn save(&self, study: &Study) -> Result<(), StoreError> {
+        self.save_with_budget(study, None)
+    }
+
+    /// Writes `study`'s record and, in the same transaction, an owner's budget:
+    /// a contribution and its charge are stored together or not at all.
+    pub fn save_with_budget(
+        &self,
+        study: &Study,
+        budget: Option<(&str, &OwnerBudget)>,
+    ) -> Result<(), StoreError> {
         let bytes = to_record(study).encode_to_vec();
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         {
@@ -95,7 +110,48 @@ impl Store {
                 .insert(study.id.as_str(), bytes.as_slice())
                 .map_err(|e| self.err(e))?;
         }
+        if let Some((owner, b)) = budget {
+            let rec = v1::StoredBudget {
+                cap_epsilon: b.cap_epsilon,
+                cap_delta: b.cap_delta,
+                spent_epsilon: b.spent_epsilon,
+                spent_delta: b.spent_delta,
+                studies: b.studies.clone(),
+            }
+            .encode_to_vec();
+            let mut table = txn.open_table(BUDGETS).map_err(|e| self.err(e))?;
+            table
+                .insert(owner, rec.as_slice())
+                .map_err(|e| self.err(e))?;
+        }
         txn.commit().map_err(|e| self.err(e))
+    }
+
+    /// Every owner's stored budget.
+    pub fn load_budgets(&self) -> Result<HashMap<String, OwnerBudget>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(BUDGETS).map_err(|e| self.err(e))?;
+        let mut out = HashMap::new();
+        for entry in table.iter().map_err(|e| self.err(e))? {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            let owner = key.value().to_string();
+            let rec = v1::StoredBudget::decode(value.value()).map_err(|e| StoreError::Record {
+                path: self.path.clone(),
+                study: format!("budget of `{owner}`"),
+                reason: format!("undecodable record: {e}"),
+            })?;
+            out.insert(
+                owner,
+                OwnerBudget {
+                    cap_epsilon: rec.cap_epsilon,
+                    cap_delta: rec.cap_delta,
+                    spent_epsilon: rec.spent_epsilon,
+                    spent_delta: rec.spent_delta,
+                    studies: rec.studies,
+                },
+            );
+        }
+        Ok(out)
     }
 
     /// Every stored study, validated as on first arrival.
@@ -256,7 +312,11 @@ mod tests {
                 let cts = contribution(&s, seed);
                 s.contribute(owner, owner, &cts, |x, y| pk.add(x, y))
                     .expect("contribute");
-                store.save(&s).expect("save contribution");
+                let b = crate::budget::charge(owner, None, (2.0, 1e-4), "s1", (1.0, 1e-5))
+                    .expect("charge");
+                store
+                    .save_with_budget(&s, Some((owner, &b)))
+                    .expect("save contribution");
             }
             let mut rng = ChaCha20Rng::seed_from_u64(9);
             let released = s.compute_release(10, &mut rng).expect("release");
@@ -265,6 +325,10 @@ mod tests {
             (s.clone(), released)
         };
         let store = Store::open(&path).expect("reopen");
+        let budgets = store.load_budgets().expect("budgets");
+        assert_eq!(budgets.len(), 2);
+        assert_eq!(budgets["a"].spent_epsilon, 1.0);
+        assert_eq!(budgets["b"].studies, vec!["s1".to_string()]);
         let loaded = store.load_all().expect("load");
         assert_eq!(loaded.len(), 1);
         let l = &loaded[0];

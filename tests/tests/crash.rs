@@ -143,6 +143,7 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
             Command::new(bin("owner"))
                 .args(tls_args(pki.files(name).expect("owner files")))
                 .args(["--proxy", &url, "--study", &study, "--retry-for", "300"])
+                .args(["--budget-cap", "1,1e-5"])
                 .arg("--data")
                 .arg(file)
                 .args(["--key-fingerprint", &sk.public().fingerprint()])

@@ -90,9 +90,11 @@ impl Fixture {
     }
 
     /// The owner program with `id`'s certificate.
+    /// The owner program with `id`'s certificate and a budget cap of epsilon 1.5.
     fn owner_cmd(&self, id: &str) -> Command {
         let mut cmd = Command::new(bin("owner"));
         cmd.args(self.proxy.tls_args(id));
+        cmd.args(["--budget-cap", "1.5,1e-4"]);
         cmd
     }
 
@@ -293,6 +295,8 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
                 total_ciphertexts: total as u32,
                 ciphertexts: cts,
                 contribution_id: "x".into(),
+                cap_epsilon: 10.0,
+                cap_delta: 1e-3,
             };
             let err = c
                 .contribute(tokio_stream_iter(vec![chunk]))
@@ -392,6 +396,8 @@ fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
             total_ciphertexts: over as u32,
             ciphertexts: vec![vec![1u8; n_bytes]; over],
             contribution_id: "big".into(),
+            cap_epsilon: 10.0,
+            cap_delta: 1e-3,
         };
         c.contribute(tokio_stream_iter(vec![chunk]))
             .await
@@ -473,6 +479,7 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
     ] {
         let o = run(Command::new(bin("owner"))
             .args(dpca_tests::tls_args(files))
+            .args(["--budget-cap", "1.5,1e-4"])
             .args(["--proxy", &f.url, "--study", &f.study])
             .arg("--data")
             .arg(&data)
@@ -550,6 +557,8 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
         total_ciphertexts: total as u32,
         ciphertexts: vec![vec![1u8; n_bytes]],
         contribution_id: "forged".into(),
+        cap_epsilon: 10.0,
+        cap_delta: 1e-3,
     };
     rt().block_on(async {
         // The proxy's own check: owner `a` claiming to be `hospital-a`.
@@ -610,5 +619,73 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
     // The proxy still serves the rightful owners.
     let o = f.owner("hospital-a", &f.good_file("second.csv", 20, 20));
     assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(f.owners_in(), 2);
+}
+
+/// An owner's budget cap: a second study that would take the spent epsilon past
+/// the cap is refused before any data is read, the study counts nothing, the owner's
+/// ledger is unchanged, and declaring a larger cap does not raise it.
+#[test]
+fn a_study_past_an_owners_budget_cap_is_refused_without_state_change() {
+    let f = fixture();
+    let data = f.good_file("good.csv", 20, 0);
+    let o = f.owner("a", &data);
+    assert!(o.status.success(), "{}", describe(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("report");
+    assert_eq!(report["budget"]["spent_epsilon"], 1.0);
+    assert_eq!(report["budget"]["cap_epsilon"], 1.5);
+
+    // A second study of epsilon 1 on the same rows: 1 + 1 > 1.5.
+    let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
+    let spec = spec_for(&sk);
+    let second = rt().block_on(async {
+        let mut c = f.client("user").await;
+        dpca_user::session::open_study(&mut c, &spec, false)
+            .await
+            .expect("open study")
+    });
+    let owners_in = |study: &str| {
+        rt().block_on(async {
+            f.client("user")
+                .await
+                .get_study(v1::GetStudyRequest {
+                    study_id: study.to_string(),
+                })
+                .await
+                .expect("get study")
+                .into_inner()
+                .owners_in
+        })
+    };
+    for cap in ["1.5,1e-4", "5,1e-3"] {
+        let o = run(Command::new(bin("owner"))
+            .args(f.proxy.tls_args("a"))
+            .args(["--budget-cap", cap])
+            .args(["--proxy", &f.url, "--study", &second])
+            .arg("--data")
+            .arg(&data)
+            .args([
+                "--key-fingerprint",
+                &sk.public().fingerprint(),
+                "--label",
+                "label",
+                "--quiet",
+            ]));
+        assert!(
+            !o.status.success(),
+            "cap {cap}: a study past the budget was accepted"
+        );
+        let err = stderr(&o);
+        assert!(
+            err.contains("privacy budget exhausted for owner `a`"),
+            "{err}"
+        );
+        assert!(err.contains("spent epsilon 1.0000"), "{err}");
+        assert_eq!(owners_in(&second), 0);
+    }
+    // Another owner with budget left is still counted.
+    let o = f.owner("b", &data);
+    assert!(o.status.success(), "{}", describe(&o));
+    // And `a`'s first study still holds its one contribution.
     assert_eq!(f.owners_in(), 2);
 }

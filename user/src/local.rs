@@ -246,6 +246,12 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         }
     };
 
+    // Each owner's cap is what this run spends on its rows: the studies' epsilons
+    // and deltas added (the proxy charges each study's guarantee).
+    let budget_cap = match &histogram_request {
+        Some((_, h)) => (h.epsilon + privacy.epsilon, h.delta + privacy.delta),
+        None => (privacy.epsilon, privacy.delta),
+    };
     let owners_dir = opts.out.join("owners");
     let owner_files = split_rows(&table, opts.owners, &owners_dir)?;
 
@@ -357,6 +363,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
                 &fingerprint,
                 &owner_files,
                 owner_label.as_deref(),
+                budget_cap,
             )
             .await?;
             let got = collect(&mut client, &sk, &spec_h, &hid).await?;
@@ -400,6 +407,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         &fingerprint,
         &owner_files,
         owner_label.as_deref(),
+        budget_cap,
     )
     .await?;
     let slowest_owner = owner_reports
@@ -612,6 +620,7 @@ fn transport_flags(cmd: &mut Command, files: Option<&TlsFiles>) {
 
 /// Starts one owner process per file for `study_id` and waits for all of them,
 /// returning their reports; the first failure names its owner.
+#[allow(clippy::too_many_arguments)]
 async fn run_owners(
     owner_bin: &Path,
     pki: Option<&DevPki>,
@@ -620,6 +629,7 @@ async fn run_owners(
     fingerprint: &str,
     owner_files: &[PathBuf],
     owner_label: Option<&str>,
+    budget_cap: (f64, f64),
 ) -> anyhow::Result<Vec<OwnerReport>> {
     let bar = ProgressBar::new(owner_files.len() as u64);
     if let Ok(style) =
@@ -642,7 +652,9 @@ async fn run_owners(
         cmd.args(["--proxy", url, "--study", study_id, "--owner-id", &name])
             .arg("--data")
             .arg(file)
-            .args(["--key-fingerprint", fingerprint, "--quiet"]);
+            .args(["--key-fingerprint", fingerprint, "--quiet"])
+            .arg("--budget-cap")
+            .arg(format!("{},{}", budget_cap.0, budget_cap.1));
         if let Some(l) = owner_label {
             cmd.args(["--label", l]);
         }

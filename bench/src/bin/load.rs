@@ -185,6 +185,8 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
                             m.owner_id = name.clone();
                             m.contribution_id = format!("load-{name}");
                             m.total_ciphertexts = cts.len() as u32;
+                            m.cap_epsilon = 1.0;
+                            m.cap_delta = 1e-5;
                         }
                         m
                     })
