@@ -345,6 +345,9 @@ pub struct StudySpec {
     /// A row-norm histogram study: owners send the one-hot bins of their rows'
     /// norms instead of the rows.
     pub norm_bins: Option<NormBins>,
+    /// The owners invited, by id; empty: any authenticated owner may contribute.
+    /// With a list, the proxy refuses others and says at the seal who is missing.
+    pub expected_owners: Vec<String>,
 }
 
 impl StudySpec {
@@ -411,6 +414,27 @@ impl StudySpec {
                     self.quorum, self.min_owners
                 ),
             ));
+        }
+        if !self.expected_owners.is_empty() {
+            let mut seen = std::collections::HashSet::new();
+            for o in &self.expected_owners {
+                if o.is_empty() || !seen.insert(o.as_str()) {
+                    return Err(param(
+                        "expected_owners",
+                        format!("empty or duplicate owner id `{o}`"),
+                    ));
+                }
+            }
+            if self.quorum as usize > self.expected_owners.len() {
+                return Err(param(
+                    "quorum",
+                    format!(
+                        "{} is more than the {} owners invited",
+                        self.quorum,
+                        self.expected_owners.len()
+                    ),
+                ));
+            }
         }
         if let Some(classes) = &self.classes {
             self.validate_classes(classes)?;

@@ -62,6 +62,7 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
         classes,
         projection,
         norm_bins,
+        expected_owners: w.expected_owners.clone(),
     };
     spec.validate()?;
     Ok(spec)
@@ -119,6 +120,7 @@ pub fn spec_to_wire(s: &StudySpec) -> v1::StudySpec {
         norm_features,
         norm_bounds,
         norm_edges,
+        expected_owners: s.expected_owners.clone(),
     }
 }
 

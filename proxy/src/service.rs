@@ -36,6 +36,7 @@ impl From<StudyError> for Status {
                 Status::failed_precondition(msg)
             }
             StudyError::DuplicateOwner { .. } => Status::already_exists(msg),
+            StudyError::NotInvited { .. } => Status::permission_denied(msg),
             StudyError::WrongCount { .. } | StudyError::ImplausibleCount { .. } => {
                 Status::invalid_argument(msg)
             }
@@ -441,7 +442,7 @@ impl v1::proxy_server::Proxy for ProxyService {
                     Ok(Some(v1::SealedStudy {
                         encrypted_count: pk.ciphertext_to_bytes(&count),
                         owners_in: s.owners_in(),
-                        owners_missing: Vec::new(),
+                        owners_missing: s.owners_missing(),
                     }))
                 }
             })?;

@@ -63,6 +63,14 @@ pub enum StudyError {
         /// The attempted action.
         action: &'static str,
     },
+    /// The owner is not on the study's list of invited owners.
+    #[error("owner `{owner}` is not invited to study {study}")]
+    NotInvited {
+        /// Study id.
+        study: String,
+        /// Owner id.
+        owner: String,
+    },
     /// The revealed N is not plausible.
     #[error("revealed row count {n} is outside [{min}, {max}] for study {study}")]
     ImplausibleCount {
@@ -237,6 +245,16 @@ impl Study {
         self.contributors.keys().cloned().collect()
     }
 
+    /// Invited owners not counted (empty when the study invites any owner).
+    pub fn owners_missing(&self) -> Vec<String> {
+        self.spec
+            .expected_owners
+            .iter()
+            .filter(|o| !self.contributors.contains_key(*o))
+            .cloned()
+            .collect()
+    }
+
     /// The encrypted pooled row count (last aggregate ciphertext).
     pub fn encrypted_count(&self) -> Option<&Ciphertext> {
         self.aggregate.last()
@@ -248,6 +266,14 @@ impl Study {
         owner: &str,
         contribution_id: &str,
     ) -> Result<Option<ContributionOutcome>, StudyError> {
+        if !self.spec.expected_owners.is_empty()
+            && !self.spec.expected_owners.iter().any(|o| o == owner)
+        {
+            return Err(StudyError::NotInvited {
+                study: self.id.clone(),
+                owner: owner.to_string(),
+            });
+        }
         if let Some(existing) = self.contributors.get(owner) {
             return if existing == contribution_id {
                 Ok(Some(ContributionOutcome::AlreadyCounted))
@@ -307,10 +333,16 @@ impl Study {
             if self.contributors.len() >= self.spec.min_owners as usize {
                 self.phase = Phase::Sealed;
             } else {
+                let missing = self.owners_missing();
                 self.phase = Phase::Aborted(format!(
-                    "deadline passed with {} of at least {} owners",
+                    "deadline passed with {} of at least {} owners{}",
                     self.contributors.len(),
-                    self.spec.min_owners
+                    self.spec.min_owners,
+                    if missing.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; missing: {}", missing.join(", "))
+                    }
                 ));
             }
         }
@@ -461,6 +493,7 @@ pub(crate) mod tests {
             classes: None,
             projection: None,
             norm_bins: None,
+            expected_owners: Vec::new(),
         };
         let layout = StudyLayout::new(&spec).expect("layout");
         Study::new("s1".into(), spec, layout, false)

@@ -126,6 +126,7 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
         classes: None,
         projection: None,
         norm_bins: None,
+        expected_owners: names.clone(),
     };
     let study = rt().block_on(async {
         let mut c = dpca_proto::client::connect(&url, &user)
@@ -216,6 +217,7 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
 
     assert_eq!(collected.n_rows, n as u64, "rows lost or counted twice");
     assert_eq!(collected.owners_in, names, "owners lost or counted twice");
+    assert!(collected.owners_missing.is_empty());
     let fixed = spec.fixed;
     let bounds = vec![(0.0, 16.0); table.features.len()];
     let (_, q) = preprocess(&table.rows[..n], &bounds, &fixed);

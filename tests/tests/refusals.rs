@@ -54,6 +54,7 @@ fn spec_for(sk: &SecretKey) -> StudySpec {
         classes: None,
         projection: None,
         norm_bins: None,
+        expected_owners: Vec::new(),
     }
 }
 
@@ -688,4 +689,70 @@ fn a_study_past_an_owners_budget_cap_is_refused_without_state_change() {
     assert!(o.status.success(), "{}", describe(&o));
     // And `a`'s first study still holds its one contribution.
     assert_eq!(f.owners_in(), 2);
+}
+
+/// Dropouts: a study inviting three owners with at least one needed seals at its
+/// deadline with the one that came and names the two that did not; an owner not
+/// invited is refused and not counted.
+#[test]
+fn a_study_seals_at_its_deadline_with_the_owners_that_came_and_names_the_rest() {
+    let f = fixture();
+    let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let spec = StudySpec {
+        min_owners: 1,
+        quorum: 3,
+        deadline_unix_ms: now + 6_000,
+        expected_owners: vec!["a".into(), "b".into(), "hospital-a".into()],
+        ..spec_for(&sk)
+    };
+    let study = rt().block_on(async {
+        let mut c = f.client("user").await;
+        dpca_user::session::open_study(&mut c, &spec, false)
+            .await
+            .expect("open study")
+    });
+    let data = f.good_file("good.csv", 20, 0);
+    let contribute = |owner: &str| {
+        run(f
+            .owner_cmd(owner)
+            .args(["--proxy", &f.url, "--study", &study])
+            .arg("--data")
+            .arg(&data)
+            .args([
+                "--key-fingerprint",
+                &sk.public().fingerprint(),
+                "--label",
+                "label",
+                "--quiet",
+            ]))
+    };
+    let o = contribute("mallory");
+    assert!(!o.status.success(), "an uninvited owner was accepted");
+    assert!(
+        stderr(&o).contains("owner `mallory` is not invited"),
+        "{}",
+        stderr(&o)
+    );
+    let o = contribute("a");
+    assert!(o.status.success(), "{}", describe(&o));
+    // Waits for the deadline, then seals with `a` and names who is missing.
+    let sealed = rt().block_on(async {
+        f.client("user")
+            .await
+            .await_seal(v1::AwaitSealRequest {
+                study_id: study.clone(),
+            })
+            .await
+            .expect("sealed at the deadline")
+            .into_inner()
+    });
+    assert_eq!(sealed.owners_in, vec!["a".to_string()]);
+    assert_eq!(
+        sealed.owners_missing,
+        vec!["b".to_string(), "hospital-a".to_string()]
+    );
 }

@@ -339,6 +339,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         classes,
         projection: None,
         norm_bins: None,
+        expected_owners: (1..=opts.owners).map(owner_name).collect(),
     };
     // Refused before the histogram study runs, should the study itself be invalid.
     spec.validate()?;
@@ -485,6 +486,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         n_rows: got.n_rows,
         n_features: dim,
         n_owners: got.owners_in.len(),
+        owners_missing: got.owners_missing.clone(),
         k: opts.k,
         key_bits: pk.bits(),
         key_fingerprint: fingerprint,

@@ -62,6 +62,9 @@ pub struct StudyReport {
     pub n_features: usize,
     /// Owners counted.
     pub n_owners: usize,
+    /// Invited owners whose contribution did not arrive.
+    #[serde(default)]
+    pub owners_missing: Vec<String>,
     /// Components written.
     pub k: usize,
     /// Paillier modulus bits.

@@ -132,6 +132,7 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
         classes: None,
         projection: None,
         norm_bins: None,
+        expected_owners: Vec::new(),
     };
     let layout = StudyLayout::new(&spec)?;
     let mut client = connect(&url, &user).await?;

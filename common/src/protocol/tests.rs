@@ -36,6 +36,7 @@ fn spec(dim: usize, centering: Centering, mechanism: Mechanism) -> StudySpec {
         classes: None,
         projection: None,
         norm_bins: None,
+        expected_owners: Vec::new(),
     }
 }
 
@@ -590,4 +591,18 @@ fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
         let err = spec.validate().expect_err("refused");
         assert!(err.to_string().contains("norm_bins"), "case {i}: {err}");
     }
+}
+
+#[test]
+fn invited_owner_lists_are_checked() {
+    let mut s = spec(3, Centering::DpMean, Mechanism::Gaussian);
+    s.quorum = 2;
+    s.expected_owners = vec!["a".into(), "b".into()];
+    assert!(s.validate().is_ok());
+    s.expected_owners = vec!["a".into(), "a".into()];
+    let err = s.validate().expect_err("duplicate").to_string();
+    assert!(err.contains("duplicate owner id `a`"), "{err}");
+    s.expected_owners = vec!["a".into()];
+    let err = s.validate().expect_err("quorum").to_string();
+    assert!(err.contains("more than the 1 owners invited"), "{err}");
 }
