@@ -1,6 +1,8 @@
 //! The data user's side of one study over gRPC: open it, answer the proxy's single
 //! request to decrypt N, fetch the released aggregate and open it.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -61,6 +63,32 @@ pub async fn open_study(
     Ok(resp.into_inner().study_id)
 }
 
+/// Row counts this process has decrypted, by key fingerprint and study id.
+static DECRYPTED_COUNTS: std::sync::OnceLock<Mutex<HashMap<(String, String), u64>>> =
+    std::sync::OnceLock::new();
+
+/// The row count of a study, decrypted by `decrypt` the first time only: the proxy
+/// re-randomizes E[N] on every seal, so a second decryption for the same study
+/// could only serve someone probing with other ciphertexts. A refused decryption
+/// (implausible value) is not remembered and is refused again.
+pub fn count_once(
+    fingerprint: &str,
+    study_id: &str,
+    decrypt: impl FnOnce() -> anyhow::Result<u64>,
+) -> anyhow::Result<u64> {
+    let key = (fingerprint.to_string(), study_id.to_string());
+    let table = DECRYPTED_COUNTS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = table
+        .lock()
+        .map_err(|_| anyhow::anyhow!("decryption guard poisoned"))?;
+    if let Some(&n) = map.get(&key) {
+        return Ok(n);
+    }
+    let n = decrypt()?;
+    map.insert(key, n);
+    Ok(n)
+}
+
 /// Waits for the study to seal, decrypts N (checking it against the spec), reveals
 /// it, fetches the release and decrypts it.
 pub async fn collect(
@@ -80,18 +108,20 @@ pub async fn collect(
     let count_ct = pk
         .ciphertext_from_bytes(&sealed.encrypted_count, 0)
         .context("proxy sent an invalid encrypted count")?;
-    let n_big = sk.decrypt(&count_ct);
     let owners = sealed.owners_in.len() as u64;
-    // The user decrypts exactly one value for the proxy: the row count, and only if it
-    // is plausible; anything else could be the proxy using the user as an oracle.
-    let n_rows = match u64::try_from(&n_big) {
-        Ok(n) if n >= owners.max(1) && n <= spec.max_rows => n,
-        _ => bail!(
-            "decrypted row count is not in [{}, {}]: refusing to reveal it",
-            owners.max(1),
-            spec.max_rows
-        ),
-    };
+    // The user decrypts exactly one value for the proxy: the row count, once per
+    // study, and only if it is plausible; anything else could be the proxy using the
+    // user as an oracle. A retry reveals the count decrypted the first time.
+    let n_rows = count_once(&pk.fingerprint(), study_id, || {
+        match u64::try_from(&sk.decrypt(&count_ct)) {
+            Ok(n) if n >= owners.max(1) && n <= spec.max_rows => Ok(n),
+            _ => bail!(
+                "decrypted row count is not in [{}, {}]: refusing to reveal it",
+                owners.max(1),
+                spec.max_rows
+            ),
+        }
+    })?;
     let t = Instant::now();
     client
         .reveal_count(v1::RevealCountRequest {
@@ -167,4 +197,31 @@ pub async fn collect(
         seconds_proxy,
         seconds_decrypt: t.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_row_count_of_a_study_is_decrypted_once() {
+        let mut calls = 0;
+        let n = count_once("fp", "study-a", || {
+            calls += 1;
+            Ok(40)
+        })
+        .expect("first");
+        assert_eq!(n, 40);
+        // The proxy sends a different E[N] for the same study: not decrypted again.
+        let again = count_once("fp", "study-a", || panic!("decrypted twice")).expect("again");
+        assert_eq!((again, calls), (40, 1));
+        // A refused (implausible) count is refused again, not remembered as valid.
+        assert!(count_once("fp", "study-b", || bail!("implausible")).is_err());
+        assert!(count_once("fp", "study-b", || bail!("implausible")).is_err());
+        // Another study, or another key, is its own.
+        assert_eq!(
+            count_once("fp2", "study-a", || Ok(7)).expect("other key"),
+            7
+        );
+    }
 }
