@@ -353,6 +353,9 @@ pub struct DevPki {
     pub dir: PathBuf,
     /// The proxy's files.
     pub proxy: TlsFiles,
+    /// The operator's client certificate (role `dpca-proxy`, name `operator`), for
+    /// `proxy status`.
+    pub operator: TlsFiles,
     /// Each data user's name and files.
     pub users: Vec<(String, TlsFiles)>,
     /// Each owner's name and files.
@@ -375,7 +378,7 @@ const DEV_VALIDITY_DAYS: i64 = 90;
 
 /// Writes a development CA (`ca.pem`, `ca.key`) and certificates into `dir`: the
 /// proxy's (`proxy.pem`, `proxy.key`, valid for `proxy_hosts`: DNS names or IP
-/// addresses), one per user (`USER.pem`, `USER.key`) and one per owner
+/// addresses), the operator's (`operator.pem`, `operator.key`, for `proxy status`), one per user (`USER.pem`, `USER.key`) and one per owner
 /// (`OWNER.pem`, `OWNER.key`). Private keys are readable by their owner only.
 /// Refuses, before writing anything, if any of the files exists or a name is unsafe.
 pub fn write_dev_pki(
@@ -388,7 +391,7 @@ pub fn write_dev_pki(
     if proxy_hosts.is_empty() {
         return Err(bad("the proxy needs at least one host name".into()));
     }
-    let mut names: Vec<&str> = vec!["ca", "proxy"];
+    let mut names: Vec<&str> = vec!["ca", "proxy", "operator"];
     names.extend(users.iter().chain(owners).map(String::as_str));
     for n in &names {
         check_name(n).map_err(bad)?;
@@ -396,7 +399,7 @@ pub fn write_dev_pki(
     for (i, n) in names.iter().enumerate() {
         if names[..i].contains(n) {
             return Err(bad(format!(
-                "name `{n}` is used twice (ca and proxy are reserved)"
+                "name `{n}` is used twice (ca, proxy and operator are reserved)"
             )));
         }
     }
@@ -436,12 +439,13 @@ pub fn write_dev_pki(
     write_file(&dir.join("ca.key"), ca_key.serialize_pem().as_bytes(), true)?;
     let issuer = Issuer::new(ca, ca_key);
 
-    let issue = |name: &str, role: Role| -> Result<TlsFiles, TlsError> {
+    // `server`: the proxy's own certificate; every other is a client's.
+    let issue = |name: &str, role: Role, server: bool| -> Result<TlsFiles, TlsError> {
         let key = KeyPair::generate().map_err(gen)?;
         let mut p = CertificateParams::default();
         p.distinguished_name = subject(name, role.unit());
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        if role == Role::Proxy {
+        if server {
             p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
             p.subject_alt_names = proxy_hosts
                 .iter()
@@ -464,18 +468,20 @@ pub fn write_dev_pki(
         write_file(&files.key, key.serialize_pem().as_bytes(), true)?;
         Ok(files)
     };
-    let proxy = issue("proxy", Role::Proxy)?;
+    let proxy = issue("proxy", Role::Proxy, true)?;
+    let operator = issue("operator", Role::Proxy, false)?;
     let users = users
         .iter()
-        .map(|u| Ok((u.clone(), issue(u, Role::User)?)))
+        .map(|u| Ok((u.clone(), issue(u, Role::User, false)?)))
         .collect::<Result<_, TlsError>>()?;
     let owners = owners
         .iter()
-        .map(|o| Ok((o.clone(), issue(o, Role::Owner)?)))
+        .map(|o| Ok((o.clone(), issue(o, Role::Owner, false)?)))
         .collect::<Result<_, TlsError>>()?;
     Ok(DevPki {
         dir: dir.to_path_buf(),
         proxy,
+        operator,
         users,
         owners,
     })

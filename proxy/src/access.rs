@@ -4,7 +4,8 @@
 //! ([`dpca_proto::tls::peer_of`]). Only a user opens a study, and only that same user
 //! waits for its seal, reveals N and fetches its release; only an owner contributes,
 //! and only under the owner id its certificate names; owners and users may read a
-//! study's public spec. On the explicitly insecure plaintext transport there is no
+//! study's public spec; the operator (a `dpca-proxy` client certificate) reads the
+//! status of every study and budget, a user the status of its own studies. On the explicitly insecure plaintext transport there is no
 //! peer and nothing can be checked.
 
 use dpca_proto::tls::{Peer, Role};
@@ -21,6 +22,8 @@ pub enum Action<'a> {
         /// The owner id in the contribution's header.
         owner_id: &'a str,
     },
+    /// Status: every study and budget for the operator, own studies for a user.
+    Status,
     /// AwaitSeal, RevealCount, FetchResult of a study opened by `opened_by`.
     UseStudy {
         /// The name of the user who opened the study (`None`: opened on plaintext).
@@ -49,6 +52,8 @@ pub fn permit(peer: Option<&Peer>, action: Action<'_>) -> Result<(), String> {
         Action::Contribute { .. } => Err(format!(
             "only an owner contributes; the caller is the {peer}"
         )),
+        Action::Status if peer.role != Role::Owner => Ok(()),
+        Action::Status => Err(format!("the {peer} has no status to read")),
         Action::UseStudy { opened_by } => match opened_by {
             Some(u) if peer.role == Role::User && peer.name == u => Ok(()),
             Some(u) => Err(format!(
@@ -93,6 +98,9 @@ mod tests {
         assert!(permit(Some(&bob), mine).is_err());
         assert!(permit(Some(&peer(Role::Owner, "alice")), mine).is_err());
         assert!(permit(Some(&alice), Action::UseStudy { opened_by: None }).is_err());
+        assert!(permit(Some(&proxy), Action::Status).is_ok());
+        assert!(permit(Some(&alice), Action::Status).is_ok());
+        assert!(permit(Some(&h1), Action::Status).is_err());
         // Plaintext: nothing to check.
         assert!(permit(None, Action::Contribute { owner_id: "x" }).is_ok());
     }

@@ -14,6 +14,7 @@ pub mod access;
 pub mod budget;
 pub mod listener;
 pub mod service;
+pub mod status;
 pub mod store;
 pub mod study;
 

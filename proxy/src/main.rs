@@ -8,8 +8,10 @@ use std::path::PathBuf;
 
 /// Aggregates encrypted scatter shares, masks and noises them for the data user.
 #[derive(Parser, Debug)]
-#[command(name = "proxy", version, about)]
+#[command(name = "proxy", version, about, args_conflicts_with_subcommands = true)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Cmd>,
     /// Address to listen on (port 0 picks a free port; the bound address is printed).
     #[arg(long, default_value = "127.0.0.1:50051", env = "DPCA_PROXY_LISTEN")]
     listen: String,
@@ -30,10 +32,58 @@ struct Args {
     transport: TransportArgs,
 }
 
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Show a running proxy's studies (state, owners in and missing, deadline,
+    /// budget) and, for the operator, each owner's spent budget. Use the
+    /// operator's certificate (`operator.pem` of `user dev-certs`) to see
+    /// everything, a user's to see its own studies.
+    Status {
+        /// The proxy's URL.
+        #[arg(
+            long,
+            default_value = "https://localhost:50051",
+            env = "DPCA_PROXY_URL"
+        )]
+        proxy: String,
+        /// Print the status as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        transport: TransportArgs,
+    },
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     dpca_proto::logging::init();
     let args = Args::parse();
+    if let Some(Cmd::Status {
+        proxy,
+        json,
+        transport,
+    }) = args.command
+    {
+        // The operator's certificate says `dpca-proxy`; a user's `dpca-user`.
+        let transport = match transport.transport(Role::Proxy) {
+            Ok(t) => t,
+            Err(first) => transport
+                .transport(Role::User)
+                .map_err(|_| first)
+                .context("proxy status needs the operator's certificate or a user's")?,
+        };
+        let status = dpca_proxy::status::fetch(&proxy, &transport).await?;
+        if json {
+            println!("{}", dpca_proxy::status::to_json(&status));
+        } else {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            print!("{}", dpca_proxy::status::render(&status, now));
+        }
+        return Ok(());
+    }
     if args.allow_noise_free_for_testing {
         tracing::warn!("noise-free releases are ENABLED: test use only");
     }

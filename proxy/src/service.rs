@@ -489,6 +489,62 @@ impl v1::proxy_server::Proxy for ProxyService {
         Ok(Response::new(v1::RevealCountResponse {}))
     }
 
+    async fn status(
+        &self,
+        req: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::ProxyStatus>, Status> {
+        let peer = self.caller(&req)?;
+        Self::authorize(peer.as_ref(), Action::Status)?;
+        // A user sees the studies it opened; the operator (or plaintext) sees all.
+        let only = peer
+            .as_ref()
+            .filter(|p| p.role == dpca_proto::tls::Role::User)
+            .map(|p| p.name.clone());
+        let now = now_ms();
+        let mut studies: Vec<v1::StudySummary> = {
+            let mut map = self.lock()?;
+            map.values_mut()
+                .filter(|s| only.is_none() || s.opened_by == only)
+                .map(|s| {
+                    s.tick(now);
+                    v1::StudySummary {
+                        study_id: s.id.clone(),
+                        state: s.phase.name().to_string(),
+                        owners_in: s.owners_in(),
+                        owners_missing: s.owners_missing(),
+                        min_owners: s.spec.min_owners,
+                        quorum: s.spec.quorum,
+                        deadline_unix_ms: s.spec.deadline_unix_ms,
+                        mechanism: s.spec.privacy.mechanism.name().to_string(),
+                        epsilon: s.spec.privacy.epsilon,
+                        delta: s.spec.privacy.delta,
+                        opened_by: s.opened_by.clone().unwrap_or_default(),
+                    }
+                })
+                .collect()
+        };
+        studies.sort_by_key(|s| std::cmp::Reverse(s.deadline_unix_ms));
+        let mut budgets: Vec<v1::OwnerBudgetSummary> = if only.is_none() {
+            self.budgets
+                .lock()
+                .map_err(|_| Status::internal("budget table poisoned"))?
+                .iter()
+                .map(|(owner, b)| v1::OwnerBudgetSummary {
+                    owner_id: owner.clone(),
+                    spent_epsilon: b.spent_epsilon,
+                    spent_delta: b.spent_delta,
+                    cap_epsilon: b.cap_epsilon,
+                    cap_delta: b.cap_delta,
+                    studies: b.studies.len() as u32,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        budgets.sort_by(|a, b| a.owner_id.cmp(&b.owner_id));
+        Ok(Response::new(v1::ProxyStatus { studies, budgets }))
+    }
+
     type FetchResultStream = ResultStream;
 
     async fn fetch_result(

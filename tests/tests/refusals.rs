@@ -756,3 +756,46 @@ fn a_study_seals_at_its_deadline_with_the_owners_that_came_and_names_the_rest() 
         vec!["b".to_string(), "hospital-a".to_string()]
     );
 }
+
+/// `proxy status`: the operator sees every study with its owners and each owner's
+/// spent budget; a user sees only the studies it opened; an owner is refused.
+#[test]
+fn proxy_status_shows_studies_and_budgets_to_whom_it_may() {
+    let f = fixture();
+    let o = f.owner("a", &f.good_file("good.csv", 20, 0));
+    assert!(o.status.success(), "{}", describe(&o));
+    let status = |files: &dpca_proto::tls::TlsFiles| {
+        run(Command::new(bin("proxy"))
+            .arg("status")
+            .args(["--proxy", &f.url, "--json"])
+            .args(dpca_tests::tls_args(files)))
+    };
+    let o = status(&f.proxy.pki.operator);
+    assert!(o.status.success(), "{}", describe(&o));
+    let js: serde_json::Value = serde_json::from_slice(&o.stdout).expect("status json");
+    let studies = js["studies"].as_array().expect("studies");
+    assert_eq!(studies.len(), 1);
+    assert_eq!(studies[0]["study_id"], f.study.as_str());
+    assert_eq!(studies[0]["state"], "collecting");
+    assert_eq!(studies[0]["owners_in"], serde_json::json!(["a"]));
+    assert_eq!(studies[0]["opened_by"], "user");
+    assert_eq!(js["budgets"][0]["owner_id"], "a");
+    assert_eq!(js["budgets"][0]["spent_epsilon"], 1.0);
+
+    // Another user sees none of it, nor the budgets.
+    let o = status(f.proxy.pki.files("eve").expect("eve"));
+    assert!(o.status.success(), "{}", describe(&o));
+    let js: serde_json::Value = serde_json::from_slice(&o.stdout).expect("status json");
+    assert_eq!(js["studies"], serde_json::json!([]));
+    assert_eq!(js["budgets"], serde_json::json!([]));
+
+    // An owner's certificate: refused by the program (the proxy refuses it too,
+    // `access::permit`).
+    let o = status(f.proxy.pki.files("a").expect("a"));
+    assert!(!o.status.success(), "an owner read the status");
+    assert!(
+        stderr(&o).contains("needs the operator's certificate or a user's"),
+        "{}",
+        stderr(&o)
+    );
+}
