@@ -11,6 +11,10 @@ use dpca_proto::tls::{Role, TransportArgs};
 #[derive(Parser, Debug)]
 #[command(name = "owner", version, about)]
 struct Args {
+    /// TOML file of settings: flag names as keys, a table per subcommand;
+    /// environment variables and flags override it.
+    #[arg(long, global = true, env = "DPCA_CONFIG", value_name = "TOML")]
+    config: Option<PathBuf>,
     /// Proxy URL (https, or http with --insecure-plaintext).
     #[arg(
         long,
@@ -67,7 +71,11 @@ fn parse_cap(s: &str) -> Result<(f64, f64), String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     dpca_proto::logging::init();
-    let args = Args::parse();
+    let args = Args::parse_from(dpca_proto::config::with_config(
+        &<Args as clap::CommandFactory>::command(),
+        std::env::args_os().collect(),
+        |k| std::env::var(k).ok(),
+    )?);
     let transport = args.transport.transport(Role::Owner).context("transport")?;
     let owner_id = dpca_owner::owner_id(args.owner_id.as_deref(), &transport)?;
     let cfg = dpca_owner::OwnerConfig {

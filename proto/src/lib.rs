@@ -11,6 +11,7 @@ pub mod v1 {
 }
 
 pub mod client;
+pub mod config;
 pub mod convert;
 pub mod fuzzing;
 pub mod logging;

@@ -10,6 +10,10 @@ use std::path::PathBuf;
 #[derive(Parser, Debug)]
 #[command(name = "proxy", version, about, args_conflicts_with_subcommands = true)]
 struct Args {
+    /// TOML file of settings: flag names as keys, a table per subcommand;
+    /// environment variables and flags override it.
+    #[arg(long, global = true, env = "DPCA_CONFIG", value_name = "TOML")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Cmd>,
     /// Address to listen on (port 0 picks a free port; the bound address is printed).
@@ -57,7 +61,11 @@ enum Cmd {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     dpca_proto::logging::init();
-    let args = Args::parse();
+    let args = Args::parse_from(dpca_proto::config::with_config(
+        &<Args as clap::CommandFactory>::command(),
+        std::env::args_os().collect(),
+        |k| std::env::var(k).ok(),
+    )?);
     if let Some(Cmd::Status {
         proxy,
         json,

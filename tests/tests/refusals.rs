@@ -782,6 +782,26 @@ fn proxy_status_shows_studies_and_budgets_to_whom_it_may() {
     assert_eq!(js["budgets"][0]["owner_id"], "a");
     assert_eq!(js["budgets"][0]["spent_epsilon"], 1.0);
 
+    // The same through a config file: the settings of `status` in its table.
+    let op = &f.proxy.pki.operator;
+    let config = f.dir.path().join("proxy.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\n[status]\nproxy = {:?}\njson = true\ntls_ca = {:?}\n\
+             tls-cert = {:?}\ntls-key = {:?}\n",
+            f.url, op.ca, op.cert, op.key
+        ),
+    )
+    .expect("write config");
+    let o = run(Command::new(bin("proxy"))
+        .arg("status")
+        .arg("--config")
+        .arg(&config));
+    assert!(o.status.success(), "{}", describe(&o));
+    let from_file: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(from_file["studies"][0]["study_id"], f.study.as_str());
+
     // Another user sees none of it, nor the budgets.
     let o = status(f.proxy.pki.files("eve").expect("eve"));
     assert!(o.status.success(), "{}", describe(&o));

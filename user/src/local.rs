@@ -294,6 +294,8 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         None => Transport::InsecurePlaintext,
     };
     let mut proxy_cmd = Command::new(&proxy_bin);
+    // The run sets every flag itself; a config file meant for `user` is not theirs.
+    proxy_cmd.env_remove("DPCA_CONFIG");
     proxy_cmd.args(["--listen", "127.0.0.1:0"]);
     // The run's studies live as long as the run.
     proxy_cmd
@@ -642,6 +644,7 @@ async fn run_owners(
     let mut tasks = Vec::new();
     for (i, file) in owner_files.iter().enumerate() {
         let mut cmd = Command::new(owner_bin);
+        cmd.env_remove("DPCA_CONFIG");
         let name = owner_name(i + 1);
         let files = match pki {
             Some(p) => Some(

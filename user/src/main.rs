@@ -14,6 +14,10 @@ use rand::rngs::OsRng;
 #[derive(Parser, Debug)]
 #[command(name = "user", version, about)]
 struct Cli {
+    /// TOML file of settings: flag names as keys, a table per subcommand;
+    /// environment variables and flags override it.
+    #[arg(long, global = true, env = "DPCA_CONFIG", value_name = "TOML")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -163,7 +167,12 @@ const DEMO_NORM_QUANTILE: f64 = 0.9;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     dpca_proto::logging::init();
-    match Cli::parse().command {
+    let cli = Cli::parse_from(dpca_proto::config::with_config(
+        &<Cli as clap::CommandFactory>::command(),
+        std::env::args_os().collect(),
+        |k| std::env::var(k).ok(),
+    )?);
+    match cli.command {
         Cmd::Keygen {
             key_bits,
             secret,
