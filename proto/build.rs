@@ -4,7 +4,13 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     std::env::set_var("PROTOC", protoc);
-    tonic_prost_build::configure().compile_protos(&["proto/dpca.proto"], &["proto"])?;
+    // `proxy status --json` prints the status messages as they are.
+    let mut config = tonic_prost_build::configure();
+    for message in ["ProxyStatus", "StudySummary", "OwnerBudgetSummary"] {
+        config =
+            config.type_attribute(format!(".dpca.v1.{message}"), "#[derive(serde::Serialize)]");
+    }
+    config.compile_protos(&["proto/dpca.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto/dpca.proto");
     Ok(())
 }

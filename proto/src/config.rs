@@ -8,7 +8,7 @@
 //! falls back to a default.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Why a config file could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -143,21 +143,21 @@ pub fn with_config(
     Ok(out)
 }
 
-/// Reads `path` as the config of `cmd` and reports its first problem, if any
-/// (for `--check-config`-style use and tests).
-pub fn check(cmd: &clap::Command, path: &Path) -> Result<(), ConfigError> {
-    let args = vec![
-        OsString::from(cmd.get_name()),
-        "--config".into(),
-        path.into(),
-    ];
-    with_config(cmd, args, |_| None).map(|_| ())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::{Arg, ArgAction, Command};
+    use std::path::Path;
+
+    /// The first problem of `path` as the config of `cmd`, if any.
+    fn check(cmd: &clap::Command, path: &Path) -> Result<(), ConfigError> {
+        let args = vec![
+            OsString::from(cmd.get_name()),
+            "--config".into(),
+            path.into(),
+        ];
+        with_config(cmd, args, |_| None).map(|_| ())
+    }
 
     fn cmd() -> Command {
         Command::new("prog")

@@ -117,34 +117,28 @@ pub fn peer_of(der: &[u8]) -> Result<Peer, String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der)
         .map_err(|e| format!("not an X.509 certificate: {e}"))?;
     let subject = cert.subject();
-    let one = |values: Vec<_>, what: &str| -> Result<String, String> {
-        match values.as_slice() {
-            [v] => Ok(String::from(*v)),
-            [] => Err(format!("the subject has no {what}")),
-            _ => Err(format!("the subject has {} {what}s", values.len())),
-        }
-    };
-    let units: Vec<&str> = subject
-        .iter_organizational_unit()
-        .map(|a| {
-            a.as_str()
-                .map_err(|e| format!("unreadable organizational unit: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
-    let names: Vec<&str> = subject
-        .iter_common_name()
-        .map(|a| {
-            a.as_str()
-                .map_err(|e| format!("unreadable common name: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
-    let unit = one(units, "organizational unit")?;
-    let name = one(names, "common name")?;
+    let unit = single(subject.iter_organizational_unit(), "organizational unit")?;
+    let name = single(subject.iter_common_name(), "common name")?;
     let role = Role::from_unit(&unit).ok_or_else(|| {
         format!("organizational unit `{unit}` names no role (dpca-owner, dpca-user, dpca-proxy)")
     })?;
     check_name(&name)?;
     Ok(Peer { role, name })
+}
+
+/// The one value of a subject attribute, read as text.
+fn single<'a>(
+    values: impl Iterator<Item = &'a x509_parser::x509::AttributeTypeAndValue<'a>>,
+    what: &str,
+) -> Result<String, String> {
+    let values: Vec<&str> = values
+        .map(|a| a.as_str().map_err(|e| format!("unreadable {what}: {e}")))
+        .collect::<Result<_, _>>()?;
+    match values.as_slice() {
+        [v] => Ok((*v).to_string()),
+        [] => Err(format!("the subject has no {what}")),
+        _ => Err(format!("the subject has {} {what}s", values.len())),
+    }
 }
 
 /// Party names become file names and owner ids: keep them to a safe alphabet.
@@ -183,6 +177,18 @@ impl TlsFiles {
             cert: dir.join(format!("{name}.pem")),
             key: dir.join(format!("{name}.key")),
         }
+    }
+
+    /// The flags that point a program at these files.
+    pub fn args(&self) -> Vec<std::ffi::OsString> {
+        vec![
+            "--tls-ca".into(),
+            self.ca.clone().into(),
+            "--tls-cert".into(),
+            self.cert.clone().into(),
+            "--tls-key".into(),
+            self.key.clone().into(),
+        ]
     }
 
     /// Reads the files and checks that the certificate is `role`'s.

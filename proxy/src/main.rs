@@ -82,7 +82,8 @@ async fn main() -> anyhow::Result<()> {
         };
         let status = dpca_proxy::status::fetch(&proxy, &transport).await?;
         if json {
-            println!("{}", dpca_proxy::status::to_json(&status));
+            // Field names as in the protocol's StudySummary and OwnerBudgetSummary.
+            println!("{}", serde_json::to_string(&status)?);
         } else {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

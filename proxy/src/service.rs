@@ -95,13 +95,14 @@ impl ProxyService {
         })
     }
 
-    fn budget_of(&self, owner: &str) -> Result<Option<OwnerBudget>, Status> {
-        Ok(self
-            .budgets
+    fn lock_budgets(&self) -> Result<MutexGuard<'_, HashMap<String, OwnerBudget>>, Status> {
+        self.budgets
             .lock()
-            .map_err(|_| Status::internal("budget table poisoned"))?
-            .get(owner)
-            .cloned())
+            .map_err(|_| Status::internal("budget table poisoned"))
+    }
+
+    fn budget_of(&self, owner: &str) -> Result<Option<OwnerBudget>, Status> {
+        Ok(self.lock_budgets()?.get(owner).cloned())
     }
 
     /// Counts a read and validated contribution and charges the owner's budget:
@@ -114,48 +115,36 @@ impl ProxyService {
         cap: (f64, f64),
         cts: &[Ciphertext],
     ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Status> {
-        let mut map = self.lock()?;
-        let study = map
-            .get_mut(study_id)
-            .ok_or_else(|| Status::not_found(format!("unknown study `{study_id}`")))?;
-        study.tick(now_ms());
-        let mut budgets = self
-            .budgets
-            .lock()
-            .map_err(|_| Status::internal("budget table poisoned"))?;
-        let mut next = study.clone();
-        let pk = next.spec.public_key.clone();
-        let outcome = next.contribute(owner, cid, cts, |a, b| pk.add(a, b))?;
-        let charged = match outcome {
-            ContributionOutcome::Counted => {
-                let cost = (next.spec.privacy.epsilon, next.spec.privacy.delta);
-                Some(
-                    charge(owner, budgets.get(owner), cap, study_id, cost)
-                        .map_err(budget_status)?,
-                )
+        self.with_study(study_id, |study| {
+            let mut budgets = self.lock_budgets()?;
+            let mut next = study.clone();
+            let pk = next.spec.public_key.clone();
+            let outcome = next.contribute(owner, cid, cts, |a, b| pk.add(a, b))?;
+            let charged = match outcome {
+                ContributionOutcome::Counted => {
+                    let cost = (next.spec.privacy.epsilon, next.spec.privacy.delta);
+                    Some(
+                        charge(owner, budgets.get(owner), cap, study_id, cost)
+                            .map_err(budget_status)?,
+                    )
+                }
+                ContributionOutcome::AlreadyCounted => None,
+            };
+            self.persist(&next, charged.as_ref().map(|b| (owner, b)))?;
+            let owners_in = next.owners_in().len();
+            *study = next;
+            if let Some(b) = charged {
+                budgets.insert(owner.to_string(), b);
             }
-            ContributionOutcome::AlreadyCounted => None,
-        };
-        if let Some(store) = &self.store {
-            store
-                .save_with_budget(&next, charged.as_ref().map(|b| (owner, b)))
-                .map_err(|e| {
-                    tracing::error!(study = %study_id, error = %e, "state not stored");
-                    Status::unavailable(format!("the proxy could not store the study: {e}"))
-                })?;
-        }
-        let owners_in = next.owners_in().len();
-        *study = next;
-        if let Some(b) = &charged {
-            budgets.insert(owner.to_string(), b.clone());
-        }
-        Ok((outcome, owners_in, budgets.get(owner).cloned()))
+            Ok((outcome, owners_in, budgets.get(owner).cloned()))
+        })
     }
 
-    /// Writes a study's record; an error means the transition did not happen.
-    fn persist(&self, study: &Study) -> Result<(), Status> {
+    /// Writes a study's record (and an owner's budget, in the same transaction);
+    /// an error means the transition did not happen.
+    fn persist(&self, study: &Study, budget: Option<(&str, &OwnerBudget)>) -> Result<(), Status> {
         match &self.store {
-            Some(store) => store.save(study).map_err(|e| {
+            Some(store) => store.save_with_budget(study, budget).map_err(|e| {
                 tracing::error!(study = %study.id, error = %e, "state not stored");
                 Status::unavailable(format!("the proxy could not store the study: {e}"))
             }),
@@ -170,16 +159,13 @@ impl ProxyService {
         id: &str,
         f: impl FnOnce(&mut Study) -> Result<T, Status>,
     ) -> Result<T, Status> {
-        let mut map = self.lock()?;
-        let study = map
-            .get_mut(id)
-            .ok_or_else(|| Status::not_found(format!("unknown study `{id}`")))?;
-        study.tick(now_ms());
-        let mut next = study.clone();
-        let out = f(&mut next)?;
-        self.persist(&next)?;
-        *study = next;
-        Ok(out)
+        self.with_study(id, |study| {
+            let mut next = study.clone();
+            let out = f(&mut next)?;
+            self.persist(&next, None)?;
+            *study = next;
+            Ok(out)
+        })
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, HashMap<String, Study>>, Status> {
@@ -308,7 +294,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         let mut study = Study::new(id.clone(), spec, layout, req.noise_free_for_testing);
         study.opened_by = peer.map(|p| p.name);
         let mut map = self.lock()?;
-        self.persist(&study)?;
+        self.persist(&study, None)?;
         map.insert(id.clone(), study);
         Ok(Response::new(v1::OpenStudyResponse { study_id: id }))
     }
@@ -525,9 +511,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         };
         studies.sort_by_key(|s| std::cmp::Reverse(s.deadline_unix_ms));
         let mut budgets: Vec<v1::OwnerBudgetSummary> = if only.is_none() {
-            self.budgets
-                .lock()
-                .map_err(|_| Status::internal("budget table poisoned"))?
+            self.lock_budgets()?
                 .iter()
                 .map(|(owner, b)| v1::OwnerBudgetSummary {
                     owner_id: owner.clone(),

@@ -17,45 +17,6 @@ pub async fn fetch(url: &str, transport: &Transport) -> anyhow::Result<v1::Proxy
         .into_inner())
 }
 
-/// The status as JSON, for scripts: `studies` and `budgets`, fields as in the
-/// protocol's `StudySummary` and `OwnerBudgetSummary`.
-pub fn to_json(status: &v1::ProxyStatus) -> serde_json::Value {
-    let studies: Vec<serde_json::Value> = status
-        .studies
-        .iter()
-        .map(|s| {
-            serde_json::json!({
-                "study_id": s.study_id,
-                "state": s.state,
-                "owners_in": s.owners_in,
-                "owners_missing": s.owners_missing,
-                "min_owners": s.min_owners,
-                "quorum": s.quorum,
-                "deadline_unix_ms": s.deadline_unix_ms,
-                "mechanism": s.mechanism,
-                "epsilon": s.epsilon,
-                "delta": s.delta,
-                "opened_by": s.opened_by,
-            })
-        })
-        .collect();
-    let budgets: Vec<serde_json::Value> = status
-        .budgets
-        .iter()
-        .map(|b| {
-            serde_json::json!({
-                "owner_id": b.owner_id,
-                "spent_epsilon": b.spent_epsilon,
-                "spent_delta": b.spent_delta,
-                "cap_epsilon": b.cap_epsilon,
-                "cap_delta": b.cap_delta,
-                "studies": b.studies,
-            })
-        })
-        .collect();
-    serde_json::json!({ "studies": studies, "budgets": budgets })
-}
-
 /// The status as text: one line per study (state, owners in of the quorum, who is
 /// missing, deadline relative to `now_ms`, budget), then each owner's budget.
 pub fn render(status: &v1::ProxyStatus, now_ms: u64) -> String {

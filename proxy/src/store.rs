@@ -47,12 +47,12 @@ pub enum StoreError {
         source: Box<redb::Error>,
     },
     /// A stored record does not decode into a valid study (or budget).
-    #[error("state database {}: `{study}`: {reason}", path.display())]
+    #[error("state database {}: `{key}`: {reason}", path.display())]
     Record {
         /// The database file.
         path: PathBuf,
-        /// The study's key.
-        study: String,
+        /// The record's key (a study id or an owner id).
+        key: String,
         /// What is wrong with it.
         reason: String,
     },
@@ -90,13 +90,9 @@ impl Store {
         db_error(&self.path, e)
     }
 
-    /// Writes `study`'s record and waits until it is on disk.
-    pub fn save(&self, study: &Study) -> Result<(), StoreError> {
-        self.save_with_budget(study, None)
-    }
-
-    /// Writes `study`'s record and, in the same transaction, an owner's budget:
-    /// a contribution and its charge are stored together or not at all.
+    /// Writes `study`'s record and, in the same transaction, an owner's budget,
+    /// and waits until both are on disk: a contribution and its charge are stored
+    /// together or not at all.
     pub fn save_with_budget(
         &self,
         study: &Study,
@@ -111,14 +107,7 @@ impl Store {
                 .map_err(|e| self.err(e))?;
         }
         if let Some((owner, b)) = budget {
-            let rec = v1::StoredBudget {
-                cap_epsilon: b.cap_epsilon,
-                cap_delta: b.cap_delta,
-                spent_epsilon: b.spent_epsilon,
-                spent_delta: b.spent_delta,
-                studies: b.studies.clone(),
-            }
-            .encode_to_vec();
+            let rec = budget_to_record(b).encode_to_vec();
             let mut table = txn.open_table(BUDGETS).map_err(|e| self.err(e))?;
             table
                 .insert(owner, rec.as_slice())
@@ -129,45 +118,44 @@ impl Store {
 
     /// Every owner's stored budget.
     pub fn load_budgets(&self) -> Result<HashMap<String, OwnerBudget>, StoreError> {
-        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
-        let table = txn.open_table(BUDGETS).map_err(|e| self.err(e))?;
-        let mut out = HashMap::new();
-        for entry in table.iter().map_err(|e| self.err(e))? {
-            let (key, value) = entry.map_err(|e| self.err(e))?;
-            let owner = key.value().to_string();
-            let rec = v1::StoredBudget::decode(value.value()).map_err(|e| StoreError::Record {
-                path: self.path.clone(),
-                study: format!("budget of `{owner}`"),
-                reason: format!("undecodable record: {e}"),
-            })?;
-            out.insert(
-                owner,
-                OwnerBudget {
-                    cap_epsilon: rec.cap_epsilon,
-                    cap_delta: rec.cap_delta,
-                    spent_epsilon: rec.spent_epsilon,
-                    spent_delta: rec.spent_delta,
-                    studies: rec.studies,
-                },
-            );
-        }
-        Ok(out)
+        Ok(self
+            .read_table(BUDGETS, |_, bytes| {
+                v1::StoredBudget::decode(bytes)
+                    .map(budget_from_record)
+                    .map_err(|e| format!("undecodable budget record: {e}"))
+            })?
+            .into_iter()
+            .collect())
     }
 
     /// Every stored study, validated as on first arrival.
     pub fn load_all(&self) -> Result<Vec<Study>, StoreError> {
+        Ok(self
+            .read_table(STUDIES, from_record)?
+            .into_iter()
+            .map(|(_, study)| study)
+            .collect())
+    }
+
+    /// Every entry of `def`, decoded by `decode(key, bytes)`; the first record that
+    /// does not decode stops the load, named by its key.
+    fn read_table<T>(
+        &self,
+        def: TableDefinition<&str, &[u8]>,
+        decode: impl Fn(&str, &[u8]) -> Result<T, String>,
+    ) -> Result<Vec<(String, T)>, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
-        let table = txn.open_table(STUDIES).map_err(|e| self.err(e))?;
+        let table = txn.open_table(def).map_err(|e| self.err(e))?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(|e| self.err(e))? {
             let (key, value) = entry.map_err(|e| self.err(e))?;
-            let id = key.value().to_string();
-            let study = from_record(&id, value.value()).map_err(|reason| StoreError::Record {
+            let key = key.value().to_string();
+            let item = decode(&key, value.value()).map_err(|reason| StoreError::Record {
                 path: self.path.clone(),
-                study: id.clone(),
+                key: key.clone(),
                 reason,
             })?;
-            out.push(study);
+            out.push((key, item));
         }
         Ok(out)
     }
@@ -177,6 +165,26 @@ fn db_error(path: &Path, e: impl Into<redb::Error>) -> StoreError {
     StoreError::Database {
         path: path.to_path_buf(),
         source: Box::new(e.into()),
+    }
+}
+
+fn budget_to_record(b: &OwnerBudget) -> v1::StoredBudget {
+    v1::StoredBudget {
+        cap_epsilon: b.cap_epsilon,
+        cap_delta: b.cap_delta,
+        spent_epsilon: b.spent_epsilon,
+        spent_delta: b.spent_delta,
+        studies: b.studies.clone(),
+    }
+}
+
+fn budget_from_record(rec: v1::StoredBudget) -> OwnerBudget {
+    OwnerBudget {
+        cap_epsilon: rec.cap_epsilon,
+        cap_delta: rec.cap_delta,
+        spent_epsilon: rec.spent_epsilon,
+        spent_delta: rec.spent_delta,
+        studies: rec.studies,
     }
 }
 
@@ -209,7 +217,6 @@ pub fn to_record(study: &Study) -> v1::StoredStudy {
         Phase::Released(r) => {
             rec.released_n_rows = r.n_rows;
             rec.released = bytes(&r.ciphertexts);
-            rec.released_owners = r.owners.clone();
         }
         Phase::Collecting | Phase::Sealed => {}
     }
@@ -258,7 +265,7 @@ pub fn from_record(key: &str, bytes: &[u8]) -> Result<Study, String> {
                 // A function of the spec and N: recomputed, not stored.
                 plan: release_plan(&spec, rec.noise_free, rec.released_n_rows),
                 ciphertexts,
-                owners: rec.released_owners.clone(),
+                owners: contributors.keys().cloned().collect(),
             }))
         }
         other => return Err(format!("unknown phase `{other}`")),
@@ -307,7 +314,7 @@ mod tests {
             // A second proxy on the same file is refused while this one runs.
             let err = Store::open(&path).expect_err("second open");
             assert!(err.to_string().contains("state.redb"), "{err}");
-            store.save(&s).expect("save opened");
+            store.save_with_budget(&s, None).expect("save opened");
             for (owner, seed) in [("a", 1), ("b", 2)] {
                 let cts = contribution(&s, seed);
                 s.contribute(owner, owner, &cts, |x, y| pk.add(x, y))
@@ -321,7 +328,7 @@ mod tests {
             let mut rng = ChaCha20Rng::seed_from_u64(9);
             let released = s.compute_release(10, &mut rng).expect("release");
             s.commit_release(released.clone()).expect("commit");
-            store.save(&s).expect("save release");
+            store.save_with_budget(&s, None).expect("save release");
             (s.clone(), released)
         };
         let store = Store::open(&path).expect("reopen");

@@ -10,7 +10,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, OnceLock};
 
 use dpca_common::data::{normalize_row, read_csv, Table};
+use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
+use dpca_common::paillier::PublicKey;
+use dpca_common::study::{StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
 use dpca_proto::tls::{write_dev_pki, DevPki, Role, TlsFiles, Transport};
 use nalgebra::DMatrix;
 
@@ -70,6 +73,48 @@ pub fn write_rows(table: &Table, n: usize, path: &Path) {
     w.flush().expect("flush csv");
 }
 
+/// Writes rows `skip..skip + n` of `table` (features and label) to `path`.
+pub fn write_slice(table: &Table, skip: usize, n: usize, path: &Path) {
+    let mut t = table.clone();
+    t.rows.drain(..skip);
+    if let Some((_, cells)) = &mut t.label {
+        cells.drain(..skip);
+    }
+    write_rows(&t, n, path);
+}
+
+/// A `mask` study of the optdigits features under `pk`: bounds 0..16, C = 1,
+/// Gaussian at epsilon 1 and delta 1e-5, quorum and minimum 2, 1024 rows at most,
+/// a deadline ten minutes away, open to any owner.
+pub fn optdigits_spec(pk: &PublicKey) -> StudySpec {
+    let features = optdigits().features;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    StudySpec {
+        bounds: vec![(0.0, 16.0); features.len()],
+        features,
+        fixed: FixedPoint {
+            frac_bits: DEFAULT_FRAC_BITS,
+            row_norm_bound: 1.0,
+        },
+        max_rows: 1024,
+        privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5)
+            .expect("privacy"),
+        min_owners: 2,
+        quorum: 2,
+        deadline_unix_ms: now + 600_000,
+        kappa: MIN_KAPPA,
+        public_key: pk.clone(),
+        baseline: false,
+        classes: None,
+        projection: None,
+        norm_bins: None,
+        expected_owners: Vec::new(),
+    }
+}
+
 /// A child process killed when dropped.
 pub struct Proc(pub Child);
 
@@ -126,14 +171,7 @@ impl TestProxy {
 
 /// `--tls-ca`, `--tls-cert`, `--tls-key` for these files.
 pub fn tls_args(files: &TlsFiles) -> Vec<OsString> {
-    vec![
-        "--tls-ca".into(),
-        files.ca.clone().into(),
-        "--tls-cert".into(),
-        files.cert.clone().into(),
-        "--tls-key".into(),
-        files.key.clone().into(),
-    ]
+    files.args()
 }
 
 /// A fresh development PKI in a temporary folder (kept while the folder lives).

@@ -8,15 +8,14 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
-use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::centered_scatter;
 use dpca_common::paillier::SecretKey;
-use dpca_common::study::{StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
+use dpca_common::study::StudySpec;
 use dpca_proto::tls::{write_dev_pki, Role, Transport};
 use dpca_proto::v1;
 use dpca_tests::{
-    bin, describe, optdigits, preprocess, spawn_proxy, tls_args, try_spawn_proxy, write_rows, Proc,
+    bin, describe, optdigits, optdigits_spec, preprocess, spawn_proxy, tls_args, try_spawn_proxy,
+    write_slice, Proc,
 };
 use rand::rngs::OsRng;
 use rand::{Rng, SeedableRng};
@@ -92,41 +91,17 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
     let table = optdigits();
     let mut files = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        let mut t = table.clone();
-        t.rows.drain(..i * ROWS_PER_OWNER);
-        if let Some((_, cells)) = &mut t.label {
-            cells.drain(..i * ROWS_PER_OWNER);
-        }
         let path = dir.path().join(format!("{name}.csv"));
-        write_rows(&t, ROWS_PER_OWNER, &path);
+        write_slice(&table, i * ROWS_PER_OWNER, ROWS_PER_OWNER, &path);
         files.push(path);
     }
     let n = OWNERS * ROWS_PER_OWNER;
     let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as u64;
     let spec = StudySpec {
-        bounds: vec![(0.0, 16.0); table.features.len()],
-        features: table.features.clone(),
-        fixed: FixedPoint {
-            frac_bits: DEFAULT_FRAC_BITS,
-            row_norm_bound: 1.0,
-        },
-        max_rows: 1024,
-        privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5)
-            .expect("privacy"),
         min_owners: OWNERS as u32,
         quorum: OWNERS as u32,
-        deadline_unix_ms: now + 600_000,
-        kappa: MIN_KAPPA,
-        public_key: sk.public().clone(),
-        baseline: false,
-        classes: None,
-        projection: None,
-        norm_bins: None,
         expected_owners: names.clone(),
+        ..optdigits_spec(sk.public())
     };
     let study = rt().block_on(async {
         let mut c = dpca_proto::client::connect(&url, &user)
@@ -218,9 +193,7 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
     assert_eq!(collected.n_rows, n as u64, "rows lost or counted twice");
     assert_eq!(collected.owners_in, names, "owners lost or counted twice");
     assert!(collected.owners_missing.is_empty());
-    let fixed = spec.fixed;
-    let bounds = vec![(0.0, 16.0); table.features.len()];
-    let (_, q) = preprocess(&table.rows[..n], &bounds, &fixed);
+    let (_, q) = preprocess(&table.rows[..n], &spec.bounds, &spec.fixed);
     let exact = centered_scatter(&q);
     let err = (&collected.opened.scatter - &exact).amax();
     assert!(

@@ -2,15 +2,15 @@
 //! nothing is sent or stored.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
-use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
-use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::SecretKey;
-use dpca_common::study::{StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
+use dpca_common::study::StudySpec;
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
-use dpca_tests::{bin, describe, optdigits, run, start_proxy, write_rows, TestProxy};
+use dpca_tests::{
+    bin, describe, optdigits, optdigits_spec, run, start_proxy, write_slice, TestProxy,
+};
 use rand::rngs::OsRng;
 
 fn rt() -> tokio::runtime::Runtime {
@@ -29,41 +29,12 @@ struct Fixture {
     dir: tempfile::TempDir,
 }
 
-fn spec_for(sk: &SecretKey) -> StudySpec {
-    let features = optdigits().features;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as u64;
-    StudySpec {
-        bounds: vec![(0.0, 16.0); features.len()],
-        features,
-        fixed: FixedPoint {
-            frac_bits: DEFAULT_FRAC_BITS,
-            row_norm_bound: 1.0,
-        },
-        max_rows: 1024,
-        privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5)
-            .expect("privacy"),
-        min_owners: 2,
-        quorum: 2,
-        deadline_unix_ms: now + 600_000,
-        kappa: MIN_KAPPA,
-        public_key: sk.public().clone(),
-        baseline: false,
-        classes: None,
-        projection: None,
-        norm_bins: None,
-        expected_owners: Vec::new(),
-    }
-}
-
 /// A proxy with one open study (quorum 2) and a temp folder.
 fn fixture() -> Fixture {
     let proxy = start_proxy(false);
     let url = proxy.url.clone();
     let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
-    let spec = spec_for(&sk);
+    let spec = optdigits_spec(sk.public());
     let study = rt().block_on(async {
         let mut c = dpca_proto::client::connect(&url, &proxy.transport("user"))
             .await
@@ -90,7 +61,6 @@ impl Fixture {
             .expect("connect")
     }
 
-    /// The owner program with `id`'s certificate.
     /// The owner program with `id`'s certificate and a budget cap of epsilon 1.5.
     fn owner_cmd(&self, id: &str) -> Command {
         let mut cmd = Command::new(bin("owner"));
@@ -99,26 +69,10 @@ impl Fixture {
         cmd
     }
 
-    fn owner(&self, id: &str, data: &Path) -> std::process::Output {
-        run(self
-            .owner_cmd(id)
-            .args([
-                "--proxy",
-                &self.url,
-                "--study",
-                &self.study,
-                "--owner-id",
-                id,
-            ])
-            .arg("--data")
-            .arg(data)
-            .args([
-                "--key-fingerprint",
-                &self.fingerprint,
-                "--label",
-                "label",
-                "--quiet",
-            ]))
+    fn owner(&self, id: &str, data: &Path) -> Output {
+        let mut cmd = self.owner_cmd(id);
+        cmd.args(["--owner-id", id]);
+        submit(cmd, &self.url, &self.study, &self.fingerprint, data)
     }
 
     fn owners_in(&self) -> u32 {
@@ -135,15 +89,26 @@ impl Fixture {
     }
 
     fn good_file(&self, name: &str, rows: usize, skip: usize) -> std::path::PathBuf {
-        let mut t = optdigits();
-        t.rows.drain(..skip);
-        if let Some((_, cells)) = &mut t.label {
-            cells.drain(..skip);
-        }
         let p = self.dir.path().join(name);
-        write_rows(&t, rows, &p);
+        write_slice(&optdigits(), skip, rows, &p);
         p
     }
+}
+
+/// Runs the owner program `cmd` (certificate and cap already given) on `data`
+/// (label column `label`) for `study` at `url`, pinning `fingerprint`.
+fn submit(mut cmd: Command, url: &str, study: &str, fingerprint: &str, data: &Path) -> Output {
+    run(cmd
+        .args(["--proxy", url, "--study", study])
+        .arg("--data")
+        .arg(data)
+        .args([
+            "--key-fingerprint",
+            fingerprint,
+            "--label",
+            "label",
+            "--quiet",
+        ]))
 }
 
 fn stderr(o: &std::process::Output) -> String {
@@ -230,18 +195,9 @@ fn owner_refuses_unknown_study_and_foreign_key() {
         stderr(&o)
     );
 
-    let o = run(f
-        .owner_cmd("a")
-        .args(["--proxy", &f.url, "--study", &f.study, "--owner-id", "a"])
-        .arg("--data")
-        .arg(&p)
-        .args([
-            "--key-fingerprint",
-            &"0".repeat(64),
-            "--label",
-            "label",
-            "--quiet",
-        ]));
+    let mut cmd = f.owner_cmd("a");
+    cmd.args(["--owner-id", "a"]);
+    let o = submit(cmd, &f.url, &f.study, &"0".repeat(64), &p);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("refusing to encrypt"), "{}", stderr(&o));
     assert_eq!(f.owners_in(), 0);
@@ -422,7 +378,7 @@ fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
         .as_millis() as u64;
     let spec = StudySpec {
         deadline_unix_ms: now + 1_000,
-        ..spec_for(&sk)
+        ..optdigits_spec(sk.public())
     };
     let study = rt().block_on(async {
         let mut c = f.client("user").await;
@@ -431,18 +387,9 @@ fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
             .expect("open study")
     });
     std::thread::sleep(std::time::Duration::from_millis(1_500));
-    let o = run(f
-        .owner_cmd("late")
-        .args(["--proxy", &f.url, "--study", &study, "--owner-id", "late"])
-        .arg("--data")
-        .arg(&data)
-        .args([
-            "--key-fingerprint",
-            &sk.public().fingerprint(),
-            "--label",
-            "label",
-            "--quiet",
-        ]));
+    let mut late = f.owner_cmd("late");
+    late.args(["--owner-id", "late"]);
+    let o = submit(late, &f.url, &study, &sk.public().fingerprint(), &data);
     assert!(!o.status.success(), "a late contribution was accepted");
     assert!(stderr(&o).contains("deadline"), "{}", stderr(&o));
     let info = rt().block_on(async {
@@ -478,19 +425,14 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
         (&own_ca, "certificate"),
         (foreign_a, "invalid peer certificate"),
     ] {
-        let o = run(Command::new(bin("owner"))
-            .args(dpca_tests::tls_args(files))
-            .args(["--budget-cap", "1.5,1e-4"])
-            .args(["--proxy", &f.url, "--study", &f.study])
-            .arg("--data")
-            .arg(&data)
-            .args([
-                "--key-fingerprint",
-                &f.fingerprint,
-                "--label",
-                "label",
-                "--quiet",
-            ]));
+        let mut cmd = Command::new(bin("owner"));
+        cmd.args(dpca_tests::tls_args(files)).args([
+            "--budget-cap",
+            "1.5,1e-4",
+            "--retry-for",
+            "0",
+        ]);
+        let o = submit(cmd, &f.url, &f.study, &f.fingerprint, &data);
         assert!(!o.status.success(), "a foreign certificate was accepted");
         assert!(stderr(&o).contains(says), "{}", stderr(&o));
     }
@@ -498,48 +440,24 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
 
     // No TLS at all against a TLS proxy.
     let plain_url = f.url.replacen("https://", "http://", 1);
-    let o = run(Command::new(bin("owner"))
-        .args([
-            "--insecure-plaintext",
-            "--owner-id",
-            "a",
-            "--retry-for",
-            "0",
-        ])
-        .args(["--proxy", &plain_url, "--study", &f.study])
-        .arg("--data")
-        .arg(&data)
-        .args([
-            "--key-fingerprint",
-            &f.fingerprint,
-            "--label",
-            "label",
-            "--quiet",
-        ]));
+    let mut cmd = Command::new(bin("owner"));
+    cmd.args([
+        "--insecure-plaintext",
+        "--owner-id",
+        "a",
+        "--retry-for",
+        "0",
+    ])
+    .args(["--budget-cap", "1.5,1e-4"]);
+    let o = submit(cmd, &plain_url, &f.study, &f.fingerprint, &data);
     assert!(!o.status.success(), "a plaintext owner was accepted");
 
     // The owner program refuses an --owner-id that is not its certificate's name.
     let o = f.owner("b", &data);
     assert!(o.status.success(), "{}", describe(&o));
-    let o = run(f
-        .owner_cmd("a")
-        .args([
-            "--proxy",
-            &f.url,
-            "--study",
-            &f.study,
-            "--owner-id",
-            "hospital-b",
-        ])
-        .arg("--data")
-        .arg(&data)
-        .args([
-            "--key-fingerprint",
-            &f.fingerprint,
-            "--label",
-            "label",
-            "--quiet",
-        ]));
+    let mut cmd = f.owner_cmd("a");
+    cmd.args(["--owner-id", "hospital-b"]);
+    let o = submit(cmd, &f.url, &f.study, &f.fingerprint, &data);
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("not the name in this owner's certificate"),
@@ -638,7 +556,7 @@ fn a_study_past_an_owners_budget_cap_is_refused_without_state_change() {
 
     // A second study of epsilon 1 on the same rows: 1 + 1 > 1.5.
     let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
-    let spec = spec_for(&sk);
+    let spec = optdigits_spec(sk.public());
     let second = rt().block_on(async {
         let mut c = f.client("user").await;
         dpca_user::session::open_study(&mut c, &spec, false)
@@ -659,19 +577,9 @@ fn a_study_past_an_owners_budget_cap_is_refused_without_state_change() {
         })
     };
     for cap in ["1.5,1e-4", "5,1e-3"] {
-        let o = run(Command::new(bin("owner"))
-            .args(f.proxy.tls_args("a"))
-            .args(["--budget-cap", cap])
-            .args(["--proxy", &f.url, "--study", &second])
-            .arg("--data")
-            .arg(&data)
-            .args([
-                "--key-fingerprint",
-                &sk.public().fingerprint(),
-                "--label",
-                "label",
-                "--quiet",
-            ]));
+        let mut cmd = Command::new(bin("owner"));
+        cmd.args(f.proxy.tls_args("a")).args(["--budget-cap", cap]);
+        let o = submit(cmd, &f.url, &second, &sk.public().fingerprint(), &data);
         assert!(
             !o.status.success(),
             "cap {cap}: a study past the budget was accepted"
@@ -707,7 +615,7 @@ fn a_study_seals_at_its_deadline_with_the_owners_that_came_and_names_the_rest() 
         quorum: 3,
         deadline_unix_ms: now + 6_000,
         expected_owners: vec!["a".into(), "b".into(), "hospital-a".into()],
-        ..spec_for(&sk)
+        ..optdigits_spec(sk.public())
     };
     let study = rt().block_on(async {
         let mut c = f.client("user").await;
@@ -717,18 +625,13 @@ fn a_study_seals_at_its_deadline_with_the_owners_that_came_and_names_the_rest() 
     });
     let data = f.good_file("good.csv", 20, 0);
     let contribute = |owner: &str| {
-        run(f
-            .owner_cmd(owner)
-            .args(["--proxy", &f.url, "--study", &study])
-            .arg("--data")
-            .arg(&data)
-            .args([
-                "--key-fingerprint",
-                &sk.public().fingerprint(),
-                "--label",
-                "label",
-                "--quiet",
-            ]))
+        submit(
+            f.owner_cmd(owner),
+            &f.url,
+            &study,
+            &sk.public().fingerprint(),
+            &data,
+        )
     };
     let o = contribute("mallory");
     assert!(!o.status.success(), "an uninvited owner was accepted");

@@ -600,8 +600,9 @@ fn in_input_order(
         .collect()
 }
 
-/// The name of the `i`-th owner (from 1) of a local run.
-fn owner_name(i: usize) -> String {
+/// The name of the `i`-th owner (from 1) of a local run (and of `user dev-certs
+/// --owner-count`).
+pub fn owner_name(i: usize) -> String {
     format!("owner-{i:02}")
 }
 
@@ -609,12 +610,7 @@ fn owner_name(i: usize) -> String {
 fn transport_flags(cmd: &mut Command, files: Option<&TlsFiles>) {
     match files {
         Some(f) => {
-            cmd.arg("--tls-ca")
-                .arg(&f.ca)
-                .arg("--tls-cert")
-                .arg(&f.cert)
-                .arg("--tls-key")
-                .arg(&f.key);
+            cmd.args(f.args());
         }
         None => {
             cmd.arg("--insecure-plaintext");

@@ -191,7 +191,7 @@ async fn main() -> anyhow::Result<()> {
             owner_count,
         } => {
             let owners = match owner_count {
-                Some(n) => (1..=n).map(|i| format!("owner-{i:02}")).collect(),
+                Some(n) => (1..=n).map(dpca_user::local::owner_name).collect(),
                 None => owners,
             };
             let pki = dpca_proto::tls::write_dev_pki(&out, &proxy_hosts, &users, &owners)?;
