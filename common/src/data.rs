@@ -114,32 +114,7 @@ pub fn read_csv<R: Read>(
         source_name: source_name.to_string(),
         reason: e.to_string(),
     };
-    let header: Vec<String> = rdr
-        .headers()
-        .map_err(csv_err)?
-        .iter()
-        .map(|h| h.trim().to_string())
-        .collect();
-    let label_idx = match label {
-        Some(l) => {
-            Some(
-                header
-                    .iter()
-                    .position(|h| h == l)
-                    .ok_or_else(|| DataError::MissingLabel {
-                        source_name: source_name.to_string(),
-                        label: l.to_string(),
-                    })?,
-            )
-        }
-        None => None,
-    };
-    let features: Vec<String> = header
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| Some(*i) != label_idx)
-        .map(|(_, h)| h.clone())
-        .collect();
+    let (header, label_idx, features) = read_header(&mut rdr, source_name, label)?;
     let mut rows = Vec::new();
     let mut labels = Vec::new();
     for record in rdr.records() {
@@ -185,6 +160,72 @@ pub fn read_csv<R: Read>(
         label: label_idx.map(|i| (header[i].clone(), labels)),
         columns: header,
     })
+}
+
+/// The table's columns without its rows: the header of a CSV, with the label
+/// column named as in [`read_csv`]. What a party that must not see the rows (the
+/// data user of a remote study) learns the schema from; rows, if any, are not read.
+pub fn read_schema<R: Read>(
+    reader: R,
+    source_name: &str,
+    label: Option<&str>,
+) -> Result<Table, DataError> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .from_reader(reader);
+    let (header, label_idx, features) = read_header(&mut rdr, source_name, label)?;
+    if features.is_empty() {
+        return Err(DataError::Schema {
+            source_name: source_name.to_string(),
+            reason: "no feature columns".into(),
+        });
+    }
+    Ok(Table {
+        features,
+        rows: Vec::new(),
+        label: label_idx.map(|i| (header[i].clone(), Vec::new())),
+        columns: header,
+    })
+}
+
+/// The trimmed header, the label's index and the feature names.
+#[allow(clippy::type_complexity)]
+fn read_header<R: Read>(
+    rdr: &mut csv::Reader<R>,
+    source_name: &str,
+    label: Option<&str>,
+) -> Result<(Vec<String>, Option<usize>, Vec<String>), DataError> {
+    let header: Vec<String> = rdr
+        .headers()
+        .map_err(|e| DataError::Csv {
+            source_name: source_name.to_string(),
+            reason: e.to_string(),
+        })?
+        .iter()
+        .map(|h| h.trim().to_string())
+        .collect();
+    let label_idx = match label {
+        Some(l) => {
+            Some(
+                header
+                    .iter()
+                    .position(|h| h == l)
+                    .ok_or_else(|| DataError::MissingLabel {
+                        source_name: source_name.to_string(),
+                        label: l.to_string(),
+                    })?,
+            )
+        }
+        None => None,
+    };
+    let features: Vec<String> = header
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != label_idx)
+        .map(|(_, h)| h.clone())
+        .collect();
+    Ok((header, label_idx, features))
 }
 
 impl Table {
@@ -483,6 +524,19 @@ mod tests {
         assert!(err.to_string().contains("column 2 is `c`"));
         let err = t.check_schema(&["a".into()], "x.csv").expect_err("count");
         assert!(err.to_string().contains("2 feature columns"));
+    }
+
+    #[test]
+    fn a_schema_is_the_header_alone() {
+        let t = read_schema("a, y ,b\n1,x,2\n".as_bytes(), "s.csv", Some("y")).expect("schema");
+        assert_eq!(t.features, ["a", "b"]);
+        assert_eq!(t.columns, ["a", "y", "b"]);
+        assert!(t.rows.is_empty());
+        assert_eq!(t.label.as_ref().map(|(l, _)| l.as_str()), Some("y"));
+        let err = read_schema("a,b\n".as_bytes(), "s.csv", Some("y")).expect_err("no label");
+        assert!(err.to_string().contains("s.csv"), "{err}");
+        let err = read_schema("y\n".as_bytes(), "s.csv", Some("y")).expect_err("no features");
+        assert!(err.to_string().contains("no feature columns"), "{err}");
     }
 
     #[test]

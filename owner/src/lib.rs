@@ -17,6 +17,7 @@ use dpca_common::randomizer::Randomizer;
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::client::{connect, status_message, ConnectError};
 use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
+use dpca_proto::invitation::{Invitation, InvitationError};
 use dpca_proto::tls::Transport;
 use dpca_proto::usage::Usage;
 use dpca_proto::v1;
@@ -53,6 +54,67 @@ pub struct OwnerConfig {
     pub retry_for: std::time::Duration,
     /// This data set's privacy budget cap (epsilon, delta) over all studies.
     pub budget_cap: (f64, f64),
+}
+
+/// Takes part in the study the invitation at `path` names. The owner may start
+/// before the user has opened the study, or find an invitation left from an
+/// earlier one: it waits, up to `cfg.retry_for`, for the file to appear, and while
+/// it names a study the proxy does not know, for a newer one.
+pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::Result<OwnerReport> {
+    let until = Instant::now() + cfg.retry_for;
+    let mut stale: Option<Invitation> = None;
+    loop {
+        let inv = await_invitation(path, until, stale.as_ref()).await?;
+        let cfg = OwnerConfig {
+            study_id: inv.study.clone(),
+            key_fingerprint: inv.key_fingerprint.clone(),
+            ..cfg.clone()
+        };
+        match run(&cfg).await {
+            Err(e) if e.downcast_ref::<UnknownStudy>().is_some() && Instant::now() < until => {
+                tracing::info!(study = %inv.study, "the invitation names an unknown study; waiting for a newer one");
+                stale = Some(inv);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Reads the invitation at `path` once it exists and differs from `stale`, waiting
+/// until `until`.
+async fn await_invitation(
+    path: &std::path::Path,
+    until: Instant,
+    stale: Option<&Invitation>,
+) -> anyhow::Result<Invitation> {
+    let mut told = false;
+    loop {
+        let read = Invitation::read(path);
+        let waiting = match &read {
+            Err(InvitationError::Io { source, .. }) => {
+                source.kind() == std::io::ErrorKind::NotFound
+            }
+            Ok(inv) => Some(inv) == stale,
+            Err(_) => false,
+        };
+        match read {
+            _ if waiting && Instant::now() < until => {
+                if !told {
+                    tracing::info!(file = %path.display(), "waiting for the invitation");
+                    told = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            Ok(inv) if waiting => bail!(
+                "{}: study `{}` is unknown to the proxy and no newer invitation came \
+                 (--retry-for)",
+                path.display(),
+                inv.study
+            ),
+            Err(e) if waiting => bail!("{e}: no invitation came (--retry-for)"),
+            other => return Ok(other?),
+        }
+    }
 }
 
 /// What the owner did, printed as one JSON line.
@@ -139,7 +201,10 @@ pub async fn fetch_study(
             study_id: study_id.to_string(),
         })
         .await
-        .map_err(|s| refusal(format!("proxy refused study `{study_id}`"), &s))?
+        .map_err(|s| match s.code() {
+            tonic::Code::NotFound => UnknownStudy(study_id.to_string()).into(),
+            _ => refusal(format!("proxy refused study `{study_id}`"), &s),
+        })?
         .into_inner();
     let wire = info.spec.context("proxy sent a study without a spec")?;
     let spec =
@@ -153,6 +218,12 @@ pub async fn fetch_study(
     }
     Ok(spec)
 }
+
+/// The proxy does not know the study: a typo, or an invitation older than the
+/// proxy's state (the owner may wait for a newer one).
+#[derive(Debug, thiserror::Error)]
+#[error("the proxy knows no study `{0}`")]
+pub struct UnknownStudy(pub String);
 
 /// The proxy could not be reached or the connection broke: worth retrying (a
 /// contribution is idempotent by its id). A refused certificate is not this.

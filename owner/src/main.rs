@@ -23,8 +23,14 @@ struct Args {
     )]
     proxy: String,
     /// Study to contribute to.
-    #[arg(long, env = "DPCA_STUDY")]
-    study: String,
+    #[arg(long, env = "DPCA_STUDY", required_unless_present = "invitation")]
+    study: Option<String>,
+    /// Read the study and the key fingerprint from this invitation file, written by
+    /// the data user (`user study --invitation`); waits up to --retry-for seconds
+    /// for it to appear.
+    #[arg(long, env = "DPCA_INVITATION", value_name = "TOML",
+          conflicts_with_all = ["study", "key_fingerprint"])]
+    invitation: Option<PathBuf>,
     /// This owner's CSV file (header row, numeric feature columns).
     #[arg(long, env = "DPCA_DATA")]
     data: PathBuf,
@@ -34,8 +40,12 @@ struct Args {
     owner_id: Option<String>,
     /// SHA-256 fingerprint of the data user's public key, obtained out of band. The
     /// owner refuses to encrypt for any other key.
-    #[arg(long, env = "DPCA_KEY_FINGERPRINT")]
-    key_fingerprint: String,
+    #[arg(
+        long,
+        env = "DPCA_KEY_FINGERPRINT",
+        required_unless_present = "invitation"
+    )]
+    key_fingerprint: Option<String>,
     /// Label column to exclude from the features.
     #[arg(long)]
     label: Option<String>,
@@ -78,20 +88,24 @@ async fn main() -> anyhow::Result<()> {
     )?);
     let transport = args.transport.transport(Role::Owner).context("transport")?;
     let owner_id = dpca_owner::owner_id(args.owner_id.as_deref(), &transport)?;
+    let retry_for = std::time::Duration::try_from_secs_f64(args.retry_for)
+        .context("--retry-for must be a number of seconds, 0 or more")?;
     let cfg = dpca_owner::OwnerConfig {
         proxy: args.proxy,
         transport,
-        study_id: args.study,
+        study_id: args.study.unwrap_or_default(),
         data: args.data,
         owner_id,
-        key_fingerprint: args.key_fingerprint,
+        key_fingerprint: args.key_fingerprint.unwrap_or_default(),
         label: args.label,
         progress: !args.quiet,
         budget_cap: args.budget_cap,
-        retry_for: std::time::Duration::try_from_secs_f64(args.retry_for)
-            .context("--retry-for must be a number of seconds, 0 or more")?,
+        retry_for,
     };
-    let report = dpca_owner::run(&cfg).await?;
+    let report = match &args.invitation {
+        Some(path) => dpca_owner::run_invited(&cfg, path).await?,
+        None => dpca_owner::run(&cfg).await?,
+    };
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

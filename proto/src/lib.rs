@@ -14,6 +14,7 @@ pub mod client;
 pub mod config;
 pub mod convert;
 pub mod fuzzing;
+pub mod invitation;
 pub mod logging;
 pub mod tls;
 pub mod usage;

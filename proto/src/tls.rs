@@ -393,6 +393,31 @@ pub fn write_dev_pki(
     users: &[String],
     owners: &[String],
 ) -> Result<DevPki, TlsError> {
+    write_dev_pki_with(dir, proxy_hosts, users, owners, DevPkiLayout::default())
+}
+
+/// Where [`write_dev_pki_with`] puts the files, and what it does with a folder
+/// that holds them already.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DevPkiLayout {
+    /// One subfolder per party (`proxy/`, each user's and owner's), holding
+    /// `ca.pem` and that party's certificate and key only (the operator's go with
+    /// the proxy's), so each can be handed to its party whole; the CA key stays
+    /// at the top.
+    pub per_party: bool,
+    /// When every file is there already, keep them and succeed (a rerun of a
+    /// setup step); when only some are, still refuse.
+    pub keep_existing: bool,
+}
+
+/// [`write_dev_pki`] with a choice of layout.
+pub fn write_dev_pki_with(
+    dir: &Path,
+    proxy_hosts: &[String],
+    users: &[String],
+    owners: &[String],
+    layout: DevPkiLayout,
+) -> Result<DevPki, TlsError> {
     let bad = |r: String| TlsError::Flags(r);
     if proxy_hosts.is_empty() {
         return Err(bad("the proxy needs at least one host name".into()));
@@ -409,10 +434,29 @@ pub fn write_dev_pki(
             )));
         }
     }
+    let party_dir = |name: &str| match (layout.per_party, name) {
+        (false, _) | (true, "ca") => dir.to_path_buf(),
+        (true, "operator") => dir.join("proxy"),
+        (true, n) => dir.join(n),
+    };
+    let files_of = |name: &str| TlsFiles::in_dir(&party_dir(name), name);
     let files: Vec<PathBuf> = names
         .iter()
-        .flat_map(|n| [dir.join(format!("{n}.pem")), dir.join(format!("{n}.key"))])
+        .flat_map(|n| {
+            let f = files_of(n);
+            [f.ca, f.cert, f.key]
+        })
         .collect();
+    let pki = || DevPki {
+        dir: dir.to_path_buf(),
+        proxy: files_of("proxy"),
+        operator: files_of("operator"),
+        users: users.iter().map(|u| (u.clone(), files_of(u))).collect(),
+        owners: owners.iter().map(|o| (o.clone(), files_of(o))).collect(),
+    };
+    if layout.keep_existing && files.iter().all(|p| p.exists()) {
+        return Ok(pki());
+    }
     if let Some(existing) = files.iter().find(|p| p.exists()) {
         return Err(TlsError::Write {
             path: existing.clone(),
@@ -422,10 +466,10 @@ pub fn write_dev_pki(
             ),
         });
     }
-    std::fs::create_dir_all(dir).map_err(|source| TlsError::Write {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    for n in &names {
+        let d = party_dir(n);
+        std::fs::create_dir_all(&d).map_err(|source| TlsError::Write { path: d, source })?;
+    }
     let gen = |e: rcgen::Error| TlsError::Generate(e.to_string());
     let now = time::OffsetDateTime::now_utc();
     let validity = |p: &mut CertificateParams| {
@@ -441,7 +485,13 @@ pub fn write_dev_pki(
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     validity(&mut ca);
     let ca_cert = ca.self_signed(&ca_key).map_err(gen)?;
-    write_file(&dir.join("ca.pem"), ca_cert.pem().as_bytes(), false)?;
+    for n in &names {
+        let f = files_of(n);
+        // Per party, every folder gets the CA's certificate (the top one included).
+        if n == &"ca" || (layout.per_party && f.ca != dir.join("ca.pem") && !f.ca.exists()) {
+            write_file(&f.ca, ca_cert.pem().as_bytes(), false)?;
+        }
+    }
     write_file(&dir.join("ca.key"), ca_key.serialize_pem().as_bytes(), true)?;
     let issuer = Issuer::new(ca, ca_key);
 
@@ -469,28 +519,20 @@ pub fn write_dev_pki(
         }
         validity(&mut p);
         let cert = p.signed_by(&key, &issuer).map_err(gen)?;
-        let files = TlsFiles::in_dir(dir, name);
+        let files = files_of(name);
         write_file(&files.cert, cert.pem().as_bytes(), false)?;
         write_file(&files.key, key.serialize_pem().as_bytes(), true)?;
         Ok(files)
     };
-    let proxy = issue("proxy", Role::Proxy, true)?;
-    let operator = issue("operator", Role::Proxy, false)?;
-    let users = users
-        .iter()
-        .map(|u| Ok((u.clone(), issue(u, Role::User, false)?)))
-        .collect::<Result<_, TlsError>>()?;
-    let owners = owners
-        .iter()
-        .map(|o| Ok((o.clone(), issue(o, Role::Owner, false)?)))
-        .collect::<Result<_, TlsError>>()?;
-    Ok(DevPki {
-        dir: dir.to_path_buf(),
-        proxy,
-        operator,
-        users,
-        owners,
-    })
+    issue("proxy", Role::Proxy, true)?;
+    issue("operator", Role::Proxy, false)?;
+    for u in users {
+        issue(u, Role::User, false)?;
+    }
+    for o in owners {
+        issue(o, Role::Owner, false)?;
+    }
+    Ok(pki())
 }
 
 fn subject(name: &str, unit: &str) -> DistinguishedName {
@@ -586,6 +628,61 @@ mod tests {
         write_dev_pki(dir.path(), &hosts, &user, &names(1)).expect("first");
         let err = write_dev_pki(dir.path(), &hosts, &user, &names(1)).expect_err("second");
         assert!(err.to_string().contains("ca.pem"), "{err}");
+    }
+
+    #[test]
+    fn per_party_folders_hold_one_party_each_and_a_rerun_keeps_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let hosts = ["proxy".to_string()];
+        let user = ["user".to_string()];
+        let layout = DevPkiLayout {
+            per_party: true,
+            keep_existing: true,
+        };
+        let pki = write_dev_pki_with(dir.path(), &hosts, &user, &names(2), layout).expect("pki");
+        let listing = |d: &str| {
+            let mut v: Vec<String> = std::fs::read_dir(dir.path().join(d))
+                .expect("party dir")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            listing("owner-02"),
+            ["ca.pem", "owner-02.key", "owner-02.pem"]
+        );
+        assert_eq!(
+            listing("proxy"),
+            [
+                "ca.pem",
+                "operator.key",
+                "operator.pem",
+                "proxy.key",
+                "proxy.pem"
+            ]
+        );
+        assert!(dir.path().join("ca.key").exists());
+        assert_eq!(
+            pki.owners[1].1.load(Role::Owner).expect("owner-02").me.name,
+            "owner-02"
+        );
+        assert_eq!(
+            pki.operator.load(Role::Proxy).expect("operator").me.name,
+            "operator"
+        );
+        // A rerun keeps what is there (same certificate), ...
+        let before = std::fs::read(&pki.proxy.cert).expect("proxy cert");
+        write_dev_pki_with(dir.path(), &hosts, &user, &names(2), layout).expect("rerun");
+        assert_eq!(std::fs::read(&pki.proxy.cert).expect("again"), before);
+        // ... but a set with a file missing, or one more party, is refused.
+        std::fs::remove_file(&pki.owners[0].1.key).expect("remove");
+        let err = write_dev_pki_with(dir.path(), &hosts, &user, &names(2), layout)
+            .expect_err("partial set");
+        assert!(err.to_string().contains("exists already"), "{err}");
+        let err = write_dev_pki_with(dir.path(), &hosts, &user, &names(3), layout)
+            .expect_err("one more owner");
+        assert!(err.to_string().contains("exists already"), "{err}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use dpca_common::data::normalize_row;
-use dpca_common::data::{read_bounds, read_csv, Table};
+use dpca_common::data::{read_bounds, read_csv, read_schema, Table};
 use dpca_common::dp::{split_request, Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{centered_scatter, pca, psd_repair, Pca};
@@ -28,6 +28,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use dpca_owner::OwnerReport;
+use dpca_proto::invitation::Invitation;
 use dpca_proto::tls::{write_dev_pki, DevPki, Role, TlsFiles, Transport};
 use dpca_proto::usage::Usage;
 
@@ -107,6 +108,32 @@ pub struct LocalOptions {
     /// Run without TLS (otherwise a throwaway development CA and certificates for
     /// the proxy, the user and every owner are made for the run and deleted after).
     pub insecure_plaintext: bool,
+    /// A study at a proxy that runs elsewhere (`user study`): nothing is started
+    /// here, `data` is only the schema (its header), and the owners are invited.
+    pub remote: Option<Remote>,
+}
+
+/// A study at a running proxy, with owners the user only invites.
+#[derive(Clone, Debug)]
+pub struct Remote {
+    /// The proxy's URL.
+    pub proxy: String,
+    /// The user's certificate (or plaintext, asked for by name).
+    pub transport: Transport,
+    /// The owners invited, by certificate name.
+    pub owners: Vec<String>,
+    /// Owners whose contributions seal the study.
+    pub quorum: u32,
+    /// Owners enough to seal at the deadline.
+    pub min_owners: u32,
+    /// Time from opening to the deadline.
+    pub deadline: Duration,
+    /// Public upper bound on the pooled rows.
+    pub max_rows: u64,
+    /// The class labels (classification).
+    pub classes: Vec<String>,
+    /// Where to write the owners' invitation.
+    pub invitation: Option<PathBuf>,
 }
 
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
@@ -137,7 +164,11 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     };
     let name = data.display().to_string();
     let file = std::fs::File::open(&data).with_context(|| format!("cannot open {name}"))?;
-    let input = read_csv(file, &name, label.as_deref())?;
+    let input = match opts.remote {
+        // The user of a remote study sees the header only.
+        Some(_) => read_schema(file, &name, label.as_deref())?,
+        None => read_csv(file, &name, label.as_deref())?,
+    };
     if opts.task != Task::Cluster && label.is_none() {
         bail!(
             "--task {} needs the label column: pass --label",
@@ -157,8 +188,15 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         Task::Regress => (input.with_label_as_feature(&name)?, None),
         _ => (input, label.clone()),
     };
-    let classes = match opts.task {
-        Task::Classify => {
+    let classes = match (opts.task, &opts.remote) {
+        (Task::Classify, Some(r)) if r.classes.is_empty() => {
+            bail!("--task classify at a remote proxy needs the class labels: pass --classes")
+        }
+        (Task::Classify, Some(r)) => Some(ClassSpec {
+            labels: r.classes.clone(),
+            covariance: opts.class_covariance,
+        }),
+        (Task::Classify, None) => {
             let mut labels = table.distinct_labels().unwrap_or_default();
             labels.sort_by(|a, b| natural_order(a, b));
             Some(ClassSpec {
@@ -168,8 +206,12 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         }
         _ => None,
     };
-    let n = table.rows.len();
-    if opts.owners == 0 || opts.owners > n {
+    // A remote user sees no rows: N is bounded by the public --max-rows.
+    let n = match &opts.remote {
+        Some(r) => usize::try_from(r.max_rows).context("--max-rows")?,
+        None => table.rows.len(),
+    };
+    if opts.remote.is_none() && (opts.owners == 0 || opts.owners > n) {
         bail!(
             "--owners must be between 1 and the {n} rows of {name}, got {}",
             opts.owners
@@ -184,6 +226,9 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
                 read_bounds(f, &table.features).with_context(|| format!("{}", p.display()))?,
                 false,
             )
+        }
+        None if opts.remote.is_some() => {
+            bail!("a study at a remote proxy needs public bounds: pass --bounds")
         }
         None => {
             eprintln!(
@@ -232,6 +277,12 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let (privacy, histogram_request) = match opts.row_norm_quantile {
         None => (privacy, None),
         Some(q) => {
+            if opts.remote.is_some() {
+                bail!(
+                    "--row-norm-quantile runs two studies on the same owners: local runs only; \
+                     give --row-norm-bound"
+                );
+            }
             if !(q > 0.0 && q < 1.0) {
                 bail!("--row-norm-quantile must be strictly between 0 and 1, got {q}");
             }
@@ -252,9 +303,25 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         Some((_, h)) => (h.epsilon + privacy.epsilon, h.delta + privacy.delta),
         None => (privacy.epsilon, privacy.delta),
     };
-    let owners_dir = opts.out.join("owners");
-    let owner_files = split_rows(&table, opts.owners, &owners_dir)?;
+    let owner_files = match opts.remote {
+        Some(_) => Vec::new(),
+        None => split_rows(
+            &table,
+            opts.owners,
+            &opts.out.join("owners"),
+            SliceLayout::default(),
+        )?,
+    };
 
+    // An invitation left from an earlier study must not send owners there.
+    if let Some(path) = opts.remote.as_ref().and_then(|r| r.invitation.as_ref()) {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("cannot remove {}", path.display()))
+            }
+            _ => {}
+        }
+    }
     eprintln!("generating a {}-bit Paillier key...", opts.key_bits);
     let t = Instant::now();
     let sk = tokio::task::spawn_blocking({
@@ -266,14 +333,17 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let keygen = t.elapsed().as_secs_f64();
     let pk = sk.public().clone();
 
-    let (proxy_bin, owner_bin) = sibling_binaries(opts.no_build)?;
+    let (proxy_bin, owner_bin) = match opts.remote {
+        Some(_) => Default::default(),
+        None => sibling_binaries(opts.no_build)?,
+    };
     // Mutual TLS even on loopback: the run exercises what a deployment runs. The CA
     // and the proxy's state live only as long as this run.
     let pki_dir = tempfile::Builder::new()
         .prefix("dpca-local-tls-")
         .tempdir()
         .context("cannot create a folder for the run's certificates")?;
-    let pki = if opts.insecure_plaintext {
+    let pki = if opts.insecure_plaintext || opts.remote.is_some() {
         None
     } else {
         let owners: Vec<String> = (1..=opts.owners).map(owner_name).collect();
@@ -285,42 +355,30 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             &owners,
         )?)
     };
-    let transport = match &pki {
-        Some(p) => Transport::Tls(std::sync::Arc::new(
+    let transport = match (&pki, &opts.remote) {
+        (_, Some(r)) => r.transport.clone(),
+        (Some(p), None) => Transport::Tls(std::sync::Arc::new(
             p.files("user")
                 .context("no user certificate")?
                 .load(Role::User)?,
         )),
-        None => Transport::InsecurePlaintext,
+        (None, None) => Transport::InsecurePlaintext,
     };
-    let mut proxy_cmd = Command::new(&proxy_bin);
-    // The run sets every flag itself; a config file meant for `user` is not theirs.
-    proxy_cmd.env_remove("DPCA_CONFIG");
-    proxy_cmd.args(["--listen", "127.0.0.1:0"]);
-    // The run's studies live as long as the run.
-    proxy_cmd
-        .arg("--state")
-        .arg(pki_dir.path().join("proxy.redb"));
-    transport_flags(&mut proxy_cmd, pki.as_ref().map(|p| &p.proxy));
-    if opts.noise_free_for_testing {
-        proxy_cmd.arg("--allow-noise-free-for-testing");
-    }
-    let mut proxy = Guard(
-        proxy_cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start {}", proxy_bin.display()))?,
-    );
-    let addr = read_listen_line(&mut proxy.0).await?;
-    let url = format!("{}://{addr}", transport.scheme());
-    eprintln!("proxy listening on {addr}");
-
+    let (proxy, url) = match &opts.remote {
+        Some(r) => (None, r.proxy.clone()),
+        None => {
+            let (p, url) =
+                start_proxy(&proxy_bin, pki.as_ref(), pki_dir.path(), opts, &transport).await?;
+            (Some(p), url)
+        }
+    };
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)?;
-    let max_rows = (n as u64).next_power_of_two().max(2);
+    let max_rows = match &opts.remote {
+        Some(r) => r.max_rows,
+        None => (n as u64).next_power_of_two().max(2),
+    };
     let mut client = dpca_proto::client::connect(&url, &transport).await?;
     let fingerprint = pk.fingerprint();
     let mut spec = StudySpec {
@@ -332,16 +390,29 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         },
         max_rows,
         privacy,
-        min_owners: opts.owners as u32,
-        quorum: opts.owners as u32,
-        deadline_unix_ms: now_ms + 3_600_000,
+        min_owners: opts
+            .remote
+            .as_ref()
+            .map_or(opts.owners as u32, |r| r.min_owners),
+        quorum: opts
+            .remote
+            .as_ref()
+            .map_or(opts.owners as u32, |r| r.quorum),
+        deadline_unix_ms: now_ms
+            + opts
+                .remote
+                .as_ref()
+                .map_or(3_600_000, |r| r.deadline.as_millis() as u64),
         kappa: MIN_KAPPA,
         public_key: pk.clone(),
         baseline: opts.baseline,
         classes,
         projection: None,
         norm_bins: None,
-        expected_owners: (1..=opts.owners).map(owner_name).collect(),
+        expected_owners: match &opts.remote {
+            Some(r) => r.owners.clone(),
+            None => (1..=opts.owners).map(owner_name).collect(),
+        },
     };
     // Refused before the histogram study runs, should the study itself be invalid.
     spec.validate()?;
@@ -402,17 +473,25 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let study_id = open_study(&mut client, &spec, opts.noise_free_for_testing).await?;
     eprintln!("study {study_id} opened; key fingerprint {fingerprint}");
 
-    let owner_reports = run_owners(
-        &owner_bin,
-        pki.as_ref(),
-        &url,
-        &study_id,
-        &fingerprint,
-        &owner_files,
-        owner_label.as_deref(),
-        budget_cap,
-    )
-    .await?;
+    let owner_reports = match &opts.remote {
+        Some(r) => {
+            invite(r, &study_id, &fingerprint, &spec)?;
+            Vec::new()
+        }
+        None => {
+            run_owners(
+                &owner_bin,
+                pki.as_ref(),
+                &url,
+                &study_id,
+                &fingerprint,
+                &owner_files,
+                owner_label.as_deref(),
+                budget_cap,
+            )
+            .await?
+        }
+    };
     let slowest_owner = owner_reports
         .iter()
         .map(|r| r.seconds_total)
@@ -457,7 +536,10 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let seconds_user = t_user.elapsed().as_secs_f64() - got.seconds_proxy;
     let usage = RoleUsage {
         owners: owner_reports.iter().map(|r| r.usage).collect(),
-        proxy: proxy.0.id().and_then(Usage::of_pid),
+        proxy: proxy
+            .as_ref()
+            .and_then(|p| p.0.id())
+            .and_then(Usage::of_pid),
         user: Usage::of_self().map(|after| Usage {
             cpu_seconds: after.cpu_seconds - usage_before.map_or(0.0, |b| b.cpu_seconds),
             peak_rss_bytes: after.peak_rss_bytes,
@@ -574,6 +656,38 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     Ok(report)
 }
 
+/// Starts the run's proxy on a free loopback port; returns it and its URL.
+async fn start_proxy(
+    proxy_bin: &Path,
+    pki: Option<&DevPki>,
+    state_dir: &Path,
+    opts: &LocalOptions,
+    transport: &Transport,
+) -> anyhow::Result<(Guard, String)> {
+    let mut proxy_cmd = Command::new(proxy_bin);
+    // The run sets every flag itself; a config file meant for `user` is not theirs.
+    proxy_cmd.env_remove("DPCA_CONFIG");
+    proxy_cmd.args(["--listen", "127.0.0.1:0"]);
+    // The run's studies live as long as the run.
+    proxy_cmd.arg("--state").arg(state_dir.join("proxy.redb"));
+    transport_flags(&mut proxy_cmd, pki.map(|p| &p.proxy));
+    if opts.noise_free_for_testing {
+        proxy_cmd.arg("--allow-noise-free-for-testing");
+    }
+    let mut proxy = Guard(
+        proxy_cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", proxy_bin.display()))?,
+    );
+    let addr = read_listen_line(&mut proxy.0).await?;
+    let url = format!("{}://{addr}", transport.scheme());
+    eprintln!("proxy listening on {addr}");
+    Ok((proxy, url))
+}
+
 /// Reorders synthetic records drawn in the `drawn` column order (the study's
 /// features, the label last) into the input's column order.
 fn in_input_order(
@@ -616,6 +730,27 @@ fn transport_flags(cmd: &mut Command, files: Option<&TlsFiles>) {
             cmd.arg("--insecure-plaintext");
         }
     }
+}
+
+/// Hands the owners of a remote study their invitation: written to the file asked
+/// for (atomically, so an owner waiting for it never reads half), and printed.
+fn invite(r: &Remote, study_id: &str, fingerprint: &str, spec: &StudySpec) -> anyhow::Result<()> {
+    let inv = Invitation {
+        study: study_id.to_string(),
+        key_fingerprint: fingerprint.to_string(),
+    };
+    if let Some(path) = &r.invitation {
+        inv.write(path)?;
+        eprintln!("invitation written to {}", path.display());
+    }
+    eprintln!(
+        "invite the owners {} to study {study_id} (key fingerprint {fingerprint}); it seals \
+         at {} contributions, or at its deadline with at least {}",
+        r.owners.join(", "),
+        spec.quorum,
+        spec.min_owners
+    );
+    Ok(())
 }
 
 /// Starts one owner process per file for `study_id` and waits for all of them,
@@ -828,17 +963,43 @@ fn read_components(path: &Path, features: &[String], k: usize) -> anyhow::Result
     Ok(w)
 }
 
+/// Where [`split_rows`] writes the slices.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SliceLayout {
+    /// `DIR/OWNER/rows.csv` (a folder per owner) instead of `DIR/OWNER.csv`.
+    pub per_party: bool,
+    /// When every slice exists already, keep them and write nothing.
+    pub keep_existing: bool,
+}
+
 /// Writes each owner's slice (contiguous, sizes differing by at most one row) with
-/// the input's header, label column included.
-fn split_rows(table: &Table, owners: usize, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+/// the input's header, label column included; returns the files in owner order.
+pub fn split_rows(
+    table: &Table,
+    owners: usize,
+    dir: &Path,
+    layout: SliceLayout,
+) -> anyhow::Result<Vec<PathBuf>> {
     let n = table.rows.len();
-    let mut files = Vec::with_capacity(owners);
+    if owners == 0 || owners > n {
+        bail!("cannot split {n} rows among {owners} owners");
+    }
+    let paths: Vec<PathBuf> = (1..=owners)
+        .map(|i| match layout.per_party {
+            true => dir.join(owner_name(i)).join("rows.csv"),
+            false => dir.join(format!("{}.csv", owner_name(i))),
+        })
+        .collect();
+    if layout.keep_existing && paths.iter().all(|p| p.exists()) {
+        return Ok(paths);
+    }
     let mut start = 0;
-    for i in 0..owners {
+    for (i, path) in paths.iter().enumerate() {
         let len = n / owners + usize::from(i < n % owners);
-        let path = dir.join(format!("{}.csv", owner_name(i + 1)));
-        let mut w = csv::Writer::from_path(&path)
+        let parent = path.parent().unwrap_or(dir);
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+        let mut w = csv::Writer::from_path(path)
             .with_context(|| format!("cannot create {}", path.display()))?;
         let mut header = table.features.clone();
         if let Some((l, _)) = &table.label {
@@ -854,9 +1015,8 @@ fn split_rows(table: &Table, owners: usize, dir: &Path) -> anyhow::Result<Vec<Pa
         }
         w.flush()?;
         start += len;
-        files.push(path);
     }
-    Ok(files)
+    Ok(paths)
 }
 
 async fn read_listen_line(child: &mut Child) -> anyhow::Result<String> {

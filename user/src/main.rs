@@ -4,10 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use dpca_common::data::read_csv;
 use dpca_common::dp::{Centering, Mechanism};
 use dpca_common::paillier::{SecretKey, DEFAULT_KEY_BITS};
 use dpca_common::study::ClassCovariance;
 use dpca_common::synth::Task;
+use dpca_proto::tls::{write_dev_pki_with, DevPkiLayout, Role, TransportArgs};
+use dpca_user::local::{LocalOptions, SliceLayout};
 use rand::rngs::OsRng;
 
 /// Principal components of data pooled across owners who never reveal their rows.
@@ -57,28 +60,58 @@ enum Cmd {
         /// Or this many owners named owner-01, owner-02, ...
         #[arg(long)]
         owner_count: Option<usize>,
+        /// One folder per party (proxy/, USER/, OWNER/) holding ca.pem and that
+        /// party's certificate and key only, to hand over whole; the CA key stays
+        /// in OUT.
+        #[arg(long)]
+        per_party_dirs: bool,
+        /// Succeed without writing when every file is there already (a rerun of a
+        /// setup step); a partial set is still refused.
+        #[arg(long)]
+        keep_existing: bool,
     },
+    /// Split a CSV table into contiguous slices of nearly equal size, one per
+    /// owner (owner-01, owner-02, ...), each with the input's header: for trials
+    /// and simulations.
+    Split {
+        /// The table to split (header row).
+        #[arg(long)]
+        data: PathBuf,
+        /// Number of slices.
+        #[arg(long)]
+        owners: usize,
+        /// Folder to write OWNER.csv into, or OWNER/rows.csv with --per-party-dirs.
+        #[arg(long)]
+        out: PathBuf,
+        /// Write each slice into its owner's folder as rows.csv.
+        #[arg(long)]
+        per_party_dirs: bool,
+        /// Succeed without writing when every slice is there already.
+        #[arg(long)]
+        keep_existing: bool,
+    },
+    /// Run a study at a proxy that runs elsewhere: open it, write the invitation
+    /// (study id and key fingerprint) for the owners, wait until it seals, then
+    /// decrypt and write the outputs as `local` does. The key is made for the study
+    /// and never leaves this process.
+    Study(Box<RemoteArgs>),
     /// Run a whole study on this machine: a proxy and several owner processes on
     /// loopback, the table split among them; print the explained variance and write
     /// components.csv, eigenvalues.csv, scatter.csv and study.json.
     Local(Box<LocalArgs>),
 }
 
+/// What a study computes and releases, wherever its proxy and owners run.
 #[derive(clap::Args, Debug)]
-struct LocalArgs {
-    /// Input CSV with a header row (default: the bundled optdigits, bounds 0..16).
-    #[arg(long)]
-    data: Option<PathBuf>,
-    /// Owner processes to split the rows among.
-    #[arg(long, default_value_t = 10)]
-    owners: usize,
+struct StudyArgs {
     /// Principal components to write.
     #[arg(long, default_value_t = 10)]
     k: usize,
     /// Privacy parameter epsilon (> 0).
     #[arg(long, default_value_t = 1.0)]
     epsilon: f64,
-    /// Privacy parameter delta in (0, 1) (default 1/N^1.1).
+    /// Privacy parameter delta in (0, 1) (default 1/N^1.1; for a study at a
+    /// remote proxy N is --max-rows).
     #[arg(long)]
     delta: Option<f64>,
     /// gaussian (default), gaussian-classic (epsilon < 1), laplace, wishart-unproven.
@@ -98,7 +131,7 @@ struct LocalArgs {
     bounds: Option<PathBuf>,
     /// Row L2 norm bound C in normalized units (default 1; the bundled demo chooses
     /// it with --row-norm-quantile 0.9).
-    #[arg(long, conflicts_with = "row_norm_quantile")]
+    #[arg(long)]
     row_norm_bound: Option<f64>,
     /// Paillier modulus bits (2048 or more).
     #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
@@ -109,13 +142,6 @@ struct LocalArgs {
     /// Output folder.
     #[arg(long, default_value = "out")]
     out: PathBuf,
-    /// Do not build proxy and owner first (use the binaries next to this one).
-    #[arg(long)]
-    no_build: bool,
-    /// Speed baseline (the paper's way): one value per ciphertext, textbook r^n
-    /// randomness, no CRT, one thread per role. Same results, much slower.
-    #[arg(long)]
-    baseline: bool,
     /// Also write ROWS rows of differentially private synthetic data to
     /// OUT/synthetic.csv (PCA-Gauss on the top-k components: post-processing, no extra
     /// budget). Needs a DP mean: `--centering dp-mean`.
@@ -140,10 +166,27 @@ struct LocalArgs {
     /// (DP PCA as the independent source; its budget was spent by that study).
     #[arg(long, value_name = "CSV")]
     components_from: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct LocalArgs {
+    /// Input CSV with a header row (default: the bundled optdigits, bounds 0..16).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Owner processes to split the rows among.
+    #[arg(long, default_value_t = 10)]
+    owners: usize,
+    /// Do not build proxy and owner first (use the binaries next to this one).
+    #[arg(long)]
+    no_build: bool,
+    /// Speed baseline (the paper's way): one value per ciphertext, textbook r^n
+    /// randomness, no CRT, one thread per role. Same results, much slower.
+    #[arg(long)]
+    baseline: bool,
     /// Choose the row-norm bound C as this quantile of the rows' norms (e.g. 0.9):
     /// a row-norm histogram study runs first on the same owners and spends
     /// --quantile-budget-share of the budget; replaces --row-norm-bound.
-    #[arg(long, value_name = "Q")]
+    #[arg(long, value_name = "Q", conflicts_with = "row_norm_bound")]
     row_norm_quantile: Option<f64>,
     /// Share of epsilon (of zCDP rho for the gaussian mechanism) the row-norm
     /// histogram spends; the study gets the rest, and study.json the composed total.
@@ -156,6 +199,50 @@ struct LocalArgs {
     /// TEST ONLY: noise-free release (the proxy is started in its test mode).
     #[arg(long, hide = true)]
     noise_free_for_testing: bool,
+    #[command(flatten)]
+    study: StudyArgs,
+}
+
+#[derive(clap::Args, Debug)]
+struct RemoteArgs {
+    /// The proxy's URL.
+    #[arg(long, env = "DPCA_PROXY_URL")]
+    proxy: String,
+    /// A CSV whose header row is the table's: the features in the owners' order
+    /// (and the --label column). Only the header is read: the user never sees rows.
+    #[arg(long, value_name = "CSV")]
+    schema: PathBuf,
+    /// The owners invited, by the names in their certificates, comma separated;
+    /// the proxy refuses anyone else.
+    #[arg(long, value_delimiter = ',', required = true)]
+    owners: Vec<String>,
+    /// The study seals once this many owners have contributed (default: all).
+    #[arg(long)]
+    quorum: Option<u32>,
+    /// At the deadline the study seals if at least this many have (default: the
+    /// quorum), else it is aborted.
+    #[arg(long)]
+    min_owners: Option<u32>,
+    /// Minutes from now until the deadline.
+    #[arg(long, default_value_t = 60)]
+    deadline_minutes: u64,
+    /// A public upper bound on the pooled rows N (sets the fixed-point ranges, and
+    /// delta's default).
+    #[arg(long)]
+    max_rows: u64,
+    /// Classification: the label's values, comma separated (public; needed before
+    /// any row is seen).
+    #[arg(long, value_delimiter = ',')]
+    classes: Vec<String>,
+    /// Write the owners' invitation (TOML: study, key-fingerprint) to this file;
+    /// `owner --invitation FILE` reads it. Without it, the study id and the
+    /// fingerprint are printed only.
+    #[arg(long, value_name = "TOML")]
+    invitation: Option<PathBuf>,
+    #[command(flatten)]
+    transport: TransportArgs,
+    #[command(flatten)]
+    study: StudyArgs,
 }
 
 /// Rows of the bundled optdigits table: the demo writes as many synthetic rows.
@@ -189,12 +276,18 @@ async fn main() -> anyhow::Result<()> {
             users,
             owners,
             owner_count,
+            per_party_dirs,
+            keep_existing,
         } => {
             let owners = match owner_count {
                 Some(n) => (1..=n).map(dpca_user::local::owner_name).collect(),
                 None => owners,
             };
-            let pki = dpca_proto::tls::write_dev_pki(&out, &proxy_hosts, &users, &owners)?;
+            let layout = DevPkiLayout {
+                per_party: per_party_dirs,
+                keep_existing,
+            };
+            let pki = write_dev_pki_with(&out, &proxy_hosts, &users, &owners, layout)?;
             println!(
                 "wrote a development CA and certificates for the proxy ({}), users {} \
                  and {} owners to {}",
@@ -204,61 +297,126 @@ async fn main() -> anyhow::Result<()> {
                 out.display()
             );
         }
+        Cmd::Split {
+            data,
+            owners,
+            out,
+            per_party_dirs,
+            keep_existing,
+        } => {
+            let name = data.display().to_string();
+            let file = std::fs::File::open(&data).with_context(|| format!("cannot open {name}"))?;
+            let table = read_csv(file, &name, None)?;
+            let files = dpca_user::local::split_rows(
+                &table,
+                owners,
+                &out,
+                SliceLayout {
+                    per_party: per_party_dirs,
+                    keep_existing,
+                },
+            )?;
+            println!(
+                "{} rows of {name} in {} slices under {}",
+                table.rows.len(),
+                files.len(),
+                out.display()
+            );
+        }
         Cmd::Local(a) => {
             // The bundled demo (no --data) shows the whole product: components and
             // labelled synthetic rows, one per real row (unless asked for `mask`,
             // which releases no mean to synthesize with).
-            let demo = a.data.is_none() && a.centering.as_deref() != Some("mask");
-            let task = match &a.task {
-                Some(t) => Task::parse(t)?,
-                None if demo => Task::Classify,
-                None => Task::Cluster,
-            };
-            let synthetic = a.synthetic.or(demo.then_some(BUNDLED_ROWS));
+            let demo = a.data.is_none() && a.study.centering.as_deref() != Some("mask");
             // Synthetic rows in the input's units look like the real ones only if
             // few rows are clipped: the demo picks C privately.
             let row_norm_quantile = a
                 .row_norm_quantile
-                .or((demo && a.row_norm_bound.is_none()).then_some(DEMO_NORM_QUANTILE));
-            let centering = match &a.centering {
-                Some(c) => Centering::parse(c)?,
-                None if synthetic.is_some()
-                    || task == Task::Classify
-                    || a.pca_from.is_some()
-                    || a.components_from.is_some() =>
-                {
-                    Centering::DpMean
-                }
-                None => Centering::Mask,
-            };
+                .or((demo && a.study.row_norm_bound.is_none()).then_some(DEMO_NORM_QUANTILE));
             let opts = dpca_user::local::LocalOptions {
                 data: a.data,
                 owners: a.owners,
-                k: a.k,
-                epsilon: a.epsilon,
-                delta: a.delta,
-                mechanism: Mechanism::parse(&a.mechanism)?,
-                centering,
-                label: a.label,
-                bounds: a.bounds,
-                row_norm_bound: a.row_norm_bound.unwrap_or(1.0),
-                key_bits: a.key_bits,
-                psd_repair: a.psd_repair,
-                out: a.out,
                 noise_free_for_testing: a.noise_free_for_testing,
                 no_build: a.no_build,
                 baseline: a.baseline,
-                synthetic,
-                task,
-                class_covariance: ClassCovariance::parse(&a.class_covariance)?,
-                pca_from: a.pca_from,
-                components_from: a.components_from,
                 row_norm_quantile,
                 quantile_budget_share: a.quantile_budget_share,
                 insecure_plaintext: a.insecure_plaintext,
+                remote: None,
+                ..study_options(a.study, demo)?
+            };
+            dpca_user::local::run(&opts).await?;
+        }
+        Cmd::Study(a) => {
+            let transport = a.transport.transport(Role::User).context("transport")?;
+            let quorum = a.quorum.unwrap_or(a.owners.len() as u32);
+            let opts = dpca_user::local::LocalOptions {
+                data: Some(a.schema),
+                owners: a.owners.len(),
+                remote: Some(dpca_user::local::Remote {
+                    proxy: a.proxy,
+                    transport,
+                    owners: a.owners,
+                    quorum,
+                    min_owners: a.min_owners.unwrap_or(quorum),
+                    deadline: std::time::Duration::from_secs(a.deadline_minutes * 60),
+                    max_rows: a.max_rows,
+                    classes: a.classes,
+                    invitation: a.invitation,
+                }),
+                ..study_options(a.study, false)?
             };
             dpca_user::local::run(&opts).await?;
         }
     }
     Ok(())
+}
+
+/// The options a study's flags set, with the defaults that depend on one another
+/// (task, centering, synthetic rows); `demo` is the bundled demo of `local`.
+fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
+    let task = match &a.task {
+        Some(t) => Task::parse(t)?,
+        None if demo => Task::Classify,
+        None => Task::Cluster,
+    };
+    let synthetic = a.synthetic.or(demo.then_some(BUNDLED_ROWS));
+    let centering = match &a.centering {
+        Some(c) => Centering::parse(c)?,
+        None if synthetic.is_some()
+            || task == Task::Classify
+            || a.pca_from.is_some()
+            || a.components_from.is_some() =>
+        {
+            Centering::DpMean
+        }
+        None => Centering::Mask,
+    };
+    Ok(LocalOptions {
+        data: None,
+        owners: 0,
+        k: a.k,
+        epsilon: a.epsilon,
+        delta: a.delta,
+        mechanism: Mechanism::parse(&a.mechanism)?,
+        centering,
+        label: a.label,
+        bounds: a.bounds,
+        row_norm_bound: a.row_norm_bound.unwrap_or(1.0),
+        key_bits: a.key_bits,
+        psd_repair: a.psd_repair,
+        out: a.out,
+        noise_free_for_testing: false,
+        no_build: false,
+        baseline: false,
+        synthetic,
+        task,
+        class_covariance: ClassCovariance::parse(&a.class_covariance)?,
+        pca_from: a.pca_from,
+        components_from: a.components_from,
+        row_norm_quantile: None,
+        quantile_budget_share: 0.0,
+        insecure_plaintext: false,
+        remote: None,
+    })
 }

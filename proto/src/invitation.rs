@@ -1,0 +1,175 @@
+//! The invitation a data user hands each owner out of band: the study to join and
+//! the fingerprint of the key to encrypt for. An owner that reads it from a file
+//! (`owner --invitation`) still checks the study's key against the fingerprint, so a
+//! forged invitation can at worst point the owner at a study it then refuses or at
+//! a key whose holder wrote the invitation.
+//!
+//! The file is TOML with the owner's flag names as keys:
+//!
+//! ```toml
+//! study = "3f2a..."
+//! key-fingerprint = "9c1e..."
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Why an invitation could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum InvitationError {
+    /// Reading or writing the file failed.
+    #[error("invitation {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not an invitation.
+    #[error("invitation {}: {reason}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Which study to join, and for which key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Invitation {
+    /// The study's id at the proxy.
+    pub study: String,
+    /// SHA-256 fingerprint (64 hex digits) of the data user's public key.
+    pub key_fingerprint: String,
+}
+
+impl Invitation {
+    /// Checks the fields' shapes: a study id of letters, digits, `-` and `_`, and a
+    /// fingerprint of 64 hex digits.
+    pub fn validate(&self) -> Result<(), String> {
+        let id_ok = !self.study.is_empty()
+            && self.study.len() <= 128
+            && self
+                .study
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !id_ok {
+            return Err(format!("`{}` is not a study id", self.study));
+        }
+        if self.key_fingerprint.len() != 64
+            || !self.key_fingerprint.chars().all(|c| c.is_ascii_hexdigit())
+        {
+            return Err(format!(
+                "`{}` is not a key fingerprint (64 hex digits)",
+                self.key_fingerprint
+            ));
+        }
+        Ok(())
+    }
+
+    /// The invitation as TOML.
+    pub fn to_toml(&self) -> String {
+        format!(
+            "# An invitation to a private PCA study (owner --invitation FILE).\n\
+             study = \"{}\"\nkey-fingerprint = \"{}\"\n",
+            self.study, self.key_fingerprint
+        )
+    }
+
+    /// Parses and validates an invitation; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, InvitationError> {
+        let invalid = |reason: String| InvitationError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let inv: Invitation = toml::from_str(text).map_err(|e| invalid(e.message().into()))?;
+        inv.validate().map_err(invalid)?;
+        Ok(inv)
+    }
+
+    /// Writes the invitation so that a reader never sees half of it: to a temporary
+    /// file beside `path`, then renamed over it.
+    pub fn write(&self, path: &Path) -> Result<(), InvitationError> {
+        self.validate().map_err(|reason| InvitationError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        })?;
+        let io = |source| InvitationError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".partial");
+        std::fs::write(&tmp, self.to_toml()).map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// Reads the invitation at `path`.
+    pub fn read(path: &Path) -> Result<Self, InvitationError> {
+        let text = std::fs::read_to_string(path).map_err(|source| InvitationError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn an_invitation_reads_back_as_written(
+            study in "[A-Za-z0-9_-]{1,64}",
+            fp in "[0-9a-f]{64}",
+        ) {
+            let inv = Invitation { study, key_fingerprint: fp };
+            let back = Invitation::parse(&inv.to_toml(), Path::new("inv.toml"));
+            prop_assert_eq!(back.ok(), Some(inv));
+        }
+    }
+
+    #[test]
+    fn a_bad_invitation_names_the_file_and_what_is_wrong() {
+        let p = Path::new("inv.toml");
+        let fp = "ab".repeat(32);
+        let cases = [
+            (
+                format!("study = \"a b\"\nkey-fingerprint = \"{fp}\""),
+                "a b",
+            ),
+            ("study = \"s\"\nkey-fingerprint = \"xyz\"".into(), "xyz"),
+            (
+                format!("study = \"s\"\nkey-fingerprint = \"{fp}\"\nextra = 1"),
+                "extra",
+            ),
+            ("study = \"s\"".into(), "key-fingerprint"),
+            ("not toml".into(), "inv.toml"),
+        ];
+        for (text, needle) in cases {
+            let err = Invitation::parse(&text, p).expect_err(&text).to_string();
+            assert!(err.contains("inv.toml") && err.contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_written_invitation_replaces_the_old_one_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("invitation.toml");
+        let fp = "cd".repeat(32);
+        for study in ["first", "second"] {
+            let inv = Invitation {
+                study: study.into(),
+                key_fingerprint: fp.clone(),
+            };
+            inv.write(&path).expect("write");
+            assert_eq!(Invitation::read(&path).expect("read"), inv);
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 1);
+    }
+}

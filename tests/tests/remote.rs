@@ -1,0 +1,122 @@
+//! A study at a proxy the user does not start: `user study` opens it and writes the
+//! invitation, owners started before it exists wait for it, and the study seals at
+//! its quorum with the missing owner named.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use dpca_tests::{bin, describe, optdigits, start_proxy, workspace_root, write_slice, Proc};
+
+#[test]
+fn user_study_invites_owners_who_wait_for_the_invitation() {
+    let proxy = start_proxy(false);
+    let table = optdigits();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name);
+    // The user knows the table's header only.
+    let mut header = table.features.clone();
+    header.push("label".into());
+    std::fs::write(p("schema.csv"), header.join(",") + "\n").expect("schema");
+    write_slice(&table, 0, 300, &p("a.csv"));
+    write_slice(&table, 300, 400, &p("b.csv"));
+    let invitation = p("invitation.toml");
+    // A stale invitation must not send the owners to another study.
+    std::fs::write(
+        &invitation,
+        format!(
+            "study = \"old\"\nkey-fingerprint = \"{}\"\n",
+            "0".repeat(64)
+        ),
+    )
+    .expect("stale invitation");
+
+    let owner = |name: &str, data: &Path| {
+        let mut cmd = Command::new(bin("owner"));
+        cmd.args(["--proxy", &proxy.url, "--quiet", "--budget-cap", "2,1e-5"])
+            .arg("--invitation")
+            .arg(&invitation)
+            .arg("--data")
+            .arg(data)
+            .args(["--label", "label", "--retry-for", "120"])
+            .args(proxy.tls_args(name))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let mut user = Command::new(bin("user"));
+    user.arg("study")
+        .args(["--proxy", &proxy.url])
+        .arg("--schema")
+        .arg(p("schema.csv"))
+        .args(["--label", "label", "--bounds"])
+        .arg(workspace_root().join("data/optdigits.bounds.csv"))
+        .args(["--owners", "a,b,hospital-a", "--quorum", "2"])
+        .args(["--max-rows", "1024", "--k", "3", "--key-bits", "2048"])
+        .args([
+            "--centering",
+            "dp-mean",
+            "--synthetic",
+            "50",
+            "--delta",
+            "1e-6",
+        ])
+        .arg("--invitation")
+        .arg(&invitation)
+        .arg("--out")
+        .arg(p("out"))
+        .args(proxy.tls_args("user"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let user = Proc(user.spawn().expect("start user"));
+    let owners = [("a", "a.csv"), ("b", "b.csv")].map(|(name, file)| {
+        owner(name, &p(file))
+            .spawn()
+            .map(Proc)
+            .expect("start owner")
+    });
+    for o in owners {
+        let out = take_output(o);
+        assert!(out.status.success(), "owner: {}", describe(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("owner report");
+        assert_eq!(report["newly_counted"], true, "{report}");
+    }
+    let out = take_output(user);
+    assert!(out.status.success(), "user: {}", describe(&out));
+
+    let study: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p("out/study.json")).expect("study.json"))
+            .expect("study.json parses");
+    assert_eq!(study["n_rows"], 700, "{study}");
+    assert_eq!(study["n_owners"], 2);
+    assert_eq!(study["owners_missing"], serde_json::json!(["hospital-a"]));
+    let inv = std::fs::read_to_string(&invitation).expect("invitation");
+    assert!(
+        inv.contains(study["study_id"].as_str().expect("study id")),
+        "{inv}"
+    );
+    assert!(inv.contains(study["key_fingerprint"].as_str().expect("fingerprint")));
+    let components = std::fs::read_to_string(p("out/components.csv")).expect("components");
+    assert_eq!(
+        components.lines().next(),
+        Some("feature,PC1,PC2,PC3"),
+        "{components}"
+    );
+    let synthetic = std::fs::read_to_string(p("out/synthetic.csv")).expect("synthetic");
+    assert_eq!(synthetic.lines().next(), Some(header.join(",").as_str()));
+    assert_eq!(synthetic.lines().count(), 51);
+
+    // The owner who came late finds the study sealed, and is told so.
+    let out = owner("hospital-a", &p("a.csv"))
+        .output()
+        .expect("late owner");
+    assert!(!out.status.success(), "late owner: {}", describe(&out));
+}
+
+/// Waits for a child and collects its output.
+fn take_output(mut p: Proc) -> std::process::Output {
+    let child = std::mem::replace(
+        &mut p.0,
+        Command::new("true").spawn().expect("placeholder process"),
+    );
+    child.wait_with_output().expect("wait")
+}
