@@ -15,6 +15,8 @@ struct Args {
     /// environment variables and flags override it.
     #[arg(long, global = true, env = "DPCA_CONFIG", value_name = "TOML")]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    log: dpca_proto::logging::LogArgs,
     /// Proxy URL (https, or http with --insecure-plaintext).
     #[arg(
         long,
@@ -80,12 +82,12 @@ fn parse_cap(s: &str) -> Result<(f64, f64), String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    dpca_proto::logging::init();
     let args = Args::parse_from(dpca_proto::config::with_config(
         &<Args as clap::CommandFactory>::command(),
         std::env::args_os().collect(),
         |k| std::env::var(k).ok(),
     )?);
+    dpca_proto::logging::init(&args.log);
     let transport = args.transport.transport(Role::Owner).context("transport")?;
     let owner_id = dpca_owner::owner_id(args.owner_id.as_deref(), &transport)?;
     let retry_for = std::time::Duration::try_from_secs_f64(args.retry_for)

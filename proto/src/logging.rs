@@ -1,10 +1,35 @@
 //! The one logging setup every role binary shares: `tracing` to stderr (stdout
-//! carries the programs' machine-readable output), filtered by `RUST_LOG`.
+//! carries the programs' machine-readable output), filtered by `RUST_LOG`, as text
+//! for people or, on request, one JSON object per line for a log collector.
 
-/// Installs the stderr subscriber; call once at the start of `main`.
-pub fn init() {
-    tracing_subscriber::fmt()
+/// How log lines are written.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (timestamp, level, target, message, fields).
+    Json,
+}
+
+/// The logging flag every program takes.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct LogArgs {
+    /// Log lines on stderr as `text` or `json` (one object per line); the level
+    /// comes from RUST_LOG (e.g. `info`, `dpca_proxy=debug`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "DPCA_LOG_FORMAT",
+          global = true)]
+    pub log_format: LogFormat,
+}
+
+/// Installs the stderr subscriber; call once at the start of `main`, after the
+/// arguments are parsed.
+pub fn init(args: &LogArgs) {
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
 }

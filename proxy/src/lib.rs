@@ -13,6 +13,7 @@
 pub mod access;
 pub mod budget;
 pub mod listener;
+pub mod metrics;
 pub mod service;
 pub mod status;
 pub mod store;
@@ -72,6 +73,7 @@ pub async fn run(
         // at most this much data in the proxy, so memory stays flat in the owners.
         .initial_stream_window_size(UPLOAD_WINDOW_BYTES)
         .initial_connection_window_size(UPLOAD_WINDOW_BYTES)
+        .layer(tower::layer::layer_fn(metrics::CountCalls))
         .add_service(server)
         .serve_with_incoming_shutdown(
             listener::capped(listener, listener::MAX_CONNECTIONS),

@@ -14,6 +14,8 @@ struct Args {
     /// environment variables and flags override it.
     #[arg(long, global = true, env = "DPCA_CONFIG", value_name = "TOML")]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    log: dpca_proto::logging::LogArgs,
     #[command(subcommand)]
     command: Option<Cmd>,
     /// Address to listen on (port 0 picks a free port; the bound address is printed).
@@ -32,6 +34,10 @@ struct Args {
     /// running aggregates survive a restart. One proxy per file.
     #[arg(long, default_value = "dpca-proxy.redb", env = "DPCA_PROXY_STATE")]
     state: PathBuf,
+    /// Serve metrics in Prometheus text format at http://ADDR/metrics (off by
+    /// default; counts and timings only, no study content).
+    #[arg(long, env = "DPCA_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     transport: TransportArgs,
 }
@@ -60,12 +66,12 @@ enum Cmd {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    dpca_proto::logging::init();
     let args = Args::parse_from(dpca_proto::config::with_config(
         &<Args as clap::CommandFactory>::command(),
         std::env::args_os().collect(),
         |k| std::env::var(k).ok(),
     )?);
+    dpca_proto::logging::init(&args.log);
     if let Some(Cmd::Status {
         proxy,
         json,
@@ -97,6 +103,10 @@ async fn main() -> anyhow::Result<()> {
         tracing::warn!("noise-free releases are ENABLED: test use only");
     }
     let transport = args.transport.transport(Role::Proxy).context("transport")?;
+    if let Some(addr) = args.metrics_listen {
+        dpca_proxy::metrics::install(addr)?;
+        tracing::info!(%addr, "metrics at /metrics");
+    }
     let (listener, addr) = dpca_proxy::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -185,6 +185,7 @@ impl ProxyService {
                 for s in map.values_mut() {
                     s.tick(now);
                 }
+                crate::metrics::phases(map.values().map(|s| s.phase.name()));
             }
         });
     }
@@ -290,6 +291,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         let mut id_bytes = [0u8; 16];
         OsRng.fill_bytes(&mut id_bytes);
         let id = hex::encode(id_bytes);
+        crate::metrics::study_opened();
         tracing::info!(study = %id, features = spec.dim(), quorum = spec.quorum, "study opened");
         let mut study = Study::new(id.clone(), spec, layout, req.noise_free_for_testing);
         study.opened_by = peer.map(|p| p.name);
@@ -397,6 +399,10 @@ impl v1::proxy_server::Proxy for ProxyService {
         // Acknowledged only once stored, with its charge.
         let (outcome, owners_in, budget) =
             self.commit_contribution(&study_id, &owner, &cid, cap, &cts)?;
+        crate::metrics::contribution(
+            outcome == ContributionOutcome::Counted,
+            cts.len() * pk.ciphertext_bytes(),
+        );
         tracing::info!(study = %study_id, owner = %owner, owners_in, "contribution counted");
         Ok(Response::new(contribute_response(
             outcome == ContributionOutcome::Counted,
@@ -471,7 +477,9 @@ impl v1::proxy_server::Proxy for ProxyService {
         .map_err(|e| Status::internal(format!("release task failed: {e}")))??;
         // Stored before it can be served: a restart serves this release again.
         self.update_study(&id, |s| Ok(s.commit_release(released)?))?;
-        tracing::info!(study = %id, seconds = started.elapsed().as_secs_f64(), "release computed");
+        let seconds = started.elapsed().as_secs_f64();
+        crate::metrics::release(seconds);
+        tracing::info!(study = %id, seconds, "release computed");
         Ok(Response::new(v1::RevealCountResponse {}))
     }
 

@@ -21,6 +21,8 @@ struct Cli {
     /// environment variables and flags override it.
     #[arg(long, global = true, env = "DPCA_CONFIG", value_name = "TOML")]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    log: dpca_proto::logging::LogArgs,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -253,12 +255,12 @@ const DEMO_NORM_QUANTILE: f64 = 0.9;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    dpca_proto::logging::init();
     let cli = Cli::parse_from(dpca_proto::config::with_config(
         &<Cli as clap::CommandFactory>::command(),
         std::env::args_os().collect(),
         |k| std::env::var(k).ok(),
     )?);
+    dpca_proto::logging::init(&cli.log);
     match cli.command {
         Cmd::Keygen {
             key_bits,

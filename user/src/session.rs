@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use dpca_common::paillier::{Ciphertext, SecretKey};
@@ -89,6 +89,39 @@ pub fn count_once(
     Ok(n)
 }
 
+/// How long the user keeps calling again while the proxy cannot be reached while
+/// it waits for the seal (a proxy restart keeps the study: see the proxy's store).
+const RECONNECT_FOR: Duration = Duration::from_secs(300);
+
+/// Waits for the study to seal, calling again (the channel reconnects) while the
+/// proxy is unreachable, for up to [`RECONNECT_FOR`].
+async fn await_seal(
+    client: &mut ProxyClient<Channel>,
+    study_id: &str,
+) -> anyhow::Result<v1::SealedStudy> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(200);
+    loop {
+        let res = client
+            .await_seal(v1::AwaitSealRequest {
+                study_id: study_id.to_string(),
+            })
+            .await;
+        match res {
+            Ok(r) => return Ok(r.into_inner()),
+            Err(s)
+                if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
+                    && start.elapsed() + pause < RECONNECT_FOR =>
+            {
+                tracing::warn!(error = %dpca_proto::client::status_message(&s), "proxy unreachable while waiting for the seal; calling again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(s) => return Err(status("study did not seal")(s)),
+        }
+    }
+}
+
 /// Waits for the study to seal, decrypts N (checking it against the spec), reveals
 /// it, fetches the release and decrypts it.
 pub async fn collect(
@@ -98,13 +131,7 @@ pub async fn collect(
     study_id: &str,
 ) -> anyhow::Result<Collected> {
     let pk = sk.public();
-    let sealed = client
-        .await_seal(v1::AwaitSealRequest {
-            study_id: study_id.to_string(),
-        })
-        .await
-        .map_err(status("study did not seal"))?
-        .into_inner();
+    let sealed = await_seal(client, study_id).await?;
     let count_ct = pk
         .ciphertext_from_bytes(&sealed.encrypted_count, 0)
         .context("proxy sent an invalid encrypted count")?;

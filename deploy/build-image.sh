@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds the image `dpca:local` that docker-compose.yml runs: the release programs
+# and the shared libraries they link (found with ldd), copied into a root filesystem
+# under deploy/rootfs, then `FROM scratch`. Needs cargo, ldd and a Docker engine;
+# pulls no image.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+rootfs="$root/deploy/rootfs"
+
+cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p proxy -p owner -p user
+
+rm -rf "$rootfs"
+mkdir -p "$rootfs"/{bin,data,etc,tmp}
+for prog in proxy owner user; do
+    cp "$root/target/release/$prog" "$rootfs/bin/$prog"
+    # Debug info is for profiling on the build machine, not for the image.
+    strip "$rootfs/bin/$prog"
+    # Every library the program links, at the path the dynamic loader looks for it.
+    ldd "$root/target/release/$prog" | grep -o '/[^ ]*' | while read -r lib; do
+        mkdir -p "$rootfs$(dirname "$lib")"
+        cp -L "$lib" "$rootfs$lib"
+    done
+done
+
+# The bundled table (for the setup step that splits it among the owners), its
+# public bounds, and its header alone: all the data user is given.
+cp "$root/data/optdigits.csv" "$root/data/optdigits.bounds.csv" "$rootfs/data/"
+head -n 1 "$root/data/optdigits.csv" >"$rootfs/data/optdigits.schema.csv"
+
+echo "dpca:x:65532:65532:dpca:/tmp:/nonexistent" >"$rootfs/etc/passwd"
+echo "dpca:x:65532:" >"$rootfs/etc/group"
+# Mount points: a named volume starts as a copy of the folder it is mounted on, so
+# these are writable by whichever user the compose file runs the roles as.
+# The per-party folders exist in the image for the same reason (a volume mounted
+# where the image has nothing starts owned by root): up to 20 owners.
+parties="proxy user"
+for i in $(seq -w 1 20); do parties="$parties owner-$i"; done
+for d in tmp pki state invite own out; do mkdir -p "$rootfs/$d"; done
+for p in $parties; do mkdir -p "$rootfs/pki/$p" "$rootfs/own/$p"; done
+find "$rootfs/tmp" "$rootfs/pki" "$rootfs/state" "$rootfs/invite" "$rootfs/own" "$rootfs/out" \
+    -type d -exec chmod 1777 {} +
+
+docker build --quiet -t dpca:local "$root/deploy" >/dev/null
+echo "built image dpca:local ($(du -sh "$rootfs" | cut -f1) root filesystem)"

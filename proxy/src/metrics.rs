@@ -1,0 +1,127 @@
+//! What the proxy counts, for a Prometheus scrape (`proxy --metrics-listen ADDR`,
+//! text format at `/metrics`). Counts, sizes and durations only: no study content,
+//! and no owner names as labels (the operator sees those in `proxy status`).
+//!
+//! - `dpca_rpc_total{rpc, code}`: calls by method and gRPC status code (`0` is OK;
+//!   7 permission denied, 8 budget exhausted, ... ), counted by a layer around the
+//!   service, so every refusal is seen whichever handler made it;
+//! - `dpca_studies_opened_total`, `dpca_releases_total`;
+//! - `dpca_contributions_total{outcome="counted"|"repeated"}` and
+//!   `dpca_contribution_bytes_total` (ciphertext bytes counted);
+//! - `dpca_release_seconds` (summary): mask, noise and re-randomization time;
+//! - `dpca_studies{phase}`: studies per phase, refreshed every second.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use metrics::{counter, gauge, histogram};
+
+/// Starts the HTTP listener serving `/metrics` on `addr`; call inside the runtime.
+pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| anyhow::anyhow!("metrics listener on {addr}: {e}"))?;
+    metrics::describe_counter!("dpca_rpc_total", "gRPC calls by method and status code");
+    metrics::describe_counter!("dpca_studies_opened_total", "studies opened");
+    metrics::describe_counter!("dpca_releases_total", "releases computed");
+    metrics::describe_counter!(
+        "dpca_contributions_total",
+        "contributions stored (counted) or recognized as a retry (repeated)"
+    );
+    metrics::describe_counter!(
+        "dpca_contribution_bytes_total",
+        "ciphertext bytes of counted contributions"
+    );
+    metrics::describe_histogram!("dpca_release_seconds", "seconds to compute a release");
+    metrics::describe_gauge!("dpca_studies", "studies by phase");
+    Ok(())
+}
+
+/// A study was opened.
+pub fn study_opened() {
+    counter!("dpca_studies_opened_total").increment(1);
+}
+
+/// A contribution was stored (`counted`) or recognized as a retry.
+pub fn contribution(counted: bool, bytes: usize) {
+    let outcome = if counted { "counted" } else { "repeated" };
+    counter!("dpca_contributions_total", "outcome" => outcome).increment(1);
+    if counted {
+        counter!("dpca_contribution_bytes_total").increment(bytes as u64);
+    }
+}
+
+/// A release was computed in `seconds`.
+pub fn release(seconds: f64) {
+    counter!("dpca_releases_total").increment(1);
+    histogram!("dpca_release_seconds").record(seconds);
+}
+
+/// The number of studies in each phase.
+pub fn phases<'a>(names: impl Iterator<Item = &'a str>) {
+    let mut counts = [0u32; 4];
+    const PHASES: [&str; 4] = ["collecting", "sealed", "released", "aborted"];
+    for n in names {
+        if let Some(i) = PHASES.iter().position(|p| *p == n) {
+            counts[i] += 1;
+        }
+    }
+    for (p, c) in PHASES.iter().zip(counts) {
+        gauge!("dpca_studies", "phase" => *p).set(f64::from(c));
+    }
+}
+
+/// The method name of a gRPC path (`/dpca.v1.Proxy/Contribute` -> `Contribute`).
+fn rpc_name(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_string()
+}
+
+/// Counts every call by method and status code. A handler's error comes back as a
+/// trailers-only response, its code in the headers; an answer without one is OK
+/// so far (a streamed answer's final code is in its trailers and counted as OK).
+#[derive(Clone, Debug)]
+pub struct CountCalls<S>(pub S);
+
+impl<S, B, R> tower::Service<http::Request<B>> for CountCalls<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let rpc = rpc_name(req.uri().path());
+        let fut = self.0.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            let code = resp
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("0")
+                .to_string();
+            counter!("dpca_rpc_total", "rpc" => rpc, "code" => code).increment(1);
+            Ok(resp)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpc_names_are_the_method() {
+        assert_eq!(rpc_name("/dpca.v1.Proxy/Contribute"), "Contribute");
+        assert_eq!(rpc_name("x"), "x");
+    }
+}
