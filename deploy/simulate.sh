@@ -74,7 +74,7 @@ compose up -d
 for i in 01 02 03 04 05; do
     [ "$(exit_code owner-$i)" = 0 ] || fail "owner-$i failed"
 done
-for f in components.csv eigenvalues.csv scatter.csv study.json synthetic.csv; do
+for f in components.csv eigenvalues.csv scatter.csv study.json synthetic.csv report.html; do
     [ -s "$DPCA_OUT/$f" ] || fail "no $f in $DPCA_OUT"
 done
 check_json "d['n_rows'] == 5620 and d['n_owners'] == 5 and d['owners_missing'] == []"

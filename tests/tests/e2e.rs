@@ -111,6 +111,51 @@ fn noise_free_release_equals_pooled_plaintext_scatter() {
 }
 
 #[test]
+fn a_privacy_sweep_scores_each_study_against_the_exact_scatter() {
+    let (dir, data) = train_set();
+    let out = dir.path().join("sweep");
+    // Noise-free: every study's components are the exact ones, so each captures all
+    // of the top-k variance; a scoring against the wrong rows or units would not.
+    let o = local(
+        &data,
+        &out,
+        &[
+            "--sweep",
+            "0.5,2",
+            "--centering",
+            "mask",
+            "--noise-free-for-testing",
+        ],
+    );
+    assert!(o.status.success(), "{}", describe(&o));
+    let text = std::fs::read_to_string(out.join("sweep.csv")).expect("sweep.csv");
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    for (row, eps) in rows.iter().zip(["0.5", "2"]) {
+        assert_eq!(row[0], eps);
+        let captured: f64 = row[1].parse().expect("captured variance");
+        assert!((captured - 1.0).abs() < 1e-6, "epsilon {eps}: {captured}");
+        let study = out.join(format!("epsilon-{eps}"));
+        assert_eq!(study_json(&study)["epsilon"].as_f64(), eps.parse().ok());
+        let page = std::fs::read_to_string(study.join("report.html")).expect("report.html");
+        assert_eq!(
+            page.matches("<svg").count(),
+            2,
+            "scree and cumulative figures"
+        );
+    }
+    let page = std::fs::read_to_string(out.join("sweep.html")).expect("sweep.html");
+    assert!(
+        page.contains("spent epsilon 2.5"),
+        "the sweep's total budget is stated"
+    );
+}
+
+#[test]
 fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
     let (dir, data) = train_set();
     let (s_exact, s_float) = reference();

@@ -198,6 +198,18 @@ struct LocalArgs {
     /// makes a throwaway CA and uses mutual TLS, as a deployment does).
     #[arg(long)]
     insecure_plaintext: bool,
+    /// Privacy sweep: run the study once per epsilon (comma separated; each spends
+    /// its own budget on the same rows), score each by the variance its components
+    /// capture of the exact scatter, and write OUT/sweep.csv and OUT/sweep.html
+    /// (the captured variance against epsilon). For choosing epsilon on data you
+    /// may spend it on, such as a public stand-in.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "EPSILONS",
+        conflicts_with = "epsilon"
+    )]
+    sweep: Vec<f64>,
     /// TEST ONLY: noise-free release (the proxy is started in its test mode).
     #[arg(long, hide = true)]
     noise_free_for_testing: bool,
@@ -347,7 +359,11 @@ async fn main() -> anyhow::Result<()> {
                 remote: None,
                 ..study_options(a.study, demo)?
             };
-            dpca_user::local::run(&opts).await?;
+            if a.sweep.is_empty() {
+                dpca_user::local::run(&opts).await?;
+            } else {
+                dpca_user::local::sweep(&opts, &a.sweep).await?;
+            }
         }
         Cmd::Study(a) => {
             let transport = a.transport.transport(Role::User).context("transport")?;

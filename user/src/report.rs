@@ -7,6 +7,8 @@ use anyhow::Context;
 use dpca_common::dp::BudgetLedger;
 use dpca_common::linalg::Pca;
 use dpca_proto::usage::Usage;
+
+use crate::figures::{escape, Chart, Series};
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +28,7 @@ pub struct Seconds {
 }
 
 /// `study.json`: what was asked, what was spent and what it cost.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct StudyReport {
     /// Study id at the proxy.
     pub study_id: String,
@@ -176,7 +178,179 @@ pub fn write_outputs(
     let json = serde_json::to_string_pretty(report)?;
     std::fs::write(dir.join("study.json"), json + "\n")
         .with_context(|| format!("cannot write {}", dir.display()))?;
+    std::fs::write(dir.join("report.html"), study_page(report, pca))
+        .with_context(|| format!("cannot write {}", dir.join("report.html").display()))?;
     Ok(())
+}
+
+/// Components shown in the report's figures (all of them up to this many).
+const FIGURE_COMPONENTS: usize = 40;
+
+/// A self-contained HTML page (no scripts, no external files).
+fn page(title: &str, body: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{t}</title>\
+         <style>body{{font-family:sans-serif;max-width:700px;margin:2em auto;color:#222}}\
+         table{{border-collapse:collapse}}td,th{{padding:2px 10px;border-bottom:1px solid #ddd;\
+         text-align:left}}</style></head><body><h1>{t}</h1>\n{body}</body></html>\n",
+        t = escape(title)
+    )
+}
+
+fn table_rows(rows: &[(&str, String)]) -> String {
+    let mut s = String::from("<table>");
+    for (k, v) in rows {
+        let _ = write!(s, "<tr><th>{}</th><td>{}</td></tr>", escape(k), escape(v));
+    }
+    s + "</table>\n"
+}
+
+/// The report of one study, written as `report.html` beside its outputs: what was
+/// released under which guarantee, the scree plot and the cumulative explained
+/// variance of the noisy covariance.
+pub fn study_page(report: &StudyReport, pca: &Pca) -> String {
+    let shown = pca.eigenvalues.len().min(FIGURE_COMPONENTS);
+    let idx = |i: usize| (i + 1) as f64;
+    let scree = Chart {
+        title: "Scree plot (eigenvalues of the noisy covariance S'/N)".into(),
+        x_label: "component".into(),
+        y_label: "eigenvalue".into(),
+        series: vec![Series {
+            name: "eigenvalue".into(),
+            points: (0..shown).map(|i| (idx(i), pca.eigenvalues[i])).collect(),
+            bars: true,
+        }],
+        y_range: None,
+        log_x: false,
+        marker: Some((report.k as f64 + 0.5, format!("k = {}", report.k))),
+    };
+    let mut cum = 0.0;
+    let cumulative = Chart {
+        title: "Cumulative explained variance".into(),
+        x_label: "components".into(),
+        y_label: "share of the variance".into(),
+        series: vec![Series {
+            name: "cumulative".into(),
+            points: (0..shown)
+                .map(|i| {
+                    cum += pca.explained_ratio[i].max(0.0);
+                    (idx(i), cum)
+                })
+                .collect(),
+            bars: false,
+        }],
+        y_range: Some((0.0, 1.0)),
+        log_x: false,
+        marker: Some((report.k as f64, format!("k = {}", report.k))),
+    };
+    let missing = if report.owners_missing.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({} missing: {})",
+            report.owners_missing.len(),
+            report.owners_missing.join(", ")
+        )
+    };
+    let facts = table_rows(&[
+        ("study", report.study_id.clone()),
+        ("rows N", report.n_rows.to_string()),
+        ("features M", report.n_features.to_string()),
+        ("owners counted", format!("{}{missing}", report.n_owners)),
+        (
+            "mechanism",
+            format!("{} ({} centering)", report.mechanism, report.centering),
+        ),
+        (
+            "privacy spent",
+            format!(
+                "epsilon {:.4}, delta {:.3e} (composed over every released block)",
+                report.budget.epsilon, report.budget.delta
+            ),
+        ),
+        ("noise sd per entry of S", format!("{:.4e}", report.sigma)),
+        ("row-norm bound C", format!("{:.4}", report.row_norm_bound)),
+        ("components k", report.k.to_string()),
+        ("task", report.task.clone()),
+        ("synthetic rows", report.synthetic_rows.to_string()),
+    ]);
+    let body = format!(
+        "<p>Everything on this page is computed from the differentially private \
+         release: looking at it, or publishing it, spends no more privacy.</p>\n{facts}\
+         {}\n<p>The first {k} components explain {:.1}% of the variance of the noisy \
+         covariance (negative eigenvalues, where noise outweighs signal, count as 0).</p>\n{}\n",
+        scree.svg(),
+        100.0
+            * pca
+                .explained_ratio
+                .iter()
+                .take(report.k)
+                .map(|r| r.max(0.0))
+                .sum::<f64>(),
+        cumulative.svg(),
+        k = report.k
+    );
+    page("Private PCA: study report", &body)
+}
+
+/// One study of a privacy sweep.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SweepPoint {
+    /// The study's epsilon.
+    pub epsilon: f64,
+    /// tr(V_k' S V_k) / tr(U_k' S U_k): the share of the top-k variance of the
+    /// exact scatter S that the private components V_k capture.
+    pub captured_variance: f64,
+    /// Noise sd per entry of S.
+    pub sigma: f64,
+    /// The study's output folder.
+    pub out: String,
+}
+
+/// The report of a privacy sweep, written as `sweep.html`: the captured variance
+/// against epsilon, and what the sweep spent.
+pub fn sweep_page(points: &[SweepPoint], k: usize) -> String {
+    let chart = Chart {
+        title: format!("Captured variance of the top {k} components against epsilon"),
+        x_label: "epsilon (log scale)".into(),
+        y_label: "captured variance".into(),
+        series: vec![Series {
+            name: format!("k = {k}"),
+            points: points
+                .iter()
+                .map(|p| (p.epsilon, p.captured_variance))
+                .collect(),
+            bars: false,
+        }],
+        y_range: Some((0.0, 1.0)),
+        log_x: true,
+        marker: None,
+    };
+    let mut rows = String::from(
+        "<table><tr><th>epsilon</th><th>captured variance</th><th>noise sd</th>\
+         <th>outputs</th></tr>",
+    );
+    for p in points {
+        let _ = write!(
+            rows,
+            "<tr><td>{}</td><td>{:.4}</td><td>{:.4e}</td><td>{}</td></tr>",
+            p.epsilon,
+            p.captured_variance,
+            p.sigma,
+            escape(&p.out)
+        );
+    }
+    rows.push_str("</table>\n");
+    let total: f64 = points.iter().map(|p| p.epsilon).sum();
+    let body = format!(
+        "<p>One study per epsilon on the same rows; each is scored against the exact \
+         scatter S of the rows as the study preprocessed them, which only a run that \
+         holds every row (a local simulation) can compute. The studies' budgets add up: \
+         this sweep spent epsilon {total} on these rows. Use it on public data or a \
+         stand-in to choose epsilon, then run the real study once.</p>\n{}\n{rows}",
+        chart.svg()
+    );
+    page("Private PCA: privacy sweep", &body)
 }
 
 /// Writes `synthetic.csv`: the input's header (features, then the label column) and
@@ -235,4 +409,55 @@ pub struct RowNormChoice {
     pub delta: f64,
     /// Its proxy study id.
     pub study_id: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_study_page_shows_the_release_and_both_figures() {
+        let report = StudyReport {
+            study_id: "s<1>".into(),
+            n_rows: 5620,
+            n_features: 3,
+            n_owners: 4,
+            owners_missing: vec!["owner-05".into()],
+            k: 2,
+            ..Default::default()
+        };
+        let pca = Pca {
+            components: DMatrix::zeros(3, 2),
+            eigenvalues: vec![3.0, 1.0, -0.5],
+            explained_ratio: vec![0.75, 0.25, 0.0],
+        };
+        let html = study_page(&report, &pca);
+        assert_eq!(html.matches("<svg").count(), 2);
+        // Three bars (the negative one below the axis) and the k marker.
+        assert_eq!(html.matches("<rect").count(), 3);
+        assert!(html.contains("k = 2"));
+        assert!(html.contains("s&lt;1&gt;") && !html.contains("s<1>"));
+        assert!(html.contains("1 missing: owner-05"));
+        assert!(
+            html.contains("explain 100.0%"),
+            "the top 2 explain 0.75 + 0.25"
+        );
+    }
+
+    #[test]
+    fn the_sweep_page_adds_up_what_the_sweep_spent() {
+        let pts: Vec<SweepPoint> = [0.5, 1.0, 2.0]
+            .iter()
+            .map(|&e| SweepPoint {
+                epsilon: e,
+                captured_variance: e / 2.0,
+                sigma: 1.0 / e,
+                out: format!("out/epsilon-{e}"),
+            })
+            .collect();
+        let html = sweep_page(&pts, 10);
+        assert!(html.contains("spent epsilon 3.5"));
+        assert_eq!(html.matches("<circle").count(), 3);
+        assert!(html.contains("out/epsilon-0.5"));
+    }
 }

@@ -571,8 +571,9 @@ pub struct BudgetPart {
     pub rho: Option<f64>,
 }
 
-/// The privacy a study spends, block by block, and composed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// The privacy a study spends, block by block, and composed. The default is the
+/// ledger of a study that released nothing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct BudgetLedger {
     /// One entry per released block; everything derived later (PCA, synthetic data)
     /// is post-processing and spends nothing.
