@@ -1,0 +1,105 @@
+//! The operator's instruments on a real proxy process: Prometheus metrics count
+//! every call by method and status code (refusals included), and logs come out as
+//! one JSON object per line when asked.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+
+use dpca_tests::{bin, describe, dev_pki, optdigits, run, tls_args, write_slice, Proc};
+
+/// A free loopback port (bound, then released for the proxy to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics port");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("response");
+    body
+}
+
+#[test]
+fn metrics_count_refusals_and_logs_are_json_lines() {
+    let (pki, dir) = dev_pki();
+    let port = free_port();
+    let mut cmd = Command::new(bin("proxy"));
+    cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+        .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
+        .arg("--state")
+        .arg(dir.path().join("proxy.redb"))
+        .args(tls_args(&pki.proxy))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut proxy = Proc(cmd.spawn().expect("start proxy"));
+    let mut line = String::new();
+    BufReader::new(proxy.0.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("listening line");
+    let url = format!(
+        "https://{}",
+        line.trim().strip_prefix("listening on ").expect("address")
+    );
+
+    // An owner asks for a study that does not exist: refused with NOT_FOUND (5).
+    let data = dir.path().join("a.csv");
+    write_slice(&optdigits(), 0, 10, &data);
+    let out = run(Command::new(bin("owner"))
+        .args(["--proxy", &url, "--study", "nope", "--retry-for", "0"])
+        .args([
+            "--key-fingerprint",
+            &"ab".repeat(32),
+            "--budget-cap",
+            "1,1e-5",
+        ])
+        .arg("--data")
+        .arg(&data)
+        .args(["--label", "label", "--quiet"])
+        .args(tls_args(pki.files("a").expect("owner a"))));
+    assert!(!out.status.success(), "{}", describe(&out));
+    // The operator's status call succeeds (OK, 0).
+    let out = run(Command::new(bin("proxy"))
+        .args(["status", "--proxy", &url])
+        .args(tls_args(&pki.operator)));
+    assert!(out.status.success(), "{}", describe(&out));
+
+    let metrics = scrape(port);
+    for expected in [
+        r#"dpca_rpc_total{rpc="GetStudy",code="5"} 1"#,
+        r#"dpca_rpc_total{rpc="Status",code="0"} 1"#,
+    ] {
+        assert!(metrics.contains(expected), "no `{expected}` in:\n{metrics}");
+    }
+    assert!(
+        !metrics.contains("owner=") && !metrics.contains("\"a\""),
+        "owner names are not metric labels:\n{metrics}"
+    );
+
+    // Stop the proxy and read its log: every line a JSON object with a level.
+    let _ = proxy.0.kill();
+    let mut log = String::new();
+    proxy
+        .0
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut log)
+        .expect("log");
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|v| v["message"] == "metrics at /metrics" && v["level"] == "INFO"),
+        "{log}"
+    );
+}
