@@ -22,9 +22,10 @@ for prog in proxy owner user; do
     done
 done
 
-# The bundled table (for the setup step that splits it among the owners), its
-# public bounds, and its header alone: all the data user is given.
-cp "$root/data/optdigits.csv" "$root/data/optdigits.bounds.csv" "$rootfs/data/"
+# The bundled table's public bounds and its header alone: all the data user is
+# given. The rows are not in the image: the setup step that splits them among the
+# owners reads them from the workspace (a bind mount in docker-compose.yml).
+cp "$root/data/optdigits.bounds.csv" "$rootfs/data/"
 head -n 1 "$root/data/optdigits.csv" >"$rootfs/data/optdigits.schema.csv"
 
 echo "dpca:x:65532:65532:dpca:/tmp:/nonexistent" >"$rootfs/etc/passwd"

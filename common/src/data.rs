@@ -106,10 +106,7 @@ pub fn read_csv<R: Read>(
     source_name: &str,
     label: Option<&str>,
 ) -> Result<Table, DataError> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .flexible(true)
-        .from_reader(reader);
+    let mut rdr = csv_reader(reader);
     let csv_err = |e: csv::Error| DataError::Csv {
         source_name: source_name.to_string(),
         reason: e.to_string(),
@@ -170,10 +167,7 @@ pub fn read_schema<R: Read>(
     source_name: &str,
     label: Option<&str>,
 ) -> Result<Table, DataError> {
-    let mut rdr = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .flexible(true)
-        .from_reader(reader);
+    let mut rdr = csv_reader(reader);
     let (header, label_idx, features) = read_header(&mut rdr, source_name, label)?;
     if features.is_empty() {
         return Err(DataError::Schema {
@@ -187,6 +181,15 @@ pub fn read_schema<R: Read>(
         label: label_idx.map(|i| (header[i].clone(), Vec::new())),
         columns: header,
     })
+}
+
+/// A reader of a CSV with a header; rows of the wrong length are reported by line,
+/// not refused by the parser.
+fn csv_reader<R: Read>(reader: R) -> csv::Reader<R> {
+    csv::ReaderBuilder::new()
+        .has_headers(true)
+        .flexible(true)
+        .from_reader(reader)
 }
 
 /// The trimmed header, the label's index and the feature names.
