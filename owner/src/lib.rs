@@ -222,7 +222,7 @@ pub async fn fetch_study(
 /// The proxy does not know the study: a typo, or an invitation older than the
 /// proxy's state (the owner may wait for a newer one).
 #[derive(Debug, thiserror::Error)]
-#[error("the proxy knows no study `{0}`")]
+#[error("unknown study `{0}` at the proxy")]
 pub struct UnknownStudy(pub String);
 
 /// The proxy could not be reached or the connection broke: worth retrying (a
