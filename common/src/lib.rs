@@ -14,11 +14,14 @@
 //! - [`data`]: CSV tables, bounds and row normalization.
 //! - [`linalg`]: eigen-decomposition, PCA, PSD repair, captured variance.
 //! - [`synth`]: PCA-Gauss synthetic data from the released scatter and DP mean.
+//! - [`cleaning`]: null-space cleaning of feature vectors against a linear
+//!   predictor of confidential labels (predictor privacy).
 //!
 //! Known limitations: big-integer arithmetic is pure Rust (num-bigint), so no system
 //! library is needed, at a constant-factor cost over GMP; the rejection samplers' running time depends on
 //! the sample (see [`dp::sampler`]).
 
+pub mod cleaning;
 pub mod data;
 pub mod dp;
 pub mod encoding;

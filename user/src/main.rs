@@ -92,6 +92,48 @@ enum Cmd {
         #[arg(long)]
         keep_existing: bool,
     },
+    /// Clean feature vectors before releasing them to a predictor: remove the
+    /// components its linear first stage sees least and a linear predictor of the
+    /// confidential labels sees most, until the desired prediction moves by exactly
+    /// --epsilon (squared); writes OUT/cleaned.csv and OUT/metrics.csv. Not
+    /// differential privacy: it defeats one linear adversary (docs/PRIVACY.md).
+    Clean {
+        /// Training rows (CSV with a header): features and label columns.
+        #[arg(long)]
+        train: PathBuf,
+        /// Confidential label columns of the training rows, comma separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        confidential: Vec<String>,
+        /// Desired label columns, comma separated: left out of the features, and
+        /// the desired predictor is fitted on them when --predictor is not given.
+        #[arg(long, value_delimiter = ',')]
+        desired: Vec<String>,
+        /// The desired predictor's linear first stage: CSV `feature,OUT1,...`, one
+        /// row per feature (a study's components.csv, with --bounds).
+        #[arg(long)]
+        predictor: Option<PathBuf>,
+        /// Public bounds `feature,lo,hi`: map the features to [-1, 1] first, as a
+        /// study does (for a study's components as the predictor).
+        #[arg(long)]
+        bounds: Option<PathBuf>,
+        /// The vectors to clean: the training file's feature columns (labels, if
+        /// present, are copied and score complete privacy).
+        #[arg(long)]
+        vectors: PathBuf,
+        /// e_utility per vector (> 0).
+        #[arg(long, required_unless_present = "exact_null_space")]
+        epsilon: Option<f64>,
+        /// Remove only what the desired predictor cannot see (e_utility 0).
+        #[arg(long, conflicts_with = "epsilon")]
+        exact_null_space: bool,
+        /// A vector whose every component costs less than --epsilon loses them all
+        /// (e_utility below epsilon) instead of stopping the run with an error.
+        #[arg(long, requires = "epsilon")]
+        at_most: bool,
+        /// Output folder.
+        #[arg(long, default_value = "cleaned")]
+        out: PathBuf,
+    },
     /// Run a study at a proxy that runs elsewhere: open it, write the invitation
     /// (study id and key fingerprint) for the owners, wait until it seals, then
     /// decrypt and write the outputs as `local` does. The key is made for the study
@@ -335,6 +377,44 @@ async fn main() -> anyhow::Result<()> {
                 table.rows.len(),
                 files.len(),
                 out.display()
+            );
+        }
+        Cmd::Clean {
+            train,
+            confidential,
+            desired,
+            predictor,
+            bounds,
+            vectors,
+            epsilon,
+            exact_null_space,
+            at_most,
+            out,
+        } => {
+            let opts = dpca_user::clean::CleanOptions {
+                train,
+                desired,
+                confidential,
+                predictor,
+                bounds,
+                vectors,
+                epsilon: if exact_null_space { None } else { epsilon },
+                at_most,
+                out,
+            };
+            let s = dpca_user::clean::run(&opts)?;
+            let cp = s
+                .complete_privacy
+                .map(|c| format!(", complete privacy {:.1}%", 100.0 * c))
+                .unwrap_or_default();
+            println!(
+                "{} vectors cleaned: mean e_utility {:.6}, mean e_privacy {:.6}{cp}; \
+                 {} and {}",
+                s.vectors,
+                s.e_utility,
+                s.e_privacy,
+                opts.out.join("cleaned.csv").display(),
+                opts.out.join("metrics.csv").display()
             );
         }
         Cmd::Local(a) => {
