@@ -203,8 +203,9 @@ fn clean_rows(
     x: &DMatrix<f64>,
     epsilon: f64,
     exact_null: bool,
-) -> Result<DMatrix<f64>, CleaningError> {
+) -> Result<(DMatrix<f64>, usize), CleaningError> {
     let mut out = x.clone();
+    let mut below = 0;
     for i in 0..x.nrows() {
         let row = x.row(i).transpose();
         let cleaned = if exact_null {
@@ -212,13 +213,16 @@ fn clean_rows(
         } else {
             match c.clean(&row, epsilon) {
                 Ok(r) => r.x,
-                Err(CleaningError::EpsilonTooLarge { .. }) => c.clean_all(&row)?.x,
+                Err(CleaningError::EpsilonTooLarge { .. }) => {
+                    below += 1;
+                    c.clean_all(&row)?.x
+                }
                 Err(e) => return Err(e),
             }
         };
         out.set_row(i, &cleaned.transpose());
     }
-    Ok(out)
+    Ok((out, below))
 }
 
 /// Laplace(0, 1) noise, one value per cell.
@@ -260,6 +264,9 @@ const ALG_ATTACK: usize = 3;
 const LAP: usize = 6;
 const LAP_ATTACK: usize = 9;
 const NULL: usize = 12;
+/// Share of test vectors whose every component costs less than epsilon (cleaned
+/// completely, e_utility below epsilon).
+const BELOW: usize = 15;
 
 /// Runs every split of one (data set, N_d) setting at `epsilon`.
 fn run_setting(
@@ -290,7 +297,8 @@ fn run_setting(
         let a_c = least_squares(&x_tr, &yc_tr)?;
         let cleaner = Cleaner::new(&a_d, &a_c)?;
 
-        let cleaned = clean_rows(&cleaner, &x_te, epsilon, false)?;
+        let (cleaned, below) = clean_rows(&cleaner, &x_te, epsilon, false)?;
+        row.push(BELOW, below as f64 / x_te.nrows() as f64);
         let put = |row: &mut Row, at: usize, sc: Scores| {
             row.push(at, sc.e_utility);
             row.push(at + 1, sc.e_privacy);
@@ -302,7 +310,7 @@ fn run_setting(
             score(&a_d, &a_c, &a_c, &x_te, &cleaned, &yc_te),
         );
         // The attack: the adversary cleans the training rows and re-fits.
-        let a_c_attack = least_squares(&clean_rows(&cleaner, &x_tr, epsilon, false)?, &yc_tr)?;
+        let a_c_attack = least_squares(&clean_rows(&cleaner, &x_tr, epsilon, false)?.0, &yc_tr)?;
         put(
             &mut row,
             ALG_ATTACK,
@@ -325,7 +333,7 @@ fn run_setting(
             LAP_ATTACK,
             score(&a_d, &a_c, &a_c_lap, &x_te, &noised, &yc_te),
         );
-        let null = clean_rows(&cleaner, &x_te, epsilon, true)?;
+        let (null, _) = clean_rows(&cleaner, &x_te, epsilon, true)?;
         put(
             &mut row,
             NULL,
@@ -359,7 +367,7 @@ fn main() -> anyhow::Result<()> {
     .enumerate()
     {
         fig[i] = format!(
-            "{title}\n\n| data set | N_d | N_c | desired | confidential | e_utility | e_privacy | CP |\n|---|---|---|---|---|---|---|---|\n"
+            "{title}\n\n| data set | N_d | N_c | desired | confidential | e_utility | e_privacy | CP | below epsilon |\n|---|---|---|---|---|---|---|---|---|\n"
         );
     }
     let mut run_one = |d: &Labeled, nd: usize, nc: usize| -> anyhow::Result<()> {
@@ -379,14 +387,19 @@ fn main() -> anyhow::Result<()> {
         };
         for (f, at) in [(0, ALG), (1, ALG_ATTACK), (2, NULL)] {
             fig[f].push_str(&format!(
-                "| {} | {nd} | {nc} | {} | {} | {:.4} | {:.3} ({:.3}) | {:.1}% |\n",
+                "| {} | {nd} | {nc} | {} | {} | {:.4} | {:.3} ({:.3}) | {:.1}% | {} |\n",
                 d.name,
                 names(0..nd),
                 names(nd..nd + nc),
                 row.mean(at),
                 row.mean(at + 1),
                 row.sd(at + 1),
-                100.0 * row.mean(at + 2)
+                100.0 * row.mean(at + 2),
+                if at == NULL {
+                    "-".to_string()
+                } else {
+                    format!("{:.1}%", 100.0 * row.mean(BELOW))
+                }
             ));
         }
         Ok(())
