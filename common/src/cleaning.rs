@@ -268,6 +268,117 @@ impl Cleaner {
     }
 }
 
+/// Each row of `x` cleaned to `epsilon` (`None`: the exact null-space variant). A
+/// row whose every component costs less than epsilon loses them all; the second
+/// value counts those rows.
+pub fn clean_rows(
+    cleaner: &Cleaner,
+    x: &DMatrix<f64>,
+    epsilon: Option<f64>,
+) -> Result<(DMatrix<f64>, usize), CleaningError> {
+    let mut out = x.clone();
+    let mut below = 0;
+    for i in 0..x.nrows() {
+        let row = x.row(i).transpose();
+        let cleaned = match epsilon {
+            None => cleaner.clean_null_space(&row, NULL_TOL)?,
+            Some(e) => match cleaner.clean(&row, e) {
+                Err(CleaningError::EpsilonTooLarge { .. }) => {
+                    below += 1;
+                    cleaner.clean_all(&row)?
+                }
+                other => other?,
+            },
+        };
+        out.set_row(i, &cleaned.x.transpose());
+    }
+    Ok((out, below))
+}
+
+/// lambda_d below this share of the largest counts as the desired predictor's
+/// null space.
+pub const NULL_TOL: f64 = 1e-9;
+
+/// Complete privacy for one vector: the confidential prediction from the cleaned
+/// vector errs more than the mean vector's (centered coordinates: the mean vector
+/// predicts 0).
+pub fn complete_privacy(prediction: &DVector<f64>, truth: &DVector<f64>) -> bool {
+    (prediction - truth).norm_squared() > truth.norm_squared()
+}
+
+/// Means over a set of cleaned vectors.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Scores {
+    /// Mean |A_d^T (x - x~)|^2.
+    pub e_utility: f64,
+    /// Mean |f_c^T x~ - A_c^T x|^2: how far the confidential prediction moved from
+    /// what the raw vector gives.
+    pub e_privacy: f64,
+    /// Share of vectors with [`complete_privacy`].
+    pub complete_privacy: f64,
+}
+
+/// Scores cleaned rows (`cleaned`, from the rows of `x`; centered features) when
+/// the adversary predicts with `f_c`: A_c itself, or what [`attack`] re-fits. `y_c`
+/// holds the true confidential labels, centered.
+pub fn score(
+    a_d: &DMatrix<f64>,
+    a_c: &DMatrix<f64>,
+    f_c: &DMatrix<f64>,
+    x: &DMatrix<f64>,
+    cleaned: &DMatrix<f64>,
+    y_c: &DMatrix<f64>,
+) -> Scores {
+    let n = x.nrows().max(1) as f64;
+    let pred = cleaned * f_c;
+    let cp = (0..x.nrows())
+        .filter(|&i| complete_privacy(&pred.row(i).transpose(), &y_c.row(i).transpose()))
+        .count();
+    Scores {
+        e_utility: ((x - cleaned) * a_d).norm_squared() / n,
+        e_privacy: (&pred - x * a_c).norm_squared() / n,
+        complete_privacy: cp as f64 / n,
+    }
+}
+
+/// The paper's attack: the adversary knows the cleaner, cleans the training rows
+/// the same way and re-fits its predictor of the confidential labels on them.
+pub fn attack(
+    cleaner: &Cleaner,
+    x_train: &DMatrix<f64>,
+    y_c_train: &DMatrix<f64>,
+    epsilon: Option<f64>,
+) -> Result<DMatrix<f64>, CleaningError> {
+    let (cleaned, _) = clean_rows(cleaner, x_train, epsilon)?;
+    least_squares(&cleaned, y_c_train)
+}
+
+/// Unit Laplace noise, one value per cell (the comparison of the paper's Figure 3).
+pub fn laplace_noise(rng: &mut impl rand::Rng, rows: usize, cols: usize) -> DMatrix<f64> {
+    DMatrix::from_fn(rows, cols, |_, _| {
+        let u: f64 = rng.gen_range(-0.5..0.5);
+        -u.signum() * (1.0 - 2.0 * u.abs()).ln()
+    })
+}
+
+/// The scale b at which `unit_noise` * b moves the desired prediction by `epsilon`
+/// on average over its rows: the Laplace mechanism tuned to the same e_utility
+/// (exactly, for this draw: e_utility grows as b^2).
+pub fn laplace_scale(
+    a_d: &DMatrix<f64>,
+    unit_noise: &DMatrix<f64>,
+    epsilon: f64,
+) -> Result<f64, CleaningError> {
+    if !(epsilon > 0.0 && epsilon.is_finite()) {
+        return Err(CleaningError::Epsilon(epsilon));
+    }
+    let unit = (unit_noise * a_d).norm_squared() / unit_noise.nrows().max(1) as f64;
+    if unit <= 0.0 {
+        return Err(CleaningError::NoDesiredSignal);
+    }
+    Ok((epsilon / unit).sqrt())
+}
+
 /// The least-squares map A (n x k) with y ~ A^T x for the rows of `x` (rows x n)
 /// and `y` (rows x k), minimum-norm where x is rank deficient. No intercept: center
 /// both first for an affine fit.
@@ -380,6 +491,47 @@ mod tests {
             c.clean(&DVector::zeros(2), 0.1),
             Err(CleaningError::EpsilonTooLarge { total, .. }) if total == 0.0
         ));
+    }
+
+    #[test]
+    fn scores_of_the_toy_example_show_the_lost_label() {
+        let (x, a_d, y_c) = toy();
+        let a_c = least_squares(&x, &y_c).expect("fit");
+        let cleaner = Cleaner::new(&a_d, &a_c).expect("cleaner");
+        let (cleaned, below) = clean_rows(&cleaner, &x, None).expect("clean");
+        assert_eq!(below, 0);
+        let s = score(&a_d, &a_c, &a_c, &x, &cleaned, &y_c);
+        assert!(s.e_utility < 1e-18);
+        // Removing (1,1)/sqrt2 moves y_c = x1 + 2 x2 by 3 a / sqrt2 with a = (x1 +
+        // x2) / sqrt2: by 6, 9 and 9, squared 36, 81, 81.
+        assert!(
+            (s.e_privacy - (36.0 + 81.0 + 81.0) / 3.0).abs() < 1e-9,
+            "{s:?}"
+        );
+        // Predictions -1, -1, -2 against 5, 8, 7: all worse than predicting 0.
+        assert_eq!(s.complete_privacy, 1.0);
+        // The attacker re-fits on the cleaned rows: y_c is no function of them.
+        let f = attack(&cleaner, &x, &y_c, None).expect("attack");
+        let s = score(&a_d, &a_c, &f, &x, &cleaned, &y_c);
+        assert!(s.e_privacy > 1.0, "{s:?}");
+    }
+
+    #[test]
+    fn laplace_noise_is_scaled_to_the_same_e_utility() {
+        use rand::SeedableRng;
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
+        let noise = laplace_noise(&mut rng, 500, 3);
+        let a_d = DMatrix::from_column_slice(3, 1, &[1.0, -2.0, 0.5]);
+        let b = laplace_scale(&a_d, &noise, 0.01).expect("scale");
+        let moved = (&noise * b * &a_d).norm_squared() / 500.0;
+        assert!((moved - 0.01).abs() < 1e-12, "{moved}");
+        // Unit Laplace: variance 2.
+        let var = noise.iter().map(|v| v * v).sum::<f64>() / 1500.0;
+        assert!((var - 2.0).abs() < 0.3, "{var}");
+        assert_eq!(
+            laplace_scale(&DMatrix::zeros(3, 1), &noise, 0.01).err(),
+            Some(CleaningError::NoDesiredSignal)
+        );
     }
 
     fn matrix(rows: usize, cols: usize) -> impl Strategy<Value = DMatrix<f64>> {

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use dpca_common::cleaning::{least_squares, Cleaner, CleaningError};
+use dpca_common::cleaning::{complete_privacy, least_squares, Cleaner, CleaningError, NULL_TOL};
 use dpca_common::data::{read_bounds, read_csv, Table};
 use nalgebra::{DMatrix, DVector};
 
@@ -217,14 +217,13 @@ pub fn run(o: &CleanOptions) -> anyhow::Result<CleanSummary> {
                     .context("lower --epsilon, or pass --at-most to clean such vectors completely"),
                 other => Ok(other?),
             },
-            None => Ok(cleaner.clean_null_space(&row, 1e-9)?),
+            None => Ok(cleaner.clean_null_space(&row, NULL_TOL)?),
         }
         // Data row i sits on line i + 2 (the header is line 1).
         .with_context(|| format!("{}: line {}", o.vectors.display(), i + 2))?;
         let cp = y_c.as_ref().map(|y| {
             let truth = y.row(i).transpose() - mean_c.transpose();
-            let pred = a_c.transpose() * &got.x;
-            (pred - &truth).norm_squared() > truth.norm_squared()
+            complete_privacy(&(a_c.transpose() * &got.x), &truth)
         });
         metrics.push((got.removed, got.e_utility, got.e_privacy, cp));
         cleaned.set_row(i, &got.x.transpose());

@@ -29,11 +29,13 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use dpca_common::cleaning::{least_squares, Cleaner, CleaningError};
+use dpca_common::cleaning::{
+    attack, clean_rows, laplace_noise, laplace_scale, least_squares, score, Cleaner, Scores,
+};
 use dpca_common::data::read_csv;
 use nalgebra::{DMatrix, DVector};
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 /// Null-space cleaning against a linear adversary, with and without the attack,
@@ -162,77 +164,6 @@ fn rows(m: &DMatrix<f64>, idx: &[usize]) -> DMatrix<f64> {
     DMatrix::from_fn(idx.len(), m.ncols(), |i, j| m[(idx[i], j)])
 }
 
-/// Means over one split's test rows.
-#[derive(Clone, Copy, Default)]
-struct Scores {
-    e_utility: f64,
-    e_privacy: f64,
-    cp: f64,
-}
-
-/// e_privacy and CP of cleaned test rows under predictor `f_c`.
-fn score(
-    a_d: &DMatrix<f64>,
-    a_c: &DMatrix<f64>,
-    f_c: &DMatrix<f64>,
-    x: &DMatrix<f64>,
-    cleaned: &DMatrix<f64>,
-    y_c: &DMatrix<f64>,
-) -> Scores {
-    let n = x.nrows() as f64;
-    let diff = x - cleaned;
-    let e_utility = (diff.clone() * a_d).norm_squared() / n;
-    let pred_raw = x * a_c;
-    let pred = cleaned * f_c;
-    let e_privacy = (&pred - &pred_raw).norm_squared() / n;
-    let cp = (0..x.nrows())
-        .filter(|&i| (pred.row(i) - y_c.row(i)).norm_squared() > y_c.row(i).norm_squared())
-        .count() as f64
-        / n;
-    Scores {
-        e_utility,
-        e_privacy,
-        cp,
-    }
-}
-
-/// Each row cleaned to epsilon; a row whose every component costs less than
-/// epsilon loses them all (and costs less than epsilon).
-fn clean_rows(
-    c: &Cleaner,
-    x: &DMatrix<f64>,
-    epsilon: f64,
-    exact_null: bool,
-) -> Result<(DMatrix<f64>, usize), CleaningError> {
-    let mut out = x.clone();
-    let mut below = 0;
-    for i in 0..x.nrows() {
-        let row = x.row(i).transpose();
-        let cleaned = if exact_null {
-            c.clean_null_space(&row, 1e-9)?.x
-        } else {
-            match c.clean(&row, epsilon) {
-                Ok(r) => r.x,
-                Err(CleaningError::EpsilonTooLarge { .. }) => {
-                    below += 1;
-                    c.clean_all(&row)?.x
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        out.set_row(i, &cleaned.transpose());
-    }
-    Ok((out, below))
-}
-
-/// Laplace(0, 1) noise, one value per cell.
-fn laplace(rng: &mut ChaCha20Rng, r: usize, c: usize) -> DMatrix<f64> {
-    DMatrix::from_fn(r, c, |_, _| {
-        let u: f64 = rng.gen_range(-0.5..0.5);
-        -u.signum() * (1.0 - 2.0 * u.abs()).ln()
-    })
-}
-
 /// Results of one setting over the splits: (mean, sd) of each score.
 struct Row {
     values: Vec<Vec<f64>>,
@@ -297,43 +228,42 @@ fn run_setting(
         let a_c = least_squares(&x_tr, &yc_tr)?;
         let cleaner = Cleaner::new(&a_d, &a_c)?;
 
-        let (cleaned, below) = clean_rows(&cleaner, &x_te, epsilon, false)?;
+        let (cleaned, below) = clean_rows(&cleaner, &x_te, Some(epsilon))?;
         row.push(BELOW, below as f64 / x_te.nrows() as f64);
         let put = |row: &mut Row, at: usize, sc: Scores| {
             row.push(at, sc.e_utility);
             row.push(at + 1, sc.e_privacy);
-            row.push(at + 2, sc.cp);
+            row.push(at + 2, sc.complete_privacy);
         };
         put(
             &mut row,
             ALG,
             score(&a_d, &a_c, &a_c, &x_te, &cleaned, &yc_te),
         );
-        // The attack: the adversary cleans the training rows and re-fits.
-        let a_c_attack = least_squares(&clean_rows(&cleaner, &x_tr, epsilon, false)?.0, &yc_tr)?;
+        let a_c_attack = attack(&cleaner, &x_tr, &yc_tr, Some(epsilon))?;
         put(
             &mut row,
             ALG_ATTACK,
             score(&a_d, &a_c, &a_c_attack, &x_te, &cleaned, &yc_te),
         );
         // Laplace at the same mean e_utility: one draw, rescaled.
-        let noise = laplace(&mut rng, x_te.nrows(), x_te.ncols());
-        let unit = (noise.clone() * &a_d).norm_squared() / x_te.nrows() as f64;
-        let b = (epsilon / unit).sqrt();
+        let noise = laplace_noise(&mut rng, x_te.nrows(), x_te.ncols());
+        let b = laplace_scale(&a_d, &noise, epsilon)?;
         let noised = &x_te + noise * b;
         put(
             &mut row,
             LAP,
             score(&a_d, &a_c, &a_c, &x_te, &noised, &yc_te),
         );
-        let noised_tr = &x_tr + laplace(&mut rng, x_tr.nrows(), x_tr.ncols()) * b;
+        // The attacked Laplace: the adversary re-fits on noised training rows.
+        let noised_tr = &x_tr + laplace_noise(&mut rng, x_tr.nrows(), x_tr.ncols()) * b;
         let a_c_lap = least_squares(&noised_tr, &yc_tr)?;
         put(
             &mut row,
             LAP_ATTACK,
             score(&a_d, &a_c, &a_c_lap, &x_te, &noised, &yc_te),
         );
-        let (null, _) = clean_rows(&cleaner, &x_te, epsilon, true)?;
+        let (null, _) = clean_rows(&cleaner, &x_te, None)?;
         put(
             &mut row,
             NULL,
