@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use dpca_common::data::{read_bounds, read_csv};
+use dpca_common::data::{read_bounds, read_csv, read_schema};
 use dpca_common::paillier::PublicKey;
 use num_bigint::BigUint;
 use prost::Message;
@@ -63,6 +63,22 @@ pub fn csv_files(data: &[u8]) {
         let _ = table.bounds_from_data();
     }
     let _ = read_bounds(data, &["a".to_string(), "b".to_string()]);
+    let _ = read_schema(data, "fuzz.csv", Some("label"));
+}
+
+/// An owner's invitation file (`owner --invitation`): TOML from the data user,
+/// parsed and validated.
+pub fn invitation(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(inv) =
+            crate::invitation::Invitation::parse(text, std::path::Path::new("fuzz.toml"))
+        {
+            // What validates must read back as itself.
+            let again =
+                crate::invitation::Invitation::parse(&inv.to_toml(), std::path::Path::new("again"));
+            assert_eq!(again.ok(), Some(inv));
+        }
+    }
 }
 
 /// The proxy's view of a peer: the role and name read off a certificate's DER
@@ -88,11 +104,12 @@ pub fn stored_study(data: &[u8]) {
 pub type Target = (&'static str, fn(&[u8]));
 
 /// Every target by name, for the corpus replay.
-pub const TARGETS: [Target; 7] = [
+pub const TARGETS: [Target; 8] = [
     ("open_study", open_study),
     ("study_info", study_info),
     ("contribution_chunk", contribution_chunk),
     ("result_chunk", result_chunk),
+    ("invitation", invitation),
     ("csv_files", csv_files),
     ("peer_certificate", peer_certificate),
     ("stored_study", stored_study),
