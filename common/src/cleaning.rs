@@ -177,8 +177,8 @@ impl Cleaner {
         })
     }
 
-    /// Cleans `x` until e_utility = `epsilon` exactly (the paper's Algorithm 1).
-    pub fn clean(&self, x: &DVector<f64>, epsilon: f64) -> Result<Cleaned, CleaningError> {
+    /// The number of features, if `x` has that many.
+    fn check_len(&self, x: &DVector<f64>) -> Result<usize, CleaningError> {
         let n = self.directions.nrows();
         if x.len() != n {
             return Err(CleaningError::Shape(format!(
@@ -186,6 +186,12 @@ impl Cleaner {
                 x.len()
             )));
         }
+        Ok(n)
+    }
+
+    /// Cleans `x` until e_utility = `epsilon` exactly (the paper's Algorithm 1).
+    pub fn clean(&self, x: &DVector<f64>, epsilon: f64) -> Result<Cleaned, CleaningError> {
+        let n = self.check_len(x)?;
         if !x.iter().all(|v| v.is_finite()) {
             return Err(CleaningError::NotFinite("the feature vector"));
         }
@@ -235,13 +241,7 @@ impl Cleaner {
         x: &DVector<f64>,
         keep_out: impl Fn(usize) -> bool,
     ) -> Result<Cleaned, CleaningError> {
-        let n = self.directions.nrows();
-        if x.len() != n {
-            return Err(CleaningError::Shape(format!(
-                "the vector has {} features, the predictor {n}",
-                x.len()
-            )));
-        }
+        let n = self.check_len(x)?;
         let mut out = x.clone();
         let (mut removed, mut e_utility, mut e_privacy) = (0, 0.0, 0.0);
         for i in (0..n).filter(|&i| keep_out(i)) {

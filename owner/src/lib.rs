@@ -15,7 +15,7 @@ use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::study::{StudyLayout, StudySpec};
-use dpca_proto::client::{connect, status_message, ConnectError};
+use dpca_proto::client::{connect, status_message, transient, with_retries, ConnectError};
 use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::invitation::{Invitation, InvitationError};
 use dpca_proto::tls::Transport;
@@ -231,15 +231,6 @@ pub struct UnknownStudy(pub String);
 #[error("{0}")]
 pub struct Unreachable(String);
 
-fn transient(status: &tonic::Status) -> bool {
-    let msg = status_message(status).to_lowercase();
-    matches!(
-        status.code(),
-        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
-    ) && !msg.contains("alert")
-        && !msg.contains("invalid peer certificate")
-}
-
 /// A refusal as an error: [`Unreachable`] when the call may succeed if retried.
 fn refusal(what: String, status: &tonic::Status) -> anyhow::Error {
     let msg = format!("{what}: {}", status_message(status));
@@ -256,23 +247,16 @@ fn refusal(what: String, status: &tonic::Status) -> anyhow::Error {
 /// counts it once however often it arrives.
 pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let start = Instant::now();
-    let mut pause = std::time::Duration::from_millis(100);
-    loop {
-        match run_once(cfg).await {
-            Err(e) if e.downcast_ref::<Unreachable>().is_some() => {
-                if start.elapsed() + pause > cfg.retry_for {
-                    return Err(e.context(format!(
-                        "gave up after {:.0} s of retries",
-                        start.elapsed().as_secs_f64()
-                    )));
-                }
-                tracing::warn!(error = %e, "proxy unreachable; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_secs(5));
-            }
-            other => return other,
-        }
-    }
+    let unreachable = |e: &anyhow::Error| e.downcast_ref::<Unreachable>().is_some();
+    with_retries(cfg.retry_for, unreachable, || run_once(cfg))
+        .await
+        .map_err(|e| match unreachable(&e) {
+            true => e.context(format!(
+                "gave up after {:.0} s of retries",
+                start.elapsed().as_secs_f64()
+            )),
+            false => e,
+        })
 }
 
 async fn run_once(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {

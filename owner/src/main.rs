@@ -82,11 +82,7 @@ fn parse_cap(s: &str) -> Result<(f64, f64), String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse_from(dpca_proto::config::with_config(
-        &<Args as clap::CommandFactory>::command(),
-        std::env::args_os().collect(),
-        |k| std::env::var(k).ok(),
-    )?);
+    let args: Args = dpca_proto::config::parse()?;
     dpca_proto::logging::init(&args.log);
     let transport = args.transport.transport(Role::Owner).context("transport")?;
     let owner_id = dpca_owner::owner_id(args.owner_id.as_deref(), &transport)?;

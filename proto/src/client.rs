@@ -73,6 +73,45 @@ pub fn status_message(status: &tonic::Status) -> String {
     )
 }
 
+/// Whether a failed call may succeed if made again: the proxy could not be reached
+/// or the connection broke. A refused certificate (a TLS alert) is not this.
+pub fn transient(status: &tonic::Status) -> bool {
+    let msg = status_message(status).to_lowercase();
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    ) && !msg.contains("alert")
+        && !msg.contains("invalid peer certificate")
+}
+
+/// Runs `attempt` until it succeeds, fails with an error `retry` does not accept,
+/// or `patience` would be exceeded by the next pause; pauses double from 100 ms to
+/// 5 s. Each retried error is logged. The owner's upload and the user's wait for
+/// the seal retry this way while the proxy restarts.
+pub async fn with_retries<T, E, F, Fut>(
+    patience: std::time::Duration,
+    retry: impl Fn(&E) -> bool,
+    mut attempt: F,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        match attempt().await {
+            Err(e) if retry(&e) && start.elapsed() + pause <= patience => {
+                tracing::warn!(error = %e, "proxy unreachable; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(5));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Connects to the proxy at `url` with the protocol's message size limits: `https`
 /// with this party's certificate on TLS, `http` only on the insecure transport.
 pub async fn connect(

@@ -31,6 +31,15 @@ pub enum ConfigError {
     },
 }
 
+/// Parses the program's command line with its config file applied: what every
+/// role's `main` calls instead of `T::parse()`.
+pub fn parse<T: clap::Parser>() -> Result<T, ConfigError> {
+    let args = with_config(&T::command(), std::env::args_os().collect(), |k| {
+        std::env::var(k).ok()
+    })?;
+    Ok(T::parse_from(args))
+}
+
 /// `args` (program name first) with the settings of the config file they name, or
 /// that `env("DPCA_CONFIG")` names, appended as flags, except those the command
 /// line or the flag's environment variable already sets. Without a config file,

@@ -466,9 +466,16 @@ pub fn write_dev_pki_with(
             ),
         });
     }
-    for n in &names {
-        let d = party_dir(n);
-        std::fs::create_dir_all(&d).map_err(|source| TlsError::Write { path: d, source })?;
+    // Every folder holding certificates gets the CA's certificate: the top one
+    // only, or each party's.
+    let mut dirs: Vec<PathBuf> = names.iter().map(|n| party_dir(n)).collect();
+    dirs.sort();
+    dirs.dedup();
+    for d in &dirs {
+        std::fs::create_dir_all(d).map_err(|source| TlsError::Write {
+            path: d.clone(),
+            source,
+        })?;
     }
     let gen = |e: rcgen::Error| TlsError::Generate(e.to_string());
     let now = time::OffsetDateTime::now_utc();
@@ -485,18 +492,14 @@ pub fn write_dev_pki_with(
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     validity(&mut ca);
     let ca_cert = ca.self_signed(&ca_key).map_err(gen)?;
-    for n in &names {
-        let f = files_of(n);
-        // Per party, every folder gets the CA's certificate (the top one included).
-        if n == &"ca" || (layout.per_party && f.ca != dir.join("ca.pem") && !f.ca.exists()) {
-            write_file(&f.ca, ca_cert.pem().as_bytes(), false)?;
-        }
+    for d in &dirs {
+        write_file(&d.join("ca.pem"), ca_cert.pem().as_bytes(), false)?;
     }
     write_file(&dir.join("ca.key"), ca_key.serialize_pem().as_bytes(), true)?;
     let issuer = Issuer::new(ca, ca_key);
 
     // `server`: the proxy's own certificate; every other is a client's.
-    let issue = |name: &str, role: Role, server: bool| -> Result<TlsFiles, TlsError> {
+    let issue = |name: &str, role: Role, server: bool| -> Result<(), TlsError> {
         let key = KeyPair::generate().map_err(gen)?;
         let mut p = CertificateParams::default();
         p.distinguished_name = subject(name, role.unit());
@@ -521,8 +524,7 @@ pub fn write_dev_pki_with(
         let cert = p.signed_by(&key, &issuer).map_err(gen)?;
         let files = files_of(name);
         write_file(&files.cert, cert.pem().as_bytes(), false)?;
-        write_file(&files.key, key.serialize_pem().as_bytes(), true)?;
-        Ok(files)
+        write_file(&files.key, key.serialize_pem().as_bytes(), true)
     };
     issue("proxy", Role::Proxy, true)?;
     issue("operator", Role::Proxy, false)?;

@@ -66,11 +66,7 @@ enum Cmd {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse_from(dpca_proto::config::with_config(
-        &<Args as clap::CommandFactory>::command(),
-        std::env::args_os().collect(),
-        |k| std::env::var(k).ok(),
-    )?);
+    let args: Args = dpca_proto::config::parse()?;
     dpca_proto::logging::init(&args.log);
     if let Some(Cmd::Status {
         proxy,

@@ -137,6 +137,19 @@ pub struct Remote {
     pub invitation: Option<PathBuf>,
 }
 
+/// The input table, its label column and its bounds file: as given, or the
+/// bundled optdigits with its label and public bounds.
+fn input_files(opts: &LocalOptions) -> (PathBuf, Option<String>, Option<PathBuf>) {
+    match &opts.data {
+        Some(d) => (d.clone(), opts.label.clone(), opts.bounds.clone()),
+        None => (
+            bundled_data(),
+            Some(opts.label.clone().unwrap_or_else(|| "label".into())),
+            Some(opts.bounds.clone().unwrap_or_else(bundled_bounds)),
+        ),
+    }
+}
+
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
 struct Guard(Child);
 
@@ -155,14 +168,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             opts.key_bits
         );
     }
-    let (data, label, bounds_path) = match &opts.data {
-        Some(d) => (d.clone(), opts.label.clone(), opts.bounds.clone()),
-        None => (
-            bundled_data(),
-            Some(opts.label.clone().unwrap_or_else(|| "label".into())),
-            Some(opts.bounds.clone().unwrap_or_else(bundled_bounds)),
-        ),
-    };
+    let (data, label, bounds_path) = input_files(opts);
     let name = data.display().to_string();
     let file = std::fs::File::open(&data).with_context(|| format!("cannot open {name}"))?;
     let input = match opts.remote {
@@ -376,9 +382,23 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)?;
-    let max_rows = match &opts.remote {
-        Some(r) => r.max_rows,
-        None => (n as u64).next_power_of_two().max(2),
+    // Who the study waits for, and how long: the invited owners of a remote study,
+    // or this run's own, all of them within the hour.
+    let (max_rows, min_owners, quorum, deadline, expected_owners) = match &opts.remote {
+        Some(r) => (
+            r.max_rows,
+            r.min_owners,
+            r.quorum,
+            r.deadline,
+            r.owners.clone(),
+        ),
+        None => (
+            (n as u64).next_power_of_two().max(2),
+            opts.owners as u32,
+            opts.owners as u32,
+            Duration::from_secs(3600),
+            (1..=opts.owners).map(owner_name).collect(),
+        ),
     };
     let mut client = dpca_proto::client::connect(&url, &transport).await?;
     let fingerprint = pk.fingerprint();
@@ -391,29 +411,16 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         },
         max_rows,
         privacy,
-        min_owners: opts
-            .remote
-            .as_ref()
-            .map_or(opts.owners as u32, |r| r.min_owners),
-        quorum: opts
-            .remote
-            .as_ref()
-            .map_or(opts.owners as u32, |r| r.quorum),
-        deadline_unix_ms: now_ms
-            + opts
-                .remote
-                .as_ref()
-                .map_or(3_600_000, |r| r.deadline.as_millis() as u64),
+        min_owners,
+        quorum,
+        deadline_unix_ms: now_ms + deadline.as_millis() as u64,
         kappa: MIN_KAPPA,
         public_key: pk.clone(),
         baseline: opts.baseline,
         classes,
         projection: None,
         norm_bins: None,
-        expected_owners: match &opts.remote {
-            Some(r) => r.owners.clone(),
-            None => (1..=opts.owners).map(owner_name).collect(),
-        },
+        expected_owners,
     };
     // Refused before the histogram study runs, should the study itself be invalid.
     spec.validate()?;
@@ -749,13 +756,7 @@ pub async fn sweep(opts: &LocalOptions, epsilons: &[f64]) -> anyhow::Result<Vec<
     if epsilons.is_empty() {
         bail!("--sweep needs at least one epsilon");
     }
-    let (data, label) = match &opts.data {
-        Some(d) => (d.clone(), opts.label.clone()),
-        None => (
-            bundled_data(),
-            Some(opts.label.clone().unwrap_or_else(|| "label".into())),
-        ),
-    };
+    let (data, label, _) = input_files(opts);
     let name = data.display().to_string();
     let file = std::fs::File::open(&data).with_context(|| format!("cannot open {name}"))?;
     let table = read_csv(file, &name, label.as_deref())?;

@@ -309,11 +309,7 @@ const DEMO_NORM_QUANTILE: f64 = 0.9;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse_from(dpca_proto::config::with_config(
-        &<Cli as clap::CommandFactory>::command(),
-        std::env::args_os().collect(),
-        |k| std::env::var(k).ok(),
-    )?);
+    let cli: Cli = dpca_proto::config::parse()?;
     dpca_proto::logging::init(&cli.log);
     match cli.command {
         Cmd::Keygen {

@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 use dpca_common::paillier::{Ciphertext, SecretKey};
 use dpca_common::protocol::{open_release, Opened};
 use dpca_common::study::{StudyLayout, StudySpec};
+use dpca_proto::client::{transient, with_retries};
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
@@ -96,30 +97,19 @@ const RECONNECT_FOR: Duration = Duration::from_secs(300);
 /// Waits for the study to seal, calling again (the channel reconnects) while the
 /// proxy is unreachable, for up to [`RECONNECT_FOR`].
 async fn await_seal(
-    client: &mut ProxyClient<Channel>,
+    client: &ProxyClient<Channel>,
     study_id: &str,
 ) -> anyhow::Result<v1::SealedStudy> {
-    let start = Instant::now();
-    let mut pause = Duration::from_millis(200);
-    loop {
-        let res = client
-            .await_seal(v1::AwaitSealRequest {
-                study_id: study_id.to_string(),
-            })
-            .await;
-        match res {
-            Ok(r) => return Ok(r.into_inner()),
-            Err(s)
-                if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
-                    && start.elapsed() + pause < RECONNECT_FOR =>
-            {
-                tracing::warn!(error = %dpca_proto::client::status_message(&s), "proxy unreachable while waiting for the seal; calling again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
-            Err(s) => return Err(status("study did not seal")(s)),
-        }
-    }
+    with_retries(RECONNECT_FOR, transient, || {
+        let mut client = client.clone();
+        let req = v1::AwaitSealRequest {
+            study_id: study_id.to_string(),
+        };
+        async move { client.await_seal(req).await }
+    })
+    .await
+    .map(tonic::Response::into_inner)
+    .map_err(status("study did not seal"))
 }
 
 /// Waits for the study to seal, decrypts N (checking it against the spec), reveals
