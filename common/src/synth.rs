@@ -10,6 +10,12 @@
 //! - Classification (Algorithm 3): a Gaussian mixture ([`GaussMixture`]) with the
 //!   noisy class proportions, the DP class means and either one shared within-class
 //!   covariance or one per class, each reduced to the k components.
+//!
+//! How the covariance is read from the noisy scatter is a choice ([`CovarianceFit`]):
+//! the paper's reduced covariance as released, or a denoised one that undoes the
+//! upward bias the symmetric noise gives the top eigenvalues and puts the variance
+//! the k components leave out back as an isotropic residual (probabilistic PCA).
+//! Both use only the release and the public noise level.
 
 use nalgebra::{DMatrix, DVector};
 use rand::Rng;
@@ -67,31 +73,119 @@ pub enum SynthError {
     NoMean,
 }
 
-/// The Gaussian model PCA-Gauss samples from, in normalized units: x = W y + mu with
-/// y ~ N(0, diag(variances)) in the eigenbasis of W^T S' W / N.
+/// The noise the study added to the released scatter, public from its noise plan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NoiseLevel {
+    /// Standard deviation of one entry of the symmetric noise matrix, in the
+    /// normalized units of the scatter (before dividing by a row count).
+    pub entry_sd: f64,
+    /// Dimension of that noise matrix: the study's M in a plain study, the rank of
+    /// the projection in a projected one (whose scatter says nothing outside the
+    /// span).
+    pub dim: usize,
+}
+
+/// How a model's covariance is read from the released scatter. Either way it is
+/// post-processing of the release and the public noise level.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CovarianceFit {
+    /// The paper's: W^T S' W / N as released, negative eigenvalues clipped to 0, no
+    /// variance outside the span of the k components.
+    Paper,
+    /// Denoised. A symmetric noise matrix with entry sd sigma (after dividing by N)
+    /// spreads its spectrum over [-2 sigma sqrt(d), 2 sigma sqrt(d)] and lifts a
+    /// signal eigenvalue lambda above sigma sqrt(d) to about lambda + d sigma^2 /
+    /// lambda (the spiked Wigner model); the top eigenvalues of S' are therefore too
+    /// large, by more the closer they sit to the noise. Each reduced eigenvalue l
+    /// above the edge 2 sigma sqrt(d) is mapped back to (l + sqrt(l^2 - 4 d sigma^2))
+    /// / 2, one at or below the edge (indistinguishable from noise) to 0. The trace
+    /// of S' / N is unbiased (the noise has mean 0), so what it holds beyond the
+    /// kept eigenvalues is spread evenly over the remaining directions as a residual
+    /// variance r: the kept axes get max(lambda, r), and in a plain study every
+    /// direction outside the components' span gets r (probabilistic PCA's
+    /// isotropic residual). A projected study's scatter knows nothing outside its
+    /// span, so there the residual stays inside it.
+    Denoised(NoiseLevel),
+}
+
+/// The user's choice of [`CovarianceFit`], before the release says its noise level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FitKind {
+    /// [`CovarianceFit::Paper`].
+    Paper,
+    /// [`CovarianceFit::Denoised`].
+    Denoised,
+}
+
+impl CovarianceFit {
+    /// The CLI name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Paper => "paper",
+            Self::Denoised(_) => "denoised",
+        }
+    }
+}
+
+impl FitKind {
+    /// Parses the CLI name.
+    pub fn parse(name: &str) -> Result<Self, SynthError> {
+        match name {
+            "paper" => Ok(Self::Paper),
+            "denoised" => Ok(Self::Denoised),
+            other => Err(SynthError::Shape(format!(
+                "unknown covariance fit `{other}` (expected denoised or paper)"
+            ))),
+        }
+    }
+
+    /// The CLI name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Paper => "paper",
+            Self::Denoised => "denoised",
+        }
+    }
+
+    /// The fit for a release with this noise level.
+    pub fn with(self, noise: NoiseLevel) -> CovarianceFit {
+        match self {
+            Self::Paper => CovarianceFit::Paper,
+            Self::Denoised => CovarianceFit::Denoised(noise),
+        }
+    }
+}
+
+/// The Gaussian model PCA-Gauss samples from, in normalized units: x = W y + mu + e
+/// with y ~ N(0, diag(variances)) in the eigenbasis of W^T S' W / N and e an
+/// isotropic residual of sd `residual` outside the span of W.
 #[derive(Clone, Debug)]
 pub struct GaussModel {
     /// M x k map from the reduced space (already rotated to diagonalize the
     /// reduced covariance).
     pub map: DMatrix<f64>,
-    /// Variances along the k reduced axes, negative ones clipped to 0.
+    /// Variances along the k reduced axes, none negative.
     pub variances: Vec<f64>,
     /// The mean in normalized units.
     pub mean: DVector<f64>,
+    /// Standard deviation of the residual in every direction outside the span of
+    /// `map` (0 for [`CovarianceFit::Paper`]).
+    pub residual: f64,
 }
 
 impl GaussModel {
     /// Builds the model from S' (normalized units, M x M), the row count N, the top-k
-    /// components (M x k, orthonormal columns) and a mean. The reduced covariance
-    /// W^T S' W / N may be indefinite (noise); its negative eigenvalues are clipped,
-    /// which is post-processing.
+    /// components (M x k, orthonormal columns), a mean and the way to read the
+    /// covariance. The reduced covariance W^T S' W / N may be indefinite (noise);
+    /// its negative eigenvalues are clipped, which is post-processing.
     pub fn new(
         scatter: &DMatrix<f64>,
         n_rows: u64,
         components: &DMatrix<f64>,
         mean: &DVector<f64>,
+        fit: CovarianceFit,
     ) -> Result<Self, SynthError> {
-        Self::with_divisor(scatter, n_rows as f64, components, mean)
+        Self::with_divisor(scatter, n_rows as f64, components, mean, fit)
     }
 
     /// As [`GaussModel::new`], with the scatter divided by `divisor` (a noisy class
@@ -101,6 +195,7 @@ impl GaussModel {
         divisor: f64,
         components: &DMatrix<f64>,
         mean: &DVector<f64>,
+        fit: CovarianceFit,
     ) -> Result<Self, SynthError> {
         let m = scatter.nrows();
         if scatter.ncols() != m || components.nrows() != m || mean.len() != m {
@@ -121,11 +216,24 @@ impl GaussModel {
         let reduced = components.transpose() * scatter * components / divisor;
         let sym = (&reduced + reduced.transpose()) * 0.5;
         let (values, vectors) = eigh_desc(&sym);
+        let (variances, residual) = match fit {
+            CovarianceFit::Paper => (values.into_iter().map(|v| v.max(0.0)).collect(), 0.0),
+            CovarianceFit::Denoised(noise) => {
+                denoise(&values, scatter.trace() / divisor, m, noise, divisor)?
+            }
+        };
         Ok(Self {
             map: components * vectors,
-            variances: values.into_iter().map(|v| v.max(0.0)).collect(),
+            variances,
             mean: mean.clone(),
+            residual,
         })
+    }
+
+    /// The model's total variance: its trace over all M directions.
+    pub fn total_variance(&self) -> f64 {
+        let outside = self.map.nrows().saturating_sub(self.variances.len()) as f64;
+        self.variances.iter().sum::<f64>() + outside * self.residual.powi(2)
     }
 
     /// One sample in normalized units.
@@ -137,8 +245,72 @@ impl GaussModel {
                 z * v.sqrt()
             }),
         );
-        &self.map * y + &self.mean
+        let mut x = &self.map * y + &self.mean;
+        if self.residual > 0.0 {
+            // z minus its part in the span: isotropic in the complement.
+            let z = DVector::from_iterator(
+                self.map.nrows(),
+                (0..self.map.nrows()).map(|_| rng.sample::<f64, _>(StandardNormal)),
+            );
+            let inside = &self.map * (self.map.transpose() * &z);
+            x += (z - inside) * self.residual;
+        }
+        x
     }
+}
+
+/// The denoised variances of [`CovarianceFit::Denoised`]: `values` are the reduced
+/// eigenvalues (descending) of S' / divisor, `total` the trace of S' / divisor, `m`
+/// the model's dimension. Returns the k variances and the residual sd outside the
+/// span.
+fn denoise(
+    values: &[f64],
+    total: f64,
+    m: usize,
+    noise: NoiseLevel,
+    divisor: f64,
+) -> Result<(Vec<f64>, f64), SynthError> {
+    if !(noise.entry_sd.is_finite() && noise.entry_sd >= 0.0) || noise.dim == 0 || noise.dim > m {
+        return Err(SynthError::Shape(format!(
+            "noise level of sd {} on a {}-dimensional noise matrix for a {m}-dimensional \
+             scatter",
+            noise.entry_sd, noise.dim
+        )));
+    }
+    let sigma = noise.entry_sd / divisor;
+    let edge2 = 4.0 * noise.dim as f64 * sigma * sigma;
+    let lifted: Vec<f64> = values
+        .iter()
+        .map(|&l| {
+            if l > 0.0 && l * l > edge2 {
+                (l + (l * l - edge2).sqrt()) / 2.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    // The residual r is the trace's remainder over the directions not kept. A kept
+    // eigenvalue below r is no signal above the residual: it joins the rest, the
+    // smallest first (each such move lowers r to between the two), until every kept
+    // eigenvalue is at least r. The model's total variance is then the trace.
+    let mut live: Vec<f64> = lifted.iter().copied().filter(|&v| v > 0.0).collect();
+    let plain = noise.dim == m;
+    let residual = |live: &[f64]| {
+        let rest = noise.dim.saturating_sub(live.len());
+        if rest == 0 {
+            0.0
+        } else {
+            ((total - live.iter().sum::<f64>()) / rest as f64).max(0.0)
+        }
+    };
+    let mut r = residual(&live);
+    while live.last().is_some_and(|&v| v < r) {
+        live.pop();
+        r = residual(&live);
+    }
+    let variances = lifted.iter().map(|&v| v.max(r)).collect();
+    let outside = if plain { r.sqrt() } else { 0.0 };
+    Ok((variances, outside))
 }
 
 /// The components of Algorithm 2: the top-k components of the features block
@@ -191,6 +363,7 @@ impl GaussMixture {
         stats: &ClassStats,
         n_rows: u64,
         components: &DMatrix<f64>,
+        fit: CovarianceFit,
     ) -> Result<Self, SynthError> {
         let g = stats.means.len();
         if g == 0 || stats.counts.len() != g {
@@ -210,7 +383,7 @@ impl GaussMixture {
         let means = &stats.means;
         let models = match stats.scatters.as_slice() {
             [shared] => {
-                let base = GaussModel::new(shared, n_rows, components, &means[0])?;
+                let base = GaussModel::new(shared, n_rows, components, &means[0], fit)?;
                 means
                     .iter()
                     .map(|m| GaussModel {
@@ -223,7 +396,7 @@ impl GaussMixture {
                 .iter()
                 .zip(means)
                 .zip(&stats.counts)
-                .map(|((s, m), &c)| GaussModel::with_divisor(s, c.max(1.0), components, m))
+                .map(|((s, m), &c)| GaussModel::with_divisor(s, c.max(1.0), components, m, fit))
                 .collect::<Result<Vec<_>, _>>()?,
             other => {
                 return Err(SynthError::Shape(format!(
@@ -299,7 +472,7 @@ mod tests {
             DVector::from_vec(vec![0.0, 1.0, 0.0]),
         ]);
         let mu = DVector::from_vec(vec![0.1, -0.2, 0.3]);
-        let model = GaussModel::new(&s, n, &w, &mu).expect("model");
+        let model = GaussModel::new(&s, n, &w, &mu, CovarianceFit::Paper).expect("model");
         let mut rng = ChaCha20Rng::seed_from_u64(3);
         let draws: Vec<DVector<f64>> = (0..20_000).map(|_| model.sample(&mut rng)).collect();
         let count = draws.len() as f64;
@@ -316,10 +489,115 @@ mod tests {
     }
 
     #[test]
+    fn denoised_residual_fills_the_directions_outside_the_span() {
+        // S / N = diag(4, 1, 0.25) without noise: the third axis, outside the span of
+        // k = 2, gets the trace's remainder 0.25 as residual variance.
+        let s = DMatrix::from_diagonal(&DVector::from_vec(vec![40.0, 10.0, 2.5]));
+        let w = DMatrix::from_columns(&[
+            DVector::from_vec(vec![1.0, 0.0, 0.0]),
+            DVector::from_vec(vec![0.0, 1.0, 0.0]),
+        ]);
+        let fit = CovarianceFit::Denoised(NoiseLevel {
+            entry_sd: 0.0,
+            dim: 3,
+        });
+        let model = GaussModel::new(&s, 10, &w, &DVector::zeros(3), fit).expect("model");
+        assert!((model.residual - 0.5).abs() < 1e-12, "{}", model.residual);
+        assert!((model.total_variance() - 5.25).abs() < 1e-12);
+        let mut rng = ChaCha20Rng::seed_from_u64(4);
+        let draws: Vec<DVector<f64>> = (0..20_000).map(|_| model.sample(&mut rng)).collect();
+        let var = |i: usize| draws.iter().map(|d| d[i] * d[i]).sum::<f64>() / 20_000.0;
+        assert!((var(0) - 4.0).abs() < 0.15);
+        assert!((var(2) - 0.25).abs() < 0.01, "{}", var(2));
+        // A projected study (noise on the span only) has no residual outside it.
+        let projected = CovarianceFit::Denoised(NoiseLevel {
+            entry_sd: 0.0,
+            dim: 2,
+        });
+        let s2 = DMatrix::from_diagonal(&DVector::from_vec(vec![40.0, 10.0, 0.0]));
+        let model = GaussModel::new(&s2, 10, &w, &DVector::zeros(3), projected).expect("model");
+        assert_eq!(model.residual, 0.0);
+        assert_eq!(model.variances, vec![4.0, 1.0]);
+    }
+
+    /// A symmetric matrix of iid N(0, sd^2) entries (upper triangle mirrored), as the
+    /// study's noise.
+    fn symmetric_noise(m: usize, sd: f64, rng: &mut ChaCha20Rng) -> DMatrix<f64> {
+        let mut e = DMatrix::zeros(m, m);
+        for i in 0..m {
+            for j in i..m {
+                let z: f64 = rand::Rng::sample(rng, StandardNormal);
+                e[(i, j)] = z * sd;
+                e[(j, i)] = z * sd;
+            }
+        }
+        e
+    }
+
+    /// The model's M x M covariance.
+    fn model_covariance(model: &GaussModel) -> DMatrix<f64> {
+        let m = model.map.nrows();
+        let d = DMatrix::from_diagonal(&DVector::from_vec(model.variances.clone()));
+        let inside = &model.map * model.map.transpose();
+        &model.map * d * model.map.transpose()
+            + (DMatrix::identity(m, m) - inside) * model.residual.powi(2)
+    }
+
+    #[test]
+    fn denoised_covariance_is_closer_to_the_truth_than_the_papers() {
+        // Three spikes over a flat residual of 0.01 in M = 60; noise of entry sd 0.03
+        // puts the bulk edge at 2 * 0.03 * sqrt(60) = 0.46, just below the weakest
+        // spike's noisy eigenvalue (about 0.3 + 60 * 0.03^2 / 0.3 = 0.48).
+        let m = 60;
+        let mut diag = vec![0.01; m];
+        diag[..3].copy_from_slice(&[1.0, 0.6, 0.3]);
+        let truth = DMatrix::from_diagonal(&DVector::from_vec(diag));
+        let sd = 0.03;
+        let fit = CovarianceFit::Denoised(NoiseLevel {
+            entry_sd: sd,
+            dim: m,
+        });
+        let mut tops = (0.0, 0.0);
+        for seed in 0..5 {
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            let released = &truth + symmetric_noise(m, sd, &mut rng);
+            let w = {
+                let (_, v) = eigh_desc(&released);
+                v.columns(0, 3).into_owned()
+            };
+            let mean = DVector::zeros(m);
+            let paper =
+                GaussModel::new(&released, 1, &w, &mean, CovarianceFit::Paper).expect("paper");
+            let denoised = GaussModel::new(&released, 1, &w, &mean, fit).expect("denoised");
+            let err = |g: &GaussModel| (model_covariance(g) - &truth).norm();
+            assert!(
+                err(&denoised) < 0.9 * err(&paper),
+                "seed {seed}: denoised {} against paper {}",
+                err(&denoised),
+                err(&paper)
+            );
+            tops.0 += paper.variances[0] / 5.0;
+            tops.1 += denoised.variances[0] / 5.0;
+            // The residual is the trace's remainder: 0.01 give or take the noise on the
+            // trace (sd 0.03 sqrt(60) / 57 = 0.004).
+            assert!(
+                (denoised.residual.powi(2) - 0.01).abs() < 0.008,
+                "seed {seed}"
+            );
+            assert!((denoised.total_variance() - released.trace()).abs() < 1e-9);
+        }
+        // The top eigenvalue is lifted by about 60 * 0.03^2 / 1 = 0.054 on average;
+        // denoised, it is back near 1.
+        assert!(tops.0 > 1.03, "{tops:?}");
+        assert!((tops.1 - 1.0).abs() < 0.02, "{tops:?}");
+    }
+
+    #[test]
     fn indefinite_reduced_covariance_is_clipped() {
         let s = DMatrix::from_row_slice(2, 2, &[1.0, 2.0, 2.0, 1.0]); // eigenvalues 3, -1
         let w = DMatrix::identity(2, 2);
-        let model = GaussModel::new(&s, 1, &w, &DVector::zeros(2)).expect("model");
+        let model =
+            GaussModel::new(&s, 1, &w, &DVector::zeros(2), CovarianceFit::Paper).expect("model");
         assert_eq!(model.variances.len(), 2);
         assert!((model.variances[0] - 3.0).abs() < 1e-12);
         assert_eq!(model.variances[1], 0.0);
@@ -330,10 +608,17 @@ mod tests {
         let s = DMatrix::identity(3, 3);
         let w = DMatrix::identity(2, 2);
         assert!(matches!(
-            GaussModel::new(&s, 5, &w, &DVector::zeros(3)),
+            GaussModel::new(&s, 5, &w, &DVector::zeros(3), CovarianceFit::Paper),
             Err(SynthError::Shape(_))
         ));
-        assert!(GaussModel::new(&s, 0, &DMatrix::identity(3, 1), &DVector::zeros(3)).is_err());
+        assert!(GaussModel::new(
+            &s,
+            0,
+            &DMatrix::identity(3, 1),
+            &DVector::zeros(3),
+            CovarianceFit::Paper
+        )
+        .is_err());
     }
 
     #[test]
@@ -351,7 +636,7 @@ mod tests {
             ]))],
         };
         let w = DMatrix::from_column_slice(3, 1, &[1.0, 0.0, 0.0]);
-        let mix = GaussMixture::new(&stats, 100, &w).expect("mixture");
+        let mix = GaussMixture::new(&stats, 100, &w, CovarianceFit::Paper).expect("mixture");
         let mut rng = ChaCha20Rng::seed_from_u64(5);
         let mut sums = [DVector::zeros(3), DVector::zeros(3)];
         let mut counts = [0usize; 2];
@@ -371,12 +656,48 @@ mod tests {
             ..stats
         };
         assert!(matches!(
-            GaussMixture::new(&bad, 100, &w),
+            GaussMixture::new(&bad, 100, &w, CovarianceFit::Paper),
             Err(SynthError::Shape(_))
         ));
     }
 
     proptest! {
+        #[test]
+        fn denoised_model_keeps_the_released_trace(
+            seed in 0u64..1000,
+            m in 2usize..12,
+            k_frac in 0.0f64..1.0,
+            sd in 0.0f64..0.5,
+            divisor in 1.0f64..50.0,
+        ) {
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            let a = DMatrix::from_fn(m, m, |_, _| -> f64 {
+                rand::Rng::sample(&mut rng, StandardNormal)
+            });
+            let s = &a * a.transpose() + symmetric_noise(m, sd, &mut rng);
+            let k = 1 + ((m - 1) as f64 * k_frac) as usize;
+            let w = eigh_desc(&s).1.columns(0, k).into_owned();
+            let fit = CovarianceFit::Denoised(NoiseLevel { entry_sd: sd, dim: m });
+            let model = GaussModel::with_divisor(&s, divisor, &w, &DVector::zeros(m), fit)
+                .expect("model");
+            let paper = GaussModel::with_divisor(
+                &s, divisor, &w, &DVector::zeros(m), CovarianceFit::Paper,
+            ).expect("paper");
+            prop_assert!(model.residual >= 0.0);
+            prop_assert!(model.variances.iter().all(|&v| v >= 0.0));
+            // Shrinkage never raises a kept eigenvalue above the released one, except
+            // to the residual floor.
+            for (d, p) in model.variances.iter().zip(&paper.variances) {
+                prop_assert!(*d <= p.max(model.residual.powi(2)) + 1e-12);
+            }
+            // Whenever the released trace covers the kept variances, the model's total
+            // variance is exactly the released trace.
+            let trace = s.trace() / divisor;
+            if model.residual > 0.0 {
+                prop_assert!((model.total_variance() - trace).abs() < 1e-9 * (1.0 + trace.abs()));
+            }
+        }
+
         #[test]
         fn original_units_invert_the_normalization(
             row in proptest::collection::vec(0.0f64..16.0, 1..10),

@@ -18,8 +18,8 @@ use dpca_common::study::{
     ClassCovariance, ClassSpec, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
 };
 use dpca_common::synth::{
-    augment_with_label, task_projection, to_original_units, GaussMixture, GaussModel, SynthError,
-    Task,
+    augment_with_label, task_projection, to_original_units, CovarianceFit, FitKind, GaussMixture,
+    GaussModel, NoiseLevel, SynthError, Task,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use nalgebra::{DMatrix, DVector};
@@ -95,6 +95,8 @@ pub struct LocalOptions {
     pub task: Task,
     /// Shared or per-class covariances (classification only).
     pub class_covariance: ClassCovariance,
+    /// How synthesis reads the covariance from the release: denoised or the paper's.
+    pub covariance_fit: FitKind,
     /// Pub-PCA: take the axes from the PCA of this public CSV (same features); the
     /// study then releases R of the rows projected onto them (the second round).
     pub pca_from: Option<PathBuf>,
@@ -528,6 +530,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         }
         None => pca(&cov_x, opts.k),
     };
+    let fit = covariance_fit(opts, &spec, got.n_rows);
     let synthetic = match opts.synthetic {
         Some(rows) => Some(synthesize(
             opts,
@@ -538,6 +541,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             &bounds,
             spec.classes.as_ref(),
             rows,
+            fit,
         )?),
         None => None,
     };
@@ -599,6 +603,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             .map(|c| c.labels.clone())
             .unwrap_or_default(),
         class_covariance: spec.classes.as_ref().map(|c| c.covariance.name().into()),
+        covariance_fit: opts.synthetic.map(|_| fit.name().into()),
         class_counts: got.opened.classes.as_ref().map(|c| c.counts.clone()),
         pca_source: match (&opts.pca_from, &opts.components_from) {
             (Some(p), _) => format!("Pub-PCA of {}; R released on its axes", p.display()),
@@ -910,6 +915,25 @@ async fn run_owners(
     Ok(owner_reports)
 }
 
+/// How synthesis reads the covariance: the user's choice with the release's noise
+/// level, computed from the public spec (not taken from the proxy's word). The
+/// Wishart noise is not symmetric around 0 (its mean is a multiple of I), so its
+/// release is read the paper's way.
+fn covariance_fit(opts: &LocalOptions, spec: &StudySpec, n_rows: u64) -> CovarianceFit {
+    if spec.privacy.mechanism == Mechanism::WishartUnproven {
+        return CovarianceFit::Paper;
+    }
+    let entry_sd = if opts.noise_free_for_testing {
+        0.0
+    } else {
+        spec.noise_plan(n_rows).matrix.std_dev() / spec.fixed.scale().powi(2)
+    };
+    opts.covariance_fit.with(NoiseLevel {
+        entry_sd,
+        dim: spec.matrix_dim(),
+    })
+}
+
 /// Draws `rows` synthetic rows for the task, in the input's units, as CSV cells in
 /// the order of the study's features (the label last).
 #[allow(clippy::too_many_arguments)]
@@ -922,6 +946,7 @@ fn synthesize(
     bounds: &[(f64, f64)],
     classes: Option<&ClassSpec>,
     rows: usize,
+    fit: CovarianceFit,
 ) -> anyhow::Result<Vec<Vec<String>>> {
     let mut rng = OsRng;
     let cells = |x: &DVector<f64>| -> Vec<String> {
@@ -933,7 +958,7 @@ fn synthesize(
     let mean = opened.mean.as_ref().ok_or(SynthError::NoMean)?;
     Ok(match (opts.task, &opened.classes, classes) {
         (Task::Classify, Some(stats), Some(spec)) => {
-            let mixture = GaussMixture::new(stats, n_rows, components)?;
+            let mixture = GaussMixture::new(stats, n_rows, components, fit)?;
             (0..rows)
                 .map(|_| {
                     let (c, x) = mixture.sample(&mut rng);
@@ -945,11 +970,12 @@ fn synthesize(
         }
         (Task::Classify, _, _) => bail!("the release carries no class statistics"),
         (Task::Regress, _, _) => {
-            let model = GaussModel::new(scatter, n_rows, &augment_with_label(components), mean)?;
+            let model =
+                GaussModel::new(scatter, n_rows, &augment_with_label(components), mean, fit)?;
             (0..rows).map(|_| cells(&model.sample(&mut rng))).collect()
         }
         (Task::Cluster, _, _) => {
-            let model = GaussModel::new(scatter, n_rows, components, mean)?;
+            let model = GaussModel::new(scatter, n_rows, components, mean, fit)?;
             (0..rows)
                 .map(|_| {
                     let mut rec = cells(&model.sample(&mut rng));

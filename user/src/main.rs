@@ -8,7 +8,7 @@ use dpca_common::data::read_csv;
 use dpca_common::dp::{Centering, Mechanism};
 use dpca_common::paillier::{SecretKey, DEFAULT_KEY_BITS};
 use dpca_common::study::ClassCovariance;
-use dpca_common::synth::Task;
+use dpca_common::synth::{FitKind, Task};
 use dpca_proto::tls::{write_dev_pki_with, DevPkiLayout, Role, TransportArgs};
 use dpca_user::local::{LocalOptions, SliceLayout};
 use rand::rngs::OsRng;
@@ -201,6 +201,13 @@ struct StudyArgs {
     /// or `per-class` (the paper's; noisy with small classes).
     #[arg(long, default_value = "shared")]
     class_covariance: String,
+    /// How synthesis reads the covariance from the release: `denoised` (the top
+    /// eigenvalues shrunk back by the bias the public noise level gives them, and
+    /// the variance the k components leave out spread evenly outside them) or
+    /// `paper` (as released, nothing outside the span of the components). Both are
+    /// post-processing: no budget.
+    #[arg(long, default_value = "denoised")]
+    covariance_fit: String,
     /// Pub-PCA: take k axes from the PCA of this public CSV (same columns); owners
     /// then release R of their rows projected onto them (the second round of
     /// PCA-Gauss: far less Laplace noise for k much below M). Needs dp-mean.
@@ -506,6 +513,7 @@ fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
         synthetic,
         task,
         class_covariance: ClassCovariance::parse(&a.class_covariance)?,
+        covariance_fit: FitKind::parse(&a.covariance_fit)?,
         pca_from: a.pca_from,
         components_from: a.components_from,
         row_norm_quantile: None,

@@ -113,6 +113,9 @@ pub struct StudyReport {
     /// shared or per-class (classification only).
     #[serde(default)]
     pub class_covariance: Option<String>,
+    /// How synthesis read the covariance: denoised or paper (with synthetic rows).
+    #[serde(default)]
+    pub covariance_fit: Option<String>,
     /// Noisy class counts as released (classification only).
     #[serde(default)]
     pub class_counts: Option<Vec<f64>>,

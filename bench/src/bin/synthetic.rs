@@ -55,7 +55,8 @@ use dpca_common::linalg::{centered_scatter, pca};
 use dpca_common::protocol::{central_release, ClassRows, Opened, ReleaseSecrets, Share};
 use dpca_common::study::{BlockShape, NormBins, Projection, DEFAULT_FRAC_BITS};
 use dpca_common::synth::{
-    augment_with_label, task_projection, to_original_units, GaussMixture, GaussModel, Task,
+    augment_with_label, task_projection, to_original_units, CovarianceFit, FitKind, GaussMixture,
+    GaussModel, NoiseLevel, Task,
 };
 use linfa::metrics::SilhouetteScore;
 use linfa::prelude::*;
@@ -94,6 +95,15 @@ struct Args {
     /// Classification: shared or per-class covariance.
     #[arg(long, default_value = "shared")]
     class_covariance: String,
+    /// How the PCA methods read the covariance from the release: `denoised`
+    /// (eigenvalues shrunk for the known noise, isotropic residual outside the
+    /// components) or `paper` (as released, nothing outside the span).
+    #[arg(long, default_value = "denoised")]
+    covariance: String,
+    /// Denoise full-gauss too (by default it is the paper's MODIPS comparison: the
+    /// noisy covariance, negative eigenvalues clipped).
+    #[arg(long)]
+    denoise_full_gauss: bool,
     /// Components k per experiment, in the order of --experiments (default: 20 for
     /// optdigits, 10 for letter, 7 of 9 for diamonds).
     #[arg(long, value_delimiter = ',')]
@@ -367,12 +377,12 @@ fn dp_row_norm(
     };
     let (share, _) = Share::from_raw_rows(&hot, &vec![(-1.0, 1.0); b], &fixed, None, None);
     let shape = BlockShape::new(b, 0, false, fixed.norm_bound_int());
-    let opened = release(&share, &shape, None, req, &fixed, rng);
+    let (opened, _) = release(&share, &shape, None, req, &fixed, rng);
     let plan = plan_noise_blocks(req, b, b, fixed.norm_bound_int(), share.n, false);
     Ok(bins.quantile(&bins.counts(&opened, &plan, &fixed), q))
 }
 
-/// One release of the study with fresh noise.
+/// One release of the study with fresh noise, and the noise level of its scatter.
 fn release(
     pooled: &Share,
     shape: &BlockShape,
@@ -380,7 +390,7 @@ fn release(
     req: &PrivacyRequest,
     fixed: &FixedPoint,
     rng: &mut ChaCha20Rng,
-) -> Opened {
+) -> (Opened, NoiseLevel) {
     let plan = plan_noise_blocks(
         req,
         shape.matrix_dim,
@@ -402,14 +412,19 @@ fn release(
             .map(|v| v.sample_vector(shape.vector_len(), rng))
             .unwrap_or_default(),
     };
-    central_release(
+    let noise = NoiseLevel {
+        entry_sd: plan.matrix.std_dev() / fixed.scale().powi(2),
+        dim: shape.matrix_dim,
+    };
+    let opened = central_release(
         pooled,
         shape,
         Centering::DpMean,
         projection,
         &secrets,
         fixed.frac_bits,
-    )
+    );
+    (opened, noise)
 }
 
 /// The two requests of a study split in two rounds of equal privacy: half the zCDP
@@ -473,6 +488,7 @@ fn synthesize(
     opened: &Opened,
     n_rows: u64,
     axes: &DMatrix<f64>,
+    fit: CovarianceFit,
     rng: &mut ChaCha20Rng,
 ) -> anyhow::Result<(Vec<Vec<f64>>, Vec<usize>)> {
     let count = e.train.len();
@@ -482,7 +498,7 @@ fn synthesize(
     Ok(match e.task {
         Task::Classify => {
             let stats = opened.classes.as_ref().context("no class statistics")?;
-            let mix = GaussMixture::new(stats, n_rows, axes)?;
+            let mix = GaussMixture::new(stats, n_rows, axes, fit)?;
             (0..count)
                 .map(|_| {
                     let (c, x) = mix.sample(rng);
@@ -491,14 +507,20 @@ fn synthesize(
                 .unzip()
         }
         Task::Regress => {
-            let model = GaussModel::new(&opened.scatter, n_rows, &augment_with_label(axes), mean)?;
+            let model = GaussModel::new(
+                &opened.scatter,
+                n_rows,
+                &augment_with_label(axes),
+                mean,
+                fit,
+            )?;
             (
                 (0..count).map(|_| finish(&model.sample(rng))).collect(),
                 Vec::new(),
             )
         }
         Task::Cluster => {
-            let model = GaussModel::new(&opened.scatter, n_rows, axes, mean)?;
+            let model = GaussModel::new(&opened.scatter, n_rows, axes, mean, fit)?;
             (
                 (0..count).map(|_| finish(&model.sample(rng))).collect(),
                 Vec::new(),
@@ -609,6 +631,21 @@ fn components_in_span(opened: &Opened, n: u64, w: &DMatrix<f64>, k: usize) -> DM
     w * pca(&(w.transpose() * cov * w), k).components
 }
 
+/// How the methods read the covariance from a release.
+#[derive(Clone, Copy, Debug)]
+struct FitChoice {
+    /// The reading for every method but full-gauss.
+    kind: FitKind,
+    /// Denoise full-gauss too (it is the paper's MODIPS comparison without).
+    denoise_full_gauss: bool,
+}
+
+impl FitChoice {
+    fn of(&self, noise: NoiseLevel) -> CovarianceFit {
+        self.kind.with(noise)
+    }
+}
+
 /// One repetition of a method: its release(s), axes and synthetic rows, scored.
 #[allow(clippy::too_many_arguments)]
 fn one_rep(
@@ -619,20 +656,26 @@ fn one_rep(
     fixed: &FixedPoint,
     per_class: bool,
     plain: &(Share, BlockShape),
+    fit: FitChoice,
     rng: &mut ChaCha20Rng,
 ) -> anyhow::Result<f64> {
     let m = pca_dim(e);
     let (pooled, shape) = plain;
     let n = pooled.n;
-    let (opened, axes, n) = match method {
+    let (opened, axes, n, fit) = match method {
         Method::PcaGauss => {
-            let opened = release(pooled, shape, None, req, fixed, rng);
+            let (opened, noise) = release(pooled, shape, None, req, fixed, rng);
             let w = components(&opened, pooled.n, m, k);
-            (opened, w, n)
+            (opened, w, n, fit.of(noise))
         }
         Method::FullGauss => {
-            let opened = release(pooled, shape, None, req, fixed, rng);
-            (opened, DMatrix::identity(m, m), n)
+            let (opened, noise) = release(pooled, shape, None, req, fixed, rng);
+            let fit = if fit.denoise_full_gauss {
+                fit.of(noise)
+            } else {
+                CovarianceFit::Paper
+            };
+            (opened, DMatrix::identity(m, m), n, fit)
         }
         Method::PubPca => {
             // The paper's Pub-PCA: a disjoint public part of the training rows gives
@@ -650,19 +693,19 @@ fn one_rep(
                 ..e.clone()
             };
             let (share, pshape, projection) = pooled_share(&private, fixed, per_class, Some(&w));
-            let opened = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
+            let (opened, noise) = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
             let axes = components_in_span(&opened, share.n, &w, k);
-            (opened, axes, share.n)
+            (opened, axes, share.n, fit.of(noise))
         }
         Method::PcaGauss2 => {
             // Round 1: a plain study for the axes; round 2: R on them.
             let half = halves(req)?;
-            let first = release(pooled, shape, None, &half, fixed, rng);
+            let (first, _) = release(pooled, shape, None, &half, fixed, rng);
             let w = components(&first, pooled.n, m, k);
             let (share, pshape, projection) = pooled_share(e, fixed, per_class, Some(&w));
-            let opened = release(&share, &pshape, projection.as_ref(), &half, fixed, rng);
+            let (opened, noise) = release(&share, &pshape, projection.as_ref(), &half, fixed, rng);
             let axes = components_in_span(&opened, share.n, &w, k);
-            (opened, axes, n)
+            (opened, axes, n, fit.of(noise))
         }
         Method::RandomProj => {
             // Random axes are public: the whole budget goes to R on them. The Blocki
@@ -670,21 +713,22 @@ fn one_rep(
             // the global mean are kept in the random span too.
             let w = random_axes(m, k, rng);
             let (share, pshape, projection) = pooled_share(e, fixed, per_class, Some(&w));
-            let mut opened = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
+            let (mut opened, noise) =
+                release(&share, &pshape, projection.as_ref(), req, fixed, rng);
             if let (Some(stats), Some(mu)) = (opened.classes.as_mut(), opened.mean.as_ref()) {
                 let p = &w * w.transpose();
                 for mc in &mut stats.means {
                     *mc = mu + &p * (&*mc - mu);
                 }
             }
-            (opened, w, n)
+            (opened, w, n, fit.of(noise))
         }
         Method::PcaGauss2K => {
             // Round 1 as pca-gauss-2; round 2 releases only k-dimensional sums and
             // scatters of W^T x; the global mean's part outside the span comes from
             // round 1.
             let half = halves(req)?;
-            let first = release(pooled, shape, None, &half, fixed, rng);
+            let (first, _) = release(pooled, shape, None, &half, fixed, rng);
             let w = components(&first, pooled.n, m, k);
             let mu1 = first.mean.clone().context("no mean")?;
             let projection = task_projection(e.task, &w);
@@ -702,7 +746,7 @@ fn one_rep(
             };
             let share = Share::from_split_rows(&rows, &rows, kk, (e.classes > 0).then_some(&cls));
             let kshape = BlockShape::new(kk, e.classes, per_class, fixed.norm_bound_int());
-            let mut opened = release(&share, &kshape, None, &half, fixed, rng);
+            let (mut opened, noise) = release(&share, &kshape, None, &half, fixed, rng);
             let wk = DMatrix::from_fn(mu1.len(), kk, |i, j| projection.axes[j][i]);
             let outside = &mu1 - &wk * (wk.transpose() * &mu1);
             let lift_m = |v: &DVector<f64>| &wk * v + &outside;
@@ -714,11 +758,11 @@ fn one_rep(
                 st.scatters = st.scatters.iter().map(lift_s).collect();
             }
             let axes = components_in_span(&opened, share.n, &w, k);
-            (opened, axes, n)
+            (opened, axes, n, fit.of(noise))
         }
         Method::Real => bail!("the real baseline is not synthesized"),
     };
-    let (rows, ys) = synthesize(e, &opened, n, &axes, rng)?;
+    let (rows, ys) = synthesize(e, &opened, n, &axes, fit, rng)?;
     score(e, &rows, &ys, rng)
 }
 
@@ -731,11 +775,18 @@ fn run_method(
     fixed: &FixedPoint,
     per_class: bool,
     plain: &(Share, BlockShape),
+    fit: FitChoice,
     reps: usize,
-    rng: &mut ChaCha20Rng,
+    base_seed: u64,
 ) -> anyhow::Result<Cell> {
+    // Repetition r of every method starts from the same seed, so the methods that
+    // read one release of the same study (pca-gauss, full-gauss) read the same noise
+    // and differ only in what they do with it.
     let values = (0..reps)
-        .map(|_| one_rep(e, method, k, req, fixed, per_class, plain, rng))
+        .map(|r| {
+            let mut rng = ChaCha20Rng::seed_from_u64(base_seed.wrapping_add(r as u64));
+            one_rep(e, method, k, req, fixed, per_class, plain, fit, &mut rng)
+        })
         .collect::<anyhow::Result<Vec<f64>>>()?;
     let (mean, sd) = summarize(&values);
     Ok(Cell {
@@ -771,6 +822,10 @@ fn main() -> anyhow::Result<()> {
         "shared" => false,
         "per-class" => true,
         other => bail!("--class-covariance must be shared or per-class, got `{other}`"),
+    };
+    let fit = FitChoice {
+        kind: FitKind::parse(&args.covariance)?,
+        denoise_full_gauss: args.denoise_full_gauss,
     };
     let mut cells = Vec::new();
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
@@ -839,12 +894,13 @@ fn main() -> anyhow::Result<()> {
                 Some((e, fixed, plain, main)) => (e, fixed, plain, main),
                 None => (&e, &fixed, &plain, &req),
             };
+            let base_seed: u64 = rng.gen();
             for method in Method::SYNTHESIZED
                 .into_iter()
                 .filter(|m| args.methods.is_empty() || args.methods.iter().any(|a| a == m.name()))
             {
                 let cell = run_method(
-                    e, method, e.k, req, fixed, per_class, plain, args.reps, &mut rng,
+                    e, method, e.k, req, fixed, per_class, plain, fit, args.reps, base_seed,
                 )?;
                 eprintln!(
                     "  eps {eps}: {} {:.4} +- {:.4}",
@@ -858,6 +914,7 @@ fn main() -> anyhow::Result<()> {
         let features = pca_dim(&e);
         for &k in args.ks.iter().filter(|&&k| k >= 1 && k <= features) {
             let req = PrivacyRequest::new(mechanism, Centering::DpMean, args.sweep_epsilon, delta)?;
+            let base_seed: u64 = rng.gen();
             for method in [
                 Method::PcaGauss,
                 Method::PcaGauss2,
@@ -868,7 +925,7 @@ fn main() -> anyhow::Result<()> {
             .filter(|m| args.methods.is_empty() || args.methods.iter().any(|a| a == m.name()))
             {
                 let cell = run_method(
-                    &e, method, k, &req, &fixed, per_class, &plain, args.reps, &mut rng,
+                    &e, method, k, &req, &fixed, per_class, &plain, fit, args.reps, base_seed,
                 )?;
                 eprintln!(
                     "  k {k}: {} {:.4} +- {:.4}",
@@ -897,8 +954,12 @@ fn main() -> anyhow::Result<()> {
 
 fn print_tables(cells: &[Cell], args: &Args) {
     println!(
-        "mechanism {}, {} covariance, {} repetitions; mean +- sd; in brackets the ratio to real",
-        args.mechanism, args.class_covariance, args.reps
+        "mechanism {}, {} class covariance, {} covariance fit{}, {} repetitions; mean +- sd; in brackets the ratio to real",
+        args.mechanism,
+        args.class_covariance,
+        args.covariance,
+        if args.denoise_full_gauss { " (full-gauss too)" } else { "" },
+        args.reps
     );
     let mut experiments: Vec<&str> = Vec::new();
     for c in cells {
