@@ -43,7 +43,7 @@ impl Task {
             "cluster" => Ok(Self::Cluster),
             "regress" => Ok(Self::Regress),
             "classify" => Ok(Self::Classify),
-            other => Err(SynthError::Shape(format!(
+            other => Err(SynthError::UnknownName(format!(
                 "unknown task `{other}` (expected cluster, regress or classify)"
             ))),
         }
@@ -65,6 +65,9 @@ pub enum SynthError {
     /// Shapes that do not fit together.
     #[error("shape mismatch: {0}")]
     Shape(String),
+    /// A name on the command line that names no choice.
+    #[error("{0}")]
+    UnknownName(String),
     /// Synthesis needs a DP estimate of the mean.
     #[error(
         "synthetic data needs a differentially private mean, which the `mask` centering \
@@ -133,7 +136,7 @@ impl FitKind {
         match name {
             "paper" => Ok(Self::Paper),
             "denoised" => Ok(Self::Denoised),
-            other => Err(SynthError::Shape(format!(
+            other => Err(SynthError::UnknownName(format!(
                 "unknown covariance fit `{other}` (expected denoised or paper)"
             ))),
         }

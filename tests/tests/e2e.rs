@@ -321,6 +321,33 @@ fn synthetic_rows_follow_the_preprocessed_data() {
         (var_synth / var_real - 1.0).abs() < 0.2,
         "variance along PC1: real {var_real}, synthetic {var_synth}"
     );
+    // The denoised fit puts the variance the k components leave out back as a
+    // residual, so the total variance is the real one too (the paper's reading
+    // keeps only the span's share of it).
+    assert_eq!(study_json(&out)["covariance_fit"], "denoised");
+    let (total_real, total_synth) = (cr.trace(), cs.trace());
+    assert!(
+        (total_synth / total_real - 1.0).abs() < 0.15,
+        "total variance: real {total_real}, synthetic {total_synth}"
+    );
+}
+
+#[test]
+fn an_unknown_covariance_fit_is_refused_before_anything_runs() {
+    let (dir, data) = train_set();
+    let out = dir.path().join("refused");
+    let o = local(
+        &data,
+        &out,
+        &["--synthetic", "10", "--covariance-fit", "exact"],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("unknown covariance fit `exact` (expected denoised or paper)"),
+        "{err}"
+    );
+    assert!(!out.exists(), "nothing written");
 }
 
 #[test]
