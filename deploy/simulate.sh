@@ -5,7 +5,8 @@
 #     header, study.json with every row and owner counted);
 #  2. faults: two owners contribute, the proxy container is killed (SIGKILL) and
 #     started again, the status still lists both (no acknowledged contribution
-#     lost); owner-05 is killed as it starts, owners 3 and 4 come, and the study
+#     lost); owner-05, started while the proxy is down, is killed before it can
+#     send; owners 3 and 4 come, and the study
 #     seals at its quorum of four with owner-05 named missing and exactly the
 #     rows of owners 1-4 counted.
 # Needs cargo and a Docker engine with docker-compose (or the compose plugin); pulls
@@ -101,18 +102,22 @@ compose up -d --no-deps owner-01 owner-02
 before="$(owners_in)"
 [ "$before" = "owner-01,owner-02" ] || fail "before the restart the proxy counts '$before'"
 compose kill -s SIGKILL proxy
+# owner-05 starts while the proxy is down: it encrypts its share, finds no proxy and
+# keeps retrying (--retry-for 300), so it is still running when it is killed a
+# second later, whatever the machine's speed, and never sends anything. (Killing it
+# a fixed 0.2 s after start raced its encryption.)
+compose up --no-start --no-deps owner-05
+o5="$(compose ps -q owner-05)"
+docker start "$o5" >/dev/null
+sleep 1
+[ "$(docker inspect -f '{{.State.Running}}' "$o5")" = true ] \
+    || fail "owner-05 stopped by itself while the proxy was down: $(docker logs "$o5" 2>&1 | tail -n 3)"
+docker kill -s KILL "$o5" >/dev/null
 compose start proxy
 wait_healthy
 after="$(owners_in)"
 [ "$after" = "$before" ] || fail "after the restart the proxy counts '$after', not '$before'"
-echo "ok: the proxy restarted with $after counted"
-# Created first, then started and killed with the engine's own client: well
-# inside the second it takes the owner to encrypt its share.
-compose up --no-start --no-deps owner-05
-o5="$(compose ps -q owner-05)"
-docker start "$o5" >/dev/null
-sleep 0.2
-docker kill -s KILL "$o5" >/dev/null
+echo "ok: the proxy restarted with $after counted; owner-05 killed while it was down"
 compose up -d --no-deps owner-03 owner-04
 [ "$(exit_code user)" = 0 ] || fail "the user did not finish after the faults"
 [ "$(exit_code owner-05)" = 137 ] || fail "owner-05 was not killed"
