@@ -531,11 +531,18 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         None => pca(&cov_x, opts.k),
     };
     let fit = covariance_fit(opts, &spec, got.n_rows);
+    // The denoised fit reads the noise around the released trace: it gets S' as
+    // released, since --psd-repair's clipped negative eigenvalues raise the trace.
+    // The repair keeps the eigenvectors, so the components fit either.
+    let synth_scatter = match fit {
+        CovarianceFit::Denoised(_) => &got.opened.scatter,
+        CovarianceFit::Paper => &scatter,
+    };
     let synthetic = match opts.synthetic {
         Some(rows) => Some(synthesize(
             opts,
             &got.opened,
-            &scatter,
+            synth_scatter,
             got.n_rows,
             &result.components,
             &bounds,
