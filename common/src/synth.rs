@@ -23,7 +23,7 @@ use rand_distr::StandardNormal;
 
 use crate::data::normalize_row;
 use crate::linalg::eigh_desc;
-use crate::protocol::ClassStats;
+use crate::protocol::{ClassStats, Opened};
 
 /// What the synthetic data is for, which decides what the study releases.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +74,10 @@ pub enum SynthError {
          does not release (its mean is masked); run the study with `--centering dp-mean`"
     )]
     NoMean,
+    /// Classification synthesis needs the class statistics of a classification
+    /// study.
+    #[error("the release carries no class statistics")]
+    NoClasses,
 }
 
 /// The noise the study added to the released scatter, public from its noise plan.
@@ -86,6 +90,26 @@ pub struct NoiseLevel {
     /// the projection in a projected one (whose scatter says nothing outside the
     /// span).
     pub dim: usize,
+}
+
+impl NoiseLevel {
+    /// The noise level of a released scatter block of dimension `dim` under `plan`,
+    /// in the normalized units of [`FixedPoint`](crate::encoding::FixedPoint)'s
+    /// grid. `None` for the Wishart mechanism: its noise is not centred (its mean is
+    /// a multiple of I), so nothing denoises it this way.
+    pub fn of(
+        plan: &crate::dp::NoisePlan,
+        fixed: &crate::encoding::FixedPoint,
+        dim: usize,
+    ) -> Option<Self> {
+        match plan.matrix {
+            crate::dp::NoiseScale::Wishart { .. } => None,
+            _ => Some(Self {
+                entry_sd: plan.matrix.std_dev() / fixed.scale().powi(2),
+                dim,
+            }),
+        }
+    }
 }
 
 /// How a model's covariance is read from the released scatter. Either way it is
@@ -124,9 +148,10 @@ impl CovarianceFit {
     /// The CLI name.
     pub fn name(&self) -> &'static str {
         match self {
-            Self::Paper => "paper",
-            Self::Denoised(_) => "denoised",
+            Self::Paper => FitKind::Paper,
+            Self::Denoised(_) => FitKind::Denoised,
         }
+        .name()
     }
 }
 
@@ -150,11 +175,12 @@ impl FitKind {
         }
     }
 
-    /// The fit for a release with this noise level.
-    pub fn with(self, noise: NoiseLevel) -> CovarianceFit {
-        match self {
-            Self::Paper => CovarianceFit::Paper,
-            Self::Denoised => CovarianceFit::Denoised(noise),
+    /// The fit for a release with this noise level; the paper's where the noise
+    /// cannot be denoised (see [`NoiseLevel::of`]).
+    pub fn with(self, noise: Option<NoiseLevel>) -> CovarianceFit {
+        match (self, noise) {
+            (Self::Denoised, Some(noise)) => CovarianceFit::Denoised(noise),
+            _ => CovarianceFit::Paper,
         }
     }
 }
@@ -295,24 +321,25 @@ fn denoise(
     // The residual r is the trace's remainder over the directions not kept. A kept
     // eigenvalue below r is no signal above the residual: it joins the rest, the
     // smallest first (each such move lowers r to between the two), until every kept
-    // eigenvalue is at least r. The model's total variance is then the trace.
-    let mut live: Vec<f64> = lifted.iter().copied().filter(|&v| v > 0.0).collect();
-    let plain = noise.dim == m;
-    let residual = |live: &[f64]| {
-        let rest = noise.dim.saturating_sub(live.len());
+    // eigenvalue is at least r. The model's total variance is then the trace. The
+    // kept ones are a prefix, `lifted` being descending.
+    let residual = |live: usize| {
+        let rest = noise.dim.saturating_sub(live);
         if rest == 0 {
             0.0
         } else {
-            ((total - live.iter().sum::<f64>()) / rest as f64).max(0.0)
+            ((total - lifted[..live].iter().sum::<f64>()) / rest as f64).max(0.0)
         }
     };
-    let mut r = residual(&live);
-    while live.last().is_some_and(|&v| v < r) {
-        live.pop();
-        r = residual(&live);
+    let mut live = lifted.iter().take_while(|&&v| v > 0.0).count();
+    let mut r = residual(live);
+    while live > 0 && lifted[live - 1] < r {
+        live -= 1;
+        r = residual(live);
     }
     let variances = lifted.iter().map(|&v| v.max(r)).collect();
-    let outside = if plain { r.sqrt() } else { 0.0 };
+    // A projected study's scatter says nothing outside its span.
+    let outside = if noise.dim == m { r.sqrt() } else { 0.0 };
     Ok((variances, outside))
 }
 
@@ -432,6 +459,58 @@ impl GaussMixture {
             .position(|&p| u < p)
             .unwrap_or(self.cumulative.len() - 1);
         (c, self.models[c].sample(rng))
+    }
+}
+
+/// The model a task's synthetic rows are drawn from, built from one release: a
+/// [`GaussMixture`] for classification, one [`GaussModel`] otherwise (through the
+/// components augmented by the label axis for regression).
+#[derive(Clone, Debug)]
+pub enum Synthesizer {
+    /// Algorithm 3.
+    Classes(GaussMixture),
+    /// Algorithms 1 and 2.
+    Single(GaussModel),
+}
+
+impl Synthesizer {
+    /// Builds the task's model from the release (its DP mean and class statistics),
+    /// the scatter to read (S' as released, or repaired), the row count N and the
+    /// top-k components of the features.
+    pub fn new(
+        task: Task,
+        opened: &Opened,
+        scatter: &DMatrix<f64>,
+        n_rows: u64,
+        components: &DMatrix<f64>,
+        fit: CovarianceFit,
+    ) -> Result<Self, SynthError> {
+        let mean = opened.mean.as_ref().ok_or(SynthError::NoMean)?;
+        Ok(match task {
+            Task::Classify => {
+                let stats = opened.classes.as_ref().ok_or(SynthError::NoClasses)?;
+                Self::Classes(GaussMixture::new(stats, n_rows, components, fit)?)
+            }
+            Task::Regress => Self::Single(GaussModel::new(
+                scatter,
+                n_rows,
+                &augment_with_label(components),
+                mean,
+                fit,
+            )?),
+            Task::Cluster => Self::Single(GaussModel::new(scatter, n_rows, components, mean, fit)?),
+        })
+    }
+
+    /// One row in normalized units, with its class index in a classification.
+    pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> (Option<usize>, DVector<f64>) {
+        match self {
+            Self::Classes(mix) => {
+                let (c, x) = mix.sample(rng);
+                (Some(c), x)
+            }
+            Self::Single(model) => (None, model.sample(rng)),
+        }
     }
 }
 
@@ -593,6 +672,39 @@ mod tests {
         // denoised, it is back near 1.
         assert!(tops.0 > 1.03, "{tops:?}");
         assert!((tops.1 - 1.0).abs() < 0.02, "{tops:?}");
+    }
+
+    #[test]
+    fn noise_level_is_read_off_the_plan_in_normalized_units() {
+        use crate::dp::{NoisePlan, NoiseScale};
+        let fixed = crate::encoding::FixedPoint {
+            frac_bits: 10,
+            row_norm_bound: 1.0,
+        };
+        let plan = |matrix| NoisePlan {
+            matrix,
+            vector: None,
+            rho: None,
+            epsilon: 1.0,
+            delta: 0.0,
+        };
+        // sigma = 3 on a grid of 2^10 per unit: 3 / 2^20 in scatter units.
+        let gaussian = plan(NoiseScale::Gaussian {
+            sigma: num_bigint::BigUint::from(3u32),
+        });
+        let level = NoiseLevel::of(&gaussian, &fixed, 5).expect("gaussian");
+        assert_eq!(level.dim, 5);
+        assert!((level.entry_sd - 3.0 / 1024.0 / 1024.0).abs() < 1e-18);
+        let wishart = plan(NoiseScale::Wishart {
+            sigma_z2: num_bigint::BigUint::from(1u32),
+            cols: 6,
+        });
+        assert_eq!(NoiseLevel::of(&wishart, &fixed, 5), None);
+        assert_eq!(FitKind::Denoised.with(None), CovarianceFit::Paper);
+        assert_eq!(
+            FitKind::Denoised.with(Some(level)),
+            CovarianceFit::Denoised(level)
+        );
     }
 
     #[test]

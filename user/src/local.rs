@@ -18,8 +18,8 @@ use dpca_common::study::{
     ClassCovariance, ClassSpec, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
 };
 use dpca_common::synth::{
-    augment_with_label, task_projection, to_original_units, CovarianceFit, FitKind, GaussMixture,
-    GaussModel, NoiseLevel, SynthError, Task,
+    task_projection, to_original_units, CovarianceFit, FitKind, NoiseLevel, SynthError,
+    Synthesizer, Task,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use nalgebra::{DMatrix, DVector};
@@ -923,22 +923,20 @@ async fn run_owners(
 }
 
 /// How synthesis reads the covariance: the user's choice with the release's noise
-/// level, computed from the public spec (not taken from the proxy's word). The
-/// Wishart noise is not symmetric around 0 (its mean is a multiple of I), so its
-/// release is read the paper's way.
+/// level, computed from the public spec (not taken from the proxy's word); the
+/// paper's way for a Wishart release ([`NoiseLevel::of`]).
 fn covariance_fit(opts: &LocalOptions, spec: &StudySpec, n_rows: u64) -> CovarianceFit {
-    if spec.privacy.mechanism == Mechanism::WishartUnproven {
-        return CovarianceFit::Paper;
-    }
-    let entry_sd = if opts.noise_free_for_testing {
-        0.0
-    } else {
-        spec.noise_plan(n_rows).matrix.std_dev() / spec.fixed.scale().powi(2)
-    };
-    opts.covariance_fit.with(NoiseLevel {
-        entry_sd,
-        dim: spec.matrix_dim(),
-    })
+    let noise = NoiseLevel::of(&spec.noise_plan(n_rows), &spec.fixed, spec.matrix_dim());
+    // A noise-free test release has no noise to undo, whatever the spec plans.
+    let noise = noise.map(|n| NoiseLevel {
+        entry_sd: if opts.noise_free_for_testing {
+            0.0
+        } else {
+            n.entry_sd
+        },
+        ..n
+    });
+    opts.covariance_fit.with(noise)
 }
 
 /// Draws `rows` synthetic rows for the task, in the input's units, as CSV cells in
@@ -962,39 +960,25 @@ fn synthesize(
             .map(f64::to_string)
             .collect()
     };
-    let mean = opened.mean.as_ref().ok_or(SynthError::NoMean)?;
-    Ok(match (opts.task, &opened.classes, classes) {
-        (Task::Classify, Some(stats), Some(spec)) => {
-            let mixture = GaussMixture::new(stats, n_rows, components, fit)?;
-            (0..rows)
-                .map(|_| {
-                    let (c, x) = mixture.sample(&mut rng);
-                    let mut rec = cells(&x);
-                    rec.push(spec.labels[c].clone());
-                    rec
-                })
-                .collect()
-        }
-        (Task::Classify, _, _) => bail!("the release carries no class statistics"),
-        (Task::Regress, _, _) => {
-            let model =
-                GaussModel::new(scatter, n_rows, &augment_with_label(components), mean, fit)?;
-            (0..rows).map(|_| cells(&model.sample(&mut rng))).collect()
-        }
-        (Task::Cluster, _, _) => {
-            let model = GaussModel::new(scatter, n_rows, components, mean, fit)?;
-            (0..rows)
-                .map(|_| {
-                    let mut rec = cells(&model.sample(&mut rng));
-                    // Unsupervised synthesis does not model the label: left empty.
-                    if opts.label.is_some() || opts.data.is_none() {
-                        rec.push(String::new());
-                    }
-                    rec
-                })
-                .collect()
-        }
-    })
+    let labels = match (opts.task, classes) {
+        (Task::Classify, None) => return Err(SynthError::NoClasses.into()),
+        (_, spec) => spec.map(|c| &c.labels),
+    };
+    let model = Synthesizer::new(opts.task, opened, scatter, n_rows, components, fit)?;
+    // Unsupervised synthesis does not model the label: its column is left empty.
+    let empty_label = opts.task == Task::Cluster && (opts.label.is_some() || opts.data.is_none());
+    Ok((0..rows)
+        .map(|_| {
+            let (class, x) = model.sample(&mut rng);
+            let mut rec = cells(&x);
+            match (class, labels) {
+                (Some(c), Some(labels)) => rec.push(labels[c].clone()),
+                _ if empty_label => rec.push(String::new()),
+                _ => {}
+            }
+            rec
+        })
+        .collect())
 }
 
 /// Orders labels as numbers when both are, else as text (so 2 < 10).

@@ -55,8 +55,7 @@ use dpca_common::linalg::{centered_scatter, pca};
 use dpca_common::protocol::{central_release, ClassRows, Opened, ReleaseSecrets, Share};
 use dpca_common::study::{BlockShape, NormBins, Projection, DEFAULT_FRAC_BITS};
 use dpca_common::synth::{
-    augment_with_label, task_projection, to_original_units, CovarianceFit, FitKind, GaussMixture,
-    GaussModel, NoiseLevel, Task,
+    task_projection, to_original_units, CovarianceFit, FitKind, NoiseLevel, Synthesizer, Task,
 };
 use linfa::metrics::SilhouetteScore;
 use linfa::prelude::*;
@@ -390,7 +389,7 @@ fn release(
     req: &PrivacyRequest,
     fixed: &FixedPoint,
     rng: &mut ChaCha20Rng,
-) -> (Opened, NoiseLevel) {
+) -> (Opened, Option<NoiseLevel>) {
     let plan = plan_noise_blocks(
         req,
         shape.matrix_dim,
@@ -412,10 +411,7 @@ fn release(
             .map(|v| v.sample_vector(shape.vector_len(), rng))
             .unwrap_or_default(),
     };
-    let noise = NoiseLevel {
-        entry_sd: plan.matrix.std_dev() / fixed.scale().powi(2),
-        dim: shape.matrix_dim,
-    };
+    let noise = NoiseLevel::of(&plan, fixed, shape.matrix_dim);
     let opened = central_release(
         pooled,
         shape,
@@ -494,39 +490,15 @@ fn synthesize(
     let count = e.train.len();
     let finish =
         |x: &DVector<f64>| normalize_row(&to_original_units(x, &e.bounds, e.c), &e.bounds, e.c).0;
-    let mean = opened.mean.as_ref().context("no mean")?;
-    Ok(match e.task {
-        Task::Classify => {
-            let stats = opened.classes.as_ref().context("no class statistics")?;
-            let mix = GaussMixture::new(stats, n_rows, axes, fit)?;
-            (0..count)
-                .map(|_| {
-                    let (c, x) = mix.sample(rng);
-                    (finish(&x), c)
-                })
-                .unzip()
-        }
-        Task::Regress => {
-            let model = GaussModel::new(
-                &opened.scatter,
-                n_rows,
-                &augment_with_label(axes),
-                mean,
-                fit,
-            )?;
-            (
-                (0..count).map(|_| finish(&model.sample(rng))).collect(),
-                Vec::new(),
-            )
-        }
-        Task::Cluster => {
-            let model = GaussModel::new(&opened.scatter, n_rows, axes, mean, fit)?;
-            (
-                (0..count).map(|_| finish(&model.sample(rng))).collect(),
-                Vec::new(),
-            )
-        }
-    })
+    let model = Synthesizer::new(e.task, opened, &opened.scatter, n_rows, axes, fit)?;
+    let (rows, classes): (Vec<_>, Vec<Option<usize>>) = (0..count)
+        .map(|_| {
+            let (c, x) = model.sample(rng);
+            (finish(&x), c)
+        })
+        .unzip();
+    // Class indices in a classification, none otherwise.
+    Ok((rows, classes.into_iter().flatten().collect()))
 }
 
 fn to_array(rows: &[Vec<f64>], cols: usize) -> Array2<f64> {
@@ -641,7 +613,7 @@ struct FitChoice {
 }
 
 impl FitChoice {
-    fn of(&self, noise: NoiseLevel) -> CovarianceFit {
+    fn of(&self, noise: Option<NoiseLevel>) -> CovarianceFit {
         self.kind.with(noise)
     }
 }
