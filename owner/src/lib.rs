@@ -250,12 +250,15 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let unreachable = |e: &anyhow::Error| e.downcast_ref::<Unreachable>().is_some();
     with_retries(cfg.retry_for, unreachable, || run_once(cfg))
         .await
-        .map_err(|e| match unreachable(&e) {
-            true => e.context(format!(
-                "gave up after {:.0} s of retries",
-                start.elapsed().as_secs_f64()
-            )),
-            false => e,
+        .map_err(|e| {
+            if unreachable(&e) {
+                e.context(format!(
+                    "gave up after {:.0} s of retries",
+                    start.elapsed().as_secs_f64()
+                ))
+            } else {
+                e
+            }
         })
 }
 
