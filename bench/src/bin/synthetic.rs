@@ -566,6 +566,8 @@ struct Cell {
     reps: usize,
     mean: f64,
     sd: f64,
+    /// The repetitions' scores in seed order, so two methods can be paired.
+    values: Vec<f64>,
 }
 
 fn summarize(values: &[f64]) -> (f64, f64) {
@@ -774,6 +776,7 @@ fn run_method(
         reps,
         mean,
         sd,
+        values,
     })
 }
 
@@ -837,6 +840,7 @@ fn main() -> anyhow::Result<()> {
             reps: real_reps,
             mean,
             sd,
+            values: real,
         });
         // The unclipped rows the row-norm histogram counts, loaded once.
         let wide = match args.row_norm_quantile {
@@ -913,6 +917,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     print_tables(&cells, &args);
+    print_paired(&cells);
     let json = args
         .json
         .unwrap_or_else(|| workspace_root().join("target/bench-synthetic/synthetic-bench.json"));
@@ -922,6 +927,53 @@ fn main() -> anyhow::Result<()> {
     std::fs::write(&json, serde_json::to_string_pretty(&cells)? + "\n")?;
     println!("JSON in {}", json.display());
     Ok(())
+}
+
+/// Each reduced method against full-gauss, repetition by repetition. Repetition r of
+/// every method starts from the same seed, so the spread between repetitions, which
+/// is larger than the gap between the methods, cancels out of the difference; what is
+/// left says whether a gap is more than noise.
+fn print_paired(cells: &[Cell]) {
+    let full: Vec<&Cell> = cells
+        .iter()
+        .filter(|c| c.method == Method::FullGauss && !c.experiment.ends_with("(k sweep)"))
+        .collect();
+    if full.is_empty() {
+        return;
+    }
+    println!(
+        "\nPaired against full-gauss: the difference per repetition, signed so that \
+         positive means better than full-gauss; mean +- standard error; repetitions ahead"
+    );
+    println!("| experiment | epsilon | method | difference | ahead |");
+    println!("|---|---|---|---|---|");
+    for f in full {
+        // A lower RMSE is better.
+        let sign = if f.metric == "RMSE" { -1.0 } else { 1.0 };
+        for c in cells.iter().filter(|c| {
+            c.experiment == f.experiment
+                && c.epsilon == f.epsilon
+                && !matches!(c.method, Method::Real | Method::FullGauss)
+                && c.values.len() == f.values.len()
+        }) {
+            let d: Vec<f64> = c
+                .values
+                .iter()
+                .zip(&f.values)
+                .map(|(a, b)| sign * (a - b))
+                .collect();
+            let (mean, sd) = summarize(&d);
+            let se = sd / (d.len() as f64).sqrt();
+            let ahead = d.iter().filter(|&&x| x > 0.0).count();
+            println!(
+                "| {} | {} | {} | {mean:+.4} +- {se:.4} | {ahead}/{} |",
+                f.experiment,
+                f.epsilon.map_or("-".to_string(), |e| e.to_string()),
+                c.method.name(),
+                d.len()
+            );
+        }
+    }
 }
 
 fn print_tables(cells: &[Cell], args: &Args) {
