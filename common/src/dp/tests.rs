@@ -247,6 +247,44 @@ fn gaussian_plan_spends_at_most_the_budget() {
     }
 }
 
+/// The Laplace plan spends no more than was asked, block by block as the ledger
+/// writes it down: a ledger with the wrong split would misstate the spend of the
+/// class means even when the total is right.
+#[test]
+fn laplace_plan_spends_what_the_ledger_says() {
+    let cq = FP.norm_bound_int();
+    for classes in [false, true] {
+        for epsilon in [0.5, 1.0, 2.0] {
+            let req = PrivacyRequest::new(Mechanism::Laplace, Centering::DpMean, epsilon, 1e-6)
+                .expect("valid");
+            let plan = plan_noise(&req, 10, cq, 1000, classes);
+            let sens = if classes {
+                Sensitivity::with_classes(cq, 10)
+            } else {
+                Sensitivity::new(cq, 10)
+            };
+            let t = |scale: &NoiseScale| scale.grid_parameter().to_f64().unwrap_or(0.0);
+            let Some(vector) = &plan.vector else {
+                panic!("dp-mean plans a vector block")
+            };
+            let spent = [sens.r_l1 / t(&plan.matrix), sens.v_l1 / t(vector)];
+            let ledger = budget_ledger(&req, classes);
+            let what = format!("classes={classes} eps={epsilon}: {spent:?} {ledger:?}");
+            assert!(spent[0] + spent[1] <= epsilon * (1.0 + 1e-9), "{what}");
+            for (s, part) in spent.iter().zip(&ledger.parts) {
+                // t is rounded up to the grid, so a block spends at most its part.
+                assert!(*s <= part.epsilon * (1.0 + 1e-9), "{what}");
+                assert!(*s >= part.epsilon * 0.99, "{what}");
+            }
+            let share = matrix_share(Mechanism::Laplace, classes);
+            assert!(
+                (ledger.parts[0].epsilon - share * epsilon).abs() < 1e-12,
+                "{what}"
+            );
+        }
+    }
+}
+
 #[test]
 fn sampled_noise_has_planned_scale() {
     let mut rng = ChaCha20Rng::seed_from_u64(3);
