@@ -331,6 +331,11 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             _ => {}
         }
     }
+    // Found (or built) before the key: a missing binary should not cost a keygen.
+    let (proxy_bin, owner_bin) = match opts.remote {
+        Some(_) => Default::default(),
+        None => sibling_binaries(opts.no_build)?,
+    };
     eprintln!("generating a {}-bit Paillier key...", opts.key_bits);
     let t = Instant::now();
     let sk = tokio::task::spawn_blocking({
@@ -342,10 +347,6 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let keygen = t.elapsed().as_secs_f64();
     let pk = sk.public().clone();
 
-    let (proxy_bin, owner_bin) = match opts.remote {
-        Some(_) => Default::default(),
-        None => sibling_binaries(opts.no_build)?,
-    };
     // Mutual TLS even on loopback: the run exercises what a deployment runs. The CA
     // and the proxy's state live only as long as this run.
     let pki_dir = tempfile::Builder::new()
