@@ -35,6 +35,10 @@
 //!   one projected study on them (the paper's adaptation of Blocki et al.); its
 //!   synthetic data lives in the random span, class deviations included.
 //!
+//! Besides the mean and sd per method, a last table pairs each method with
+//! full-gauss repetition by repetition (the same seeds), which is what tells a gap
+//! from noise when the two read the same release.
+//!
 //! `--row-norm-quantile Q` chooses C per epsilon from a central row-norm histogram
 //! release (as `user local --row-norm-quantile`), which spends
 //! `--quantile-budget-share` of the budget; the methods get the rest.
