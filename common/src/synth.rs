@@ -22,6 +22,8 @@ use rand::Rng;
 use rand_distr::StandardNormal;
 
 use crate::data::normalize_row;
+use crate::dp::{NoisePlan, NoiseScale};
+use crate::encoding::FixedPoint;
 use crate::linalg::eigh_desc;
 use crate::protocol::{ClassStats, Opened};
 
@@ -94,16 +96,12 @@ pub struct NoiseLevel {
 
 impl NoiseLevel {
     /// The noise level of a released scatter block of dimension `dim` under `plan`,
-    /// in the normalized units of [`FixedPoint`](crate::encoding::FixedPoint)'s
+    /// in the normalized units of [`FixedPoint`]'s
     /// grid. `None` for the Wishart mechanism: its noise is not centred (its mean is
     /// a multiple of I), so nothing denoises it this way.
-    pub fn of(
-        plan: &crate::dp::NoisePlan,
-        fixed: &crate::encoding::FixedPoint,
-        dim: usize,
-    ) -> Option<Self> {
+    pub fn of(plan: &NoisePlan, fixed: &FixedPoint, dim: usize) -> Option<Self> {
         match plan.matrix {
-            crate::dp::NoiseScale::Wishart { .. } => None,
+            NoiseScale::Wishart { .. } => None,
             _ => Some(Self {
                 entry_sd: plan.matrix.std_dev() / fixed.scale().powi(2),
                 dim,
@@ -676,8 +674,7 @@ mod tests {
 
     #[test]
     fn noise_level_is_read_off_the_plan_in_normalized_units() {
-        use crate::dp::{NoisePlan, NoiseScale};
-        let fixed = crate::encoding::FixedPoint {
+        let fixed = FixedPoint {
             frac_bits: 10,
             row_norm_bound: 1.0,
         };

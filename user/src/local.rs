@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use dpca_common::data::normalize_row;
 use dpca_common::data::{read_bounds, read_csv, read_schema, Table};
-use dpca_common::dp::{split_request, Centering, Mechanism, PrivacyRequest};
+use dpca_common::dp::{split_request, Centering, Mechanism, NoisePlan, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{captured_variance, centered_scatter, pca, psd_repair, Pca};
 use dpca_common::paillier::{SecretKey, MIN_KEY_BITS};
@@ -531,7 +531,8 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         }
         None => pca(&cov_x, opts.k),
     };
-    let fit = covariance_fit(opts, &spec, got.n_rows);
+    let plan = spec.noise_plan(got.n_rows);
+    let fit = covariance_fit(opts, &spec, &plan);
     // The denoised fit reads the noise around the released trace: it gets S' as
     // released, since --psd-repair's clipped negative eigenvalues raise the trace.
     // The repair keeps the eigenvectors, so the components fit either.
@@ -567,7 +568,6 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     };
     drop(proxy);
 
-    let plan = spec.noise_plan(got.n_rows);
     let budget = match histogram_budget {
         Some(hist) => hist.then("row-norm histogram", spec.budget_ledger(), "study"),
         None => spec.budget_ledger(),
@@ -926,17 +926,12 @@ async fn run_owners(
 /// How synthesis reads the covariance: the user's choice with the release's noise
 /// level, computed from the public spec (not taken from the proxy's word); the
 /// paper's way for a Wishart release ([`NoiseLevel::of`]).
-fn covariance_fit(opts: &LocalOptions, spec: &StudySpec, n_rows: u64) -> CovarianceFit {
-    let noise = NoiseLevel::of(&spec.noise_plan(n_rows), &spec.fixed, spec.matrix_dim());
+fn covariance_fit(opts: &LocalOptions, spec: &StudySpec, plan: &NoisePlan) -> CovarianceFit {
+    let mut noise = NoiseLevel::of(plan, &spec.fixed, spec.matrix_dim());
     // A noise-free test release has no noise to undo, whatever the spec plans.
-    let noise = noise.map(|n| NoiseLevel {
-        entry_sd: if opts.noise_free_for_testing {
-            0.0
-        } else {
-            n.entry_sd
-        },
-        ..n
-    });
+    if let (true, Some(n)) = (opts.noise_free_for_testing, noise.as_mut()) {
+        n.entry_sd = 0.0;
+    }
     opts.covariance_fit.with(noise)
 }
 

@@ -53,7 +53,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Parser;
 use dpca_common::data::{clip_to_norm, normalize_row, read_bounds, read_csv, Table};
-use dpca_common::dp::{plan_noise_blocks, split_request, Centering, Mechanism, PrivacyRequest};
+use dpca_common::dp::{
+    plan_noise_blocks, split_request, Centering, Mechanism, NoisePlan, PrivacyRequest,
+};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{centered_scatter, pca};
 use dpca_common::protocol::{central_release, ClassRows, Opened, ReleaseSecrets, Share};
@@ -380,12 +382,11 @@ fn dp_row_norm(
     };
     let (share, _) = Share::from_raw_rows(&hot, &vec![(-1.0, 1.0); b], &fixed, None, None);
     let shape = BlockShape::new(b, 0, false, fixed.norm_bound_int());
-    let (opened, _) = release(&share, &shape, None, req, &fixed, rng);
-    let plan = plan_noise_blocks(req, b, b, fixed.norm_bound_int(), share.n, false);
+    let (opened, plan) = release(&share, &shape, None, req, &fixed, rng);
     Ok(bins.quantile(&bins.counts(&opened, &plan, &fixed), q))
 }
 
-/// One release of the study with fresh noise, and the noise level of its scatter.
+/// One release of the study with fresh noise, and the plan the noise followed.
 fn release(
     pooled: &Share,
     shape: &BlockShape,
@@ -393,7 +394,7 @@ fn release(
     req: &PrivacyRequest,
     fixed: &FixedPoint,
     rng: &mut ChaCha20Rng,
-) -> (Opened, Option<NoiseLevel>) {
+) -> (Opened, NoisePlan) {
     let plan = plan_noise_blocks(
         req,
         shape.matrix_dim,
@@ -415,7 +416,6 @@ fn release(
             .map(|v| v.sample_vector(shape.vector_len(), rng))
             .unwrap_or_default(),
     };
-    let noise = NoiseLevel::of(&plan, fixed, shape.matrix_dim);
     let opened = central_release(
         pooled,
         shape,
@@ -424,7 +424,7 @@ fn release(
         &secrets,
         fixed.frac_bits,
     );
-    (opened, noise)
+    (opened, plan)
 }
 
 /// The two requests of a study split in two rounds of equal privacy: half the zCDP
@@ -619,7 +619,11 @@ struct FitChoice {
 }
 
 impl FitChoice {
-    fn of(&self, noise: Option<NoiseLevel>) -> CovarianceFit {
+    /// The reading of `method`'s release, whose scatter carries `noise`.
+    fn of(&self, method: Method, noise: Option<NoiseLevel>) -> CovarianceFit {
+        if method == Method::FullGauss && !self.denoise_full_gauss {
+            return CovarianceFit::Paper;
+        }
         self.kind.with(noise)
     }
 }
@@ -640,20 +644,18 @@ fn one_rep(
     let m = pca_dim(e);
     let (pooled, shape) = plain;
     let n = pooled.n;
-    let (opened, axes, n, fit) = match method {
+    // The noise level of a release's scatter block, from its plan.
+    let level =
+        |plan: &NoisePlan, shape: &BlockShape| NoiseLevel::of(plan, fixed, shape.matrix_dim);
+    let (opened, axes, n, noise) = match method {
         Method::PcaGauss => {
-            let (opened, noise) = release(pooled, shape, None, req, fixed, rng);
+            let (opened, plan) = release(pooled, shape, None, req, fixed, rng);
             let w = components(&opened, pooled.n, m, k);
-            (opened, w, n, fit.of(noise))
+            (opened, w, n, level(&plan, shape))
         }
         Method::FullGauss => {
-            let (opened, noise) = release(pooled, shape, None, req, fixed, rng);
-            let fit = if fit.denoise_full_gauss {
-                fit.of(noise)
-            } else {
-                CovarianceFit::Paper
-            };
-            (opened, DMatrix::identity(m, m), n, fit)
+            let (opened, plan) = release(pooled, shape, None, req, fixed, rng);
+            (opened, DMatrix::identity(m, m), n, level(&plan, shape))
         }
         Method::PubPca => {
             // The paper's Pub-PCA: a disjoint public part of the training rows gives
@@ -671,9 +673,9 @@ fn one_rep(
                 ..e.clone()
             };
             let (share, pshape, projection) = pooled_share(&private, fixed, per_class, Some(&w));
-            let (opened, noise) = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
+            let (opened, plan) = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
             let axes = components_in_span(&opened, share.n, &w, k);
-            (opened, axes, share.n, fit.of(noise))
+            (opened, axes, share.n, level(&plan, &pshape))
         }
         Method::PcaGauss2 => {
             // Round 1: a plain study for the axes; round 2: R on them.
@@ -681,9 +683,9 @@ fn one_rep(
             let (first, _) = release(pooled, shape, None, &half, fixed, rng);
             let w = components(&first, pooled.n, m, k);
             let (share, pshape, projection) = pooled_share(e, fixed, per_class, Some(&w));
-            let (opened, noise) = release(&share, &pshape, projection.as_ref(), &half, fixed, rng);
+            let (opened, plan) = release(&share, &pshape, projection.as_ref(), &half, fixed, rng);
             let axes = components_in_span(&opened, share.n, &w, k);
-            (opened, axes, n, fit.of(noise))
+            (opened, axes, n, level(&plan, &pshape))
         }
         Method::RandomProj => {
             // Random axes are public: the whole budget goes to R on them. The Blocki
@@ -691,15 +693,14 @@ fn one_rep(
             // the global mean are kept in the random span too.
             let w = random_axes(m, k, rng);
             let (share, pshape, projection) = pooled_share(e, fixed, per_class, Some(&w));
-            let (mut opened, noise) =
-                release(&share, &pshape, projection.as_ref(), req, fixed, rng);
+            let (mut opened, plan) = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
             if let (Some(stats), Some(mu)) = (opened.classes.as_mut(), opened.mean.as_ref()) {
                 let p = &w * w.transpose();
                 for mc in &mut stats.means {
                     *mc = mu + &p * (&*mc - mu);
                 }
             }
-            (opened, w, n, fit.of(noise))
+            (opened, w, n, level(&plan, &pshape))
         }
         Method::PcaGauss2K => {
             // Round 1 as pca-gauss-2; round 2 releases only k-dimensional sums and
@@ -724,7 +725,7 @@ fn one_rep(
             };
             let share = Share::from_split_rows(&rows, &rows, kk, (e.classes > 0).then_some(&cls));
             let kshape = BlockShape::new(kk, e.classes, per_class, fixed.norm_bound_int());
-            let (mut opened, noise) = release(&share, &kshape, None, &half, fixed, rng);
+            let (mut opened, plan) = release(&share, &kshape, None, &half, fixed, rng);
             let wk = DMatrix::from_fn(mu1.len(), kk, |i, j| projection.axes[j][i]);
             let outside = &mu1 - &wk * (wk.transpose() * &mu1);
             let lift_m = |v: &DVector<f64>| &wk * v + &outside;
@@ -736,11 +737,11 @@ fn one_rep(
                 st.scatters = st.scatters.iter().map(lift_s).collect();
             }
             let axes = components_in_span(&opened, share.n, &w, k);
-            (opened, axes, n, fit.of(noise))
+            (opened, axes, n, level(&plan, &kshape))
         }
         Method::Real => bail!("the real baseline is not synthesized"),
     };
-    let (rows, ys) = synthesize(e, &opened, n, &axes, fit, rng)?;
+    let (rows, ys) = synthesize(e, &opened, n, &axes, fit.of(method, noise), rng)?;
     score(e, &rows, &ys, rng)
 }
 
