@@ -40,6 +40,24 @@ pub enum PaillierError {
     /// A plaintext is not below n.
     #[error("plaintext does not fit below the modulus")]
     PlaintextTooLarge,
+    /// The modulus admits no n-th roots by the exponent n^-1 mod lambda (gcd(n,
+    /// lambda) != 1): a key [`SecretKey::generate`] never makes.
+    #[error("this key cannot open ciphertexts: gcd(n, lambda) is not 1")]
+    NoRoots,
+}
+
+/// A proof that a ciphertext c decrypts to `plaintext`: the randomness root r with
+/// c = (1 + n)^m r^n mod n^2. Only the secret key can compute r; anyone can check
+/// it ([`PublicKey::verify_opening`]). Since x -> x^n is a bijection of Z*_n onto the
+/// n-th residues mod n^2, r is the one root of c (1 + n)^(-m): the opening says
+/// nothing about c that m and c do not already determine, and nothing about any
+/// other ciphertext whose randomness was drawn independently (docs/PRIVACY.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opening {
+    /// The plaintext residue m in [0, n).
+    pub plaintext: BigUint,
+    /// The root r in Z*_n.
+    pub root: BigUint,
 }
 
 /// A Paillier public key (the modulus n and its square).
@@ -310,6 +328,18 @@ impl PublicKey {
         Ciphertext((&a.0 * self.random_mask(rng)) % &self.n2)
     }
 
+    /// Whether `opening` proves that `c` decrypts to its plaintext: m < n, r in
+    /// [1, n) and (1 + m n) r^n = c mod n^2. A party that accepts a decrypted value
+    /// on this check does not rely on the decryptor's word.
+    pub fn verify_opening(&self, c: &Ciphertext, opening: &Opening) -> bool {
+        let Opening { plaintext, root } = opening;
+        if plaintext >= &self.n || root.is_zero() || root >= &self.n {
+            return false;
+        }
+        let rn = root.modpow(&self.n, &self.n2);
+        (self.plaintext_term(plaintext) * rn) % &self.n2 == c.0
+    }
+
     /// Parses and validates a ciphertext received from an untrusted party: it must
     /// lie in [1, n^2) and be coprime to n. A ciphertext sharing a factor with n
     /// would be a factorization of n, and one outside the group would corrupt the
@@ -490,6 +520,25 @@ impl SecretKey {
         let diff = (&mp + &self.p - (&mq % &self.p)) % &self.p;
         let h = (diff * &self.q_inv_p) % &self.p;
         mq + &self.q * h
+    }
+
+    /// Decrypts `c` and recovers its randomness root, so that a verifier holding only
+    /// the public key can check the plaintext ([`PublicKey::verify_opening`]).
+    /// With c (1 + n)^(-m) = r^n mod n^2, r^n mod p = c' mod p, and r is the
+    /// (n^-1 mod (p - 1))-th power of it mod p (likewise mod q), joined by CRT.
+    pub fn open(&self, c: &Ciphertext) -> Result<Opening, PaillierError> {
+        let n = self.public.n();
+        let plaintext = self.decrypt(c);
+        let unmasked = (&c.0 * self.public.plaintext_term(&(n - &plaintext))) % n;
+        let root_mod = |prime: &BigUint, order: &BigUint| -> Result<BigUint, PaillierError> {
+            let e = (n % order).modinv(order).ok_or(PaillierError::NoRoots)?;
+            Ok((&unmasked % prime).modpow(&e, prime))
+        };
+        let rp = root_mod(&self.p, &self.p_minus_1)?;
+        let rq = root_mod(&self.q, &self.q_minus_1)?;
+        let diff = (&rp + &self.p - (&rq % &self.p)) % &self.p;
+        let root = rq + &self.q * ((diff * &self.q_inv_p) % &self.p);
+        Ok(Opening { plaintext, root })
     }
 
     /// Textbook decryption L(c^lambda mod n^2) mu mod n, without CRT: the baseline
@@ -708,6 +757,40 @@ mod tests {
                 Err(PaillierError::BadCiphertext { index, .. }) => assert_eq!(index, 10 + at),
                 other => panic!("expected a bad ciphertext at {}, got {other:?}", 10 + at),
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+        /// The opening recovers the very root the encryptor used (for a product of
+        /// ciphertexts, the product of their roots), it verifies, and no other
+        /// plaintext or root verifies against the same ciphertext.
+        #[test]
+        fn openings_recover_the_root_and_bind_the_plaintext(ms in proptest::collection::vec(0u64..1_000_000, 1..4), lie in 1u64..1_000, seed in any::<u64>()) {
+            let sk = test_key();
+            let (pk, n) = (sk.public(), sk.public().n());
+            let mut rng = ChaCha20Rng::seed_from_u64(seed);
+            let (mut product, mut roots, mut sum) = (Ciphertext(BigUint::one()), BigUint::one(), 0u64);
+            for &m in &ms {
+                let r = random_unit(n, &mut rng);
+                let c = pk.encrypt_with_mask(&BigUint::from(m), &r.modpow(n, pk.n_squared())).expect("enc");
+                product = pk.add(&product, &c);
+                roots = (roots * &r) % n;
+                sum += m;
+            }
+            let opening = sk.open(&product).expect("open");
+            prop_assert_eq!(&opening, &Opening { plaintext: BigUint::from(sum), root: roots.clone() });
+            prop_assert!(pk.verify_opening(&product, &opening));
+            for wrong in [
+                Opening { plaintext: BigUint::from(sum + lie), root: roots.clone() },
+                Opening { plaintext: BigUint::from(sum), root: (&roots + lie) % n },
+                Opening { plaintext: BigUint::from(sum), root: BigUint::zero() },
+                Opening { plaintext: n + BigUint::from(sum), root: roots.clone() },
+            ] {
+                prop_assert!(!pk.verify_opening(&product, &wrong));
+            }
+            // The opening of one ciphertext does not verify for a re-randomized copy.
+            prop_assert!(!pk.verify_opening(&pk.rerandomize(&product, &mut rng), &opening));
         }
     }
 

@@ -24,7 +24,7 @@ pub enum Action<'a> {
     },
     /// Status: every study and budget for the operator, own studies for a user.
     Status,
-    /// AwaitSeal, RevealCount, FetchResult of a study opened by `opened_by`.
+    /// AwaitSeal, Release, FetchResult of a study opened by `opened_by`.
     UseStudy {
         /// The name of the user who opened the study (`None`: opened on plaintext).
         opened_by: Option<&'a str>,

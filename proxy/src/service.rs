@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dpca_common::dp::Centering;
-use dpca_common::paillier::{Ciphertext, PublicKey};
+use dpca_common::paillier::{Ciphertext, Opening, PublicKey};
 use dpca_common::study::StudyLayout;
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
@@ -37,9 +37,11 @@ impl From<StudyError> for Status {
             }
             StudyError::DuplicateOwner { .. } => Status::already_exists(msg),
             StudyError::NotInvited { .. } => Status::permission_denied(msg),
-            StudyError::WrongCount { .. } | StudyError::ImplausibleCount { .. } => {
-                Status::invalid_argument(msg)
-            }
+            StudyError::WrongCount { .. }
+            | StudyError::ImplausibleCount { .. }
+            | StudyError::CountNeeded { .. }
+            | StudyError::CountNotNeeded { .. } => Status::invalid_argument(msg),
+            StudyError::BadOpening { .. } => Status::permission_denied(msg),
             StudyError::Release { .. } => Status::internal(msg),
         }
     }
@@ -237,6 +239,18 @@ impl ProxyService {
     }
 }
 
+/// The user's opening of E[N] as the domain type; a root that does not even parse
+/// as a residue is refused like any opening that does not verify.
+fn opening_from_wire(pk: &PublicKey, o: &v1::CountOpening) -> Result<Opening, Status> {
+    if o.root.len() > pk.ciphertext_bytes() {
+        return Err(Status::invalid_argument("the root of the count opening is too long"));
+    }
+    Ok(Opening {
+        plaintext: num_bigint::BigUint::from(o.n_rows),
+        root: num_bigint::BigUint::from_bytes_be(&o.root),
+    })
+}
+
 fn budget_status(e: BudgetError) -> Status {
     match e {
         BudgetError::InvalidCap { .. } => Status::invalid_argument(e.to_string()),
@@ -425,16 +439,17 @@ impl v1::proxy_server::Proxy for ProxyService {
                     "study {id} aborted: {reason}"
                 ))),
                 Phase::Sealed | Phase::Released(_) => {
-                    let pk = &s.spec.public_key;
                     let count = s
                         .encrypted_count()
                         .ok_or_else(|| Status::internal("empty aggregate"))?;
-                    // Re-randomized so the user cannot relate it to owners' randomness.
-                    let count = pk.rerandomize(count, &mut OsRng);
+                    // As aggregated, not re-randomized: the user's opening is checked
+                    // against this very ciphertext, and the key holder could strip
+                    // any re-randomization anyway.
                     Ok(Some(v1::SealedStudy {
-                        encrypted_count: pk.ciphertext_to_bytes(&count),
+                        encrypted_count: s.spec.public_key.ciphertext_to_bytes(count),
                         owners_in: s.owners_in(),
                         owners_missing: s.owners_missing(),
+                        needs_count: s.spec.privacy.centering == Centering::Mask,
                     }))
                 }
             })?;
@@ -445,19 +460,23 @@ impl v1::proxy_server::Proxy for ProxyService {
         }
     }
 
-    async fn reveal_count(
+    async fn release(
         &self,
-        req: Request<v1::RevealCountRequest>,
-    ) -> Result<Response<v1::RevealCountResponse>, Status> {
+        req: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseResponse>, Status> {
         let peer = self.caller(&req)?;
         let req = req.into_inner();
         let id = req.study_id;
         self.authorize_user(peer.as_ref(), &id)?;
-        let snapshot = self.with_study(&id, |s| {
-            s.check_count(req.n_rows)?;
-            Ok(s.clone())
+        let (snapshot, n_rows) = self.with_study(&id, |s| {
+            let opening = req
+                .count
+                .as_ref()
+                .map(|o| opening_from_wire(&s.spec.public_key, o))
+                .transpose()?;
+            let n_rows = s.check_release(opening.as_ref())?;
+            Ok((s.clone(), n_rows))
         })?;
-        let n_rows = req.n_rows;
         let started = std::time::Instant::now();
         let released = tokio::task::spawn_blocking(move || {
             let compute = || snapshot.compute_release(n_rows, &mut OsRng);
@@ -480,7 +499,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         let seconds = started.elapsed().as_secs_f64();
         crate::metrics::release(seconds);
         tracing::info!(study = %id, seconds, "release computed");
-        Ok(Response::new(v1::RevealCountResponse {}))
+        Ok(Response::new(v1::ReleaseResponse {}))
     }
 
     async fn status(
@@ -555,10 +574,8 @@ impl v1::proxy_server::Proxy for ProxyService {
             };
             let pk = &s.spec.public_key;
             let grid = f64::from(s.spec.fixed.frac_bits).exp2();
-            let scale = match s.spec.privacy.centering {
-                Centering::Mask => r.n_rows as f64 * grid * grid,
-                Centering::DpMean => grid * grid,
-            };
+            // The mask release is N S~ (N proven at the release); dp-mean's is S~.
+            let scale = r.n_rows.unwrap_or(1) as f64 * grid * grid;
             let total = r.ciphertexts.len() as u32;
             let grid_scale = r.plan.matrix.grid_parameter().to_string();
             let mut out = Vec::new();
@@ -568,7 +585,7 @@ impl v1::proxy_server::Proxy for ProxyService {
                     ..Default::default()
                 };
                 if k == 0 {
-                    chunk.n_rows = r.n_rows;
+                    chunk.n_rows = r.n_rows.unwrap_or(0);
                     chunk.noise_scale_grid = grid_scale.clone();
                     chunk.noise_scale = r.plan.matrix.std_dev() / scale;
                     chunk.n_owners = r.owners.len() as u32;

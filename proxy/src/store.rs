@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use dpca_common::dp::Centering;
 use dpca_common::study::StudyLayout;
 use dpca_proto::convert::{spec_from_wire, spec_to_wire};
 use dpca_proto::v1;
@@ -215,7 +216,7 @@ pub fn to_record(study: &Study) -> v1::StoredStudy {
     match &study.phase {
         Phase::Aborted(reason) => rec.abort_reason = reason.clone(),
         Phase::Released(r) => {
-            rec.released_n_rows = r.n_rows;
+            rec.released_n_rows = r.n_rows.unwrap_or(0);
             rec.released = bytes(&r.ciphertexts);
         }
         Phase::Collecting | Phase::Sealed => {}
@@ -260,10 +261,22 @@ pub fn from_record(key: &str, bytes: &[u8]) -> Result<Study, String> {
             let ciphertexts = pk
                 .ciphertexts_from_bytes(&rec.released, 0)
                 .map_err(|e| format!("release: {e}"))?;
+            // N is stored exactly where the noise was calibrated to it (`mask`).
+            let n_rows = match spec.privacy.centering {
+                Centering::Mask if rec.released_n_rows > 0 => Some(rec.released_n_rows),
+                Centering::DpMean if rec.released_n_rows == 0 => None,
+                _ => {
+                    return Err(format!(
+                        "released N {} does not fit {} centering",
+                        rec.released_n_rows,
+                        spec.privacy.centering.name()
+                    ))
+                }
+            };
             Phase::Released(Box::new(Released {
-                n_rows: rec.released_n_rows,
+                n_rows,
                 // A function of the spec and N: recomputed, not stored.
-                plan: release_plan(&spec, rec.noise_free, rec.released_n_rows),
+                plan: release_plan(&spec, rec.noise_free, n_rows),
                 ciphertexts,
                 owners: contributors.keys().cloned().collect(),
             }))
@@ -326,7 +339,7 @@ mod tests {
                     .expect("save contribution");
             }
             let mut rng = ChaCha20Rng::seed_from_u64(9);
-            let released = s.compute_release(10, &mut rng).expect("release");
+            let released = s.compute_release(Some(10), &mut rng).expect("release");
             s.commit_release(released.clone()).expect("commit");
             store.save_with_budget(&s, None).expect("save release");
             (s.clone(), released)
@@ -347,7 +360,7 @@ mod tests {
             panic!("phase {} after reload", l.phase.name());
         };
         assert_eq!(r.ciphertexts, released.ciphertexts, "a different release");
-        assert_eq!(r.n_rows, 10);
+        assert_eq!(r.n_rows, Some(10));
         assert_eq!(r.plan.matrix.std_dev(), released.plan.matrix.std_dev());
         assert_eq!(r.owners, vec!["a".to_string(), "b".to_string()]);
     }

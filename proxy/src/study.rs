@@ -3,7 +3,8 @@
 //! ```text
 //! Collecting --quorum reached / deadline with >= min owners--> Sealed
 //! Collecting --deadline with < min owners--> Aborted
-//! Sealed --user reveals N (checked)--> Released   (noise and mask sampled here, once)
+//! Sealed --user asks for the release--> Released   (noise and mask sampled here, once)
+//!          (`mask`: with an opening of E[N], verified before any noise is planned)
 //! ```
 //!
 //! The gRPC layer loads a study, applies one transition, and replies. The release is
@@ -12,8 +13,8 @@
 
 use std::collections::BTreeMap;
 
-use dpca_common::dp::{NoisePlan, NoiseScale};
-use dpca_common::paillier::Ciphertext;
+use dpca_common::dp::{Centering, NoisePlan, NoiseScale};
+use dpca_common::paillier::{Ciphertext, Opening};
 use dpca_common::protocol::{release, ProtocolError, ReleaseSecrets};
 use dpca_common::randomizer::{Randomizer, Randomness};
 use dpca_common::study::{StudyLayout, StudySpec};
@@ -83,6 +84,36 @@ pub enum StudyError {
         /// Upper bound (max_rows).
         max: u64,
     },
+    /// A `mask` study's noise is calibrated to N: its release needs N, proven.
+    #[error(
+        "study {study} calibrates its noise to N (`mask` centering): the release needs \
+         the opening of E[N]"
+    )]
+    CountNeeded {
+        /// Study id.
+        study: String,
+    },
+    /// N was offered for a study whose noise does not depend on it.
+    #[error(
+        "study {study} does not calibrate its noise to N (`dp-mean` centering): N is \
+         not to be revealed"
+    )]
+    CountNotNeeded {
+        /// Study id.
+        study: String,
+    },
+    /// The opening does not prove that E[N] holds the N given: the user's word
+    /// alone would set the noise.
+    #[error(
+        "the opening of E[N] for study {study} does not verify: E[N] does not hold the \
+         {n} rows claimed"
+    )]
+    BadOpening {
+        /// Study id.
+        study: String,
+        /// The row count claimed.
+        n: u64,
+    },
     /// The release computation failed.
     #[error("release of study {study} failed: {source}")]
     Release {
@@ -96,8 +127,9 @@ pub enum StudyError {
 /// The released aggregate, as served to the user.
 #[derive(Clone, Debug)]
 pub struct Released {
-    /// Pooled row count.
-    pub n_rows: u64,
+    /// The pooled row count the noise was calibrated to, proven by the user's
+    /// opening of E[N] (`mask`); `None` where N was never revealed (`dp-mean`).
+    pub n_rows: Option<u64>,
     /// The noise plan actually used.
     pub plan: NoisePlan,
     /// Released ciphertexts in layout order.
@@ -235,8 +267,8 @@ impl Study {
         &self.aggregate
     }
 
-    /// The noise plan of this study's release for `n_rows`.
-    pub fn noise_plan(&self, n_rows: u64) -> NoisePlan {
+    /// The noise plan of this study's release for `n_rows` (`None`: not revealed).
+    pub fn noise_plan(&self, n_rows: Option<u64>) -> NoisePlan {
         release_plan(&self.spec, self.noise_free, n_rows)
     }
 
@@ -348,45 +380,65 @@ impl Study {
         }
     }
 
-    /// Checks a revealed N: one row per contributing owner at least, max_rows at most.
-    pub fn check_count(&self, n_rows: u64) -> Result<(), StudyError> {
+    /// Checks a request for the release and returns the N its noise is to be
+    /// calibrated to. Under `mask` the noise scales with N, so N is taken only with
+    /// an opening that verifies against the aggregate E[N] (the user's word alone
+    /// could shrink the noise N-fold), and it must be plausible: one row per counted
+    /// owner at least, max_rows at most. Under `dp-mean` nothing depends on N and
+    /// an opening is refused, so N never leaves the user.
+    pub fn check_release(&self, opening: Option<&Opening>) -> Result<Option<u64>, StudyError> {
         if !matches!(self.phase, Phase::Sealed) {
             return Err(StudyError::WrongPhase {
                 study: self.id.clone(),
                 phase: self.phase.name(),
-                action: "revealing the row count",
+                action: "releasing",
             });
         }
-        let min = self.contributors.len() as u64;
-        if n_rows < min || n_rows > self.spec.max_rows {
+        let study = self.id.clone();
+        let opening = match (self.spec.privacy.centering, opening) {
+            (Centering::DpMean, None) => return Ok(None),
+            (Centering::DpMean, Some(_)) => return Err(StudyError::CountNotNeeded { study }),
+            (Centering::Mask, None) => return Err(StudyError::CountNeeded { study }),
+            (Centering::Mask, Some(o)) => o,
+        };
+        let n = u64::try_from(&opening.plaintext).unwrap_or(u64::MAX);
+        let proven = self
+            .encrypted_count()
+            .is_some_and(|c| self.spec.public_key.verify_opening(c, opening));
+        if !proven {
+            return Err(StudyError::BadOpening { study, n });
+        }
+        let min = (self.contributors.len() as u64).max(1);
+        if n < min || n > self.spec.max_rows {
             return Err(StudyError::ImplausibleCount {
-                study: self.id.clone(),
-                n: n_rows,
+                study,
+                n,
                 min,
                 max: self.spec.max_rows,
             });
         }
-        Ok(())
+        Ok(Some(n))
     }
 
-    /// Sealed -> Released: plans and samples the noise and mask once and computes
-    /// the release. This is the only place noise is sampled.
+    /// Sealed -> Released: checks the request, plans and samples the noise and mask
+    /// once and computes the release. This is the only place noise is sampled.
     pub fn release<R: RngCore + CryptoRng>(
         &mut self,
-        n_rows: u64,
+        opening: Option<&Opening>,
         rng: &mut R,
     ) -> Result<(), StudyError> {
-        self.check_count(n_rows)?;
+        let n_rows = self.check_release(opening)?;
         let released = self.compute_release(n_rows, rng)?;
         self.phase = Phase::Released(Box::new(released));
         Ok(())
     }
 
-    /// The release computation, without changing state (callers run it off the
-    /// async runtime, then commit with [`Study::commit_release`]).
+    /// The release computation for the N [`Study::check_release`] returned, without
+    /// changing state (callers run it off the async runtime, then commit with
+    /// [`Study::commit_release`]).
     pub fn compute_release<R: RngCore + CryptoRng>(
         &self,
-        n_rows: u64,
+        n_rows: Option<u64>,
         rng: &mut R,
     ) -> Result<Released, StudyError> {
         let spec = &self.spec;
@@ -395,6 +447,11 @@ impl Study {
             study: self.id.clone(),
             source,
         };
+        if spec.privacy.centering == Centering::Mask && n_rows.is_none() {
+            return Err(StudyError::CountNeeded {
+                study: self.id.clone(),
+            });
+        }
         let secrets = ReleaseSecrets::sample(&self.layout, spec.privacy.centering, &plan, rng)
             .map_err(err)?;
         let table;
@@ -412,7 +469,7 @@ impl Study {
             &self.layout,
             spec.privacy.centering,
             &self.aggregate,
-            n_rows,
+            n_rows.unwrap_or(0),
             &secrets,
             randomness,
             rng,
@@ -426,17 +483,26 @@ impl Study {
         })
     }
 
-    /// Commits a computed release if the study is still sealed.
+    /// Commits a computed release if the study is still sealed (a concurrent request
+    /// may have released it first: that release stands).
     pub fn commit_release(&mut self, released: Released) -> Result<(), StudyError> {
-        self.check_count(released.n_rows)?;
+        if !matches!(self.phase, Phase::Sealed) {
+            return Err(StudyError::WrongPhase {
+                study: self.id.clone(),
+                phase: self.phase.name(),
+                action: "releasing",
+            });
+        }
         self.phase = Phase::Released(Box::new(released));
         Ok(())
     }
 }
 
 /// The noise plan of a release for `n_rows`: the spec's, or none in test mode.
-pub fn release_plan(spec: &StudySpec, noise_free: bool, n_rows: u64) -> NoisePlan {
-    let mut plan = spec.noise_plan(n_rows);
+/// `None` (N not revealed) is only ever passed for `dp-mean`, whose plan does not
+/// read N (`plan_noise_blocks` scales by N only under `mask`).
+pub fn release_plan(spec: &StudySpec, noise_free: bool, n_rows: Option<u64>) -> NoisePlan {
+    let mut plan = spec.noise_plan(n_rows.unwrap_or(0));
     if noise_free {
         plan.matrix = NoiseScale::None;
         plan.vector = plan.vector.map(|_| NoiseScale::None);
@@ -474,6 +540,10 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn study(quorum: u32, min_owners: u32) -> Study {
+        study_with(Centering::Mask, quorum, min_owners)
+    }
+
+    pub(crate) fn study_with(centering: Centering, quorum: u32, min_owners: u32) -> Study {
         let spec = StudySpec {
             features: vec!["a".into(), "b".into()],
             bounds: vec![(0.0, 1.0); 2],
@@ -482,8 +552,7 @@ pub(crate) mod tests {
                 row_norm_bound: 1.0,
             },
             max_rows: 100,
-            privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5)
-                .expect("ok"),
+            privacy: PrivacyRequest::new(Mechanism::Gaussian, centering, 1.0, 1e-5).expect("ok"),
             min_owners,
             quorum,
             deadline_unix_ms: 1_000,
@@ -586,45 +655,110 @@ pub(crate) mod tests {
         assert_eq!(s.aggregate[0].0, BigUint::one());
     }
 
+    /// Every owner's ciphertexts encrypt `value`, so N is owners x value.
+    fn contribute_value(s: &mut Study, owner: &str, value: u32, rng: &mut ChaCha20Rng) {
+        let pk = key().public().clone();
+        let cts: Vec<Ciphertext> = (0..s.layout.owner_ciphertexts())
+            .map(|_| pk.encrypt(&BigUint::from(value), rng).expect("enc"))
+            .collect();
+        s.contribute(owner, "1", &cts, |x, y| pk.add(x, y))
+            .expect("counted");
+    }
+
+    fn opening(s: &Study) -> Opening {
+        key()
+            .open(s.encrypted_count().expect("aggregate"))
+            .expect("open")
+    }
+
     #[test]
-    fn count_must_be_plausible_and_revealed_once() {
+    fn a_mask_release_needs_a_proven_plausible_count_and_happens_once() {
         let mut s = study(2, 1);
         let mut rng = ChaCha20Rng::seed_from_u64(9);
         assert!(matches!(
-            s.release(10, &mut rng),
+            s.release(None, &mut rng),
             Err(StudyError::WrongPhase { .. })
         ));
-        let pk = key().public().clone();
-        for owner in ["a", "b"] {
-            let cts: Vec<Ciphertext> = (0..s.layout.owner_ciphertexts())
-                .map(|_| pk.encrypt(&BigUint::from(1u32), &mut rng).expect("enc"))
-                .collect();
-            s.contribute(owner, "1", &cts, |x, y| pk.add(x, y))
-                .expect("ok");
-        }
+        contribute_value(&mut s, "a", 1, &mut rng);
+        contribute_value(&mut s, "b", 1, &mut rng);
         assert_eq!(s.phase.name(), "sealed");
+        let honest = opening(&s);
+        assert_eq!(honest.plaintext, BigUint::from(2u32));
         assert!(matches!(
-            s.release(1, &mut rng),
-            Err(StudyError::ImplausibleCount { .. })
+            s.release(None, &mut rng),
+            Err(StudyError::CountNeeded { .. })
         ));
-        assert!(matches!(
-            s.release(101, &mut rng),
-            Err(StudyError::ImplausibleCount { .. })
-        ));
-        s.release(2, &mut rng).expect("release");
+        // A user that claims fewer rows, with or without a made-up root, is refused:
+        // its word alone would shrink the noise.
+        for lie in [
+            Opening {
+                plaintext: BigUint::from(1u32),
+                root: honest.root.clone(),
+            },
+            Opening {
+                plaintext: BigUint::from(3u32),
+                root: BigUint::from(12345u32),
+            },
+        ] {
+            assert!(matches!(
+                s.release(Some(&lie), &mut rng),
+                Err(StudyError::BadOpening { .. })
+            ));
+            assert_eq!(s.phase.name(), "sealed");
+        }
+        s.release(Some(&honest), &mut rng).expect("release");
         let first = match &s.phase {
-            Phase::Released(r) => r.ciphertexts.clone(),
+            Phase::Released(r) => {
+                assert_eq!(r.n_rows, Some(2));
+                r.ciphertexts.clone()
+            }
             _ => Vec::new(),
         };
         assert!(!first.is_empty());
-        // A second reveal is refused and the release is unchanged.
+        // A second request is refused and the release is unchanged.
         assert!(matches!(
-            s.release(2, &mut rng),
+            s.release(Some(&honest), &mut rng),
             Err(StudyError::WrongPhase { .. })
         ));
         match &s.phase {
             Phase::Released(r) => assert_eq!(r.ciphertexts, first),
             other => panic!("phase {}", other.name()),
         }
+    }
+
+    #[test]
+    fn a_proven_count_must_still_be_plausible() {
+        // Owners who encrypt 60 rows each make N = 120 > max_rows = 100.
+        let mut s = study(2, 1);
+        let mut rng = ChaCha20Rng::seed_from_u64(10);
+        contribute_value(&mut s, "a", 60, &mut rng);
+        contribute_value(&mut s, "b", 60, &mut rng);
+        let proven = opening(&s);
+        assert!(matches!(
+            s.release(Some(&proven), &mut rng),
+            Err(StudyError::ImplausibleCount { n: 120, .. })
+        ));
+    }
+
+    #[test]
+    fn a_dp_mean_release_takes_no_count() {
+        let mut s = study_with(Centering::DpMean, 1, 1);
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        contribute_value(&mut s, "a", 3, &mut rng);
+        let offered = opening(&s);
+        assert!(matches!(
+            s.release(Some(&offered), &mut rng),
+            Err(StudyError::CountNotNeeded { .. })
+        ));
+        s.release(None, &mut rng).expect("release");
+        match &s.phase {
+            Phase::Released(r) => assert_eq!(r.n_rows, None),
+            other => panic!("phase {}", other.name()),
+        }
+        // The plan it used cannot have read N: it is the plan for any N.
+        assert_eq!(
+            format!("{:?}", s.noise_plan(None)),
+            format!("{:?}", s.noise_plan(Some(s.spec.max_rows)))
+        );
     }
 }

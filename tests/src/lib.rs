@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use dpca_common::data::{normalize_row, read_csv, Table};
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
-use dpca_common::paillier::PublicKey;
+use dpca_common::paillier::{PublicKey, SecretKey};
 use dpca_common::study::{StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
 use dpca_proto::tls::{write_dev_pki, DevPki, Role, TlsFiles, Transport};
 use nalgebra::DMatrix;
@@ -292,4 +292,126 @@ pub fn read_matrix(path: &Path, first_is_name: bool) -> DMatrix<f64> {
         .collect();
     let cols = rows.first().map_or(0, Vec::len);
     DMatrix::from_fn(rows.len(), cols, |i, j| rows[i][j])
+}
+
+/// A single-threaded runtime for tests that call the proxy as a client.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// A proxy (its real program, on mutual TLS) with one open study, the user's key and
+/// a temp folder: tests drive it as each party would.
+pub struct StudyFixture {
+    /// The running proxy.
+    pub proxy: TestProxy,
+    /// Its URL.
+    pub url: String,
+    /// The open study's id.
+    pub study: String,
+    /// The user's key fingerprint, which owners pin.
+    pub fingerprint: String,
+    /// The study's spec.
+    pub spec: StudySpec,
+    /// The user's secret key.
+    pub sk: SecretKey,
+    /// Scratch folder for owners' files.
+    pub dir: tempfile::TempDir,
+}
+
+/// A proxy with one open study of [`optdigits_spec`] (quorum 2), opened by `user`.
+pub fn fixture() -> StudyFixture {
+    fixture_with(|_| {})
+}
+
+/// As [`fixture`], with the spec changed by `edit` before the study is opened.
+pub fn fixture_with(edit: impl FnOnce(&mut StudySpec)) -> StudyFixture {
+    let proxy = start_proxy(false);
+    let url = proxy.url.clone();
+    let sk = SecretKey::generate(2048, &mut rand::rngs::OsRng).expect("keygen");
+    let mut spec = optdigits_spec(sk.public());
+    edit(&mut spec);
+    let study = rt().block_on(async {
+        let mut c = dpca_proto::client::connect(&url, &proxy.transport("user"))
+            .await
+            .expect("connect");
+        dpca_user::session::open_study(&mut c, &spec, false)
+            .await
+            .expect("open study")
+    });
+    StudyFixture {
+        proxy,
+        url,
+        study,
+        fingerprint: sk.public().fingerprint(),
+        spec,
+        sk,
+        dir: tempfile::tempdir().expect("tempdir"),
+    }
+}
+
+impl StudyFixture {
+    /// A client with `name`'s certificate.
+    pub async fn client(
+        &self,
+        name: &str,
+    ) -> dpca_proto::v1::proxy_client::ProxyClient<tonic::transport::Channel> {
+        dpca_proto::client::connect(&self.url, &self.proxy.transport(name))
+            .await
+            .expect("connect")
+    }
+
+    /// The owner program with `id`'s certificate and a budget cap of epsilon 1.5.
+    pub fn owner_cmd(&self, id: &str) -> Command {
+        let mut cmd = Command::new(bin("owner"));
+        cmd.args(self.proxy.tls_args(id));
+        cmd.args(["--budget-cap", "1.5,1e-4"]);
+        cmd
+    }
+
+    /// Runs owner `id` on `data` for the study.
+    pub fn owner(&self, id: &str, data: &Path) -> Output {
+        let mut cmd = self.owner_cmd(id);
+        cmd.args(["--owner-id", id]);
+        submit(cmd, &self.url, &self.study, &self.fingerprint, data)
+    }
+
+    /// Owners the proxy has counted.
+    pub fn owners_in(&self) -> u32 {
+        rt().block_on(async {
+            let mut c = self.client("user").await;
+            c.get_study(dpca_proto::v1::GetStudyRequest {
+                study_id: self.study.clone(),
+            })
+            .await
+            .expect("get study")
+            .into_inner()
+            .owners_in
+        })
+    }
+
+    /// `rows` optdigits rows from `skip` on, written to `name` in the scratch folder.
+    pub fn good_file(&self, name: &str, rows: usize, skip: usize) -> PathBuf {
+        let p = self.dir.path().join(name);
+        write_slice(&optdigits(), skip, rows, &p);
+        p
+    }
+}
+
+/// Runs the owner program `cmd` (certificate and cap already given) on `data`
+/// (label column `label`) for `study` at `url`, pinning `fingerprint`.
+pub fn submit(mut cmd: Command, url: &str, study: &str, fingerprint: &str, data: &Path) -> Output {
+    run(cmd
+        .args(["--proxy", url, "--study", study])
+        .arg("--data")
+        .arg(data)
+        .args([
+            "--key-fingerprint",
+            fingerprint,
+            "--label",
+            "label",
+            "--quiet",
+        ]))
 }

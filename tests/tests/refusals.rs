@@ -1,115 +1,14 @@
 //! Bad input is refused with an error that names what is wrong and where, and
 //! nothing is sent or stored.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use dpca_common::paillier::SecretKey;
 use dpca_common::study::StudySpec;
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
-use dpca_tests::{
-    bin, describe, optdigits, optdigits_spec, run, start_proxy, write_slice, TestProxy,
-};
+use dpca_tests::{bin, describe, fixture, optdigits_spec, rt, run, submit};
 use rand::rngs::OsRng;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-struct Fixture {
-    proxy: TestProxy,
-    url: String,
-    study: String,
-    fingerprint: String,
-    spec: StudySpec,
-    dir: tempfile::TempDir,
-}
-
-/// A proxy with one open study (quorum 2) and a temp folder.
-fn fixture() -> Fixture {
-    let proxy = start_proxy(false);
-    let url = proxy.url.clone();
-    let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
-    let spec = optdigits_spec(sk.public());
-    let study = rt().block_on(async {
-        let mut c = dpca_proto::client::connect(&url, &proxy.transport("user"))
-            .await
-            .expect("connect");
-        dpca_user::session::open_study(&mut c, &spec, false)
-            .await
-            .expect("open study")
-    });
-    Fixture {
-        proxy,
-        url,
-        study,
-        fingerprint: sk.public().fingerprint(),
-        spec,
-        dir: tempfile::tempdir().expect("tempdir"),
-    }
-}
-
-impl Fixture {
-    /// A client with `name`'s certificate.
-    async fn client(&self, name: &str) -> v1::proxy_client::ProxyClient<tonic::transport::Channel> {
-        dpca_proto::client::connect(&self.url, &self.proxy.transport(name))
-            .await
-            .expect("connect")
-    }
-
-    /// The owner program with `id`'s certificate and a budget cap of epsilon 1.5.
-    fn owner_cmd(&self, id: &str) -> Command {
-        let mut cmd = Command::new(bin("owner"));
-        cmd.args(self.proxy.tls_args(id));
-        cmd.args(["--budget-cap", "1.5,1e-4"]);
-        cmd
-    }
-
-    fn owner(&self, id: &str, data: &Path) -> Output {
-        let mut cmd = self.owner_cmd(id);
-        cmd.args(["--owner-id", id]);
-        submit(cmd, &self.url, &self.study, &self.fingerprint, data)
-    }
-
-    fn owners_in(&self) -> u32 {
-        rt().block_on(async {
-            let mut c = self.client("user").await;
-            c.get_study(v1::GetStudyRequest {
-                study_id: self.study.clone(),
-            })
-            .await
-            .expect("get study")
-            .into_inner()
-            .owners_in
-        })
-    }
-
-    fn good_file(&self, name: &str, rows: usize, skip: usize) -> std::path::PathBuf {
-        let p = self.dir.path().join(name);
-        write_slice(&optdigits(), skip, rows, &p);
-        p
-    }
-}
-
-/// Runs the owner program `cmd` (certificate and cap already given) on `data`
-/// (label column `label`) for `study` at `url`, pinning `fingerprint`.
-fn submit(mut cmd: Command, url: &str, study: &str, fingerprint: &str, data: &Path) -> Output {
-    run(cmd
-        .args(["--proxy", url, "--study", study])
-        .arg("--data")
-        .arg(data)
-        .args([
-            "--key-fingerprint",
-            fingerprint,
-            "--label",
-            "label",
-            "--quiet",
-        ]))
-}
 
 fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -516,12 +415,12 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
         // Another user using this study's result.
         let mut eve = f.client("eve").await;
         let err = eve
-            .reveal_count(v1::RevealCountRequest {
+            .release(v1::ReleaseRequest {
                 study_id: f.study.clone(),
-                n_rows: 40,
+                count: None,
             })
             .await
-            .expect_err("another user revealed the count");
+            .expect_err("another user asked for the release");
         assert_eq!(err.code(), tonic::Code::PermissionDenied);
         assert!(err.message().contains("`user`"), "{}", err.message());
         let Err(err) = eve

@@ -1,12 +1,13 @@
-//! The data user's side of one study over gRPC: open it, answer the proxy's single
-//! request to decrypt N, fetch the released aggregate and open it.
+//! The data user's side of one study over gRPC: open it, ask for the release (with a
+//! proof of N where the noise depends on it), fetch the released aggregate and open
+//! it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use dpca_common::paillier::{Ciphertext, SecretKey};
+use dpca_common::paillier::{Ciphertext, Opening, SecretKey};
 use dpca_common::protocol::{open_release, Opened};
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::client::{transient, with_retries};
@@ -18,7 +19,8 @@ use tonic::transport::Channel;
 /// What the user obtains from a finished study.
 #[derive(Debug)]
 pub struct Collected {
-    /// Pooled row count N (decrypted by the user, then revealed to the proxy).
+    /// Pooled row count N, decrypted by the user (and proven to the proxy under
+    /// `mask`, whose noise is calibrated to it; kept by the user under `dp-mean`).
     pub n_rows: u64,
     /// Owners whose contributions were counted.
     pub owners_in: Vec<String>,
@@ -64,30 +66,62 @@ pub async fn open_study(
     Ok(resp.into_inner().study_id)
 }
 
-/// Row counts this process has decrypted, by key fingerprint and study id.
-static DECRYPTED_COUNTS: std::sync::OnceLock<Mutex<HashMap<(String, String), u64>>> =
-    std::sync::OnceLock::new();
+/// What this process decided about each study's E[N], by key fingerprint and study
+/// id: the opening, or why it refused to decrypt.
+type Decided = HashMap<(String, String), Result<Opening, String>>;
 
-/// The row count of a study, decrypted by `decrypt` the first time only: the proxy
-/// re-randomizes E[N] on every seal, so a second decryption for the same study
-/// could only serve someone probing with other ciphertexts. A refused decryption
-/// (implausible value) is not remembered and is refused again.
+static DECRYPTED_COUNTS: std::sync::OnceLock<Mutex<Decided>> = std::sync::OnceLock::new();
+
+/// The opening of a study's E[N], computed by `open` the first time only. A proxy
+/// that sends another ciphertext for the same study could only be probing the key,
+/// so it gets the first answer again; a refusal (an implausible value) is
+/// remembered too, so that retrying never buys the proxy one more bit.
 pub fn count_once(
     fingerprint: &str,
     study_id: &str,
-    decrypt: impl FnOnce() -> anyhow::Result<u64>,
-) -> anyhow::Result<u64> {
+    open: impl FnOnce() -> anyhow::Result<Opening>,
+) -> anyhow::Result<Opening> {
     let key = (fingerprint.to_string(), study_id.to_string());
     let table = DECRYPTED_COUNTS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = table
         .lock()
         .map_err(|_| anyhow::anyhow!("decryption guard poisoned"))?;
-    if let Some(&n) = map.get(&key) {
-        return Ok(n);
-    }
-    let n = decrypt()?;
-    map.insert(key, n);
-    Ok(n)
+    let decided = match map.get(&key) {
+        Some(decided) => decided.clone(),
+        None => {
+            let decided = open().map_err(|e| format!("{e:#}"));
+            map.insert(key, decided.clone());
+            decided
+        }
+    };
+    decided.map_err(|why| anyhow::anyhow!("{why} (decided once for study {study_id})"))
+}
+
+/// Decrypts E[N] with its proof, once per study, and checks it is plausible: one
+/// row per counted owner at least, the spec's max_rows at most.
+fn open_count(
+    sk: &SecretKey,
+    spec: &StudySpec,
+    study_id: &str,
+    sealed: &v1::SealedStudy,
+) -> anyhow::Result<(u64, Opening)> {
+    let count_ct = sk
+        .public()
+        .ciphertext_from_bytes(&sealed.encrypted_count, 0)
+        .context("proxy sent an invalid encrypted count")?;
+    let min = (sealed.owners_in.len() as u64).max(1);
+    let opening = count_once(&sk.public().fingerprint(), study_id, || {
+        let opening = sk.open(&count_ct)?;
+        match u64::try_from(&opening.plaintext) {
+            Ok(n) if n >= min && n <= spec.max_rows => Ok(opening),
+            _ => bail!(
+                "decrypted row count is not in [{min}, {}]: refusing to use it",
+                spec.max_rows
+            ),
+        }
+    })?;
+    let n = u64::try_from(&opening.plaintext).context("row count")?;
+    Ok((n, opening))
 }
 
 /// How long the user keeps calling again while the proxy cannot be reached while
@@ -112,8 +146,9 @@ async fn await_seal(
     .map_err(status("study did not seal"))
 }
 
-/// Waits for the study to seal, decrypts N (checking it against the spec), reveals
-/// it, fetches the release and decrypts it.
+/// Waits for the study to seal, decrypts N (checking it against the spec), asks for
+/// the release (proving N to the proxy only where the noise is calibrated to it),
+/// fetches the release and decrypts it.
 pub async fn collect(
     client: &mut ProxyClient<Channel>,
     sk: &SecretKey,
@@ -122,31 +157,29 @@ pub async fn collect(
 ) -> anyhow::Result<Collected> {
     let pk = sk.public();
     let sealed = await_seal(client, study_id).await?;
-    let count_ct = pk
-        .ciphertext_from_bytes(&sealed.encrypted_count, 0)
-        .context("proxy sent an invalid encrypted count")?;
-    let owners = sealed.owners_in.len() as u64;
-    // The user decrypts exactly one value for the proxy: the row count, once per
-    // study, and only if it is plausible; anything else could be the proxy using the
-    // user as an oracle. A retry reveals the count decrypted the first time.
-    let n_rows = count_once(&pk.fingerprint(), study_id, || {
-        match u64::try_from(&sk.decrypt(&count_ct)) {
-            Ok(n) if n >= owners.max(1) && n <= spec.max_rows => Ok(n),
-            _ => bail!(
-                "decrypted row count is not in [{}, {}]: refusing to reveal it",
-                owners.max(1),
-                spec.max_rows
-            ),
-        }
-    })?;
+    // The user decrypts exactly one value: the row count, once per study, and only
+    // if it is plausible; anything else could be the proxy using the user as an
+    // oracle. Its proof leaves the user only where the noise depends on N.
+    let (n_rows, opening) = open_count(sk, spec, study_id, &sealed)?;
+    let mask = spec.privacy.centering == dpca_common::dp::Centering::Mask;
+    if sealed.needs_count != mask {
+        bail!(
+            "proxy asks for N {} for a {} study: refusing",
+            if sealed.needs_count { "to be revealed" } else { "to be kept" },
+            spec.privacy.centering.name()
+        );
+    }
     let t = Instant::now();
     client
-        .reveal_count(v1::RevealCountRequest {
+        .release(v1::ReleaseRequest {
             study_id: study_id.to_string(),
-            n_rows,
+            count: mask.then(|| v1::CountOpening {
+                n_rows,
+                root: opening.root.to_bytes_be(),
+            }),
         })
         .await
-        .map_err(status("proxy refused the row count"))?;
+        .map_err(status("proxy refused to release"))?;
     let seconds_proxy = t.elapsed().as_secs_f64();
 
     let mut stream = client
@@ -161,9 +194,10 @@ pub async fn collect(
         .await
         .map_err(status("result stream"))?
         .context("empty result stream")?;
-    if first.n_rows != n_rows {
+    let announced = if mask { n_rows } else { 0 };
+    if first.n_rows != announced {
         bail!(
-            "proxy released for {} rows, not the {n_rows} revealed",
+            "proxy released for {} rows, not the {announced} proven",
             first.n_rows
         );
     }
@@ -220,25 +254,35 @@ pub async fn collect(
 mod tests {
     use super::*;
 
+    fn opening(n: u32) -> Opening {
+        Opening {
+            plaintext: n.into(),
+            root: 1u32.into(),
+        }
+    }
+
     #[test]
     fn the_row_count_of_a_study_is_decrypted_once() {
         let mut calls = 0;
         let n = count_once("fp", "study-a", || {
             calls += 1;
-            Ok(40)
+            Ok(opening(40))
         })
         .expect("first");
-        assert_eq!(n, 40);
+        assert_eq!(n, opening(40));
         // The proxy sends a different E[N] for the same study: not decrypted again.
         let again = count_once("fp", "study-a", || panic!("decrypted twice")).expect("again");
-        assert_eq!((again, calls), (40, 1));
-        // A refused (implausible) count is refused again, not remembered as valid.
+        assert_eq!((again, calls), (opening(40), 1));
+        // A refused (implausible) count stays refused: a retry with another
+        // ciphertext is not decrypted, so it cannot buy the proxy another bit.
         assert!(count_once("fp", "study-b", || bail!("implausible")).is_err());
-        assert!(count_once("fp", "study-b", || bail!("implausible")).is_err());
+        let err = count_once("fp", "study-b", || panic!("decrypted after a refusal"))
+            .expect_err("refused again");
+        assert!(err.to_string().contains("implausible"), "{err}");
         // Another study, or another key, is its own.
         assert_eq!(
-            count_once("fp2", "study-a", || Ok(7)).expect("other key"),
-            7
+            count_once("fp2", "study-a", || Ok(opening(7))).expect("other key"),
+            opening(7)
         );
     }
 }
