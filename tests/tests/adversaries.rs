@@ -1,0 +1,91 @@
+//! The parties the protocol guards against, each deviating as it would if it paid,
+//! against the real programs: every deviation is refused with a clear error, nothing
+//! is released on its word, and the honest parties lose nothing.
+//! docs/PRIVACY.md keeps the threat model these tests stand behind.
+
+use dpca_common::paillier::Ciphertext;
+use dpca_proto::v1;
+use dpca_tests::{describe, fixture, rt};
+use num_bigint::BigUint;
+
+/// Waits for the study to seal and returns its E[N] as the proxy sent it.
+async fn sealed_count(
+    f: &dpca_tests::StudyFixture,
+    user: &mut v1::proxy_client::ProxyClient<tonic::transport::Channel>,
+) -> (v1::SealedStudy, Ciphertext) {
+    let sealed = user
+        .await_seal(v1::AwaitSealRequest {
+            study_id: f.study.clone(),
+        })
+        .await
+        .expect("sealed")
+        .into_inner();
+    let ct = f
+        .sk
+        .public()
+        .ciphertext_from_bytes(&sealed.encrypted_count, 0)
+        .expect("valid E[N]");
+    (sealed, ct)
+}
+
+/// A `mask` study's noise scales with N. A user that reports N' = the number of
+/// owners would get the noise of a 2-row table on 60 rows; the proxy now takes N
+/// only with an opening of E[N] that verifies, and the honest release follows.
+#[test]
+fn a_user_that_reports_fewer_rows_is_refused_and_nothing_is_released() {
+    let f = fixture();
+    for (id, skip) in [("hospital-a", 0), ("hospital-b", 30)] {
+        let o = f.owner(id, &f.good_file(&format!("{id}.csv"), 30, skip));
+        assert!(o.status.success(), "{}", describe(&o));
+    }
+    rt().block_on(async {
+        let mut user = f.client("user").await;
+        let (sealed, ct) = sealed_count(&f, &mut user).await;
+        assert!(sealed.needs_count, "a mask study needs N");
+        let honest = f.sk.open(&ct).expect("open");
+        assert_eq!(honest.plaintext, BigUint::from(60u32));
+        let claims = [
+            // N' = owners, no proof at all.
+            (2, Vec::new()),
+            // N' = owners, with the root of the true N.
+            (2, honest.root.to_bytes_be()),
+            // N' = owners, with a made-up root.
+            (2, BigUint::from(987_654_321u64).to_bytes_be()),
+        ];
+        for (n_rows, root) in claims {
+            let err = user
+                .release(v1::ReleaseRequest {
+                    study_id: f.study.clone(),
+                    count: Some(v1::CountOpening { n_rows, root }),
+                })
+                .await
+                .expect_err("a made-up N was accepted");
+            assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+            assert!(err.message().contains("does not verify"), "{}", err.message());
+        }
+        let err = user
+            .release(v1::ReleaseRequest {
+                study_id: f.study.clone(),
+                count: None,
+            })
+            .await
+            .expect_err("a mask release without N");
+        assert!(err.message().contains("needs the opening"), "{}", err.message());
+        // Nothing was released on the user's word.
+        let Err(err) = user
+            .fetch_result(v1::FetchResultRequest {
+                study_id: f.study.clone(),
+            })
+            .await
+        else {
+            panic!("a release was served after refused requests");
+        };
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        // The honest user still gets its release, calibrated to the true N.
+        let collected = dpca_user::session::collect(&mut user, &f.sk, &f.spec, &f.study)
+            .await
+            .expect("honest release");
+        assert_eq!(collected.n_rows, 60);
+        assert_eq!(collected.owners_in.len(), 2);
+    });
+}
