@@ -27,6 +27,8 @@ use num_bigint::BigUint;
 use rand::rngs::OsRng;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use hmac::{Hmac, Mac};
+use rand::RngCore;
 use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 
@@ -179,15 +181,39 @@ pub fn owner_id(given: Option<&str>, transport: &Transport) -> anyhow::Result<St
     }
 }
 
-/// Stable idempotency key of one contribution: the same owner retrying with the same
-/// file for the same study is recognised; any other data is a different contribution.
-pub fn contribution_id(study_id: &str, owner_id: &str, data: &[u8]) -> String {
-    let mut h = Sha256::new();
-    for part in [study_id.as_bytes(), owner_id.as_bytes(), data] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part);
+/// The secret an owner's contribution ids are keyed with. On TLS it is derived from
+/// the owner's private key, so it survives restarts (a restarted owner's retry is
+/// recognised) and nobody else can compute it. On plaintext, which has no key, it is
+/// drawn fresh: retries within the process are recognised, a restart is a new
+/// contribution (refused as a duplicate once one was counted).
+pub fn contribution_secret(transport: &Transport) -> [u8; 32] {
+    match transport {
+        Transport::Tls(tls) => Sha256::new()
+            .chain_update(b"dpca contribution-id key v1")
+            .chain_update(tls.private_key_pem())
+            .finalize()
+            .into(),
+        Transport::InsecurePlaintext => {
+            let mut secret = [0u8; 32];
+            OsRng.fill_bytes(&mut secret);
+            secret
+        }
     }
-    hex::encode(h.finalize())
+}
+
+/// Idempotency key of one contribution: HMAC-SHA256 under the owner's secret of
+/// the study, the owner and the data file. The same owner retrying with the same
+/// file for the same study is recognised; any other data is a different
+/// contribution. The proxy stores the id, so it must not be a function of the data
+/// alone: an unkeyed hash would let the proxy test guesses of the rows offline.
+pub fn contribution_id(secret: &[u8; 32], study_id: &str, owner_id: &str, data: &[u8]) -> String {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret)
+        .expect("HMAC takes keys of any length");
+    for part in [study_id.as_bytes(), owner_id.as_bytes(), data] {
+        mac.update(&(part.len() as u64).to_be_bytes());
+        mac.update(part);
+    }
+    hex::encode(mac.finalize().into_bytes())
 }
 
 /// Fetches and validates the study, and checks the pinned key fingerprint.
@@ -248,7 +274,9 @@ fn refusal(what: String, status: &tonic::Status) -> anyhow::Error {
 pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let start = Instant::now();
     let unreachable = |e: &anyhow::Error| e.downcast_ref::<Unreachable>().is_some();
-    with_retries(cfg.retry_for, unreachable, || run_once(cfg))
+    // Drawn once, so every retry of this run carries the same contribution id.
+    let secret = contribution_secret(&cfg.transport);
+    with_retries(cfg.retry_for, unreachable, || run_once(cfg, &secret))
         .await
         .map_err(|e| {
             if unreachable(&e) {
@@ -262,7 +290,7 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
         })
 }
 
-async fn run_once(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
+async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerReport> {
     let start = Instant::now();
     let bytes =
         std::fs::read(&cfg.data).with_context(|| format!("cannot read {}", cfg.data.display()))?;
@@ -320,7 +348,7 @@ async fn run_once(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     }
     let total = plaintexts.len();
     let ct_bytes = total * spec.public_key.ciphertext_bytes();
-    let cid = contribution_id(&cfg.study_id, &cfg.owner_id, &bytes);
+    let cid = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
 
     let bar = progress_bar(cfg.progress, total as u64);
     let (tx, rx) = tokio::sync::mpsc::channel::<v1::ContributionChunk>(4);
@@ -421,16 +449,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn contribution_id_depends_on_every_part() {
-        let base = contribution_id("s", "o", b"data");
-        assert_eq!(base, contribution_id("s", "o", b"data"));
-        assert_ne!(base, contribution_id("s2", "o", b"data"));
-        assert_ne!(base, contribution_id("s", "o2", b"data"));
-        assert_ne!(base, contribution_id("s", "o", b"datb"));
+    fn contribution_id_depends_on_every_part_and_the_secret() {
+        let key = [7u8; 32];
+        let base = contribution_id(&key, "s", "o", b"data");
+        assert_eq!(base, contribution_id(&key, "s", "o", b"data"));
+        assert_ne!(base, contribution_id(&key, "s2", "o", b"data"));
+        assert_ne!(base, contribution_id(&key, "s", "o2", b"data"));
+        assert_ne!(base, contribution_id(&key, "s", "o", b"datb"));
         // Length prefixes keep the parts apart.
         assert_ne!(
-            contribution_id("ab", "c", b""),
-            contribution_id("a", "bc", b"")
+            contribution_id(&key, "ab", "c", b""),
+            contribution_id(&key, "a", "bc", b"")
         );
+        // Whoever lacks the owner's secret cannot recompute it from the data.
+        assert_ne!(base, contribution_id(&[8u8; 32], "s", "o", b"data"));
+        let mut unkeyed = Sha256::new();
+        for part in [&b"s"[..], b"o", b"data"] {
+            unkeyed.update((part.len() as u64).to_be_bytes());
+            unkeyed.update(part);
+        }
+        assert_ne!(base, hex::encode(unkeyed.finalize()));
+    }
+
+    #[test]
+    fn plaintext_owners_draw_a_fresh_secret() {
+        let t = Transport::InsecurePlaintext;
+        assert_ne!(contribution_secret(&t), contribution_secret(&t));
     }
 }

@@ -253,6 +253,12 @@ impl fmt::Debug for LoadedTls {
 }
 
 impl LoadedTls {
+    /// This party's private key, as read: secret material for deriving keys only
+    /// this party can compute (an owner's contribution ids). Never to be sent.
+    pub fn private_key_pem(&self) -> &[u8] {
+        &self.key_pem
+    }
+
     /// The proxy's server configuration: its identity, and client certificates
     /// required and checked against the CA.
     pub fn server_config(&self) -> ServerTlsConfig {

@@ -7,6 +7,7 @@ use dpca_common::paillier::Ciphertext;
 use dpca_proto::v1;
 use dpca_tests::{describe, fixture, rt};
 use num_bigint::BigUint;
+use sha2::{Digest, Sha256};
 
 /// Waits for the study to seal and returns its E[N] as the proxy sent it.
 async fn sealed_count(
@@ -88,4 +89,34 @@ fn a_user_that_reports_fewer_rows_is_refused_and_nothing_is_released() {
         assert_eq!(collected.n_rows, 60);
         assert_eq!(collected.owners_in.len(), 2);
     });
+}
+
+/// The proxy stores every contribution id. An unkeyed hash of (study, owner, file)
+/// let it test guesses of an owner's rows offline; the id is now keyed with a secret
+/// only the owner holds, so the proxy's best guess (the very file) does not match.
+#[test]
+fn a_curious_proxy_cannot_test_guesses_of_an_owners_rows_against_its_contribution_id() {
+    let mut f = fixture();
+    let file = f.good_file("one-row.csv", 1, 0);
+    let o = f.owner("hospital-a", &file);
+    assert!(o.status.success(), "{}", describe(&o));
+    // A retry with the same file is still recognised (the id is stable).
+    let again = f.owner("hospital-a", &file);
+    assert!(again.status.success(), "{}", describe(&again));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("\"newly_counted\":false"));
+    // What the proxy holds, read from its state file once it has stopped.
+    f.proxy.proc.0.kill().expect("stop the proxy");
+    f.proxy.proc.0.wait().expect("reap the proxy");
+    let store = dpca_proxy::store::Store::open(&f.proxy.state).expect("state");
+    let studies = store.load_all().expect("records");
+    let stored = studies[0].contributors()["hospital-a"].clone();
+    // The guess: exactly the owner's file, hashed the way the old id was.
+    let bytes = std::fs::read(&file).expect("file");
+    let mut guess = Sha256::new();
+    for part in [f.study.as_bytes(), b"hospital-a", &bytes] {
+        guess.update((part.len() as u64).to_be_bytes());
+        guess.update(part);
+    }
+    assert_ne!(stored, hex::encode(guess.finalize()), "the id is a hash of the rows");
+    assert_eq!(stored.len(), 64, "{stored}");
 }
