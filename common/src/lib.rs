@@ -11,6 +11,8 @@
 //! - [`protocol`]: owner shares, the proxy's masked and noised release, the user's
 //!   reconstruction of S + E.
 //! - [`randomizer`]: short-exponent encryption randomness on a fixed base.
+//! - [`risk`]: study properties an owner must accept by name (`mask`, Wishart,
+//!   noise-free).
 //! - [`data`]: CSV tables, bounds and row normalization.
 //! - [`linalg`]: eigen-decomposition, PCA, PSD repair, captured variance.
 //! - [`synth`]: PCA-Gauss synthetic data from the released scatter and DP mean.
@@ -29,5 +31,6 @@ pub mod linalg;
 pub mod paillier;
 pub mod protocol;
 pub mod randomizer;
+pub mod risk;
 pub mod study;
 pub mod synth;

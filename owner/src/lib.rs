@@ -14,6 +14,7 @@ use dpca_common::data::read_csv;
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
+use dpca_common::risk::Risk;
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::client::{connect, status_message, transient, with_retries, ConnectError};
 use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
@@ -22,13 +23,13 @@ use dpca_proto::tls::Transport;
 use dpca_proto::usage::Usage;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
+use hmac::{Hmac, Mac};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use num_bigint::BigUint;
 use rand::rngs::OsRng;
+use rand::RngCore;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use hmac::{Hmac, Mac};
-use rand::RngCore;
 use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 
@@ -56,6 +57,9 @@ pub struct OwnerConfig {
     pub retry_for: std::time::Duration,
     /// This data set's privacy budget cap (epsilon, delta) over all studies.
     pub budget_cap: (f64, f64),
+    /// Study properties below the default protection this owner accepts
+    /// ([`Risk`]); a study with any other is refused before the data is read.
+    pub accepted_risks: Vec<Risk>,
 }
 
 /// Takes part in the study the invitation at `path` names. The owner may start
@@ -207,8 +211,8 @@ pub fn contribution_secret(transport: &Transport) -> [u8; 32] {
 /// contribution. The proxy stores the id, so it must not be a function of the data
 /// alone: an unkeyed hash would let the proxy test guesses of the rows offline.
 pub fn contribution_id(secret: &[u8; 32], study_id: &str, owner_id: &str, data: &[u8]) -> String {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret)
-        .expect("HMAC takes keys of any length");
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
     for part in [study_id.as_bytes(), owner_id.as_bytes(), data] {
         mac.update(&(part.len() as u64).to_be_bytes());
         mac.update(part);
@@ -216,12 +220,39 @@ pub fn contribution_id(secret: &[u8; 32], study_id: &str, owner_id: &str, data: 
     hex::encode(mac.finalize().into_bytes())
 }
 
-/// Fetches and validates the study, and checks the pinned key fingerprint.
+/// Refuses a study that carries a risk this owner has not accepted by name.
+pub fn check_risks(
+    study_id: &str,
+    spec: &StudySpec,
+    noise_free: bool,
+    accepted: &[Risk],
+) -> anyhow::Result<()> {
+    let refused: Vec<Risk> = Risk::of(spec, noise_free)
+        .into_iter()
+        .filter(|r| !accepted.contains(r))
+        .collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let what: Vec<&str> = refused.iter().map(|r| r.trust()).collect();
+    let flags: Vec<String> = refused
+        .iter()
+        .map(|r| format!("--accept-risk {}", r.name()))
+        .collect();
+    bail!(
+        "study `{study_id}` {}: refusing to take part unless you accept it by name ({})",
+        what.join("; and "),
+        flags.join(" ")
+    )
+}
+
+/// Fetches and validates the study, checks the pinned key fingerprint, and returns
+/// the spec with the proxy's noise-free (test-mode) flag.
 pub async fn fetch_study(
     client: &mut ProxyClient<Channel>,
     study_id: &str,
     fingerprint: &str,
-) -> anyhow::Result<StudySpec> {
+) -> anyhow::Result<(StudySpec, bool)> {
     let info = client
         .get_study(v1::GetStudyRequest {
             study_id: study_id.to_string(),
@@ -242,7 +273,7 @@ pub async fn fetch_study(
             fingerprint.trim()
         );
     }
-    Ok(spec)
+    Ok((spec, info.noise_free))
 }
 
 /// The proxy does not know the study: a typo, or an invitation older than the
@@ -303,7 +334,8 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
             }
             _ => e.into(),
         })?;
-    let spec = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
+    let (spec, noise_free) = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
+    check_risks(&cfg.study_id, &spec, noise_free, &cfg.accepted_risks)?;
     let table = read_csv(bytes.as_slice(), &name, cfg.label.as_deref())?;
     // A histogram study's features are its bins: the data is checked against the
     // columns it names and each row is replaced by the one-hot bin of its norm.

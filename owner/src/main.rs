@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use dpca_common::risk::Risk;
 use dpca_proto::tls::{Role, TransportArgs};
 
 /// Encrypts this owner's scatter share under the data user's key and streams it to
@@ -64,6 +65,14 @@ struct Args {
     #[arg(long, env = "DPCA_BUDGET_CAP", value_name = "EPSILON,DELTA",
           value_parser = parse_cap)]
     budget_cap: (f64, f64),
+    /// Take part in a study that protects this data less than the default, named
+    /// (repeat for several): `mask-centering` (the paper's centering: private only
+    /// if every other owner keeps its rows in the norm ball and the proxy forwards
+    /// the true E[N]), `wishart-unproven` (a mechanism without a privacy proof),
+    /// `noise-free` (a test-mode release without noise). Without it such a study
+    /// is refused before the data is read.
+    #[arg(long = "accept-risk", value_name = "NAME", value_parser = |s: &str| Risk::parse(s).map_err(|e| e.to_string()))]
+    accept_risk: Vec<Risk>,
     #[command(flatten)]
     transport: TransportArgs,
 }
@@ -99,6 +108,7 @@ async fn main() -> anyhow::Result<()> {
         progress: !args.quiet,
         budget_cap: args.budget_cap,
         retry_for,
+        accepted_risks: args.accept_risk,
     };
     let report = match &args.invitation {
         Some(path) => dpca_owner::run_invited(&cfg, path).await?,

@@ -243,7 +243,9 @@ impl ProxyService {
 /// as a residue is refused like any opening that does not verify.
 fn opening_from_wire(pk: &PublicKey, o: &v1::CountOpening) -> Result<Opening, Status> {
     if o.root.len() > pk.ciphertext_bytes() {
-        return Err(Status::invalid_argument("the root of the count opening is too long"));
+        return Err(Status::invalid_argument(
+            "the root of the count opening is too long",
+        ));
     }
     Ok(Opening {
         plaintext: num_bigint::BigUint::from(o.n_rows),
@@ -327,6 +329,7 @@ impl v1::proxy_server::Proxy for ProxyService {
                 spec: Some(spec_to_wire(&s.spec)),
                 state: s.phase.name().to_string(),
                 owners_in: s.owners_in().len() as u32,
+                noise_free: s.noise_free,
             }))
         })
     }

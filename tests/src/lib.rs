@@ -83,7 +83,7 @@ pub fn write_slice(table: &Table, skip: usize, n: usize, path: &Path) {
     write_rows(&t, n, path);
 }
 
-/// A `mask` study of the optdigits features under `pk`: bounds 0..16, C = 1,
+/// A `dp-mean` study (the default) of the optdigits features under `pk`: bounds 0..16, C = 1,
 /// Gaussian at epsilon 1 and delta 1e-5, quorum and minimum 2, 1024 rows at most,
 /// a deadline ten minutes away, open to any owner.
 pub fn optdigits_spec(pk: &PublicKey) -> StudySpec {
@@ -100,7 +100,7 @@ pub fn optdigits_spec(pk: &PublicKey) -> StudySpec {
             row_norm_bound: 1.0,
         },
         max_rows: 1024,
-        privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5)
+        privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::DpMean, 1.0, 1e-5)
             .expect("privacy"),
         min_owners: 2,
         quorum: 2,
@@ -373,8 +373,17 @@ impl StudyFixture {
 
     /// Runs owner `id` on `data` for the study.
     pub fn owner(&self, id: &str, data: &Path) -> Output {
+        self.owner_accepting(id, data, &[])
+    }
+
+    /// Runs owner `id` on `data` for the study, accepting the named risks
+    /// (`--accept-risk`).
+    pub fn owner_accepting(&self, id: &str, data: &Path, risks: &[&str]) -> Output {
         let mut cmd = self.owner_cmd(id);
         cmd.args(["--owner-id", id]);
+        for r in risks {
+            cmd.args(["--accept-risk", r]);
+        }
         submit(cmd, &self.url, &self.study, &self.fingerprint, data)
     }
 

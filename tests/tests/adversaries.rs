@@ -3,11 +3,20 @@
 //! is released on its word, and the honest parties lose nothing.
 //! docs/PRIVACY.md keeps the threat model these tests stand behind.
 
+use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::paillier::Ciphertext;
 use dpca_proto::v1;
-use dpca_tests::{describe, fixture, rt};
+use dpca_tests::{describe, fixture, fixture_with, rt};
 use num_bigint::BigUint;
 use sha2::{Digest, Sha256};
+
+/// A study of the paper's `mask` centering, which owners must accept by name.
+fn mask_fixture() -> dpca_tests::StudyFixture {
+    fixture_with(|spec| {
+        spec.privacy =
+            PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5).expect("privacy")
+    })
+}
 
 /// Waits for the study to seal and returns its E[N] as the proxy sent it.
 async fn sealed_count(
@@ -21,11 +30,10 @@ async fn sealed_count(
         .await
         .expect("sealed")
         .into_inner();
-    let ct = f
-        .sk
-        .public()
-        .ciphertext_from_bytes(&sealed.encrypted_count, 0)
-        .expect("valid E[N]");
+    let ct =
+        f.sk.public()
+            .ciphertext_from_bytes(&sealed.encrypted_count, 0)
+            .expect("valid E[N]");
     (sealed, ct)
 }
 
@@ -34,9 +42,10 @@ async fn sealed_count(
 /// only with an opening of E[N] that verifies, and the honest release follows.
 #[test]
 fn a_user_that_reports_fewer_rows_is_refused_and_nothing_is_released() {
-    let f = fixture();
+    let f = mask_fixture();
     for (id, skip) in [("hospital-a", 0), ("hospital-b", 30)] {
-        let o = f.owner(id, &f.good_file(&format!("{id}.csv"), 30, skip));
+        let data = f.good_file(&format!("{id}.csv"), 30, skip);
+        let o = f.owner_accepting(id, &data, &["mask-centering"]);
         assert!(o.status.success(), "{}", describe(&o));
     }
     rt().block_on(async {
@@ -62,7 +71,11 @@ fn a_user_that_reports_fewer_rows_is_refused_and_nothing_is_released() {
                 .await
                 .expect_err("a made-up N was accepted");
             assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
-            assert!(err.message().contains("does not verify"), "{}", err.message());
+            assert!(
+                err.message().contains("does not verify"),
+                "{}",
+                err.message()
+            );
         }
         let err = user
             .release(v1::ReleaseRequest {
@@ -71,7 +84,11 @@ fn a_user_that_reports_fewer_rows_is_refused_and_nothing_is_released() {
             })
             .await
             .expect_err("a mask release without N");
-        assert!(err.message().contains("needs the opening"), "{}", err.message());
+        assert!(
+            err.message().contains("needs the opening"),
+            "{}",
+            err.message()
+        );
         // Nothing was released on the user's word.
         let Err(err) = user
             .fetch_result(v1::FetchResultRequest {
@@ -117,6 +134,37 @@ fn a_curious_proxy_cannot_test_guesses_of_an_owners_rows_against_its_contributio
         guess.update((part.len() as u64).to_be_bytes());
         guess.update(part);
     }
-    assert_ne!(stored, hex::encode(guess.finalize()), "the id is a hash of the rows");
+    assert_ne!(
+        stored,
+        hex::encode(guess.finalize()),
+        "the id is a hash of the rows"
+    );
     assert_eq!(stored.len(), 64, "{stored}");
+}
+
+/// One dishonest owner working with the user breaks `mask` centering for everyone
+/// (an encrypted v far outside the ball cannot be seen by the proxy), so an owner
+/// takes part in a mask study only if it accepts that by name, and is told why;
+/// a refused owner sends nothing.
+#[test]
+fn owners_refuse_a_mask_study_unless_they_accept_it_by_name() {
+    let f = mask_fixture();
+    let data = f.good_file("a.csv", 20, 0);
+    let o = f.owner("hospital-a", &data);
+    assert!(
+        !o.status.success(),
+        "joined a mask study unasked: {}",
+        describe(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--accept-risk mask-centering"), "{err}");
+    assert!(err.contains("norm ball"), "{err}");
+    assert_eq!(f.owners_in(), 0, "a refused owner was counted");
+    let o = f.owner_accepting("hospital-a", &data, &["mask-centering"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(f.owners_in(), 1);
+    // The default study needs no such word.
+    let d = fixture();
+    let o = d.owner("hospital-a", &d.good_file("a.csv", 20, 0));
+    assert!(o.status.success(), "{}", describe(&o));
 }

@@ -14,6 +14,7 @@ use dpca_common::encoding::FixedPoint;
 use dpca_common::linalg::{captured_variance, centered_scatter, pca, psd_repair, Pca};
 use dpca_common::paillier::{SecretKey, MIN_KEY_BITS};
 use dpca_common::protocol::Opened;
+use dpca_common::risk::Risk;
 use dpca_common::study::{
     ClassCovariance, ClassSpec, StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA,
 };
@@ -449,6 +450,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
                 &owner_files,
                 owner_label.as_deref(),
                 budget_cap,
+                &Risk::of(&spec_h, opts.noise_free_for_testing),
             )
             .await?;
             let got = collect(&mut client, &sk, &spec_h, &hid).await?;
@@ -499,6 +501,9 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
                 &owner_files,
                 owner_label.as_deref(),
                 budget_cap,
+                // A local run is every party at once: its owners accept what its
+                // user chose, by name.
+                &Risk::of(&spec, opts.noise_free_for_testing),
             )
             .await?
         }
@@ -860,6 +865,7 @@ async fn run_owners(
     owner_files: &[PathBuf],
     owner_label: Option<&str>,
     budget_cap: (f64, f64),
+    risks: &[Risk],
 ) -> anyhow::Result<Vec<OwnerReport>> {
     let bar = ProgressBar::new(owner_files.len() as u64);
     if let Ok(style) =
@@ -888,6 +894,9 @@ async fn run_owners(
             .arg(format!("{},{}", budget_cap.0, budget_cap.1));
         if let Some(l) = owner_label {
             cmd.args(["--label", l]);
+        }
+        for r in risks {
+            cmd.args(["--accept-risk", r.name()]);
         }
         cmd.stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -165,7 +165,11 @@ pub async fn collect(
     if sealed.needs_count != mask {
         bail!(
             "proxy asks for N {} for a {} study: refusing",
-            if sealed.needs_count { "to be revealed" } else { "to be kept" },
+            if sealed.needs_count {
+                "to be revealed"
+            } else {
+                "to be kept"
+            },
             spec.privacy.centering.name()
         );
     }
