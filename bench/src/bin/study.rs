@@ -300,6 +300,9 @@ fn run_study(
         .args(["--owners", &owners.to_string()])
         .args(["--key-bits", &bits.to_string()])
         .args(["--k", "5", "--no-build"])
+        // The paper's centering, whose mask term is what the proxy's bound prices
+        // (its owners accept it by name through `user local`).
+        .args(["--centering", "mask"])
         .arg("--out")
         .arg(out);
     if let Some(b) = &sc.bounds {
