@@ -76,6 +76,13 @@ impl ProxyService {
                 budgets = store.load_budgets()?;
                 for mut study in store.load_all()? {
                     study.tick(now_ms());
+                    if study.noise_free && !config.allow_noise_free_for_testing {
+                        // Opened by a proxy in test mode: never served by one that
+                        // is not (its release, if any, holds no noise).
+                        study.phase = Phase::Aborted(
+                            "opened noise-free in test mode; this proxy is not in test mode".into(),
+                        );
+                    }
                     tracing::info!(
                         study = %study.id,
                         phase = study.phase.name(),
@@ -599,5 +606,43 @@ impl v1::proxy_server::Proxy for ProxyService {
             Ok(out)
         })?;
         Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::study::tests::study;
+
+    fn config(state: &std::path::Path, test_mode: bool) -> ProxyConfig {
+        ProxyConfig {
+            transport: Transport::InsecurePlaintext,
+            state: Some(state.to_path_buf()),
+            allow_noise_free_for_testing: test_mode,
+            max_concurrent_uploads: 1,
+        }
+    }
+
+    #[test]
+    fn a_noise_free_study_is_not_served_by_a_proxy_restarted_out_of_test_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let mut s = study(2, 1);
+        s.noise_free = true;
+        s.spec.deadline_unix_ms = u64::MAX;
+        Store::open(&path)
+            .expect("store")
+            .save_with_budget(&s, None)
+            .expect("save");
+        let phase =
+            |svc: &ProxyService| svc.with_study("s1", |s| Ok(s.phase.name())).expect("study");
+        assert_eq!(
+            phase(&ProxyService::new(config(&path, true)).expect("test mode")),
+            "collecting"
+        );
+        assert_eq!(
+            phase(&ProxyService::new(config(&path, false)).expect("normal")),
+            "aborted"
+        );
     }
 }

@@ -190,7 +190,7 @@ pub struct Study {
     /// Owner id -> contribution id of each counted contribution.
     contributors: BTreeMap<String, String>,
     /// Running ciphertext product of all counted contributions. Its size is the
-    /// layout's, whatever the number of owners.
+    /// layout's, whatever the number of owners; once released, only E[N].
     aggregate: Vec<Ciphertext>,
     /// Current phase.
     pub phase: Phase,
@@ -226,7 +226,11 @@ impl Study {
         aggregate: Vec<Ciphertext>,
         phase: Phase,
     ) -> Result<Self, String> {
-        let expected = layout.owner_ciphertexts();
+        // A released study keeps only E[N] of its aggregate.
+        let expected = match phase {
+            Phase::Released(_) => 1,
+            Phase::Collecting | Phase::Sealed | Phase::Aborted(_) => layout.owner_ciphertexts(),
+        };
         if aggregate.len() != expected {
             return Err(format!(
                 "aggregate of {} ciphertexts, the layout has {expected}",
@@ -429,8 +433,7 @@ impl Study {
     ) -> Result<(), StudyError> {
         let n_rows = self.check_release(opening)?;
         let released = self.compute_release(n_rows, rng)?;
-        self.phase = Phase::Released(Box::new(released));
-        Ok(())
+        self.commit_release(released)
     }
 
     /// The release computation for the N [`Study::check_release`] returned, without
@@ -494,6 +497,11 @@ impl Study {
             });
         }
         self.phase = Phase::Released(Box::new(released));
+        // The exact aggregate is not needed past the noised release: only E[N] is
+        // kept (a user's retried AwaitSeal reads it), so whoever later holds the
+        // state file and the user's key cannot read the exact R and v.
+        let count = self.aggregate.pop();
+        self.aggregate = count.into_iter().collect();
         Ok(())
     }
 }
@@ -706,7 +714,11 @@ pub(crate) mod tests {
             ));
             assert_eq!(s.phase.name(), "sealed");
         }
+        let count = s.encrypted_count().cloned();
         s.release(Some(&honest), &mut rng).expect("release");
+        // The exact aggregate is gone; E[N] stays for a retried AwaitSeal.
+        assert_eq!(s.aggregate().len(), 1);
+        assert_eq!(s.encrypted_count().cloned(), count);
         let first = match &s.phase {
             Phase::Released(r) => {
                 assert_eq!(r.n_rows, Some(2));
