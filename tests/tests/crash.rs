@@ -120,6 +120,8 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
                 .args(tls_args(pki.files(name).expect("owner files")))
                 .args(["--proxy", &url, "--study", &study, "--retry-for", "300"])
                 .args(["--budget-cap", "1,1e-5"])
+                // The study is noise-free (test mode), so its rows can be checked.
+                .args(["--accept-risk", "noise-free"])
                 .arg("--data")
                 .arg(file)
                 .args(["--key-fingerprint", &sk.public().fingerprint()])
