@@ -40,9 +40,9 @@ pub enum PaillierError {
     /// A plaintext is not below n.
     #[error("plaintext does not fit below the modulus")]
     PlaintextTooLarge,
-    /// The modulus admits no n-th roots by the exponent n^-1 mod lambda (gcd(n,
-    /// lambda) != 1): a key [`SecretKey::generate`] never makes.
-    #[error("this key cannot open ciphertexts: gcd(n, lambda) is not 1")]
+    /// n is not invertible mod p - 1 or q - 1, so n-th roots cannot be taken by
+    /// exponentiation: a key [`SecretKey::generate`] makes with negligible chance.
+    #[error("this key cannot open ciphertexts: n is not invertible mod p - 1 or q - 1")]
     NoRoots,
 }
 

@@ -478,15 +478,15 @@ impl v1::proxy_server::Proxy for ProxyService {
         let req = req.into_inner();
         let id = req.study_id;
         self.authorize_user(peer.as_ref(), &id)?;
-        let (snapshot, n_rows) = self.with_study(&id, |s| {
-            let opening = req
-                .count
-                .as_ref()
-                .map(|o| opening_from_wire(&s.spec.public_key, o))
-                .transpose()?;
-            let n_rows = s.check_release(opening.as_ref())?;
-            Ok((s.clone(), n_rows))
-        })?;
+        // Checked on a copy, off the lock of all studies: the opening costs a full
+        // exponentiation, and `commit_release` re-checks the phase under the lock.
+        let snapshot = self.with_study(&id, |s| Ok(s.clone()))?;
+        let opening = req
+            .count
+            .as_ref()
+            .map(|o| opening_from_wire(&snapshot.spec.public_key, o))
+            .transpose()?;
+        let n_rows = snapshot.check_release(opening.as_ref())?;
         let started = std::time::Instant::now();
         let released = tokio::task::spawn_blocking(move || {
             let compute = || snapshot.compute_release(n_rows, &mut OsRng);

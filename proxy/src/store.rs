@@ -262,16 +262,12 @@ pub fn from_record(key: &str, bytes: &[u8]) -> Result<Study, String> {
                 .ciphertexts_from_bytes(&rec.released, 0)
                 .map_err(|e| format!("release: {e}"))?;
             // N is stored exactly where the noise was calibrated to it (`mask`).
+            // (Records written before N stayed with the user hold it for `dp-mean`
+            // too: nothing of that release depends on it, so it is dropped.)
             let n_rows = match spec.privacy.centering {
                 Centering::Mask if rec.released_n_rows > 0 => Some(rec.released_n_rows),
-                Centering::DpMean if rec.released_n_rows == 0 => None,
-                _ => {
-                    return Err(format!(
-                        "released N {} does not fit {} centering",
-                        rec.released_n_rows,
-                        spec.privacy.centering.name()
-                    ))
-                }
+                Centering::Mask => return Err("a mask release without its N".into()),
+                Centering::DpMean => None,
             };
             Phase::Released(Box::new(Released {
                 n_rows,

@@ -157,11 +157,17 @@ pub async fn collect(
 ) -> anyhow::Result<Collected> {
     let pk = sk.public();
     let sealed = await_seal(client, study_id).await?;
-    // The user decrypts exactly one value: the row count, once per study, and only
-    // if it is plausible; anything else could be the proxy using the user as an
-    // oracle. Its proof leaves the user only where the noise depends on N.
-    let (n_rows, opening) = open_count(sk, spec, study_id, &sealed)?;
+    // The user decrypts exactly one value: the row count, once per study, and uses
+    // it only if it is plausible; anything else could be the proxy using the user
+    // as an oracle. Its proof leaves the user only where the noise depends on N.
+    // Under `dp-mean` it is decrypted only after the release is fetched, so that
+    // whether the user goes on tells the proxy nothing about what E[N] holds.
     let mask = spec.privacy.centering == dpca_common::dp::Centering::Mask;
+    let proven = if mask {
+        Some(open_count(sk, spec, study_id, &sealed)?)
+    } else {
+        None
+    };
     if sealed.needs_count != mask {
         bail!(
             "proxy asks for N {} for a {} study: refusing",
@@ -177,8 +183,8 @@ pub async fn collect(
     client
         .release(v1::ReleaseRequest {
             study_id: study_id.to_string(),
-            count: mask.then(|| v1::CountOpening {
-                n_rows,
+            count: proven.as_ref().map(|(n_rows, opening)| v1::CountOpening {
+                n_rows: *n_rows,
                 root: opening.root.to_bytes_be(),
             }),
         })
@@ -198,7 +204,7 @@ pub async fn collect(
         .await
         .map_err(status("result stream"))?
         .context("empty result stream")?;
-    let announced = if mask { n_rows } else { 0 };
+    let announced = proven.as_ref().map_or(0, |(n, _)| *n);
     if first.n_rows != announced {
         bail!(
             "proxy released for {} rows, not the {announced} proven",
@@ -232,6 +238,10 @@ pub async fn collect(
             cts.len()
         );
     }
+    let n_rows = match proven {
+        Some((n, _)) => n,
+        None => open_count(sk, spec, study_id, &sealed)?.0,
+    };
     let t = Instant::now();
     let opened = open_release(
         sk,
