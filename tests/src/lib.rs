@@ -371,6 +371,21 @@ impl StudyFixture {
         cmd
     }
 
+    /// The refusal `client` gets when it asks for the study's result; panics if a
+    /// result is served.
+    pub async fn fetch_refused(
+        &self,
+        client: &mut dpca_proto::v1::proxy_client::ProxyClient<tonic::transport::Channel>,
+    ) -> tonic::Status {
+        let req = dpca_proto::v1::FetchResultRequest {
+            study_id: self.study.clone(),
+        };
+        match client.fetch_result(req).await {
+            Ok(_) => panic!("a result of study {} was served", self.study),
+            Err(status) => status,
+        }
+    }
+
     /// Runs owner `id` on `data` for the study.
     pub fn owner(&self, id: &str, data: &Path) -> Output {
         self.owner_accepting(id, data, &[])

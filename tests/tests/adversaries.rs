@@ -90,14 +90,7 @@ fn a_user_that_reports_fewer_rows_is_refused_and_nothing_is_released() {
             err.message()
         );
         // Nothing was released on the user's word.
-        let Err(err) = user
-            .fetch_result(v1::FetchResultRequest {
-                study_id: f.study.clone(),
-            })
-            .await
-        else {
-            panic!("a release was served after refused requests");
-        };
+        let err = f.fetch_refused(&mut user).await;
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
         // The honest user still gets its release, calibrated to the true N.
         let collected = dpca_user::session::collect(&mut user, &f.sk, &f.spec, &f.study)

@@ -423,14 +423,7 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
             .expect_err("another user asked for the release");
         assert_eq!(err.code(), tonic::Code::PermissionDenied);
         assert!(err.message().contains("`user`"), "{}", err.message());
-        let Err(err) = eve
-            .fetch_result(v1::FetchResultRequest {
-                study_id: f.study.clone(),
-            })
-            .await
-        else {
-            panic!("another user fetched the result");
-        };
+        let err = f.fetch_refused(&mut eve).await;
         assert_eq!(err.code(), tonic::Code::PermissionDenied);
     });
     assert_eq!(f.owners_in(), 1, "a refused call changed the study");

@@ -163,11 +163,6 @@ pub async fn collect(
     // Under `dp-mean` it is decrypted only after the release is fetched, so that
     // whether the user goes on tells the proxy nothing about what E[N] holds.
     let mask = spec.privacy.centering == dpca_common::dp::Centering::Mask;
-    let proven = if mask {
-        Some(open_count(sk, spec, study_id, &sealed)?)
-    } else {
-        None
-    };
     if sealed.needs_count != mask {
         bail!(
             "proxy asks for N {} for a {} study: refusing",
@@ -179,6 +174,11 @@ pub async fn collect(
             spec.privacy.centering.name()
         );
     }
+    let proven = if mask {
+        Some(open_count(sk, spec, study_id, &sealed)?)
+    } else {
+        None
+    };
     let t = Instant::now();
     client
         .release(v1::ReleaseRequest {
