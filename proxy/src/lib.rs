@@ -12,6 +12,7 @@
 
 pub mod access;
 pub mod budget;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod service;
@@ -38,11 +39,20 @@ pub struct ProxyConfig {
     /// it is complete and counted; further owners wait (HTTP/2 flow control holds
     /// their data at the sender), so memory does not grow with the number of owners.
     pub max_concurrent_uploads: usize,
+    /// What one study may ask of the proxy, and how long a connection may wait.
+    pub limits: limits::Limits,
 }
 
 /// Default of [`ProxyConfig::max_concurrent_uploads`]: enough to keep every core
 /// validating while more streams arrive.
 pub const DEFAULT_MAX_CONCURRENT_UPLOADS: usize = 8;
+
+/// How often an idle connection is pinged, and how long the answer may take.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Calls open at once on one connection.
+const MAX_STREAMS_PER_CONNECTION: u32 = 16;
 
 /// HTTP/2 flow-control window per stream and per connection (bytes).
 const UPLOAD_WINDOW_BYTES: u32 = 16 * 1024;
@@ -54,7 +64,9 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let tls = match &config.transport {
-        Transport::Tls(tls) => Some(tls.server_config()),
+        // A connection that never finishes its handshake is closed: it would
+        // otherwise hold one of the capped connection slots for good.
+        Transport::Tls(tls) => Some(tls.server_config().timeout(config.limits.handshake_timeout)),
         Transport::InsecurePlaintext => None,
     };
     let svc = service::ProxyService::new(config)?;
@@ -73,6 +85,13 @@ pub async fn run(
         // at most this much data in the proxy, so memory stays flat in the owners.
         .initial_stream_window_size(UPLOAD_WINDOW_BYTES)
         .initial_connection_window_size(UPLOAD_WINDOW_BYTES)
+        // A peer that vanished (no FIN: a cut cable, a killed VM) is found by pings
+        // and its connection slot freed.
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .tcp_keepalive(Some(KEEPALIVE_INTERVAL))
+        // Bounds the calls one connection can have waiting on the proxy.
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .layer(tower::layer::layer_fn(metrics::CountCalls))
         .add_service(server)
         .serve_with_incoming_shutdown(

@@ -3,8 +3,10 @@
 use anyhow::Context;
 use clap::Parser;
 use dpca_proto::tls::{Role, TransportArgs};
+use dpca_proxy::limits;
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Aggregates encrypted scatter shares, masks and noises them for the data user.
 #[derive(Parser, Debug)]
@@ -30,6 +32,8 @@ struct Args {
     #[arg(long, default_value_t = dpca_proxy::DEFAULT_MAX_CONCURRENT_UPLOADS as u16,
           value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_uploads: u16,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// State database (created if missing): studies, the owners counted and the
     /// running aggregates survive a restart. One proxy per file.
     #[arg(long, default_value = "dpca-proxy.redb", env = "DPCA_PROXY_STATE")]
@@ -40,6 +44,42 @@ struct Args {
     metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     transport: TransportArgs,
+}
+
+/// What one study may ask of the proxy, and how long a connection may wait.
+#[derive(clap::Args, Debug)]
+struct LimitArgs {
+    /// Largest study spec accepted (bytes, as encoded).
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_SPEC_BYTES)]
+    max_spec_bytes: usize,
+    /// Most features (M) of a study.
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_FEATURES)]
+    max_features: usize,
+    /// Largest Paillier modulus of a study (bits).
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_KEY_BITS)]
+    max_key_bits: u64,
+    /// Most ciphertexts of one contribution, and of one release.
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_CIPHERTEXTS)]
+    max_ciphertexts: usize,
+    /// Seconds a connection may take to finish its TLS handshake.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    handshake_timeout: u64,
+    /// Seconds an upload may send nothing before it is dropped (nothing counted).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    upload_idle_timeout: u64,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> limits::Limits {
+        limits::Limits {
+            max_spec_bytes: self.max_spec_bytes,
+            max_features: self.max_features,
+            max_key_bits: self.max_key_bits,
+            max_ciphertexts: self.max_ciphertexts,
+            handshake_timeout: Duration::from_secs(self.handshake_timeout),
+            upload_idle_timeout: Duration::from_secs(self.upload_idle_timeout),
+        }
+    }
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -113,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
         state: Some(args.state),
         allow_noise_free_for_testing: args.allow_noise_free_for_testing,
         max_concurrent_uploads: usize::from(args.max_concurrent_uploads),
+        limits: args.limits.limits(),
     };
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -1,7 +1,7 @@
 //! The gRPC shell around the study state machine: each handler validates at the
 //! edge, loads the study, applies one transition and replies.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,7 +13,7 @@ use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use rand::rngs::OsRng;
 use rand::RngCore;
-use tokio::sync::Semaphore;
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, Semaphore};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -54,12 +54,20 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// One study, locked on its own: a fold or a release of one study never holds up
+/// a call on another.
+type SharedStudy = Arc<AsyncMutex<Study>>;
+
 /// The proxy's gRPC service.
 #[derive(Clone)]
 pub struct ProxyService {
     config: ProxyConfig,
-    studies: Arc<Mutex<HashMap<String, Study>>>,
+    /// Study id -> study. The table's lock is held only to find or insert a study.
+    studies: Arc<Mutex<HashMap<String, SharedStudy>>>,
     uploads: Arc<Semaphore>,
+    /// Owners with an upload in progress: one slot per owner, so no certificate
+    /// holder can take every slot.
+    uploading: Arc<Mutex<HashSet<String>>>,
     store: Option<Arc<Store>>,
     /// Owner id -> privacy budget. Locked after `studies` when both are held.
     budgets: Arc<Mutex<HashMap<String, OwnerBudget>>>,
@@ -83,13 +91,17 @@ impl ProxyService {
                             "opened noise-free in test mode; this proxy is not in test mode".into(),
                         );
                     }
+                    if let Err(e) = config.limits.check_layout(&study.layout) {
+                        // Stored under larger limits: not held again by this proxy.
+                        study.phase = Phase::Aborted(e.to_string());
+                    }
                     tracing::info!(
                         study = %study.id,
                         phase = study.phase.name(),
                         owners_in = study.owners_in().len(),
                         "study restored"
                     );
-                    studies.insert(study.id.clone(), study);
+                    studies.insert(study.id.clone(), Arc::new(AsyncMutex::new(study)));
                 }
                 Some(Arc::new(store))
             }
@@ -99,6 +111,7 @@ impl ProxyService {
             uploads: Arc::new(Semaphore::new(config.max_concurrent_uploads.max(1))),
             config,
             studies: Arc::new(Mutex::new(studies)),
+            uploading: Arc::new(Mutex::new(HashSet::new())),
             store,
             budgets: Arc::new(Mutex::new(budgets)),
         })
@@ -115,38 +128,52 @@ impl ProxyService {
     }
 
     /// Counts a read and validated contribution and charges the owner's budget:
-    /// both on a copy, stored in one transaction, then made current.
-    fn commit_contribution(
+    /// both on a copy, stored in one transaction, then made current. The fold and
+    /// the write run on a blocking thread under this study's lock only.
+    async fn commit_contribution(
         &self,
-        study_id: &str,
-        owner: &str,
-        cid: &str,
-        cap: (f64, f64),
+        upload: Upload,
+        cts: Vec<Ciphertext>,
+    ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Status> {
+        let guard = self.lock_study(&upload.study_id).await?;
+        let svc = self.clone();
+        blocking(move || svc.fold(guard, &upload, &cts)).await
+    }
+
+    fn fold(
+        &self,
+        mut study: OwnedMutexGuard<Study>,
+        up: &Upload,
         cts: &[Ciphertext],
     ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Status> {
-        self.with_study(study_id, |study| {
-            let mut budgets = self.lock_budgets()?;
-            let mut next = study.clone();
-            let pk = next.spec.public_key.clone();
-            let outcome = next.contribute(owner, cid, cts, |a, b| pk.add(a, b))?;
-            let charged = match outcome {
-                ContributionOutcome::Counted => {
-                    let cost = (next.spec.privacy.epsilon, next.spec.privacy.delta);
-                    Some(
-                        charge(owner, budgets.get(owner), cap, study_id, cost)
-                            .map_err(budget_status)?,
+        study.tick(now_ms());
+        let mut next = study.clone();
+        let pk = next.spec.public_key.clone();
+        let outcome = next.contribute(&up.owner, &up.cid, cts, |a, b| pk.add(a, b))?;
+        let mut budgets = self.lock_budgets()?;
+        let charged = match outcome {
+            ContributionOutcome::Counted => {
+                let cost = (next.spec.privacy.epsilon, next.spec.privacy.delta);
+                Some(
+                    charge(
+                        &up.owner,
+                        budgets.get(&up.owner),
+                        up.cap,
+                        &up.study_id,
+                        cost,
                     )
-                }
-                ContributionOutcome::AlreadyCounted => None,
-            };
-            self.persist(&next, charged.as_ref().map(|b| (owner, b)))?;
-            let owners_in = next.owners_in().len();
-            *study = next;
-            if let Some(b) = charged {
-                budgets.insert(owner.to_string(), b);
+                    .map_err(budget_status)?,
+                )
             }
-            Ok((outcome, owners_in, budgets.get(owner).cloned()))
-        })
+            ContributionOutcome::AlreadyCounted => None,
+        };
+        self.persist(&next, charged.as_ref().map(|b| (up.owner.as_str(), b)))?;
+        let owners_in = next.owners_in().len();
+        *study = next;
+        if let Some(b) = charged {
+            budgets.insert(up.owner.clone(), b);
+        }
+        Ok((outcome, owners_in, budgets.get(&up.owner).cloned()))
     }
 
     /// Writes a study's record (and an owner's budget, in the same transaction);
@@ -162,41 +189,102 @@ impl ProxyService {
     }
 
     /// Applies a transition to a copy of the study, stores the copy, and only then
-    /// makes it the study: what the caller is told has happened is on disk.
-    fn update_study<T>(
+    /// makes it the study: what the caller is told has happened is on disk. Runs on
+    /// a blocking thread: the copy and the write grow with the study.
+    async fn update_study<T: Send + 'static>(
         &self,
         id: &str,
-        f: impl FnOnce(&mut Study) -> Result<T, Status>,
+        f: impl FnOnce(&mut Study) -> Result<T, Status> + Send + 'static,
     ) -> Result<T, Status> {
-        self.with_study(id, |study| {
+        let mut study = self.lock_study(id).await?;
+        let svc = self.clone();
+        blocking(move || {
+            study.tick(now_ms());
             let mut next = study.clone();
             let out = f(&mut next)?;
-            self.persist(&next, None)?;
+            svc.persist(&next, None)?;
             *study = next;
             Ok(out)
         })
+        .await
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, HashMap<String, Study>>, Status> {
+    fn table(&self) -> Result<MutexGuard<'_, HashMap<String, SharedStudy>>, Status> {
         self.studies
             .lock()
             .map_err(|_| Status::internal("study table poisoned"))
     }
 
-    /// Applies deadlines in the background.
+    /// Every study, to visit one at a time (the table is not held meanwhile).
+    fn all_studies(&self) -> Result<Vec<SharedStudy>, Status> {
+        Ok(self.table()?.values().cloned().collect())
+    }
+
+    async fn lock_study(&self, id: &str) -> Result<OwnedMutexGuard<Study>, Status> {
+        let shared = self
+            .table()?
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("unknown study `{id}`")))?;
+        Ok(shared.lock_owned().await)
+    }
+
+    /// Applies deadlines in the background. A study busy with a fold or a release
+    /// is left for the next round (every call ticks the study it uses anyway).
     pub fn spawn_deadline_ticker(&self) {
         let studies = Arc::clone(&self.studies);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(POLL).await;
-                let Ok(mut map) = studies.lock() else { return };
+                let Ok(all) = studies
+                    .lock()
+                    .map(|m| m.values().cloned().collect::<Vec<_>>())
+                else {
+                    return;
+                };
                 let now = now_ms();
-                for s in map.values_mut() {
-                    s.tick(now);
+                let mut phases = Vec::with_capacity(all.len());
+                for shared in all {
+                    if let Ok(mut s) = shared.try_lock() {
+                        s.tick(now);
+                        phases.push(s.phase.name());
+                    }
                 }
-                crate::metrics::phases(map.values().map(|s| s.phase.name()));
+                crate::metrics::phases(phases.into_iter());
             }
         });
+    }
+
+    /// Takes this owner's upload slot and one of the proxy's; both are released
+    /// when the returned guard is dropped.
+    async fn upload_slot(&self, owner: Option<&str>) -> Result<UploadSlot, Status> {
+        let owner = match owner {
+            Some(name) => {
+                let mut busy = self
+                    .uploading
+                    .lock()
+                    .map_err(|_| Status::internal("upload table poisoned"))?;
+                if !busy.insert(name.to_string()) {
+                    return Err(Status::resource_exhausted(format!(
+                        "owner `{name}` already has an upload in progress; one at a time"
+                    )));
+                }
+                Some((Arc::clone(&self.uploading), name.to_string()))
+            }
+            None => None,
+        };
+        let mut slot = UploadSlot {
+            owner,
+            _permit: None,
+        };
+        // Taken after the owner's own slot: a refused second upload never waits.
+        slot._permit = Some(
+            Arc::clone(&self.uploads)
+                .acquire_owned()
+                .await
+                .map_err(|_| Status::unavailable("proxy is shutting down"))?,
+        );
+        Ok(slot)
     }
 
     /// The caller as its certificate names it; `None` on plaintext.
@@ -222,8 +310,8 @@ impl ProxyService {
     }
 
     /// Refuses unless the caller is the user who opened study `id`.
-    fn authorize_user(&self, peer: Option<&Peer>, id: &str) -> Result<(), Status> {
-        let opened_by = self.with_study(id, |s| Ok(s.opened_by.clone()))?;
+    async fn authorize_user(&self, peer: Option<&Peer>, id: &str) -> Result<(), Status> {
+        let opened_by = self.with_study(id, |s| Ok(s.opened_by.clone())).await?;
         Self::authorize(
             peer,
             Action::UseStudy {
@@ -232,18 +320,140 @@ impl ProxyService {
         )
     }
 
-    fn with_study<T>(
+    /// Runs a short `f` on the study under its lock (on the runtime: keep it cheap).
+    async fn with_study<T>(
         &self,
         id: &str,
         f: impl FnOnce(&mut Study) -> Result<T, Status>,
     ) -> Result<T, Status> {
-        let mut map = self.lock()?;
-        let study = map
-            .get_mut(id)
-            .ok_or_else(|| Status::not_found(format!("unknown study `{id}`")))?;
+        let mut study = self.lock_study(id).await?;
         study.tick(now_ms());
-        f(study)
+        f(&mut study)
     }
+
+    /// Refuses early, before the stream is read, a contribution that cannot count
+    /// or whose owner's budget cannot pay for the study; answers a retry of one
+    /// already counted at once.
+    async fn admit(&self, up: &Upload) -> Result<Admission, Status> {
+        let (outcome, pk, expected, owners_in, cost) = self
+            .with_study(&up.study_id, |s| {
+                Ok((
+                    s.check_can_contribute(&up.owner, &up.cid)?,
+                    s.spec.public_key.clone(),
+                    s.layout.owner_ciphertexts(),
+                    s.owners_in().len(),
+                    (s.spec.privacy.epsilon, s.spec.privacy.delta),
+                ))
+            })
+            .await?;
+        let current = self.budget_of(&up.owner)?;
+        if outcome == Some(ContributionOutcome::AlreadyCounted) {
+            return Ok(Admission::AlreadyCounted(contribute_response(
+                false,
+                owners_in,
+                current.as_ref(),
+            )));
+        }
+        charge(&up.owner, current.as_ref(), up.cap, &up.study_id, cost).map_err(budget_status)?;
+        Ok(Admission::Read { pk, expected })
+    }
+}
+
+/// Whether a contribution's ciphertexts are to be read.
+enum Admission {
+    /// Read this many, under this key.
+    Read { pk: PublicKey, expected: usize },
+    /// A retry of a contribution already counted: this is the answer.
+    AlreadyCounted(v1::ContributeResponse),
+}
+
+/// Reads and validates the ciphertexts of a contribution, `first` chunk included;
+/// refuses more or fewer than `expected`.
+async fn read_ciphertexts(
+    stream: &mut IdleLimited,
+    first: v1::ContributionChunk,
+    pk: &PublicKey,
+    expected: usize,
+    owner: &str,
+) -> Result<Vec<Ciphertext>, Status> {
+    let mut cts: Vec<Ciphertext> = Vec::with_capacity(expected);
+    let mut chunk = Some(first);
+    while let Some(c) = chunk {
+        if cts.len() + c.ciphertexts.len() > expected {
+            return Err(Status::invalid_argument(format!(
+                "more than {expected} ciphertexts"
+            )));
+        }
+        let parsed = pk
+            .ciphertexts_from_bytes(&c.ciphertexts, cts.len())
+            .map_err(|e| Status::invalid_argument(format!("owner `{owner}`: {e}")))?;
+        cts.extend(parsed);
+        chunk = stream.next().await?;
+    }
+    if cts.len() != expected {
+        return Err(Status::invalid_argument(format!(
+            "stream ended after {} of {expected} ciphertexts; nothing was counted",
+            cts.len()
+        )));
+    }
+    Ok(cts)
+}
+
+/// An upload stream that may not sit idle: a sender that stalls longer than the
+/// limit between two chunks loses its upload (nothing is counted) and its slot.
+struct IdleLimited {
+    inner: Streaming<v1::ContributionChunk>,
+    idle: Duration,
+}
+
+impl IdleLimited {
+    fn new(inner: Streaming<v1::ContributionChunk>, idle: Duration) -> Self {
+        Self { inner, idle }
+    }
+
+    async fn next(&mut self) -> Result<Option<v1::ContributionChunk>, Status> {
+        match tokio::time::timeout(self.idle, self.inner.message()).await {
+            Ok(message) => message,
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "the upload sent nothing for {} s; it was dropped and nothing was counted",
+                self.idle.as_secs_f64()
+            ))),
+        }
+    }
+}
+
+/// What a contribution's first chunk says it is.
+#[derive(Clone)]
+struct Upload {
+    study_id: String,
+    owner: String,
+    cid: String,
+    cap: (f64, f64),
+}
+
+/// An owner's upload slot and one of the proxy's, released on drop.
+struct UploadSlot {
+    owner: Option<(Arc<Mutex<HashSet<String>>>, String)>,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Drop for UploadSlot {
+    fn drop(&mut self) {
+        if let Some((busy, name)) = self.owner.take() {
+            if let Ok(mut busy) = busy.lock() {
+                busy.remove(&name);
+            }
+        }
+    }
+}
+
+/// Runs CPU- or disk-bound work off the async runtime.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("worker task failed: {e}")))?
 }
 
 /// The user's opening of E[N] as the domain type; a root that does not even parse
@@ -300,6 +510,10 @@ impl v1::proxy_server::Proxy for ProxyService {
         let wire = req
             .spec
             .ok_or_else(|| Status::invalid_argument("missing study spec"))?;
+        let limits = &self.config.limits;
+        limits
+            .check_wire(&wire)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let spec = spec_from_wire(&wire).map_err(|e| Status::invalid_argument(e.to_string()))?;
         if req.noise_free_for_testing && !self.config.allow_noise_free_for_testing {
             return Err(Status::permission_denied(
@@ -311,6 +525,9 @@ impl v1::proxy_server::Proxy for ProxyService {
         }
         let layout =
             StudyLayout::new(&spec).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        limits
+            .check_layout(&layout)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let mut id_bytes = [0u8; 16];
         OsRng.fill_bytes(&mut id_bytes);
         let id = hex::encode(id_bytes);
@@ -318,9 +535,14 @@ impl v1::proxy_server::Proxy for ProxyService {
         tracing::info!(study = %id, features = spec.dim(), quorum = spec.quorum, "study opened");
         let mut study = Study::new(id.clone(), spec, layout, req.noise_free_for_testing);
         study.opened_by = peer.map(|p| p.name);
-        let mut map = self.lock()?;
-        self.persist(&study, None)?;
-        map.insert(id.clone(), study);
+        let svc = self.clone();
+        blocking(move || {
+            svc.persist(&study, None)?;
+            svc.table()?
+                .insert(study.id.clone(), Arc::new(AsyncMutex::new(study)));
+            Ok(())
+        })
+        .await?;
         Ok(Response::new(v1::OpenStudyResponse { study_id: id }))
     }
 
@@ -339,6 +561,7 @@ impl v1::proxy_server::Proxy for ProxyService {
                 noise_free: s.noise_free,
             }))
         })
+        .await
     }
 
     async fn contribute(
@@ -346,88 +569,52 @@ impl v1::proxy_server::Proxy for ProxyService {
         req: Request<Streaming<v1::ContributionChunk>>,
     ) -> Result<Response<v1::ContributeResponse>, Status> {
         let peer = self.caller(&req)?;
-        let mut stream = req.into_inner();
-        // Held until this contribution is counted or refused: bounds the ciphertexts
-        // in memory whatever the number of owners uploading.
-        let _permit = self
-            .uploads
-            .acquire()
-            .await
-            .map_err(|_| Status::unavailable("proxy is shutting down"))?;
+        // Authorized before a slot is taken: only an owner uploads, under its own
+        // name, one upload at a time (checked again against the header below).
+        if let Some(p) = &peer {
+            Self::authorize(Some(p), Action::Contribute { owner_id: &p.name })?;
+        }
+        let _slot = self
+            .upload_slot(peer.as_ref().map(|p| p.name.as_str()))
+            .await?;
+        let mut stream = IdleLimited::new(req.into_inner(), self.config.limits.upload_idle_timeout);
         let first = stream
-            .message()
+            .next()
             .await?
             .ok_or_else(|| Status::invalid_argument("empty contribution stream"))?;
-        let (study_id, owner, cid) = (
-            first.study_id.clone(),
-            first.owner_id.clone(),
-            first.contribution_id.clone(),
-        );
-        if owner.is_empty() || cid.is_empty() {
+        let upload = Upload {
+            study_id: first.study_id.clone(),
+            owner: first.owner_id.clone(),
+            cid: first.contribution_id.clone(),
+            cap: (first.cap_epsilon, first.cap_delta),
+        };
+        if upload.owner.is_empty() || upload.cid.is_empty() {
             return Err(Status::invalid_argument(
                 "owner_id and contribution_id are required",
             ));
         }
-        Self::authorize(peer.as_ref(), Action::Contribute { owner_id: &owner })?;
-        let cap = (first.cap_epsilon, first.cap_delta);
-        // Refuse early, before reading the stream, when the contribution cannot count
-        // or the owner's budget cannot pay for the study.
-        let (pk, expected): (PublicKey, usize) = {
-            let pre = self.with_study(&study_id, |s| {
-                let outcome = s.check_can_contribute(&owner, &cid)?;
-                Ok((
-                    outcome,
-                    s.spec.public_key.clone(),
-                    s.layout.owner_ciphertexts(),
-                    s.owners_in().len(),
-                    (s.spec.privacy.epsilon, s.spec.privacy.delta),
-                ))
-            })?;
-            let current = self.budget_of(&owner)?;
-            if let (Some(ContributionOutcome::AlreadyCounted), _, _, owners_in, _) = pre {
-                return Ok(Response::new(contribute_response(
-                    false,
-                    owners_in,
-                    current.as_ref(),
-                )));
-            }
-            charge(&owner, current.as_ref(), cap, &study_id, pre.4).map_err(budget_status)?;
-            (pre.1, pre.2)
+        Self::authorize(
+            peer.as_ref(),
+            Action::Contribute {
+                owner_id: &upload.owner,
+            },
+        )?;
+        let (pk, expected) = match self.admit(&upload).await? {
+            Admission::Read { pk, expected } => (pk, expected),
+            Admission::AlreadyCounted(response) => return Ok(Response::new(response)),
         };
         if first.total_ciphertexts as usize != expected {
             return Err(Status::invalid_argument(format!(
-                "contribution announces {} ciphertexts, study {study_id} expects {expected}",
-                first.total_ciphertexts
+                "contribution announces {} ciphertexts, study {} expects {expected}",
+                first.total_ciphertexts, upload.study_id
             )));
         }
-        let mut cts: Vec<Ciphertext> = Vec::with_capacity(expected);
-        let mut chunk = Some(first);
-        while let Some(c) = chunk {
-            if cts.len() + c.ciphertexts.len() > expected {
-                return Err(Status::invalid_argument(format!(
-                    "more than {expected} ciphertexts"
-                )));
-            }
-            let parsed = pk
-                .ciphertexts_from_bytes(&c.ciphertexts, cts.len())
-                .map_err(|e| Status::invalid_argument(format!("owner `{owner}`: {e}")))?;
-            cts.extend(parsed);
-            chunk = stream.message().await?;
-        }
-        if cts.len() != expected {
-            return Err(Status::invalid_argument(format!(
-                "stream ended after {} of {expected} ciphertexts; nothing was counted",
-                cts.len()
-            )));
-        }
+        let cts = read_ciphertexts(&mut stream, first, &pk, expected, &upload.owner).await?;
+        let bytes = cts.len() * pk.ciphertext_bytes();
         // Acknowledged only once stored, with its charge.
-        let (outcome, owners_in, budget) =
-            self.commit_contribution(&study_id, &owner, &cid, cap, &cts)?;
-        crate::metrics::contribution(
-            outcome == ContributionOutcome::Counted,
-            cts.len() * pk.ciphertext_bytes(),
-        );
-        tracing::info!(study = %study_id, owner = %owner, owners_in, "contribution counted");
+        let (outcome, owners_in, budget) = self.commit_contribution(upload.clone(), cts).await?;
+        crate::metrics::contribution(outcome == ContributionOutcome::Counted, bytes);
+        tracing::info!(study = %upload.study_id, owner = %upload.owner, owners_in, "contribution counted");
         Ok(Response::new(contribute_response(
             outcome == ContributionOutcome::Counted,
             owners_in,
@@ -441,28 +628,30 @@ impl v1::proxy_server::Proxy for ProxyService {
     ) -> Result<Response<v1::SealedStudy>, Status> {
         let peer = self.caller(&req)?;
         let id = req.into_inner().study_id;
-        self.authorize_user(peer.as_ref(), &id)?;
+        self.authorize_user(peer.as_ref(), &id).await?;
         loop {
-            let ready = self.with_study(&id, |s| match &s.phase {
-                Phase::Collecting => Ok(None),
-                Phase::Aborted(reason) => Err(Status::failed_precondition(format!(
-                    "study {id} aborted: {reason}"
-                ))),
-                Phase::Sealed | Phase::Released(_) => {
-                    let count = s
-                        .encrypted_count()
-                        .ok_or_else(|| Status::internal("empty aggregate"))?;
-                    // As aggregated, not re-randomized: the user's opening is checked
-                    // against this very ciphertext, and the key holder could strip
-                    // any re-randomization anyway.
-                    Ok(Some(v1::SealedStudy {
-                        encrypted_count: s.spec.public_key.ciphertext_to_bytes(count),
-                        owners_in: s.owners_in(),
-                        owners_missing: s.owners_missing(),
-                        needs_count: s.spec.privacy.centering == Centering::Mask,
-                    }))
-                }
-            })?;
+            let ready = self
+                .with_study(&id, |s| match &s.phase {
+                    Phase::Collecting => Ok(None),
+                    Phase::Aborted(reason) => Err(Status::failed_precondition(format!(
+                        "study {id} aborted: {reason}"
+                    ))),
+                    Phase::Sealed | Phase::Released(_) => {
+                        let count = s
+                            .encrypted_count()
+                            .ok_or_else(|| Status::internal("empty aggregate"))?;
+                        // As aggregated, not re-randomized: the user's opening is checked
+                        // against this very ciphertext, and the key holder could strip
+                        // any re-randomization anyway.
+                        Ok(Some(v1::SealedStudy {
+                            encrypted_count: s.spec.public_key.ciphertext_to_bytes(count),
+                            owners_in: s.owners_in(),
+                            owners_missing: s.owners_missing(),
+                            needs_count: s.spec.privacy.centering == Centering::Mask,
+                        }))
+                    }
+                })
+                .await?;
             if let Some(sealed) = ready {
                 return Ok(Response::new(sealed));
             }
@@ -477,18 +666,22 @@ impl v1::proxy_server::Proxy for ProxyService {
         let peer = self.caller(&req)?;
         let req = req.into_inner();
         let id = req.study_id;
-        self.authorize_user(peer.as_ref(), &id)?;
+        self.authorize_user(peer.as_ref(), &id).await?;
         // Checked on a copy, off the lock of all studies: the opening costs a full
         // exponentiation, and `commit_release` re-checks the phase under the lock.
-        let snapshot = self.with_study(&id, |s| Ok(s.clone()))?;
+        let snapshot = self.with_study(&id, |s| Ok(s.clone())).await?;
         let opening = req
             .count
             .as_ref()
             .map(|o| opening_from_wire(&snapshot.spec.public_key, o))
             .transpose()?;
-        let n_rows = snapshot.check_release(opening.as_ref())?;
+        let (snapshot, n_rows) = blocking(move || {
+            let n_rows = snapshot.check_release(opening.as_ref())?;
+            Ok((snapshot, n_rows))
+        })
+        .await?;
         let started = std::time::Instant::now();
-        let released = tokio::task::spawn_blocking(move || {
+        let released = blocking(move || {
             let compute = || snapshot.compute_release(n_rows, &mut OsRng);
             let released = if snapshot.layout.baseline {
                 // The baseline runs the paper's way, on one thread.
@@ -502,10 +695,10 @@ impl v1::proxy_server::Proxy for ProxyService {
             };
             released.map_err(Status::from)
         })
-        .await
-        .map_err(|e| Status::internal(format!("release task failed: {e}")))??;
+        .await?;
         // Stored before it can be served: a restart serves this release again.
-        self.update_study(&id, |s| Ok(s.commit_release(released)?))?;
+        self.update_study(&id, move |s| Ok(s.commit_release(released)?))
+            .await?;
         let seconds = started.elapsed().as_secs_f64();
         crate::metrics::release(seconds);
         tracing::info!(study = %id, seconds, "release computed");
@@ -524,28 +717,27 @@ impl v1::proxy_server::Proxy for ProxyService {
             .filter(|p| p.role == dpca_proto::tls::Role::User)
             .map(|p| p.name.clone());
         let now = now_ms();
-        let mut studies: Vec<v1::StudySummary> = {
-            let mut map = self.lock()?;
-            map.values_mut()
-                .filter(|s| only.is_none() || s.opened_by == only)
-                .map(|s| {
-                    s.tick(now);
-                    v1::StudySummary {
-                        study_id: s.id.clone(),
-                        state: s.phase.name().to_string(),
-                        owners_in: s.owners_in(),
-                        owners_missing: s.owners_missing(),
-                        min_owners: s.spec.min_owners,
-                        quorum: s.spec.quorum,
-                        deadline_unix_ms: s.spec.deadline_unix_ms,
-                        mechanism: s.spec.privacy.mechanism.name().to_string(),
-                        epsilon: s.spec.privacy.epsilon,
-                        delta: s.spec.privacy.delta,
-                        opened_by: s.opened_by.clone().unwrap_or_default(),
-                    }
-                })
-                .collect()
-        };
+        let mut studies = Vec::new();
+        for shared in self.all_studies()? {
+            let mut s = shared.lock().await;
+            if only.is_some() && s.opened_by != only {
+                continue;
+            }
+            s.tick(now);
+            studies.push(v1::StudySummary {
+                study_id: s.id.clone(),
+                state: s.phase.name().to_string(),
+                owners_in: s.owners_in(),
+                owners_missing: s.owners_missing(),
+                min_owners: s.spec.min_owners,
+                quorum: s.spec.quorum,
+                deadline_unix_ms: s.spec.deadline_unix_ms,
+                mechanism: s.spec.privacy.mechanism.name().to_string(),
+                epsilon: s.spec.privacy.epsilon,
+                delta: s.spec.privacy.delta,
+                opened_by: s.opened_by.clone().unwrap_or_default(),
+            });
+        }
         studies.sort_by_key(|s| std::cmp::Reverse(s.deadline_unix_ms));
         let mut budgets: Vec<v1::OwnerBudgetSummary> = if only.is_none() {
             self.lock_budgets()?
@@ -574,37 +766,39 @@ impl v1::proxy_server::Proxy for ProxyService {
     ) -> Result<Response<ResultStream>, Status> {
         let peer = self.caller(&req)?;
         let id = req.into_inner().study_id;
-        self.authorize_user(peer.as_ref(), &id)?;
-        let chunks = self.with_study(&id, |s| {
-            let Phase::Released(r) = &s.phase else {
-                return Err(Status::failed_precondition(format!(
-                    "study {id} is {}: no result yet",
-                    s.phase.name()
-                )));
-            };
-            let pk = &s.spec.public_key;
-            let grid = f64::from(s.spec.fixed.frac_bits).exp2();
-            // The mask release is N S~ (N proven at the release); dp-mean's is S~.
-            let scale = r.n_rows.unwrap_or(1) as f64 * grid * grid;
-            let total = r.ciphertexts.len() as u32;
-            let grid_scale = r.plan.matrix.grid_parameter().to_string();
-            let mut out = Vec::new();
-            for (k, part) in r.ciphertexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
-                let mut chunk = v1::ResultChunk {
-                    ciphertexts: part.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
-                    ..Default::default()
+        self.authorize_user(peer.as_ref(), &id).await?;
+        let chunks = self
+            .with_study(&id, |s| {
+                let Phase::Released(r) = &s.phase else {
+                    return Err(Status::failed_precondition(format!(
+                        "study {id} is {}: no result yet",
+                        s.phase.name()
+                    )));
                 };
-                if k == 0 {
-                    chunk.n_rows = r.n_rows.unwrap_or(0);
-                    chunk.noise_scale_grid = grid_scale.clone();
-                    chunk.noise_scale = r.plan.matrix.std_dev() / scale;
-                    chunk.n_owners = r.owners.len() as u32;
-                    chunk.total_ciphertexts = total;
+                let pk = &s.spec.public_key;
+                let grid = f64::from(s.spec.fixed.frac_bits).exp2();
+                // The mask release is N S~ (N proven at the release); dp-mean's is S~.
+                let scale = r.n_rows.unwrap_or(1) as f64 * grid * grid;
+                let total = r.ciphertexts.len() as u32;
+                let grid_scale = r.plan.matrix.grid_parameter().to_string();
+                let mut out = Vec::new();
+                for (k, part) in r.ciphertexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
+                    let mut chunk = v1::ResultChunk {
+                        ciphertexts: part.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
+                        ..Default::default()
+                    };
+                    if k == 0 {
+                        chunk.n_rows = r.n_rows.unwrap_or(0);
+                        chunk.noise_scale_grid = grid_scale.clone();
+                        chunk.noise_scale = r.plan.matrix.std_dev() / scale;
+                        chunk.n_owners = r.owners.len() as u32;
+                        chunk.total_ciphertexts = total;
+                    }
+                    out.push(Ok(chunk));
                 }
-                out.push(Ok(chunk));
-            }
-            Ok(out)
-        })?;
+                Ok(out)
+            })
+            .await?;
         Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
     }
 }
@@ -614,12 +808,20 @@ mod tests {
     use super::*;
     use crate::study::tests::study;
 
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
     fn config(state: &std::path::Path, test_mode: bool) -> ProxyConfig {
         ProxyConfig {
             transport: Transport::InsecurePlaintext,
             state: Some(state.to_path_buf()),
             allow_noise_free_for_testing: test_mode,
             max_concurrent_uploads: 1,
+            limits: crate::limits::Limits::default(),
         }
     }
 
@@ -634,8 +836,10 @@ mod tests {
             .expect("store")
             .save_with_budget(&s, None)
             .expect("save");
-        let phase =
-            |svc: &ProxyService| svc.with_study("s1", |s| Ok(s.phase.name())).expect("study");
+        let phase = |svc: &ProxyService| {
+            rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
+                .expect("study")
+        };
         assert_eq!(
             phase(&ProxyService::new(config(&path, true)).expect("test mode")),
             "collecting"

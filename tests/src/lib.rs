@@ -4,7 +4,7 @@
 //! against.
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, OnceLock};
@@ -190,9 +190,15 @@ pub fn dev_pki() -> (DevPki, tempfile::TempDir) {
 
 /// Starts a proxy on mutual TLS on a free loopback port.
 pub fn start_proxy(test_mode: bool) -> TestProxy {
+    start_proxy_with(test_mode, &[])
+}
+
+/// As [`start_proxy`], with further flags for the proxy (its limits, say).
+pub fn start_proxy_with(test_mode: bool, flags: &[&str]) -> TestProxy {
     let (pki, dir) = dev_pki();
     let state = dir.path().join("proxy.redb");
-    let (proc, addr) = spawn_proxy(&pki, &state, "127.0.0.1:0", test_mode);
+    let (proc, addr) = try_spawn_proxy_with(&pki, &state, "127.0.0.1:0", test_mode, flags)
+        .unwrap_or_else(|| panic!("the proxy did not start with {flags:?}"));
     TestProxy {
         proc,
         url: format!("https://{addr}"),
@@ -217,8 +223,18 @@ pub fn try_spawn_proxy(
     listen: &str,
     test_mode: bool,
 ) -> Option<(Proc, String)> {
+    try_spawn_proxy_with(pki, state, listen, test_mode, &[])
+}
+
+fn try_spawn_proxy_with(
+    pki: &DevPki,
+    state: &Path,
+    listen: &str,
+    test_mode: bool,
+    flags: &[&str],
+) -> Option<(Proc, String)> {
     let mut cmd = Command::new(bin("proxy"));
-    cmd.args(["--listen", listen]);
+    cmd.args(["--listen", listen]).args(flags);
     cmd.arg("--state").arg(state);
     cmd.args(tls_args(&pki.proxy));
     if test_mode {
@@ -328,7 +344,12 @@ pub fn fixture() -> StudyFixture {
 
 /// As [`fixture`], with the spec changed by `edit` before the study is opened.
 pub fn fixture_with(edit: impl FnOnce(&mut StudySpec)) -> StudyFixture {
-    let proxy = start_proxy(false);
+    fixture_on(&[], edit)
+}
+
+/// As [`fixture_with`], on a proxy started with further `flags`.
+pub fn fixture_on(flags: &[&str], edit: impl FnOnce(&mut StudySpec)) -> StudyFixture {
+    let proxy = start_proxy_with(false, flags);
     let url = proxy.url.clone();
     let sk = SecretKey::generate(2048, &mut rand::rngs::OsRng).expect("keygen");
     let mut spec = optdigits_spec(sk.public());
@@ -386,6 +407,19 @@ impl StudyFixture {
         }
     }
 
+    /// Starts owner `id` on `data` for the study without waiting for it.
+    pub fn spawn_owner(&self, id: &str, data: &Path) -> Proc {
+        let mut cmd = self.owner_cmd(id);
+        cmd.args(["--owner-id", id]);
+        submit_args(&mut cmd, &self.url, &self.study, &self.fingerprint, data);
+        Proc(
+            cmd.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start owner"),
+        )
+    }
+
     /// Runs owner `id` on `data` for the study.
     pub fn owner(&self, id: &str, data: &Path) -> Output {
         self.owner_accepting(id, data, &[])
@@ -427,8 +461,12 @@ impl StudyFixture {
 /// Runs the owner program `cmd` (certificate and cap already given) on `data`
 /// (label column `label`) for `study` at `url`, pinning `fingerprint`.
 pub fn submit(mut cmd: Command, url: &str, study: &str, fingerprint: &str, data: &Path) -> Output {
-    run(cmd
-        .args(["--proxy", url, "--study", study])
+    submit_args(&mut cmd, url, study, fingerprint, data);
+    run(&mut cmd)
+}
+
+fn submit_args(cmd: &mut Command, url: &str, study: &str, fingerprint: &str, data: &Path) {
+    cmd.args(["--proxy", url, "--study", study])
         .arg("--data")
         .arg(data)
         .args([
@@ -437,5 +475,31 @@ pub fn submit(mut cmd: Command, url: &str, study: &str, fingerprint: &str, data:
             "--label",
             "label",
             "--quiet",
-        ]))
+        ]);
+}
+
+/// Waits up to `limit` for a started program to end and returns its output;
+/// `None` (the program killed) if it had not ended by then.
+pub fn finish_within(mut proc: Proc, limit: std::time::Duration) -> Option<Output> {
+    let until = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < until {
+        if let Ok(Some(status)) = proc.0.try_wait() {
+            let read = |pipe: Option<&mut dyn Read>| {
+                let mut bytes = Vec::new();
+                if let Some(p) = pipe {
+                    let _ = p.read_to_end(&mut bytes);
+                }
+                bytes
+            };
+            let stdout = read(proc.0.stdout.as_mut().map(|p| p as &mut dyn Read));
+            let stderr = read(proc.0.stderr.as_mut().map(|p| p as &mut dyn Read));
+            return Some(Output {
+                status,
+                stdout,
+                stderr,
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    None
 }

@@ -6,9 +6,11 @@
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::paillier::Ciphertext;
 use dpca_proto::v1;
-use dpca_tests::{describe, fixture, fixture_with, rt};
+use dpca_tests::{describe, finish_within, fixture, fixture_on, fixture_with, rt};
 use num_bigint::BigUint;
+use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
+use std::time::Duration;
 
 /// A study of the paper's `mask` centering, which owners must accept by name.
 fn mask_fixture() -> dpca_tests::StudyFixture {
@@ -160,4 +162,138 @@ fn owners_refuse_a_mask_study_unless_they_accept_it_by_name() {
     let d = fixture();
     let o = d.owner("hospital-a", &d.good_file("a.csv", 20, 0));
     assert!(o.status.success(), "{}", describe(&o));
+}
+
+/// A user's spec fixes what the proxy allocates for a study. A study of 20,000
+/// features (each contribution about six million ciphertexts) or of an outsized key
+/// is refused at the door, naming the limit that refused it; the proxy goes on
+/// serving the study already open.
+#[test]
+fn a_study_larger_than_the_proxys_limits_is_refused_before_anything_is_built() {
+    let f = fixture();
+    rt().block_on(async {
+        let mut user = f.client("user").await;
+        let mut huge = f.spec.clone();
+        huge.features = (0..20_000).map(|i| format!("f{i}")).collect();
+        huge.bounds = vec![(0.0, 1.0); huge.features.len()];
+        let mut wide_key = dpca_proto::convert::spec_to_wire(&f.spec);
+        // A modulus of 16,384 bits: every ciphertext 4 KiB, every operation ~50x.
+        wide_key.public_key = vec![0xff; 2048];
+        let huge = dpca_proto::convert::spec_to_wire(&huge);
+        for (spec, limit) in [(huge, "--max-features"), (wide_key, "--max-key-bits")] {
+            let err = user
+                .open_study(v1::OpenStudyRequest {
+                    spec: Some(spec),
+                    noise_free_for_testing: false,
+                })
+                .await
+                .expect_err("an outsized study was opened");
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+            assert!(err.message().contains(limit), "{}", err.message());
+        }
+    });
+    let data = f.good_file("a.csv", 20, 0);
+    let o = f.owner("hospital-a", &data);
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(f.owners_in(), 1);
+}
+
+/// Sixty-four connections are served at once. Clients that connect and never
+/// speak used to hold every slot for good; a handshake not finished in time now
+/// closes the connection, and an honest owner behind them gets through.
+#[test]
+fn connections_that_never_finish_a_handshake_do_not_lock_owners_out() {
+    let f = fixture_on(&["--handshake-timeout", "1"], |_| {});
+    let addr = f.url.trim_start_matches("https://").to_string();
+    let idle: Vec<std::net::TcpStream> = (0..80)
+        .map(|_| std::net::TcpStream::connect(&addr).expect("connect"))
+        .collect();
+    let data = f.good_file("a.csv", 20, 0);
+    let owner = f.spawn_owner("hospital-a", &data);
+    let out = finish_within(owner, Duration::from_secs(60))
+        .expect("the owner was locked out by idle connections");
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(f.owners_in(), 1);
+    drop(idle);
+}
+
+/// Upload slots are few (one here). A caller that is no owner used to take a slot
+/// before it was authorized, and an owner that stalls mid-upload held its slot for
+/// good. Now the first is refused before any slot is taken, an owner gets one slot
+/// at a time, and a stalled upload is dropped uncounted, so the honest owner gets
+/// through.
+#[test]
+fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
+    let f = fixture_on(
+        &[
+            "--max-concurrent-uploads",
+            "1",
+            "--upload-idle-timeout",
+            "2",
+        ],
+        |_| {},
+    );
+    let layout = dpca_common::study::StudyLayout::new(&f.spec).expect("layout");
+    let pk = f.sk.public().clone();
+    let header = |owner: &str| v1::ContributionChunk {
+        study_id: f.study.clone(),
+        owner_id: owner.to_string(),
+        contribution_id: "stall".into(),
+        cap_epsilon: 1.5,
+        cap_delta: 1e-4,
+        total_ciphertexts: layout.owner_ciphertexts() as u32,
+        ciphertexts: vec![pk.ciphertext_to_bytes(
+            &pk.encrypt(&BigUint::from(0u8), &mut OsRng)
+                .expect("encrypt"),
+        )],
+        ..Default::default()
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    // Each stalled stream: its header (if any) sent, its sender kept, nothing more.
+    let stall = |name: &'static str, chunk: Option<v1::ContributionChunk>| {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let transport = f.proxy.transport(name);
+        let url = f.url.clone();
+        runtime.spawn(async move {
+            if let Some(chunk) = chunk {
+                tx.send(chunk).await.expect("queued");
+            }
+            let mut c = dpca_proto::client::connect(&url, &transport)
+                .await
+                .expect("connect");
+            let r = c
+                .contribute(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await;
+            drop(tx);
+            r
+        })
+    };
+    // A user's certificate, sending nothing at all.
+    let eve = stall("user", None);
+    let mallory = stall("mallory", Some(header("mallory")));
+    let mallory_again = stall("mallory", Some(header("mallory")));
+    std::thread::sleep(Duration::from_millis(500));
+    let data = f.good_file("a.csv", 20, 0);
+    let owner = f.spawn_owner("hospital-a", &data);
+    let out = finish_within(owner, Duration::from_secs(60))
+        .expect("the honest owner never got an upload slot");
+    assert!(out.status.success(), "{}", describe(&out));
+    runtime.block_on(async {
+        let eve = eve.await.expect("task").expect_err("a user uploaded");
+        assert_eq!(eve.code(), tonic::Code::PermissionDenied, "{eve:?}");
+        let codes = [
+            mallory
+                .await
+                .expect("task")
+                .expect_err("stalled upload counted"),
+            mallory_again
+                .await
+                .expect("task")
+                .expect_err("stalled upload counted"),
+        ]
+        .map(|e| e.code());
+        assert!(codes.contains(&tonic::Code::DeadlineExceeded), "{codes:?}");
+        assert!(codes.contains(&tonic::Code::ResourceExhausted), "{codes:?}");
+    });
+    assert_eq!(f.owners_in(), 1, "only the honest owner is counted");
 }

@@ -1,0 +1,188 @@
+//! What one caller may make the proxy hold (pure).
+//!
+//! A study's spec is sent by a user and fixes everything the proxy will allocate for
+//! it: the number of ciphertexts of each contribution and of the release, their size
+//! (the key), and the record stored on every transition. Unchecked, one OpenStudy of
+//! half a megabyte asks for millions of ciphertexts and a record of gigabytes, which
+//! the proxy would also reload after a restart. These limits are checked at the edge,
+//! before anything is built from the spec, and an operator can set each of them.
+
+use std::time::Duration;
+
+use dpca_common::study::StudyLayout;
+use dpca_proto::v1;
+use prost::Message;
+
+/// Bounds on what a study may ask of the proxy and how long a connection may wait.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limits {
+    /// Encoded size of a study spec (bytes): names, bounds, classes, projection,
+    /// invited owners.
+    pub max_spec_bytes: usize,
+    /// Features (M) of a study.
+    pub max_features: usize,
+    /// Paillier modulus size (bits): every ciphertext is twice this.
+    pub max_key_bits: u64,
+    /// Ciphertexts of one contribution, and of one release.
+    pub max_ciphertexts: usize,
+    /// A connection that has not finished its TLS handshake by then is closed.
+    pub handshake_timeout: Duration,
+    /// An upload that sends nothing for this long is dropped and its slot freed.
+    pub upload_idle_timeout: Duration,
+}
+
+/// Default [`Limits::max_spec_bytes`]: a spec of a few thousand features with a
+/// projection fits in it.
+pub const DEFAULT_MAX_SPEC_BYTES: usize = 1 << 20;
+/// Default [`Limits::max_features`]: twice the largest table benchmarked (M = 1000).
+pub const DEFAULT_MAX_FEATURES: usize = 2000;
+/// Default [`Limits::max_key_bits`]: above the 3072 bits recommended for new keys.
+pub const DEFAULT_MAX_KEY_BITS: u64 = 4096;
+/// Default [`Limits::max_ciphertexts`]: the M = 1000 study at 2048 bits fits (about
+/// 40,000 ciphertexts); at 4096 bits this is 64 MiB per contribution held.
+pub const DEFAULT_MAX_CIPHERTEXTS: usize = 1 << 16;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_spec_bytes: DEFAULT_MAX_SPEC_BYTES,
+            max_features: DEFAULT_MAX_FEATURES,
+            max_key_bits: DEFAULT_MAX_KEY_BITS,
+            max_ciphertexts: DEFAULT_MAX_CIPHERTEXTS,
+            handshake_timeout: Duration::from_secs(10),
+            upload_idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A study refused because it asks for more than the proxy's limits allow.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LimitError {
+    /// The spec's encoding is too large.
+    #[error(
+        "the study spec is {bytes} bytes; this proxy accepts at most {max} (--max-spec-bytes)"
+    )]
+    Spec {
+        /// Its encoded size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Too many features.
+    #[error(
+        "the study has {features} features; this proxy accepts at most {max} (--max-features)"
+    )]
+    Features {
+        /// Features asked for.
+        features: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The key is too large.
+    #[error(
+        "the study's Paillier key has {bits} bits; this proxy accepts at most {max} (--max-key-bits)"
+    )]
+    Key {
+        /// Bits of the modulus as sent (its byte length times 8).
+        bits: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A contribution or the release would hold too many ciphertexts.
+    #[error(
+        "the study's {what} would hold {count} ciphertexts; this proxy accepts at most {max} \
+         (--max-ciphertexts)"
+    )]
+    Ciphertexts {
+        /// "contributions" or "release".
+        what: &'static str,
+        /// Ciphertexts it would hold.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+impl Limits {
+    /// Checks a spec as it arrived, before anything (the key's tables, the layout)
+    /// is built from it.
+    pub fn check_wire(&self, spec: &v1::StudySpec) -> Result<(), LimitError> {
+        let bytes = spec.encoded_len();
+        if bytes > self.max_spec_bytes {
+            return Err(LimitError::Spec {
+                bytes,
+                max: self.max_spec_bytes,
+            });
+        }
+        if spec.features.len() > self.max_features {
+            return Err(LimitError::Features {
+                features: spec.features.len(),
+                max: self.max_features,
+            });
+        }
+        // Leading zero bytes would only understate the size: they count too.
+        let bits = spec.public_key.len() as u64 * 8;
+        if bits > self.max_key_bits {
+            return Err(LimitError::Key {
+                bits,
+                max: self.max_key_bits,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks what the study's layout will make the proxy hold.
+    pub fn check_layout(&self, layout: &StudyLayout) -> Result<(), LimitError> {
+        for (what, count) in [
+            ("contributions", layout.owner_ciphertexts()),
+            ("release", layout.release_ciphertexts()),
+        ] {
+            if count > self.max_ciphertexts {
+                return Err(LimitError::Ciphertexts {
+                    what,
+                    count,
+                    max: self.max_ciphertexts,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(features: usize, key_bytes: usize) -> v1::StudySpec {
+        v1::StudySpec {
+            features: (0..features).map(|i| format!("f{i}")).collect(),
+            public_key: vec![0xff; key_bytes],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_limit_refuses_one_past_it_and_names_its_flag() {
+        let limits = Limits {
+            max_features: 10,
+            max_key_bits: 2048,
+            max_spec_bytes: 400,
+            ..Limits::default()
+        };
+        assert_eq!(limits.check_wire(&wire(10, 256)), Ok(()));
+        let err = limits.check_wire(&wire(11, 256)).expect_err("11 features");
+        assert!(err.to_string().contains("--max-features"), "{err}");
+        let err = limits.check_wire(&wire(10, 257)).expect_err("2056 bits");
+        assert_eq!(
+            err,
+            LimitError::Key {
+                bits: 2056,
+                max: 2048
+            }
+        );
+        let mut big = wire(10, 256);
+        big.expected_owners = vec!["x".repeat(200)];
+        let err = limits.check_wire(&big).expect_err("too long");
+        assert!(err.to_string().contains("--max-spec-bytes"), "{err}");
+    }
+}
