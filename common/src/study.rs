@@ -452,6 +452,16 @@ impl StudySpec {
             self.privacy.epsilon,
             self.privacy.delta,
         )?;
+        if self.noise_plan(self.max_rows).overflowed() {
+            return Err(param(
+                "epsilon",
+                format!(
+                    "the noise of epsilon {} at these bounds is too large to represent; \
+                     ask for a larger epsilon",
+                    self.privacy.epsilon
+                ),
+            ));
+        }
         StudyLayout::new(self)?;
         Ok(())
     }

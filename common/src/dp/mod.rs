@@ -67,7 +67,7 @@
 pub mod sampler;
 
 use num_bigint::{BigInt, BigUint};
-use num_traits::{ToPrimitive, Zero};
+use num_traits::{FromPrimitive, ToPrimitive, Zero};
 use rand::{CryptoRng, RngCore};
 use serde::{Deserialize, Serialize};
 
@@ -405,11 +405,29 @@ pub struct NoisePlan {
     pub delta: f64,
 }
 
-/// Rounds a positive scale up to an integer; rounding up only adds noise. The tiny
-/// relative pad absorbs the f64 rounding of the calibration arithmetic.
+/// A scale of at least 2^this is a calibration that overflowed f64: every finite
+/// f64 is below 2^1024.
+pub const OVERFLOWED_SCALE_BITS: u64 = 1025;
+
+/// Rounds a positive scale up to an integer, exactly at any magnitude; rounding up
+/// only adds noise. The tiny relative pad absorbs the f64 rounding of the
+/// calibration arithmetic. A scale that overflowed f64 (or is NaN) becomes 2^1024,
+/// more noise than any finite scale, which [`NoisePlan::overflowed`] reports and
+/// the study spec refuses: never less noise than the accounting charges for.
 fn ceil_big(x: f64) -> BigUint {
     let padded = x * (1.0 + 1e-9);
-    BigUint::from(padded.ceil().max(1.0) as u128)
+    BigUint::from_f64(padded.ceil().max(1.0))
+        .unwrap_or_else(|| BigUint::from(1u8) << (OVERFLOWED_SCALE_BITS - 1))
+}
+
+impl NoisePlan {
+    /// Whether a scale of the plan overflowed f64 in its calibration (the request
+    /// cannot be met with numbers this code represents: refuse it).
+    pub fn overflowed(&self) -> bool {
+        std::iter::once(&self.matrix)
+            .chain(self.vector.as_ref())
+            .any(|s| s.grid_parameter().bits() >= OVERFLOWED_SCALE_BITS)
+    }
 }
 
 /// Plans the noise of a study whose pooled table has `n_rows` rows, in `dim`

@@ -606,3 +606,26 @@ fn invited_owner_lists_are_checked() {
     let err = s.validate().expect_err("quorum").to_string();
     assert!(err.contains("more than the 1 owners invited"), "{err}");
 }
+
+/// A noise scale beyond u128 used to be cut to u128::MAX without a word: less noise
+/// than the accounting charged for. It is now exact at any size (and the layout
+/// widens its slots for it), and a scale that overflows f64 refuses the spec.
+#[test]
+fn noise_scales_are_never_cut_and_overflowing_ones_are_refused() {
+    let tiny = |epsilon: f64| StudySpec {
+        privacy: PrivacyRequest::new(Mechanism::Laplace, Centering::DpMean, epsilon, 1e-6)
+            .expect("valid"),
+        ..spec(3, Centering::DpMean, Mechanism::Laplace)
+    };
+    let huge = tiny(1e-40);
+    huge.validate().expect("a representable scale is accepted");
+    let t = huge.noise_plan(huge.max_rows).matrix.grid_parameter();
+    assert!(t.bits() > 128, "the scale was cut to {t}");
+    let layout = crate::study::StudyLayout::new(&huge).expect("layout");
+    assert!(
+        layout.budget.slot_width > t.bits(),
+        "the slots hold the noise"
+    );
+    let err = tiny(1e-300).validate().expect_err("an overflowing scale");
+    assert!(err.to_string().contains("epsilon"), "{err}");
+}
