@@ -488,8 +488,11 @@ fn centroid_accuracy(
 /// almost as well as one fitted to the real rows.
 #[test]
 fn classification_synthetic_rows_carry_the_classes() {
-    let (_dir, out, rows, labels) = synthetic_study(
-        "classify",
+    let (dir, data) = train_set();
+    let out = dir.path().join("classify");
+    let o = local(
+        &data,
+        &out,
         &[
             "--task",
             "classify",
@@ -501,6 +504,15 @@ fn classification_synthetic_rows_carry_the_classes() {
             "3000",
         ],
     );
+    assert!(o.status.success(), "{}", describe(&o));
+    // The labels were not declared: read off the data, they are published, so the
+    // user is warned as for bounds.
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("class labels are read off the data"),
+        "{stderr}"
+    );
+    let (_, rows, labels) = read_synthetic(&out);
     assert_eq!(rows.len(), 3000);
     assert!(rows.iter().flatten().all(|x| (0.0..=16.0).contains(x)));
     let (real, real_labels) = real_rows();

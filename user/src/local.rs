@@ -96,6 +96,9 @@ pub struct LocalOptions {
     pub task: Task,
     /// Shared or per-class covariances (classification only).
     pub class_covariance: ClassCovariance,
+    /// The public class labels (classification); empty reads them off the data,
+    /// which only a local demo may do.
+    pub classes: Vec<String>,
     /// How synthesis reads the covariance from the release: denoised or the paper's.
     pub covariance_fit: FitKind,
     /// Pub-PCA: take the axes from the PCA of this public CSV (same features); the
@@ -134,8 +137,6 @@ pub struct Remote {
     pub deadline: Duration,
     /// Public upper bound on the pooled rows.
     pub max_rows: u64,
-    /// The class labels (classification).
-    pub classes: Vec<String>,
     /// Where to write the owners' invitation.
     pub invitation: Option<PathBuf>,
 }
@@ -151,6 +152,34 @@ fn input_files(opts: &LocalOptions) -> (PathBuf, Option<String>, Option<PathBuf>
             Some(opts.bounds.clone().unwrap_or_else(bundled_bounds)),
         ),
     }
+}
+
+/// The labels of the bundled data set: its ten digits, public.
+const BUNDLED_CLASSES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+
+/// The class labels of a classification study. They are published in the spec
+/// and carried by the synthetic rows, so they must be public: declared
+/// (`--classes`, or the bundled data set's digits). Read off the data only in a
+/// local demo, with a warning: the set of labels present is itself a fact about
+/// the rows (a rare diagnosis that occurs, say).
+fn class_labels(opts: &LocalOptions, table: &Table) -> anyhow::Result<Vec<String>> {
+    if !opts.classes.is_empty() {
+        return Ok(opts.classes.clone());
+    }
+    if opts.data.is_none() {
+        return Ok(BUNDLED_CLASSES.iter().map(|c| c.to_string()).collect());
+    }
+    if opts.remote.is_some() {
+        bail!("--task classify at a remote proxy needs the class labels: pass --classes");
+    }
+    eprintln!(
+        "WARNING: no --classes given: the class labels are read off the data. This is for \
+         demos only; the labels present are published in the study and in every synthetic \
+         row. Real class labels are public knowledge fixed before any data is seen."
+    );
+    let mut labels = table.distinct_labels().unwrap_or_default();
+    labels.sort_by(|a, b| natural_order(a, b));
+    Ok(labels)
 }
 
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
@@ -198,23 +227,12 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         Task::Regress => (input.with_label_as_feature(&name)?, None),
         _ => (input, label.clone()),
     };
-    let classes = match (opts.task, &opts.remote) {
-        (Task::Classify, Some(r)) if r.classes.is_empty() => {
-            bail!("--task classify at a remote proxy needs the class labels: pass --classes")
-        }
-        (Task::Classify, Some(r)) => Some(ClassSpec {
-            labels: r.classes.clone(),
+    let classes = match opts.task {
+        Task::Classify => Some(ClassSpec {
+            labels: class_labels(opts, &table)?,
             covariance: opts.class_covariance,
         }),
-        (Task::Classify, None) => {
-            let mut labels = table.distinct_labels().unwrap_or_default();
-            labels.sort_by(|a, b| natural_order(a, b));
-            Some(ClassSpec {
-                labels,
-                covariance: opts.class_covariance,
-            })
-        }
-        _ => None,
+        Task::Cluster | Task::Regress => None,
     };
     // A remote user sees no rows: N is bounded by the public --max-rows.
     let n = match &opts.remote {

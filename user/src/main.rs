@@ -204,6 +204,12 @@ struct StudyArgs {
     /// or `per-class` (the paper's; noisy with small classes).
     #[arg(long, default_value = "shared")]
     class_covariance: String,
+    /// Classification: the label's values, comma separated. Public, fixed before
+    /// any row is seen: they are published in the study and in every synthetic
+    /// row. Required for `study`; `local` reads them off the data with a warning
+    /// (demo only), except for the bundled data set's digits.
+    #[arg(long, value_delimiter = ',')]
+    classes: Vec<String>,
     /// How synthesis reads the covariance from the release: `denoised` (the top
     /// eigenvalues shrunk back by the bias the public noise level gives them, and
     /// the variance the k components leave out spread evenly outside them) or
@@ -296,10 +302,6 @@ struct RemoteArgs {
     /// delta's default).
     #[arg(long)]
     max_rows: u64,
-    /// Classification: the label's values, comma separated (public; needed before
-    /// any row is seen).
-    #[arg(long, value_delimiter = ',')]
-    classes: Vec<String>,
     /// Write the owners' invitation (TOML: study, key-fingerprint) to this file;
     /// `owner --invitation FILE` reads it. Without it, the study id and the
     /// fingerprint are printed only.
@@ -465,7 +467,6 @@ async fn main() -> anyhow::Result<()> {
                     min_owners: a.min_owners.unwrap_or(quorum),
                     deadline: std::time::Duration::from_secs(a.deadline_minutes * 60),
                     max_rows: a.max_rows,
-                    classes: a.classes,
                     invitation: a.invitation,
                 }),
                 ..study_options(a.study, false)?
@@ -509,6 +510,7 @@ fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
         synthetic,
         task,
         class_covariance: ClassCovariance::parse(&a.class_covariance)?,
+        classes: a.classes,
         covariance_fit: FitKind::parse(&a.covariance_fit)?,
         pca_from: a.pca_from,
         components_from: a.components_from,
