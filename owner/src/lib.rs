@@ -383,54 +383,54 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
     let cid = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
 
     let bar = progress_bar(cfg.progress, total as u64);
-    let (tx, rx) = tokio::sync::mpsc::channel::<v1::ContributionChunk>(4);
     let pk = spec.public_key.clone();
     let baseline = spec.baseline;
     let (study_id, owner_id) = (cfg.study_id.clone(), cfg.owner_id.clone());
     let enc_bar = bar.clone();
     let cap = cfg.budget_cap;
-    // Encryption runs on rayon, chunk by chunk, and each chunk is sent as soon as it
-    // is ready, so the proxy aggregates while the owner still encrypts.
-    let producer = tokio::task::spawn_blocking(move || -> anyhow::Result<f64> {
-        let t = Instant::now();
-        // One fixed-base table per contribution, sized for the work it will do.
-        let randomizer =
-            (!baseline).then(|| Randomizer::new(&pk, Randomizer::window_for(total), &mut OsRng));
-        for (i, chunk) in plaintexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
-            let cts = match &randomizer {
-                Some(r) => encrypt_chunk(r, chunk)?,
-                // The paper's way: textbook r^n, one thread.
-                None => chunk
-                    .iter()
-                    .map(|m| pk.encrypt(m, &mut OsRng).context("plaintext outside Z_n"))
-                    .collect::<anyhow::Result<Vec<_>>>()?,
-            };
-            enc_bar.inc(cts.len() as u64);
-            let mut msg = v1::ContributionChunk {
-                ciphertexts: cts.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
-                ..Default::default()
-            };
-            if i == 0 {
-                // The header rides on the first chunk only.
-                msg.study_id = study_id.clone();
-                msg.owner_id = owner_id.clone();
-                msg.total_ciphertexts = total as u32;
-                msg.contribution_id = cid.clone();
-                msg.cap_epsilon = cap.0;
-                msg.cap_delta = cap.1;
+    // Everything is encrypted before the upload starts: the proxy gives each upload
+    // an allowance of time for its bytes (`--min-upload-rate`), so an upload slot is
+    // held for the transfer only, however slow the encryption.
+    let chunks =
+        tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<v1::ContributionChunk>> {
+            // One fixed-base table per contribution, sized for the work it will do.
+            let randomizer = (!baseline)
+                .then(|| Randomizer::new(&pk, Randomizer::window_for(total), &mut OsRng));
+            let mut out = Vec::with_capacity(total.div_ceil(CIPHERTEXTS_PER_CHUNK));
+            for (i, chunk) in plaintexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
+                let cts = match &randomizer {
+                    Some(r) => encrypt_chunk(r, chunk)?,
+                    // The paper's way: textbook r^n, one thread.
+                    None => chunk
+                        .iter()
+                        .map(|m| pk.encrypt(m, &mut OsRng).context("plaintext outside Z_n"))
+                        .collect::<anyhow::Result<Vec<_>>>()?,
+                };
+                enc_bar.inc(cts.len() as u64);
+                let mut msg = v1::ContributionChunk {
+                    ciphertexts: cts.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
+                    ..Default::default()
+                };
+                if i == 0 {
+                    // The header rides on the first chunk only.
+                    msg.study_id = study_id.clone();
+                    msg.owner_id = owner_id.clone();
+                    msg.total_ciphertexts = total as u32;
+                    msg.contribution_id = cid.clone();
+                    msg.cap_epsilon = cap.0;
+                    msg.cap_delta = cap.1;
+                }
+                out.push(msg);
             }
-            if tx.blocking_send(msg).is_err() {
-                // The call ended early; its error is reported by the caller.
-                break;
-            }
-        }
-        Ok(t.elapsed().as_secs_f64())
-    });
+            Ok(out)
+        });
+    let t = Instant::now();
+    let chunks = chunks.await.context("encryption task panicked")??;
+    let seconds_encrypt = t.elapsed().as_secs_f64();
     let response = client
-        .contribute(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .contribute(tokio_stream::iter(chunks))
         .await
         .map_err(|s| refusal("proxy refused the contribution".into(), &s));
-    let seconds_encrypt = producer.await.context("encryption task panicked")??;
     bar.finish_and_clear();
     let response = response?.into_inner();
     Ok(OwnerReport {

@@ -48,7 +48,7 @@ pub struct ProxyConfig {
 pub const DEFAULT_MAX_CONCURRENT_UPLOADS: usize = 8;
 
 /// How often an idle connection is pinged, and how long the answer may take.
-const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Calls open at once on one connection.
@@ -86,10 +86,10 @@ pub async fn run(
         .initial_stream_window_size(UPLOAD_WINDOW_BYTES)
         .initial_connection_window_size(UPLOAD_WINDOW_BYTES)
         // A peer that vanished (no FIN: a cut cable, a killed VM) is found by pings
-        // and its connection slot freed.
+        // and its connection slot freed (TCP keepalive is set on each accepted
+        // socket, `listener::capped`).
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        .tcp_keepalive(Some(KEEPALIVE_INTERVAL))
         // Bounds the calls one connection can have waiting on the proxy.
         .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .layer(tower::layer::layer_fn(metrics::CountCalls))

@@ -29,7 +29,26 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// An upload that sends nothing for this long is dropped and its slot freed.
     pub upload_idle_timeout: Duration,
+    /// Studies open (collecting or sealed) at once, over all users: each holds an
+    /// aggregate in memory and a record on disk.
+    pub max_open_studies: usize,
+    /// Studies open at once by one user.
+    pub max_open_studies_per_user: usize,
+    /// Slowest upload accepted (bytes per second): a contribution of B bytes must
+    /// arrive within the idle timeout plus B over this rate, so no sender keeps
+    /// a slot by trickling.
+    pub min_upload_rate: u64,
 }
+
+/// Default [`Limits::max_open_studies`]: with the other defaults, at most a few
+/// GiB of aggregates at 4096 bits.
+pub const DEFAULT_MAX_OPEN_STUDIES: usize = 64;
+/// Default [`Limits::max_open_studies_per_user`].
+pub const DEFAULT_MAX_OPEN_STUDIES_PER_USER: usize = 8;
+
+/// Default [`Limits::min_upload_rate`]: 64 KiB/s, a contribution of M = 1000 at
+/// 3072 bits (20 MB) in about five minutes.
+pub const DEFAULT_MIN_UPLOAD_RATE: u64 = 64 * 1024;
 
 /// Default [`Limits::max_spec_bytes`]: a spec of a few thousand features with a
 /// projection fits in it.
@@ -51,6 +70,9 @@ impl Default for Limits {
             max_ciphertexts: DEFAULT_MAX_CIPHERTEXTS,
             handshake_timeout: Duration::from_secs(10),
             upload_idle_timeout: Duration::from_secs(60),
+            min_upload_rate: DEFAULT_MIN_UPLOAD_RATE,
+            max_open_studies: DEFAULT_MAX_OPEN_STUDIES,
+            max_open_studies_per_user: DEFAULT_MAX_OPEN_STUDIES_PER_USER,
         }
     }
 }
@@ -87,6 +109,20 @@ pub enum LimitError {
         bits: u64,
         /// The limit.
         max: u64,
+    },
+    /// Too many studies open, in all or by this user.
+    #[error(
+        "{open} studies are open{}; this proxy holds at most {max} (--max-open-studies{})",
+        by.as_ref().map(|u| format!(" by `{u}`")).unwrap_or_default(),
+        if by.is_some() { "-per-user" } else { "" }
+    )]
+    Studies {
+        /// Studies open now.
+        open: usize,
+        /// The limit.
+        max: usize,
+        /// The user, when the per-user limit refused.
+        by: Option<String>,
     },
     /// A contribution or the release would hold too many ciphertexts.
     #[error(
@@ -129,6 +165,37 @@ impl Limits {
             });
         }
         Ok(())
+    }
+
+    /// Checks that one more study, opened by `user`, fits: `open` lists the users
+    /// (`None`: plaintext) of the studies open now.
+    pub fn check_open(
+        &self,
+        open: &[Option<String>],
+        user: Option<&str>,
+    ) -> Result<(), LimitError> {
+        if open.len() >= self.max_open_studies {
+            return Err(LimitError::Studies {
+                open: open.len(),
+                max: self.max_open_studies,
+                by: None,
+            });
+        }
+        let mine = open.iter().filter(|u| u.as_deref() == user).count();
+        if mine >= self.max_open_studies_per_user {
+            return Err(LimitError::Studies {
+                open: mine,
+                max: self.max_open_studies_per_user,
+                by: Some(user.unwrap_or("plaintext").to_string()),
+            });
+        }
+        Ok(())
+    }
+
+    /// How long an upload of `bytes` may take once admitted.
+    pub fn upload_allowance(&self, bytes: usize) -> Duration {
+        let rate = self.min_upload_rate.max(1) as f64;
+        self.upload_idle_timeout + Duration::from_secs_f64(bytes as f64 / rate)
     }
 
     /// Checks what the study's layout will make the proxy hold.
@@ -184,5 +251,28 @@ mod tests {
         big.expected_owners = vec!["x".repeat(200)];
         let err = limits.check_wire(&big).expect_err("too long");
         assert!(err.to_string().contains("--max-spec-bytes"), "{err}");
+    }
+
+    #[test]
+    fn open_studies_are_capped_in_all_and_per_user() {
+        let limits = Limits {
+            max_open_studies: 3,
+            max_open_studies_per_user: 2,
+            ..Limits::default()
+        };
+        let open = |v: &[&str]| v.iter().map(|u| Some(u.to_string())).collect::<Vec<_>>();
+        assert_eq!(limits.check_open(&open(&["a"]), Some("a")), Ok(()));
+        let err = limits
+            .check_open(&open(&["a", "a"]), Some("a"))
+            .expect_err("a's third");
+        assert!(
+            err.to_string().contains("--max-open-studies-per-user"),
+            "{err}"
+        );
+        assert_eq!(limits.check_open(&open(&["a", "a"]), Some("b")), Ok(()));
+        let err = limits
+            .check_open(&open(&["a", "a", "b"]), Some("c"))
+            .expect_err("fourth");
+        assert!(err.to_string().contains("(--max-open-studies)"), "{err}");
     }
 }

@@ -73,6 +73,10 @@ pub fn capped(listener: TcpListener, cap: usize) -> ReceiverStream<std::io::Resu
                 Ok((io, _)) => {
                     // Small frames of many ciphertexts: do not wait to coalesce.
                     let _ = io.set_nodelay(true);
+                    // A peer gone without a FIN is found even before TLS is up.
+                    let keepalive =
+                        socket2::TcpKeepalive::new().with_time(crate::KEEPALIVE_INTERVAL);
+                    let _ = socket2::SockRef::from(&io).set_tcp_keepalive(&keepalive);
                     if tx.send(Ok(Capped { io, _slot: slot })).await.is_err() {
                         return;
                     }

@@ -67,6 +67,17 @@ struct LimitArgs {
     /// Seconds an upload may send nothing before it is dropped (nothing counted).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     upload_idle_timeout: u64,
+    /// Slowest upload accepted (KiB/s): a contribution must arrive within the idle
+    /// timeout plus its size over this rate, or it is dropped (nothing counted).
+    #[arg(long, default_value_t = limits::DEFAULT_MIN_UPLOAD_RATE / 1024,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    min_upload_rate: u64,
+    /// Studies open (collecting or sealed) at once, over all users.
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_OPEN_STUDIES)]
+    max_open_studies: usize,
+    /// Studies open at once by one user.
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_OPEN_STUDIES_PER_USER)]
+    max_open_studies_per_user: usize,
 }
 
 impl LimitArgs {
@@ -78,6 +89,9 @@ impl LimitArgs {
             max_ciphertexts: self.max_ciphertexts,
             handshake_timeout: Duration::from_secs(self.handshake_timeout),
             upload_idle_timeout: Duration::from_secs(self.upload_idle_timeout),
+            min_upload_rate: self.min_upload_rate.saturating_mul(1024),
+            max_open_studies: self.max_open_studies,
+            max_open_studies_per_user: self.max_open_studies_per_user,
         }
     }
 }

@@ -215,6 +215,18 @@ impl ProxyService {
             .map_err(|_| Status::internal("study table poisoned"))
     }
 
+    /// Who opened each study that is open now (collecting or sealed).
+    async fn open_studies(&self) -> Result<Vec<Option<String>>, Status> {
+        let mut open = Vec::new();
+        for shared in self.all_studies()? {
+            let s = shared.lock().await;
+            if matches!(s.phase, Phase::Collecting | Phase::Sealed) {
+                open.push(s.opened_by.clone());
+            }
+        }
+        Ok(open)
+    }
+
     /// Every study, to visit one at a time (the table is not held meanwhile).
     fn all_studies(&self) -> Result<Vec<SharedStudy>, Status> {
         Ok(self.table()?.values().cloned().collect())
@@ -265,7 +277,9 @@ impl ProxyService {
                     .lock()
                     .map_err(|_| Status::internal("upload table poisoned"))?;
                 if !busy.insert(name.to_string()) {
-                    return Err(Status::resource_exhausted(format!(
+                    // Unavailable, which owners retry: the earlier upload may be one
+                    // whose connection died and whose slot frees when it times out.
+                    return Err(Status::unavailable(format!(
                         "owner `{name}` already has an upload in progress; one at a time"
                     )));
                 }
@@ -346,7 +360,12 @@ impl ProxyService {
                 ))
             })
             .await?;
-        let current = self.budget_of(&up.owner)?;
+        // The budget table's lock may be held by a fold writing its record: wait
+        // for it on a blocking thread, not on the runtime.
+        let current = {
+            let (svc, owner) = (self.clone(), up.owner.clone());
+            blocking(move || svc.budget_of(&owner)).await?
+        };
         if outcome == Some(ContributionOutcome::AlreadyCounted) {
             return Ok(Admission::AlreadyCounted(contribute_response(
                 false,
@@ -368,7 +387,9 @@ enum Admission {
 }
 
 /// Reads and validates the ciphertexts of a contribution, `first` chunk included;
-/// refuses more or fewer than `expected`.
+/// refuses more or fewer than `expected`, and chunks not of the protocol's size
+/// (every chunk carries [`CIPHERTEXTS_PER_CHUNK`], the last the rest): an upload
+/// makes progress with every chunk or is refused.
 async fn read_ciphertexts(
     stream: &mut IdleLimited,
     first: v1::ContributionChunk,
@@ -384,9 +405,18 @@ async fn read_ciphertexts(
                 "more than {expected} ciphertexts"
             )));
         }
+        let want = CIPHERTEXTS_PER_CHUNK.min(expected - cts.len());
         let parsed = pk
             .ciphertexts_from_bytes(&c.ciphertexts, cts.len())
             .map_err(|e| Status::invalid_argument(format!("owner `{owner}`: {e}")))?;
+        if parsed.len() != want {
+            return Err(Status::invalid_argument(format!(
+                "a chunk of {} ciphertexts after {}; every chunk carries \
+                 {CIPHERTEXTS_PER_CHUNK}, the last the rest ({want} here); nothing was counted",
+                parsed.len(),
+                cts.len()
+            )));
+        }
         cts.extend(parsed);
         chunk = stream.next().await?;
     }
@@ -399,21 +429,39 @@ async fn read_ciphertexts(
     Ok(cts)
 }
 
-/// An upload stream that may not sit idle: a sender that stalls longer than the
-/// limit between two chunks loses its upload (nothing is counted) and its slot.
+/// An upload stream that may neither sit idle nor drag: a sender that stalls longer
+/// than the idle limit between two chunks, or takes longer than its allowance for
+/// the whole upload, loses its upload (nothing is counted) and its slot.
 struct IdleLimited {
     inner: Streaming<v1::ContributionChunk>,
     idle: Duration,
+    /// When the allowance for the whole upload runs out (none until admitted).
+    until: Option<tokio::time::Instant>,
 }
 
 impl IdleLimited {
     fn new(inner: Streaming<v1::ContributionChunk>, idle: Duration) -> Self {
-        Self { inner, idle }
+        Self {
+            inner,
+            idle,
+            until: None,
+        }
+    }
+
+    /// From now on the whole upload must end within `allowance`.
+    fn allow(&mut self, allowance: Duration) {
+        self.until = Some(tokio::time::Instant::now() + allowance);
     }
 
     async fn next(&mut self) -> Result<Option<v1::ContributionChunk>, Status> {
-        match tokio::time::timeout(self.idle, self.inner.message()).await {
+        let idle_until = tokio::time::Instant::now() + self.idle;
+        let until = self.until.map_or(idle_until, |u| u.min(idle_until));
+        match tokio::time::timeout_at(until, self.inner.message()).await {
             Ok(message) => message,
+            Err(_) if Some(until) == self.until => Err(Status::deadline_exceeded(
+                "the upload took longer than its allowance (--min-upload-rate); it was \
+                 dropped and nothing was counted",
+            )),
             Err(_) => Err(Status::deadline_exceeded(format!(
                 "the upload sent nothing for {} s; it was dropped and nothing was counted",
                 self.idle.as_secs_f64()
@@ -528,6 +576,10 @@ impl v1::proxy_server::Proxy for ProxyService {
         limits
             .check_layout(&layout)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let opener = peer.as_ref().map(|p| p.name.clone());
+        limits
+            .check_open(&self.open_studies().await?, opener.as_deref())
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         let mut id_bytes = [0u8; 16];
         OsRng.fill_bytes(&mut id_bytes);
         let id = hex::encode(id_bytes);
@@ -609,6 +661,11 @@ impl v1::proxy_server::Proxy for ProxyService {
                 first.total_ciphertexts, upload.study_id
             )));
         }
+        stream.allow(
+            self.config
+                .limits
+                .upload_allowance(expected * pk.ciphertext_bytes()),
+        );
         let cts = read_ciphertexts(&mut stream, first, &pk, expected, &upload.owner).await?;
         let bytes = cts.len() * pk.ciphertext_bytes();
         // Acknowledged only once stored, with its charge.
@@ -740,7 +797,9 @@ impl v1::proxy_server::Proxy for ProxyService {
         }
         studies.sort_by_key(|s| std::cmp::Reverse(s.deadline_unix_ms));
         let mut budgets: Vec<v1::OwnerBudgetSummary> = if only.is_none() {
-            self.lock_budgets()?
+            let svc = self.clone();
+            blocking(move || Ok(svc.lock_budgets()?.clone()))
+                .await?
                 .iter()
                 .map(|(owner, b)| v1::OwnerBudgetSummary {
                     owner_id: owner.clone(),

@@ -170,7 +170,7 @@ fn owners_refuse_a_mask_study_unless_they_accept_it_by_name() {
 /// serving the study already open.
 #[test]
 fn a_study_larger_than_the_proxys_limits_is_refused_before_anything_is_built() {
-    let f = fixture();
+    let f = fixture_on(&["--max-open-studies-per-user", "1"], |_| {});
     rt().block_on(async {
         let mut user = f.client("user").await;
         let mut huge = f.spec.clone();
@@ -191,6 +191,27 @@ fn a_study_larger_than_the_proxys_limits_is_refused_before_anything_is_built() {
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
             assert!(err.message().contains(limit), "{}", err.message());
         }
+        // Many small studies: one user holds one open here; another user may open.
+        let open = |spec| v1::OpenStudyRequest {
+            spec: Some(spec),
+            noise_free_for_testing: false,
+        };
+        let small = dpca_proto::convert::spec_to_wire(&f.spec);
+        let err = user
+            .open_study(open(small.clone()))
+            .await
+            .expect_err("a second open study of the same user");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+        assert!(
+            err.message().contains("--max-open-studies-per-user"),
+            "{}",
+            err.message()
+        );
+        f.client("eve")
+            .await
+            .open_study(open(small))
+            .await
+            .expect("another user's study");
     });
     let data = f.good_file("a.csv", 20, 0);
     let o = f.owner("hospital-a", &data);
@@ -218,82 +239,108 @@ fn connections_that_never_finish_a_handshake_do_not_lock_owners_out() {
 }
 
 /// Upload slots are few (one here). A caller that is no owner used to take a slot
-/// before it was authorized, and an owner that stalls mid-upload held its slot for
-/// good. Now the first is refused before any slot is taken, an owner gets one slot
-/// at a time, and a stalled upload is dropped uncounted, so the honest owner gets
-/// through.
+/// before it was authorized, and an owner that stalled, or sent empty chunks,
+/// held its slot for good. Now the first is refused before any slot is taken, an
+/// owner gets one slot at a time, every chunk must carry its share, and an upload
+/// that idles or drags past its allowance is dropped uncounted; the honest owner
+/// gets through.
 #[test]
 fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
-    let f = fixture_on(
-        &[
-            "--max-concurrent-uploads",
-            "1",
-            "--upload-idle-timeout",
-            "2",
-        ],
-        |_| {},
-    );
+    let flags = [
+        "--max-concurrent-uploads",
+        "1",
+        "--upload-idle-timeout",
+        "2",
+        // About 5 s for the honest owner's 350 KB; the 30 s trickle is dropped.
+        "--min-upload-rate",
+        "128",
+    ];
+    // A matrix per class: a contribution of a dozen chunks.
+    let f = fixture_on(&flags, |s| {
+        s.classes = Some(dpca_common::study::ClassSpec {
+            labels: (0..10).map(|d| d.to_string()).collect(),
+            covariance: dpca_common::study::ClassCovariance::PerClass,
+        })
+    });
     let layout = dpca_common::study::StudyLayout::new(&f.spec).expect("layout");
+    let per_chunk = dpca_proto::convert::CIPHERTEXTS_PER_CHUNK;
+    assert!(layout.owner_ciphertexts() > 8 * per_chunk, "{layout:?}");
     let pk = f.sk.public().clone();
-    let header = |owner: &str| v1::ContributionChunk {
+    let zero = pk.ciphertext_to_bytes(
+        &pk.encrypt(&BigUint::from(0u8), &mut OsRng)
+            .expect("encrypt"),
+    );
+    let chunk = |owner: &str, n: usize| v1::ContributionChunk {
         study_id: f.study.clone(),
         owner_id: owner.to_string(),
         contribution_id: "stall".into(),
         cap_epsilon: 1.5,
         cap_delta: 1e-4,
         total_ciphertexts: layout.owner_ciphertexts() as u32,
-        ciphertexts: vec![pk.ciphertext_to_bytes(
-            &pk.encrypt(&BigUint::from(0u8), &mut OsRng)
-                .expect("encrypt"),
-        )],
-        ..Default::default()
+        ciphertexts: vec![zero.clone(); n],
     };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    // Each stalled stream: its header (if any) sent, its sender kept, nothing more.
-    let stall = |name: &'static str, chunk: Option<v1::ContributionChunk>| {
+    // Each hostile upload: the chunks it sends, a pause after each, and its
+    // sender kept open until the call ends.
+    let upload = |name: &'static str, chunks: Vec<v1::ContributionChunk>, pause: Duration| {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let transport = f.proxy.transport(name);
         let url = f.url.clone();
         runtime.spawn(async move {
-            if let Some(chunk) = chunk {
-                tx.send(chunk).await.expect("queued");
-            }
+            let sender = tokio::spawn(async move {
+                for c in chunks {
+                    if tx.send(c).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                tx.closed().await;
+            });
             let mut c = dpca_proto::client::connect(&url, &transport)
                 .await
                 .expect("connect");
             let r = c
                 .contribute(tokio_stream::wrappers::ReceiverStream::new(rx))
                 .await;
-            drop(tx);
+            sender.abort();
             r
         })
     };
+    let second = Duration::from_secs(1);
     // A user's certificate, sending nothing at all.
-    let eve = stall("user", None);
-    let mallory = stall("mallory", Some(header("mallory")));
-    let mallory_again = stall("mallory", Some(header("mallory")));
-    std::thread::sleep(Duration::from_millis(500));
+    let eve = upload("user", Vec::new(), second);
+    // A full chunk every second: never idle for 2 s, but a trickle.
+    let trickle = vec![chunk("mallory", per_chunk); 30];
+    let mallory = upload("mallory", trickle, second);
+    std::thread::sleep(Duration::from_millis(300));
+    // The same owner again while its first upload holds its slot.
+    let mallory_again = upload("mallory", vec![chunk("mallory", per_chunk)], second);
+    // Empty chunks, one a second: each used to reset the idle timer.
+    let mut empties = vec![chunk("late", per_chunk)];
+    empties.extend(std::iter::repeat_n(chunk("late", 0), 30));
+    let late = upload("late", empties, second);
+    std::thread::sleep(Duration::from_millis(300));
     let data = f.good_file("a.csv", 20, 0);
     let owner = f.spawn_owner("hospital-a", &data);
     let out = finish_within(owner, Duration::from_secs(60))
         .expect("the honest owner never got an upload slot");
     assert!(out.status.success(), "{}", describe(&out));
     runtime.block_on(async {
-        let eve = eve.await.expect("task").expect_err("a user uploaded");
-        assert_eq!(eve.code(), tonic::Code::PermissionDenied, "{eve:?}");
-        let codes = [
-            mallory
-                .await
-                .expect("task")
-                .expect_err("stalled upload counted"),
-            mallory_again
-                .await
-                .expect("task")
-                .expect_err("stalled upload counted"),
-        ]
-        .map(|e| e.code());
-        assert!(codes.contains(&tonic::Code::DeadlineExceeded), "{codes:?}");
-        assert!(codes.contains(&tonic::Code::ResourceExhausted), "{codes:?}");
+        let code = |r: Result<Result<_, tonic::Status>, _>, what: &str| {
+            let err = r.expect("task").expect_err(what);
+            (err.code(), err.message().to_string())
+        };
+        let eve = code(eve.await, "a user uploaded");
+        assert_eq!(eve.0, tonic::Code::PermissionDenied, "{eve:?}");
+        let mallory = code(mallory.await, "a trickle was counted");
+        assert_eq!(mallory.0, tonic::Code::DeadlineExceeded, "{mallory:?}");
+        assert!(mallory.1.contains("allowance"), "{mallory:?}");
+        let again = code(mallory_again.await, "a second upload was read");
+        assert_eq!(again.0, tonic::Code::Unavailable, "{again:?}");
+        assert!(again.1.contains("in progress"), "{again:?}");
+        let late = code(late.await, "empty chunks were read");
+        assert_eq!(late.0, tonic::Code::InvalidArgument, "{late:?}");
+        assert!(late.1.contains("every chunk carries"), "{late:?}");
     });
     assert_eq!(f.owners_in(), 1, "only the honest owner is counted");
 }

@@ -414,10 +414,14 @@ pub const OVERFLOWED_SCALE_BITS: u64 = 1025;
 /// calibration arithmetic. A scale that overflowed f64 (or is NaN) becomes 2^1024,
 /// more noise than any finite scale, which [`NoisePlan::overflowed`] reports and
 /// the study spec refuses: never less noise than the accounting charges for.
-fn ceil_big(x: f64) -> BigUint {
+pub(crate) fn ceil_big(x: f64) -> BigUint {
+    let overflowed = || BigUint::from(1u8) << (OVERFLOWED_SCALE_BITS - 1);
+    if x.is_nan() {
+        // `max` below would turn NaN into 1: the least noise, never that.
+        return overflowed();
+    }
     let padded = x * (1.0 + 1e-9);
-    BigUint::from_f64(padded.ceil().max(1.0))
-        .unwrap_or_else(|| BigUint::from(1u8) << (OVERFLOWED_SCALE_BITS - 1))
+    BigUint::from_f64(padded.ceil().max(1.0)).unwrap_or_else(overflowed)
 }
 
 impl NoisePlan {

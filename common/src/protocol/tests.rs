@@ -628,4 +628,7 @@ fn noise_scales_are_never_cut_and_overflowing_ones_are_refused() {
     );
     let err = tiny(1e-300).validate().expect_err("an overflowing scale");
     assert!(err.to_string().contains("epsilon"), "{err}");
+    for bad in [f64::NAN, f64::INFINITY] {
+        assert!(crate::dp::ceil_big(bad).bits() >= crate::dp::OVERFLOWED_SCALE_BITS);
+    }
 }
