@@ -16,5 +16,6 @@ pub mod convert;
 pub mod fuzzing;
 pub mod invitation;
 pub mod logging;
+pub mod signed_count;
 pub mod tls;
 pub mod usage;
