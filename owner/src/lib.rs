@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use dpca_common::data::read_csv;
+use dpca_common::dp::Centering;
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
@@ -282,6 +283,23 @@ pub async fn fetch_study(
 #[error("unknown study `{0}` at the proxy")]
 pub struct UnknownStudy(pub String);
 
+/// Signs E[N_i], the last ciphertext of the stream, into the first chunk.
+fn sign_count_into(
+    chunks: &mut [v1::ContributionChunk],
+    key_pem: &[u8],
+    study_id: &str,
+) -> anyhow::Result<()> {
+    let count = chunks
+        .last()
+        .and_then(|c| c.ciphertexts.last())
+        .context("a contribution without E[N_i]")?;
+    let signature = dpca_proto::signed_count::sign_count(key_pem, study_id, count)?;
+    if let Some(first) = chunks.first_mut() {
+        first.count_signature = signature;
+    }
+    Ok(())
+}
+
 /// The proxy could not be reached or the connection broke: worth retrying (a
 /// contribution is idempotent by its id). A refused certificate is not this.
 #[derive(Debug, thiserror::Error)]
@@ -388,6 +406,12 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
     let (study_id, owner_id) = (cfg.study_id.clone(), cfg.owner_id.clone());
     let enc_bar = bar.clone();
     let cap = cfg.budget_cap;
+    // Under `mask` the user decrypts E[N] only as the product of counts the owners
+    // signed (`signed_count`); on plaintext there is no key to sign with.
+    let signer = match (&cfg.transport, spec.privacy.centering) {
+        (Transport::Tls(tls), Centering::Mask) => Some(tls.private_key_pem().to_vec()),
+        (Transport::Tls(_), Centering::DpMean) | (Transport::InsecurePlaintext, _) => None,
+    };
     // Everything is encrypted before the upload starts: the proxy gives each upload
     // an allowance of time for its bytes (`--min-upload-rate`), so an upload slot is
     // held for the transfer only, however slow the encryption.
@@ -421,6 +445,9 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
                     msg.cap_delta = cap.1;
                 }
                 out.push(msg);
+            }
+            if let Some(key) = signer {
+                sign_count_into(&mut out, &key, &study_id)?;
             }
             Ok(out)
         });

@@ -259,6 +259,11 @@ impl LoadedTls {
         &self.key_pem
     }
 
+    /// The CA every peer is checked against (PEM).
+    pub fn ca_pem(&self) -> &[u8] {
+        &self.ca_pem
+    }
+
     /// The proxy's server configuration: its identity, and client certificates
     /// required and checked against the CA.
     pub fn server_config(&self) -> ServerTlsConfig {

@@ -10,7 +10,7 @@ use dpca_common::dp::Centering;
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey};
 use dpca_common::study::StudyLayout;
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
-use dpca_proto::v1;
+use dpca_proto::{signed_count, v1};
 use rand::rngs::OsRng;
 use rand::RngCore;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, Semaphore};
@@ -22,7 +22,7 @@ use dpca_proto::tls::{peer_of, Peer, Transport};
 use crate::access::{permit, Action};
 use crate::budget::{charge, BudgetError, OwnerBudget};
 use crate::store::{Store, StoreError};
-use crate::study::{ContributionOutcome, Phase, Study, StudyError};
+use crate::study::{ContributionOutcome, Phase, SignedCount, Study, StudyError};
 use crate::ProxyConfig;
 
 /// How often deadlines are checked and how often a waiting user re-checks.
@@ -167,6 +167,10 @@ impl ProxyService {
             }
             ContributionOutcome::AlreadyCounted => None,
         };
+        if let (ContributionOutcome::Counted, Some(count)) = (outcome, &up.count) {
+            next.keep_signed_count(&up.owner, count.clone())
+                .map_err(Status::internal)?;
+        }
         self.persist(&next, charged.as_ref().map(|b| (up.owner.as_str(), b)))?;
         let owners_in = next.owners_in().len();
         *study = next;
@@ -345,11 +349,52 @@ impl ProxyService {
         f(&mut study)
     }
 
+    /// The owner's signed E[N_i] (the last ciphertext of its stream), verified as
+    /// the user will verify it: a count the user would refuse is refused now, so
+    /// one owner cannot spoil the study for the others.
+    fn signed_count(
+        &self,
+        up: &Upload,
+        pk: &PublicKey,
+        cts: &[Ciphertext],
+        signature: Vec<u8>,
+        leaf: Option<Vec<u8>>,
+    ) -> Result<SignedCount, Status> {
+        let Transport::Tls(tls) = &self.config.transport else {
+            return Err(Status::internal("signed counts are asked for on TLS only"));
+        };
+        let certificate = leaf.ok_or_else(|| Status::unauthenticated("no client certificate"))?;
+        let count = cts
+            .last()
+            .ok_or_else(|| Status::invalid_argument("a contribution without E[N_i]"))?;
+        let ciphertext = pk.ciphertext_to_bytes(count);
+        if signature.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "a mask study needs owner `{}` to sign its row count (count_signature)",
+                up.owner
+            )));
+        }
+        signed_count::verify_count(
+            tls.ca_pem(),
+            &certificate,
+            &up.owner,
+            &up.study_id,
+            &ciphertext,
+            &signature,
+        )
+        .map_err(|e| Status::permission_denied(e.to_string()))?;
+        Ok(SignedCount {
+            ciphertext,
+            signature,
+            certificate,
+        })
+    }
+
     /// Refuses early, before the stream is read, a contribution that cannot count
     /// or whose owner's budget cannot pay for the study; answers a retry of one
     /// already counted at once.
     async fn admit(&self, up: &Upload) -> Result<Admission, Status> {
-        let (outcome, pk, expected, owners_in, cost) = self
+        let (outcome, pk, expected, owners_in, cost, mask) = self
             .with_study(&up.study_id, |s| {
                 Ok((
                     s.check_can_contribute(&up.owner, &up.cid)?,
@@ -357,6 +402,7 @@ impl ProxyService {
                     s.layout.owner_ciphertexts(),
                     s.owners_in().len(),
                     (s.spec.privacy.epsilon, s.spec.privacy.delta),
+                    s.spec.privacy.centering == Centering::Mask,
                 ))
             })
             .await?;
@@ -374,14 +420,24 @@ impl ProxyService {
             )));
         }
         charge(&up.owner, current.as_ref(), up.cap, &up.study_id, cost).map_err(budget_status)?;
-        Ok(Admission::Read { pk, expected })
+        let signed = mask && matches!(self.config.transport, Transport::Tls(_));
+        Ok(Admission::Read {
+            pk,
+            expected,
+            signed,
+        })
     }
 }
 
 /// Whether a contribution's ciphertexts are to be read.
 enum Admission {
     /// Read this many, under this key.
-    Read { pk: PublicKey, expected: usize },
+    Read {
+        pk: PublicKey,
+        expected: usize,
+        /// The owner must sign its E[N_i] (`mask` over TLS).
+        signed: bool,
+    },
     /// A retry of a contribution already counted: this is the answer.
     AlreadyCounted(v1::ContributeResponse),
 }
@@ -477,6 +533,8 @@ struct Upload {
     owner: String,
     cid: String,
     cap: (f64, f64),
+    /// Its signed E[N_i], once verified (`mask` over TLS).
+    count: Option<SignedCount>,
 }
 
 /// An owner's upload slot and one of the proxy's, released on drop.
@@ -621,6 +679,9 @@ impl v1::proxy_server::Proxy for ProxyService {
         req: Request<Streaming<v1::ContributionChunk>>,
     ) -> Result<Response<v1::ContributeResponse>, Status> {
         let peer = self.caller(&req)?;
+        let leaf = req
+            .peer_certs()
+            .and_then(|certs| certs.first().map(|c| c.to_vec()));
         // Authorized before a slot is taken: only an owner uploads, under its own
         // name, one upload at a time (checked again against the header below).
         if let Some(p) = &peer {
@@ -639,6 +700,7 @@ impl v1::proxy_server::Proxy for ProxyService {
             owner: first.owner_id.clone(),
             cid: first.contribution_id.clone(),
             cap: (first.cap_epsilon, first.cap_delta),
+            count: None,
         };
         if upload.owner.is_empty() || upload.cid.is_empty() {
             return Err(Status::invalid_argument(
@@ -651,10 +713,15 @@ impl v1::proxy_server::Proxy for ProxyService {
                 owner_id: &upload.owner,
             },
         )?;
-        let (pk, expected) = match self.admit(&upload).await? {
-            Admission::Read { pk, expected } => (pk, expected),
+        let (pk, expected, signed) = match self.admit(&upload).await? {
+            Admission::Read {
+                pk,
+                expected,
+                signed,
+            } => (pk, expected, signed),
             Admission::AlreadyCounted(response) => return Ok(Response::new(response)),
         };
+        let signature = first.count_signature.clone();
         if first.total_ciphertexts as usize != expected {
             return Err(Status::invalid_argument(format!(
                 "contribution announces {} ciphertexts, study {} expects {expected}",
@@ -668,6 +735,10 @@ impl v1::proxy_server::Proxy for ProxyService {
         );
         let cts = read_ciphertexts(&mut stream, first, &pk, expected, &upload.owner).await?;
         let bytes = cts.len() * pk.ciphertext_bytes();
+        let mut upload = upload;
+        if signed {
+            upload.count = Some(self.signed_count(&upload, &pk, &cts, signature, leaf)?);
+        }
         // Acknowledged only once stored, with its charge.
         let (outcome, owners_in, budget) = self.commit_contribution(upload.clone(), cts).await?;
         crate::metrics::contribution(outcome == ContributionOutcome::Counted, bytes);
@@ -705,6 +776,16 @@ impl v1::proxy_server::Proxy for ProxyService {
                             owners_in: s.owners_in(),
                             owners_missing: s.owners_missing(),
                             needs_count: s.spec.privacy.centering == Centering::Mask,
+                            counts: s
+                                .signed_counts()
+                                .iter()
+                                .map(|(owner, c)| v1::SignedCount {
+                                    owner_id: owner.clone(),
+                                    encrypted_count: c.ciphertext.clone(),
+                                    signature: c.signature.clone(),
+                                    certificate: c.certificate.clone(),
+                                })
+                                .collect(),
                         }))
                     }
                 })

@@ -25,7 +25,7 @@ use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::budget::OwnerBudget;
-use crate::study::{release_plan, Phase, Released, Study};
+use crate::study::{release_plan, Phase, Released, SignedCount, Study};
 
 /// Study id -> encoded [`v1::StoredStudy`].
 const STUDIES: TableDefinition<&str, &[u8]> = TableDefinition::new("studies");
@@ -207,6 +207,12 @@ pub fn to_record(study: &Study) -> v1::StoredStudy {
             .map(|(o, c)| v1::StoredContributor {
                 owner_id: o.clone(),
                 contribution_id: c.clone(),
+                count: study.signed_counts().get(o).map(|sc| v1::SignedCount {
+                    owner_id: o.clone(),
+                    encrypted_count: sc.ciphertext.clone(),
+                    signature: sc.signature.clone(),
+                    certificate: sc.certificate.clone(),
+                }),
             })
             .collect(),
         aggregate: bytes(study.aggregate()),
@@ -280,7 +286,7 @@ pub fn from_record(key: &str, bytes: &[u8]) -> Result<Study, String> {
         other => return Err(format!("unknown phase `{other}`")),
     };
     let opened_by = (!rec.opened_by.is_empty()).then(|| rec.opened_by.clone());
-    Study::restore(
+    let mut study = Study::restore(
         rec.study_id,
         spec,
         layout,
@@ -289,7 +295,20 @@ pub fn from_record(key: &str, bytes: &[u8]) -> Result<Study, String> {
         contributors,
         aggregate,
         phase,
-    )
+    )?;
+    for c in &rec.contributors {
+        if let Some(sc) = &c.count {
+            study.keep_signed_count(
+                &c.owner_id,
+                SignedCount {
+                    ciphertext: sc.encrypted_count.clone(),
+                    signature: sc.signature.clone(),
+                    certificate: sc.certificate.clone(),
+                },
+            )?;
+        }
+    }
+    Ok(study)
 }
 
 #[cfg(test)]

@@ -172,6 +172,18 @@ pub enum ContributionOutcome {
     AlreadyCounted,
 }
 
+/// An owner's E[N_i] as it signed it (`mask` over TLS): what the user checks
+/// before it decrypts E[N] (`dpca_proto::signed_count`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SignedCount {
+    /// E[N_i], the bytes the owner sent.
+    pub ciphertext: Vec<u8>,
+    /// The owner's signature over (study, ciphertext).
+    pub signature: Vec<u8>,
+    /// The certificate (DER) the owner presented.
+    pub certificate: Vec<u8>,
+}
+
 /// One study: its spec, running aggregate and phase.
 #[derive(Clone, Debug)]
 pub struct Study {
@@ -194,6 +206,8 @@ pub struct Study {
     aggregate: Vec<Ciphertext>,
     /// Current phase.
     pub phase: Phase,
+    /// Owner id -> its signed E[N_i], for the owners counted (`mask` over TLS).
+    signed_counts: BTreeMap<String, SignedCount>,
 }
 
 impl Study {
@@ -210,6 +224,7 @@ impl Study {
             contributors: BTreeMap::new(),
             aggregate,
             phase: Phase::Collecting,
+            signed_counts: BTreeMap::new(),
         }
     }
 
@@ -258,7 +273,22 @@ impl Study {
             contributors,
             aggregate,
             phase,
+            signed_counts: BTreeMap::new(),
         })
+    }
+
+    /// Keeps a counted owner's signed E[N_i] for the user to check at the seal.
+    pub fn keep_signed_count(&mut self, owner: &str, count: SignedCount) -> Result<(), String> {
+        if !self.contributors.contains_key(owner) {
+            return Err(format!("owner `{owner}` is not counted in this study"));
+        }
+        self.signed_counts.insert(owner.to_string(), count);
+        Ok(())
+    }
+
+    /// Owner id -> signed E[N_i] of the owners counted (`mask` over TLS).
+    pub fn signed_counts(&self) -> &BTreeMap<String, SignedCount> {
+        &self.signed_counts
     }
 
     /// Owner id -> contribution id of every counted contribution.

@@ -95,9 +95,15 @@ fn a_user_that_reports_fewer_rows_is_refused_and_nothing_is_released() {
         let err = f.fetch_refused(&mut user).await;
         assert_eq!(err.code(), tonic::Code::FailedPrecondition);
         // The honest user still gets its release, calibrated to the true N.
-        let collected = dpca_user::session::collect(&mut user, &f.sk, &f.spec, &f.study)
-            .await
-            .expect("honest release");
+        let collected = dpca_user::session::collect(
+            &mut user,
+            &f.proxy.transport("user"),
+            &f.sk,
+            &f.spec,
+            &f.study,
+        )
+        .await
+        .expect("honest release");
         assert_eq!(collected.n_rows, 60);
         assert_eq!(collected.owners_in.len(), 2);
     });
@@ -278,6 +284,7 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
         cap_delta: 1e-4,
         total_ciphertexts: layout.owner_ciphertexts() as u32,
         ciphertexts: vec![zero.clone(); n],
+        ..Default::default()
     };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     // Each hostile upload: the chunks it sends, a pause after each, and its
@@ -343,4 +350,66 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
         assert!(late.1.contains("every chunk carries"), "{late:?}");
     });
     assert_eq!(f.owners_in(), 1, "only the honest owner is counted");
+}
+
+/// Under `mask` the user decrypts E[N] for the proxy. A proxy that sent another
+/// ciphertext (one owner's E[N_i], a class count, a histogram bin) would read an
+/// exact statistic off the user's answer. The user now decrypts only the product
+/// of counts each owner signed for this study with its certificate.
+#[test]
+fn a_proxy_cannot_get_anything_but_the_signed_total_count_decrypted() {
+    let f = mask_fixture();
+    for (id, skip) in [("hospital-a", 0), ("hospital-b", 30)] {
+        let data = f.good_file(&format!("{id}.csv"), 30, skip);
+        let o = f.owner_accepting(id, &data, &["mask-centering"]);
+        assert!(o.status.success(), "{}", describe(&o));
+    }
+    let tls = match f.proxy.transport("user") {
+        dpca_proto::tls::Transport::Tls(tls) => tls,
+        dpca_proto::tls::Transport::InsecurePlaintext => unreachable!("the fixture is on TLS"),
+    };
+    let check = |sealed: &v1::SealedStudy| {
+        dpca_user::session::check_signed_counts(sealed, &f.sk, tls.ca_pem(), &f.study)
+    };
+    let sealed = rt().block_on(async {
+        let mut user = f.client("user").await;
+        sealed_count(&f, &mut user).await.0
+    });
+    assert_eq!(sealed.counts.len(), 2, "one signed count per owner");
+    check(&sealed).expect("the honest E[N]");
+    let pk = f.sk.public();
+    let one = sealed.counts[0].clone();
+    // 1. One owner's count as E[N]: plausible (30 rows, in [owners, max_rows]), so
+    //    the range check alone, all the user had before, would have decrypted it.
+    let mut lone = sealed.clone();
+    lone.encrypted_count = one.encrypted_count.clone();
+    let n_a = f.sk.decrypt(
+        &pk.ciphertext_from_bytes(&one.encrypted_count, 0)
+            .expect("ct"),
+    );
+    assert_eq!(n_a, BigUint::from(30u32), "a plausible forgery");
+    let err = check(&lone).expect_err("one owner's count decrypted");
+    assert!(err.to_string().contains("not the product"), "{err:#}");
+    // 2. A consistent subset: that owner alone, claimed as everyone counted.
+    let mut subset = lone.clone();
+    subset.counts.truncate(1);
+    assert!(check(&subset).is_err(), "a subset of the counts");
+    // 3. Another ciphertext signed by no one (E[2 N_a]), and E[N] to match it.
+    let mut forged = sealed.clone();
+    let doubled = pk.scale(
+        &pk.ciphertext_from_bytes(&one.encrypted_count, 0)
+            .expect("ct"),
+        &BigUint::from(2u8),
+    );
+    forged.counts[0].encrypted_count = pk.ciphertext_to_bytes(&doubled);
+    let other = pk
+        .ciphertext_from_bytes(&forged.counts[1].encrypted_count, 0)
+        .expect("ct");
+    forged.encrypted_count = pk.ciphertext_to_bytes(&pk.add(&doubled, &other));
+    let err = check(&forged).expect_err("an unsigned count decrypted");
+    assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
+    // 4. A signed count moved to another study is refused too.
+    let err = dpca_user::session::check_signed_counts(&sealed, &f.sk, tls.ca_pem(), "other")
+        .expect_err("a count signed for another study");
+    assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
 }

@@ -175,7 +175,7 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
         let mut c = dpca_proto::client::connect(&url, &user)
             .await
             .expect("connect");
-        let collected = dpca_user::session::collect(&mut c, &sk, &spec, &study)
+        let collected = dpca_user::session::collect(&mut c, &user, &sk, &spec, &study)
             .await
             .expect("collect after restarts");
         (collected, fetch_raw(&mut c, &study).await)

@@ -153,6 +153,7 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
                 contribution_id: "x".into(),
                 cap_epsilon: 10.0,
                 cap_delta: 1e-3,
+                ..Default::default()
             };
             let err = c
                 .contribute(tokio_stream_iter(vec![chunk]))
@@ -254,6 +255,7 @@ fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
             contribution_id: "big".into(),
             cap_epsilon: 10.0,
             cap_delta: 1e-3,
+            ..Default::default()
         };
         c.contribute(tokio_stream_iter(vec![chunk]))
             .await
@@ -377,6 +379,7 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
         contribution_id: "forged".into(),
         cap_epsilon: 10.0,
         cap_delta: 1e-3,
+        ..Default::default()
     };
     rt().block_on(async {
         // The proxy's own check: owner `a` claiming to be `hospital-a`.

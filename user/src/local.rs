@@ -471,7 +471,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
                 &Risk::of(&spec_h, opts.noise_free_for_testing),
             )
             .await?;
-            let got = collect(&mut client, &sk, &spec_h, &hid).await?;
+            let got = collect(&mut client, &transport, &sk, &spec_h, &hid).await?;
             let counts = bins.counts(&got.opened, &spec_h.noise_plan(got.n_rows), &spec_h.fixed);
             let chosen = bins.quantile(&counts, *q);
             eprintln!("row-norm bound C = {chosen:.4}: the {q} quantile of the row norms");
@@ -534,7 +534,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
 
     let t_user = Instant::now();
     let usage_before = Usage::of_self();
-    let got = collect(&mut client, &sk, &spec, &study_id).await?;
+    let got = collect(&mut client, &transport, &sk, &spec, &study_id).await?;
     let scatter = if opts.psd_repair {
         psd_repair(&got.opened.scatter)
     } else {

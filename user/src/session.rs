@@ -12,6 +12,8 @@ use dpca_common::protocol::{open_release, Opened};
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::client::{transient, with_retries};
 use dpca_proto::convert::spec_to_wire;
+use dpca_proto::signed_count::verify_count;
+use dpca_proto::tls::Transport;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use tonic::transport::Channel;
@@ -124,6 +126,55 @@ fn open_count(
     Ok((n, opening))
 }
 
+/// Checks that the proxy's E[N] is the product of the counted owners' E[N_i], each
+/// signed for this study by a certificate of the CA (`ca_pem`) naming that owner,
+/// one per owner counted. Anything else (one owner's count, a class count, a
+/// histogram bin) is refused before it is decrypted: the user is no oracle.
+pub fn check_signed_counts(
+    sealed: &v1::SealedStudy,
+    sk: &SecretKey,
+    ca_pem: &[u8],
+    study_id: &str,
+) -> anyhow::Result<()> {
+    let pk = sk.public();
+    let mut signers: Vec<&str> = sealed.counts.iter().map(|c| c.owner_id.as_str()).collect();
+    signers.sort_unstable();
+    let mut counted: Vec<&str> = sealed.owners_in.iter().map(String::as_str).collect();
+    counted.sort_unstable();
+    if signers != counted {
+        bail!(
+            "the proxy's signed counts are of owners {signers:?}, the owners counted are \
+             {counted:?}: E[N] not decrypted"
+        );
+    }
+    let mut product: Option<Ciphertext> = None;
+    for c in &sealed.counts {
+        verify_count(
+            ca_pem,
+            &c.certificate,
+            &c.owner_id,
+            study_id,
+            &c.encrypted_count,
+            &c.signature,
+        )
+        .with_context(|| format!("E[N] not decrypted: the count of `{}`", c.owner_id))?;
+        let ct = pk
+            .ciphertext_from_bytes(&c.encrypted_count, 0)
+            .with_context(|| format!("the count of `{}`", c.owner_id))?;
+        product = Some(match product {
+            Some(p) => pk.add(&p, &ct),
+            None => ct,
+        });
+    }
+    let sent = pk
+        .ciphertext_from_bytes(&sealed.encrypted_count, 0)
+        .context("proxy sent an invalid encrypted count")?;
+    if product.as_ref() != Some(&sent) {
+        bail!("the proxy's E[N] is not the product of the owners' signed counts: not decrypted");
+    }
+    Ok(())
+}
+
 /// How long the user keeps calling again while the proxy cannot be reached while
 /// it waits for the seal (a proxy restart keeps the study: see the proxy's store).
 const RECONNECT_FOR: Duration = Duration::from_secs(300);
@@ -151,6 +202,7 @@ async fn await_seal(
 /// fetches the release and decrypts it.
 pub async fn collect(
     client: &mut ProxyClient<Channel>,
+    transport: &Transport,
     sk: &SecretKey,
     spec: &StudySpec,
     study_id: &str,
@@ -175,6 +227,13 @@ pub async fn collect(
         );
     }
     let proven = if mask {
+        match transport {
+            Transport::Tls(tls) => check_signed_counts(&sealed, sk, tls.ca_pem(), study_id)?,
+            // No certificates, no signatures: plaintext is insecure by name.
+            Transport::InsecurePlaintext => {
+                tracing::warn!("plaintext: E[N] is decrypted without the owners' signatures")
+            }
+        }
         Some(open_count(sk, spec, study_id, &sealed)?)
     } else {
         None
