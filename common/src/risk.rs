@@ -50,8 +50,9 @@ impl Risk {
     pub fn trust(self) -> &'static str {
         match self {
             Risk::MaskCentering => {
-                "uses `mask` centering, private only if every other owner keeps its rows \
-                 in the norm ball and the proxy forwards the true E[N]"
+                "uses `mask` centering: private only if every other owner keeps its rows \
+                 in the norm ball, and the user learns each owner's row count (it checks \
+                 the owners' signed counts before it decrypts N)"
             }
             Risk::WishartUnproven => "uses the Wishart mechanism, whose privacy is not proven",
             Risk::NoiseFree => "releases the aggregate without noise (test mode)",

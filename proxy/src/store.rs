@@ -347,6 +347,12 @@ mod tests {
                 let cts = contribution(&s, seed);
                 s.contribute(owner, owner, &cts, |x, y| pk.add(x, y))
                     .expect("contribute");
+                let signed = SignedCount {
+                    ciphertext: pk.ciphertext_to_bytes(&cts[cts.len() - 1]),
+                    signature: vec![seed as u8; 70],
+                    certificate: vec![seed as u8 + 1; 300],
+                };
+                s.keep_signed_count(owner, signed).expect("counted owner");
                 let b = crate::budget::charge(owner, None, (2.0, 1e-4), "s1", (1.0, 1e-5))
                     .expect("charge");
                 store
@@ -370,6 +376,8 @@ mod tests {
         assert_eq!(l.id, stored.id);
         assert_eq!(l.opened_by.as_deref(), Some("alice"));
         assert_eq!(l.contributors(), stored.contributors());
+        assert_eq!(l.signed_counts(), stored.signed_counts());
+        assert_eq!(l.signed_counts().len(), 2, "the owners' signed counts");
         assert_eq!(l.aggregate(), stored.aggregate());
         let Phase::Released(r) = &l.phase else {
             panic!("phase {} after reload", l.phase.name());

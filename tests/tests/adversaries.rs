@@ -413,3 +413,60 @@ fn a_proxy_cannot_get_anything_but_the_signed_total_count_decrypted() {
         .expect_err("a count signed for another study");
     assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
 }
+
+/// An owner of a `mask` study that does not sign its count, or signs it with a
+/// signature that does not verify, would make the user refuse the whole study: the
+/// proxy refuses that contribution instead, and counts nothing of it.
+#[test]
+fn a_mask_contribution_without_a_valid_signed_count_is_refused() {
+    let f = mask_fixture();
+    let layout = dpca_common::study::StudyLayout::new(&f.spec).expect("layout");
+    let pk = f.sk.public().clone();
+    let zero = pk.ciphertext_to_bytes(
+        &pk.encrypt(&BigUint::from(0u8), &mut OsRng)
+            .expect("encrypt"),
+    );
+    let per_chunk = dpca_proto::convert::CIPHERTEXTS_PER_CHUNK;
+    let stream = |signature: Vec<u8>| {
+        let total = layout.owner_ciphertexts();
+        let mut chunks: Vec<v1::ContributionChunk> = (0..total)
+            .step_by(per_chunk)
+            .map(|start| v1::ContributionChunk {
+                ciphertexts: vec![zero.clone(); per_chunk.min(total - start)],
+                ..Default::default()
+            })
+            .collect();
+        chunks[0].study_id = f.study.clone();
+        chunks[0].owner_id = "mallory".into();
+        chunks[0].contribution_id = "unsigned".into();
+        chunks[0].total_ciphertexts = total as u32;
+        chunks[0].cap_epsilon = 1.5;
+        chunks[0].cap_delta = 1e-4;
+        chunks[0].count_signature = signature;
+        tokio_stream::iter(chunks)
+    };
+    rt().block_on(async {
+        let mut mallory = f.client("mallory").await;
+        let err = mallory
+            .contribute(stream(Vec::new()))
+            .await
+            .expect_err("an unsigned count was counted");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(
+            err.message().contains("sign its row count"),
+            "{}",
+            err.message()
+        );
+        let err = mallory
+            .contribute(stream(vec![0x30; 70]))
+            .await
+            .expect_err("a bad signature was counted");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+        assert!(
+            err.message().contains("does not verify"),
+            "{}",
+            err.message()
+        );
+    });
+    assert_eq!(f.owners_in(), 0);
+}
