@@ -109,6 +109,9 @@ pub enum TlsError {
     /// Certificate generation failed.
     #[error("certificate generation: {0}")]
     Generate(String),
+    /// The TLS configuration could not be built from the files read.
+    #[error("TLS configuration: {0}")]
+    Config(String),
 }
 
 /// Reads the role and name off a DER certificate's subject. Exactly one
@@ -262,6 +265,34 @@ impl LoadedTls {
     /// The CA every peer is checked against (PEM).
     pub fn ca_pem(&self) -> &[u8] {
         &self.ca_pem
+    }
+
+    /// The proxy's TLS configuration for a listener that runs the handshake itself:
+    /// its identity, client certificates required and checked against the CA, and
+    /// HTTP/2 by ALPN (what [`Self::server_config`] makes inside tonic).
+    pub fn rustls_server_config(&self) -> Result<tokio_rustls::rustls::ServerConfig, TlsError> {
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use tokio_rustls::rustls::server::WebPkiClientVerifier;
+        use tokio_rustls::rustls::{RootCertStore, ServerConfig};
+        let bad = |what: &str, e: &dyn std::fmt::Display| TlsError::Config(format!("{what}: {e}"));
+        let certs = |pem: &[u8]| {
+            CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| bad("certificate", &e))
+        };
+        let mut roots = RootCertStore::empty();
+        roots.add_parsable_certificates(certs(&self.ca_pem)?);
+        let verifier = WebPkiClientVerifier::builder(roots.into())
+            .build()
+            .map_err(|e| bad("client verifier", &e))?;
+        let key = PrivateKeyDer::from_pem_slice(&self.key_pem).map_err(|e| bad("key", &e))?;
+        let mut config = ServerConfig::builder()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs(&self.cert_pem)?, key)
+            .map_err(|e| bad("identity", &e))?;
+        config.alpn_protocols.push(b"h2".to_vec());
+        Ok(config)
     }
 
     /// The proxy's server configuration: its identity, and client certificates

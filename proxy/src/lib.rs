@@ -63,42 +63,54 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let tls = match &config.transport {
-        // A connection that never finishes its handshake is closed: it would
-        // otherwise hold one of the capped connection slots for good.
-        Transport::Tls(tls) => Some(tls.server_config().timeout(config.limits.handshake_timeout)),
+    let acceptor = match &config.transport {
+        Transport::Tls(tls) => Some(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(
+            tls.rustls_server_config()?,
+        ))),
         Transport::InsecurePlaintext => None,
     };
+    let handshake_timeout = config.limits.handshake_timeout;
     let svc = service::ProxyService::new(config)?;
     svc.spawn_deadline_ticker();
     let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
         .max_decoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES);
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        // Client certificates are required and checked against the CA in the
-        // handshake; a connection without one never reaches the service.
-        builder = builder.tls_config(tls)?;
-    }
-    builder
+    let router = tonic::transport::Server::builder()
         // Small flow-control windows: an owner waiting for an upload slot can park
         // at most this much data in the proxy, so memory stays flat in the owners.
         .initial_stream_window_size(UPLOAD_WINDOW_BYTES)
         .initial_connection_window_size(UPLOAD_WINDOW_BYTES)
         // A peer that vanished (no FIN: a cut cable, a killed VM) is found by pings
         // and its connection slot freed (TCP keepalive is set on each accepted
-        // socket, `listener::capped`).
+        // socket, `listener::accept`).
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         // Bounds the calls one connection can have waiting on the proxy.
         .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .layer(tower::layer::layer_fn(metrics::CountCalls))
-        .add_service(server)
-        .serve_with_incoming_shutdown(
-            listener::capped(listener, listener::MAX_CONNECTIONS),
-            shutdown,
-        )
-        .await?;
+        .add_service(server);
+    match acceptor {
+        // The listener runs the handshake (client certificates required and checked
+        // against the CA) under its caps and timeout, before a connection takes a
+        // slot; a connection without a certificate never reaches the service.
+        Some(acceptor) => {
+            let incoming = listener::capped_tls(
+                listener,
+                listener::MAX_CONNECTIONS,
+                acceptor,
+                handshake_timeout,
+            );
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?
+        }
+        None => {
+            let incoming = listener::capped(listener, listener::MAX_CONNECTIONS);
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?
+        }
+    }
     Ok(())
 }
 

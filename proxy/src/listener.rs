@@ -1,38 +1,56 @@
-//! Accepting connections with a cap: every open connection costs the proxy buffers
-//! (HTTP/2 state, read and write buffers), so past [`MAX_CONNECTIONS`] further owners
-//! wait in the kernel's accept queue, where they cost the proxy nothing, and are
-//! taken in as earlier ones close. With the upload limit this keeps the proxy's
-//! memory flat in the number of owners.
+//! Accepting connections with caps. Every open connection costs the proxy buffers
+//! (HTTP/2 state, read and write buffers), so at most [`MAX_CONNECTIONS`] are
+//! served at once; with the upload limit this keeps the proxy's memory flat in the
+//! number of owners.
+//!
+//! On TLS the handshake runs here, before a connection takes one of those slots:
+//! a client that connects and never finishes its handshake holds only a handshake
+//! place, for at most the handshake timeout, and the places are capped in all
+//! ([`MAX_HANDSHAKES`]) and per source address ([`MAX_HANDSHAKES_PER_SOURCE`]);
+//! a connection past a cap is closed at once. So a client that reconnects without
+//! end delays no one from another address. Once authenticated, a party (named by
+//! its certificate) holds at most [`MAX_CONNECTIONS_PER_PARTY`] connections.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
+/// TLS handshakes (and authenticated connections waiting for a slot) at once.
+pub const MAX_HANDSHAKES: usize = 256;
+/// TLS handshakes at once from one source address.
+pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
+/// Connections served at once for one party (one certificate name).
+pub const MAX_CONNECTIONS_PER_PARTY: usize = 8;
 
 /// An accepted connection holding one of the capped slots until it closes.
-pub struct Capped {
-    io: TcpStream,
+pub struct Capped<IO> {
+    io: IO,
     _slot: OwnedSemaphorePermit,
+    _party: Option<Held<String>>,
 }
 
-impl Connected for Capped {
-    type ConnectInfo = TcpConnectInfo;
+impl<IO: Connected> Connected for Capped<IO> {
+    type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.io.connect_info()
     }
 }
 
-impl AsyncRead for Capped {
+impl<IO: AsyncRead + Unpin> AsyncRead for Capped<IO> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -42,7 +60,7 @@ impl AsyncRead for Capped {
     }
 }
 
-impl AsyncWrite for Capped {
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -60,8 +78,83 @@ impl AsyncWrite for Capped {
     }
 }
 
-/// The listener's connections, at most `cap` open at once.
-pub fn capped(listener: TcpListener, cap: usize) -> ReceiverStream<std::io::Result<Capped>> {
+/// Counts held per key (a source address, a party).
+struct PerKey<K>(Arc<Mutex<HashMap<K, usize>>>);
+
+impl<K> Clone for PerKey<K> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<K> Default for PerKey<K> {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(HashMap::new())))
+    }
+}
+
+/// One count held in a [`PerKey`] table, released on drop.
+struct Held<K: std::hash::Hash + Eq> {
+    table: Arc<Mutex<HashMap<K, usize>>>,
+    key: K,
+}
+
+impl<K: std::hash::Hash + Eq> Drop for Held<K> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.table.lock() {
+            if let Some(n) = map.get_mut(&self.key) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&self.key);
+                }
+            }
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> PerKey<K> {
+    /// Holds one count of `key`, unless it already holds `max`.
+    fn take(&self, key: K, max: usize) -> Option<Held<K>> {
+        let mut map = self.0.lock().ok()?;
+        let n = map.entry(key.clone()).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Held {
+            table: Arc::clone(&self.0),
+            key,
+        })
+    }
+}
+
+/// Accepts TCP connections until the receiver is dropped, retrying transient
+/// errors (out of descriptors and the like) after a pause.
+async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((io, addr)) => {
+                // Small frames of many ciphertexts: do not wait to coalesce.
+                let _ = io.set_nodelay(true);
+                // A peer gone without a FIN is found even while idle.
+                let keepalive = socket2::TcpKeepalive::new().with_time(crate::KEEPALIVE_INTERVAL);
+                let _ = socket2::SockRef::from(&io).set_tcp_keepalive(&keepalive);
+                return (io, addr);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The listener's plaintext connections, at most `cap` open at once (test only:
+/// with no handshake there is nothing to time out before the HTTP/2 preface).
+pub fn capped(
+    listener: TcpListener,
+    cap: usize,
+) -> ReceiverStream<std::io::Result<Capped<TcpStream>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let slots = Arc::new(Semaphore::new(cap.max(1)));
     tokio::spawn(async move {
@@ -69,25 +162,80 @@ pub fn capped(listener: TcpListener, cap: usize) -> ReceiverStream<std::io::Resu
             let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
                 return;
             };
-            match listener.accept().await {
-                Ok((io, _)) => {
-                    // Small frames of many ciphertexts: do not wait to coalesce.
-                    let _ = io.set_nodelay(true);
-                    // A peer gone without a FIN is found even before TLS is up.
-                    let keepalive =
-                        socket2::TcpKeepalive::new().with_time(crate::KEEPALIVE_INTERVAL);
-                    let _ = socket2::SockRef::from(&io).set_tcp_keepalive(&keepalive);
-                    if tx.send(Ok(Capped { io, _slot: slot })).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    // Out of descriptors and the like: transient, so keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+            let (io, _) = accept(&listener).await;
+            let conn = Capped {
+                io,
+                _slot: slot,
+                _party: None,
+            };
+            if tx.send(Ok(conn)).await.is_err() {
+                return;
             }
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// The listener's TLS connections: handshakes under their caps and timeout, then
+/// at most `cap` connections served, [`MAX_CONNECTIONS_PER_PARTY`] per party.
+pub fn capped_tls(
+    listener: TcpListener,
+    cap: usize,
+    acceptor: TlsAcceptor,
+    handshake_timeout: Duration,
+) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let slots = Arc::new(Semaphore::new(cap.max(1)));
+    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let (sources, parties) = (PerKey::<IpAddr>::default(), PerKey::<String>::default());
+    tokio::spawn(async move {
+        while !tx.is_closed() {
+            let (io, addr) = accept(&listener).await;
+            // Past a cap the connection is closed at once (dropped here).
+            let Ok(place) = Arc::clone(&handshakes).try_acquire_owned() else {
+                continue;
+            };
+            let Some(source) = sources.take(addr.ip(), MAX_HANDSHAKES_PER_SOURCE) else {
+                continue;
+            };
+            let (acceptor, slots, parties, tx) = (
+                acceptor.clone(),
+                Arc::clone(&slots),
+                parties.clone(),
+                tx.clone(),
+            );
+            tokio::spawn(async move {
+                let Ok(Ok(tls)) =
+                    tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await
+                else {
+                    return;
+                };
+                drop(source);
+                let Some(party) =
+                    party_of(&tls).and_then(|p| parties.take(p, MAX_CONNECTIONS_PER_PARTY))
+                else {
+                    return;
+                };
+                let Ok(slot) = slots.acquire_owned().await else {
+                    return;
+                };
+                drop(place);
+                let conn = Capped {
+                    io: tls,
+                    _slot: slot,
+                    _party: Some(party),
+                };
+                let _ = tx.send(Ok(conn)).await;
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// The party a TLS connection authenticated as (the name its certificate gives).
+fn party_of(tls: &TlsStream<TcpStream>) -> Option<String> {
+    let certs = tls.get_ref().1.peer_certificates()?;
+    dpca_proto::tls::peer_of(certs.first()?)
+        .ok()
+        .map(|p| p.to_string())
 }
