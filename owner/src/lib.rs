@@ -288,12 +288,14 @@ fn sign_count_into(
     chunks: &mut [v1::ContributionChunk],
     key_pem: &[u8],
     study_id: &str,
+    key_fingerprint: &str,
 ) -> anyhow::Result<()> {
     let count = chunks
         .last()
         .and_then(|c| c.ciphertexts.last())
         .context("a contribution without E[N_i]")?;
-    let signature = dpca_proto::signed_count::sign_count(key_pem, study_id, count)?;
+    let signature =
+        dpca_proto::signed_count::sign_count(key_pem, study_id, key_fingerprint, count)?;
     if let Some(first) = chunks.first_mut() {
         first.count_signature = signature;
     }
@@ -447,7 +449,7 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
                 out.push(msg);
             }
             if let Some(key) = signer {
-                sign_count_into(&mut out, &key, &study_id)?;
+                sign_count_into(&mut out, &key, &study_id, &pk.fingerprint())?;
             }
             Ok(out)
         });

@@ -52,13 +52,16 @@ pub enum CountSignatureError {
     Sign(String),
 }
 
-/// The message an owner signs for its count in a study: domain, study id and the
+/// The message an owner signs for its count in a study: domain, study id, the
+/// fingerprint of the user's key the study uses (the proxy chooses study ids, the
+/// user the key, so a count cannot be replayed under another key) and the
 /// ciphertext's bytes, each length-prefixed.
-pub fn count_message(study_id: &str, ciphertext: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(64 + study_id.len() + ciphertext.len());
+pub fn count_message(study_id: &str, key_fingerprint: &str, ciphertext: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(128 + study_id.len() + ciphertext.len());
     for part in [
         b"dpca signed row count v1".as_slice(),
         study_id.as_bytes(),
+        key_fingerprint.as_bytes(),
         ciphertext,
     ] {
         m.extend_from_slice(&(part.len() as u64).to_be_bytes());
@@ -71,6 +74,7 @@ pub fn count_message(study_id: &str, ciphertext: &[u8]) -> Vec<u8> {
 pub fn sign_count(
     key_pem: &[u8],
     study_id: &str,
+    key_fingerprint: &str,
     ciphertext: &[u8],
 ) -> Result<Vec<u8>, CountSignatureError> {
     use rcgen::SigningKey;
@@ -78,21 +82,39 @@ pub fn sign_count(
         .map_err(|e| CountSignatureError::Sign(format!("key is not PEM text: {e}")))?;
     let key =
         rcgen::KeyPair::from_pem(pem).map_err(|e| CountSignatureError::Sign(e.to_string()))?;
-    key.sign(&count_message(study_id, ciphertext))
+    key.sign(&count_message(study_id, key_fingerprint, ciphertext))
         .map_err(|e| CountSignatureError::Sign(e.to_string()))
 }
 
-/// Verifies that `owner` signed `ciphertext` for `study_id` with a certificate
-/// (`certificate`, DER) that the CA (`ca_pem`) issued, that is valid now and that
-/// names that owner.
+/// What a signed count claims: who signed which ciphertext for which study.
+#[derive(Clone, Copy, Debug)]
+pub struct CountClaim<'a> {
+    /// The owner counted.
+    pub owner: &'a str,
+    /// The study.
+    pub study_id: &'a str,
+    /// The fingerprint of the study's (the user's) Paillier key.
+    pub key_fingerprint: &'a str,
+    /// E[N_i] as sent.
+    pub ciphertext: &'a [u8],
+}
+
+/// Verifies that the claimed owner signed the claimed ciphertext for the study and
+/// key with a certificate (`certificate`, DER) that the CA (`ca_pem`) issued
+/// directly (no intermediate CA), that is valid now, is no CA itself and names
+/// that owner.
 pub fn verify_count(
     ca_pem: &[u8],
     certificate: &[u8],
-    owner: &str,
-    study_id: &str,
-    ciphertext: &[u8],
+    claim: CountClaim<'_>,
     signature: &[u8],
 ) -> Result<(), CountSignatureError> {
+    let CountClaim {
+        owner,
+        study_id,
+        key_fingerprint,
+        ciphertext,
+    } = claim;
     let cert_err = |e: String| CountSignatureError::Certificate(e);
     let (_, ca_block) =
         x509_parser::pem::parse_x509_pem(ca_pem).map_err(|e| cert_err(format!("CA: {e}")))?;
@@ -113,6 +135,9 @@ pub fn verify_count(
     if !leaf.validity().is_valid() {
         return Err(untrusted("outside its validity".into()));
     }
+    if matches!(leaf.basic_constraints(), Ok(Some(bc)) if bc.value.ca) {
+        return Err(untrusted("it is a CA certificate".into()));
+    }
     let signer = peer_of(certificate).map_err(cert_err)?;
     if signer.role != Role::Owner || signer.name != owner {
         return Err(CountSignatureError::WrongSigner {
@@ -123,7 +148,10 @@ pub fn verify_count(
     let spki = leaf.public_key();
     let alg = algorithm(spki).ok_or_else(|| CountSignatureError::KeyType(owner.to_string()))?;
     UnparsedPublicKey::new(alg, &spki.subject_public_key.data)
-        .verify(&count_message(study_id, ciphertext), signature)
+        .verify(
+            &count_message(study_id, key_fingerprint, ciphertext),
+            signature,
+        )
         .map_err(|_| CountSignatureError::BadSignature(owner.to_string()))
 }
 
@@ -164,6 +192,15 @@ mod tests {
         block.contents
     }
 
+    fn claim<'a>(owner: &'a str, study_id: &'a str, ciphertext: &'a [u8]) -> CountClaim<'a> {
+        CountClaim {
+            owner,
+            study_id,
+            key_fingerprint: "k1",
+            ciphertext,
+        }
+    }
+
     #[test]
     fn a_count_verifies_only_for_its_owner_study_ciphertext_and_ca() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -188,34 +225,40 @@ mod tests {
         let ca = read(&a.ca);
         let cert_a = der_of(&read(&a.cert));
         let ct = vec![7u8; 512];
-        let sig = sign_count(&read(&a.key), "s1", &ct).expect("sign");
-        verify_count(&ca, &cert_a, "a", "s1", &ct, &sig).expect("the honest count");
+        let sig = sign_count(&read(&a.key), "s1", "k1", &ct).expect("sign");
+        verify_count(&ca, &cert_a, claim("a", "s1", &ct), &sig).expect("the honest count");
+        // The same count under another key of the user's (a replayed study id).
+        let other_key = CountClaim {
+            key_fingerprint: "k2",
+            ..claim("a", "s1", &ct)
+        };
+        assert!(verify_count(&ca, &cert_a, other_key, &sig).is_err());
         // Another study, another ciphertext, another owner's name: refused.
-        assert!(verify_count(&ca, &cert_a, "a", "s2", &ct, &sig).is_err());
+        assert!(verify_count(&ca, &cert_a, claim("a", "s2", &ct), &sig).is_err());
         let mut forged = ct.clone();
         forged[0] ^= 1;
         assert!(matches!(
-            verify_count(&ca, &cert_a, "a", "s1", &forged, &sig),
+            verify_count(&ca, &cert_a, claim("a", "s1", &forged), &sig),
             Err(CountSignatureError::BadSignature(_))
         ));
         assert!(matches!(
-            verify_count(&ca, &cert_a, "b", "s1", &ct, &sig),
+            verify_count(&ca, &cert_a, claim("b", "s1", &ct), &sig),
             Err(CountSignatureError::WrongSigner { .. })
         ));
         // b's certificate with a's signature; a user's certificate; another CA.
         let cert_b = der_of(&read(&b.cert));
-        assert!(verify_count(&ca, &cert_b, "b", "s1", &ct, &sig).is_err());
+        assert!(verify_count(&ca, &cert_b, claim("b", "s1", &ct), &sig).is_err());
         let user_cert = der_of(&read(&user.cert));
-        let user_sig = sign_count(&read(&user.key), "s1", &ct).expect("sign");
+        let user_sig = sign_count(&read(&user.key), "s1", "k1", &ct).expect("sign");
         assert!(matches!(
-            verify_count(&ca, &user_cert, "user", "s1", &ct, &user_sig),
+            verify_count(&ca, &user_cert, claim("user", "s1", &ct), &user_sig),
             Err(CountSignatureError::WrongSigner { .. })
         ));
         let foreign = files(&other, "a");
-        let foreign_sig = sign_count(&read(&foreign.key), "s1", &ct).expect("sign");
+        let foreign_sig = sign_count(&read(&foreign.key), "s1", "k1", &ct).expect("sign");
         let foreign_cert = der_of(&read(&foreign.cert));
         assert!(matches!(
-            verify_count(&ca, &foreign_cert, "a", "s1", &ct, &foreign_sig),
+            verify_count(&ca, &foreign_cert, claim("a", "s1", &ct), &foreign_sig),
             Err(CountSignatureError::Untrusted { .. })
         ));
     }

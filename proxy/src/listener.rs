@@ -189,8 +189,12 @@ pub fn capped_tls(
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     let (sources, parties) = (PerKey::<IpAddr>::default(), PerKey::<String>::default());
     tokio::spawn(async move {
-        while !tx.is_closed() {
-            let (io, addr) = accept(&listener).await;
+        loop {
+            // Ends with the server (its receiver dropped), not at the next connection.
+            let (io, addr) = tokio::select! {
+                conn = accept(&listener) => conn,
+                () = tx.closed() => return,
+            };
             // Past a cap the connection is closed at once (dropped here).
             let Ok(place) = Arc::clone(&handshakes).try_acquire_owned() else {
                 continue;
@@ -216,7 +220,11 @@ pub fn capped_tls(
                 else {
                     return;
                 };
-                let Ok(slot) = slots.acquire_owned().await else {
+                // Waiting for a slot is bounded too: a client that went away while
+                // the slots were full gives its handshake place back.
+                let Ok(Ok(slot)) =
+                    tokio::time::timeout(handshake_timeout, slots.acquire_owned()).await
+                else {
                     return;
                 };
                 drop(place);

@@ -374,15 +374,14 @@ impl ProxyService {
                 up.owner
             )));
         }
-        signed_count::verify_count(
-            tls.ca_pem(),
-            &certificate,
-            &up.owner,
-            &up.study_id,
-            &ciphertext,
-            &signature,
-        )
-        .map_err(|e| Status::permission_denied(e.to_string()))?;
+        let claim = signed_count::CountClaim {
+            owner: &up.owner,
+            study_id: &up.study_id,
+            key_fingerprint: &pk.fingerprint(),
+            ciphertext: &ciphertext,
+        };
+        signed_count::verify_count(tls.ca_pem(), &certificate, claim, &signature)
+            .map_err(|e| Status::permission_denied(e.to_string()))?;
         Ok(SignedCount {
             ciphertext,
             signature,

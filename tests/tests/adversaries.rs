@@ -237,7 +237,9 @@ fn connections_that_never_finish_a_handshake_do_not_lock_owners_out() {
     let addr: std::net::SocketAddr = f.url.trim_start_matches("https://").parse().expect("addr");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let attacker = |stop: std::sync::Arc<std::sync::atomic::AtomicBool>| async move {
+    let connected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let attacker = |stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+                    connected: std::sync::Arc<std::sync::atomic::AtomicUsize>| async move {
         use tokio::io::AsyncReadExt;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let socket = tokio::net::TcpSocket::new_v4().expect("socket");
@@ -246,6 +248,7 @@ fn connections_that_never_finish_a_handshake_do_not_lock_owners_out() {
                 .expect("bind");
             let wait = Duration::from_secs(30);
             if let Ok(Ok(mut c)) = tokio::time::timeout(wait, socket.connect(addr)).await {
+                connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 // Held, silent, until the proxy drops it.
                 let _ = tokio::time::timeout(wait, c.read(&mut [0u8; 1])).await;
             }
@@ -253,9 +256,18 @@ fn connections_that_never_finish_a_handshake_do_not_lock_owners_out() {
         }
     };
     let attackers: Vec<_> = (0..1000)
-        .map(|_| runtime.spawn(attacker(std::sync::Arc::clone(&stop))))
+        .map(|_| {
+            let (stop, connected) = (
+                std::sync::Arc::clone(&stop),
+                std::sync::Arc::clone(&connected),
+            );
+            runtime.spawn(attacker(stop, connected))
+        })
         .collect();
     std::thread::sleep(Duration::from_secs(3));
+    // The attack is on: without it this test would prove nothing.
+    let opened = connected.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(opened >= 1000, "only {opened} attacking connections");
     let data = f.good_file("a.csv", 20, 0);
     let owner = f.spawn_owner("hospital-a", &data);
     // Within one and a half handshake timeouts (10 s): measured here, the owner
@@ -419,7 +431,7 @@ fn a_proxy_cannot_get_anything_but_the_signed_total_count_decrypted() {
         dpca_proto::tls::Transport::InsecurePlaintext => unreachable!("the fixture is on TLS"),
     };
     let check = |sealed: &v1::SealedStudy| {
-        dpca_user::session::check_signed_counts(sealed, &f.sk, tls.ca_pem(), &f.study)
+        dpca_user::session::check_signed_counts(sealed, &f.sk, &f.spec, tls.ca_pem(), &f.study)
     };
     let sealed = rt().block_on(async {
         let mut user = f.client("user").await;
@@ -440,10 +452,23 @@ fn a_proxy_cannot_get_anything_but_the_signed_total_count_decrypted() {
     assert_eq!(n_a, BigUint::from(30u32), "a plausible forgery");
     let err = check(&lone).expect_err("one owner's count decrypted");
     assert!(err.to_string().contains("not the product"), "{err:#}");
-    // 2. A consistent subset: that owner alone, claimed as everyone counted.
+    // 2. A consistent subset: that owner alone, its count, and it alone counted.
     let mut subset = lone.clone();
     subset.counts.truncate(1);
     assert!(check(&subset).is_err(), "a subset of the counts");
+    subset.owners_in = vec![one.owner_id.clone()];
+    let err = check(&subset).expect_err("one owner claimed as all");
+    assert!(err.to_string().contains("minimum"), "{err:#}");
+    // ... or that owner twice, and E[2 N_a].
+    let mut twice = subset.clone();
+    twice.owners_in = vec![one.owner_id.clone(); 2];
+    twice.counts = vec![one.clone(); 2];
+    let ct_a = pk
+        .ciphertext_from_bytes(&one.encrypted_count, 0)
+        .expect("ct");
+    twice.encrypted_count = pk.ciphertext_to_bytes(&pk.add(&ct_a, &ct_a));
+    let err = check(&twice).expect_err("one owner counted twice");
+    assert!(err.to_string().contains("twice"), "{err:#}");
     // 3. Another ciphertext signed by no one (E[2 N_a]), and E[N] to match it.
     let mut forged = sealed.clone();
     let doubled = pk.scale(
@@ -459,8 +484,9 @@ fn a_proxy_cannot_get_anything_but_the_signed_total_count_decrypted() {
     let err = check(&forged).expect_err("an unsigned count decrypted");
     assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
     // 4. A signed count moved to another study is refused too.
-    let err = dpca_user::session::check_signed_counts(&sealed, &f.sk, tls.ca_pem(), "other")
-        .expect_err("a count signed for another study");
+    let err =
+        dpca_user::session::check_signed_counts(&sealed, &f.sk, &f.spec, tls.ca_pem(), "other")
+            .expect_err("a count signed for another study");
     assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
 }
 

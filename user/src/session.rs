@@ -12,7 +12,7 @@ use dpca_common::protocol::{open_release, Opened};
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::client::{transient, with_retries};
 use dpca_proto::convert::spec_to_wire;
-use dpca_proto::signed_count::verify_count;
+use dpca_proto::signed_count::{verify_count, CountClaim};
 use dpca_proto::tls::Transport;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
@@ -127,37 +127,31 @@ fn open_count(
 }
 
 /// Checks that the proxy's E[N] is the product of the counted owners' E[N_i], each
-/// signed for this study by a certificate of the CA (`ca_pem`) naming that owner,
-/// one per owner counted. Anything else (one owner's count, a class count, a
-/// histogram bin) is refused before it is decrypted: the user is no oracle.
+/// signed for this study and key by a certificate of the CA (`ca_pem`) naming
+/// that owner, one per owner counted, and that the owners counted are enough
+/// (`min_owners`) and invited (`expected_owners`, where the spec names them).
+/// Anything else (one owner's count, a class count, a histogram bin) is refused
+/// before it is decrypted: the user is no oracle.
 pub fn check_signed_counts(
     sealed: &v1::SealedStudy,
     sk: &SecretKey,
+    spec: &StudySpec,
     ca_pem: &[u8],
     study_id: &str,
 ) -> anyhow::Result<()> {
     let pk = sk.public();
-    let mut signers: Vec<&str> = sealed.counts.iter().map(|c| c.owner_id.as_str()).collect();
-    signers.sort_unstable();
-    let mut counted: Vec<&str> = sealed.owners_in.iter().map(String::as_str).collect();
-    counted.sort_unstable();
-    if signers != counted {
-        bail!(
-            "the proxy's signed counts are of owners {signers:?}, the owners counted are \
-             {counted:?}: E[N] not decrypted"
-        );
-    }
+    check_counted_owners(sealed, spec)?;
+    let fingerprint = pk.fingerprint();
     let mut product: Option<Ciphertext> = None;
     for c in &sealed.counts {
-        verify_count(
-            ca_pem,
-            &c.certificate,
-            &c.owner_id,
+        let claim = CountClaim {
+            owner: &c.owner_id,
             study_id,
-            &c.encrypted_count,
-            &c.signature,
-        )
-        .with_context(|| format!("E[N] not decrypted: the count of `{}`", c.owner_id))?;
+            key_fingerprint: &fingerprint,
+            ciphertext: &c.encrypted_count,
+        };
+        verify_count(ca_pem, &c.certificate, claim, &c.signature)
+            .with_context(|| format!("E[N] not decrypted: the count of `{}`", c.owner_id))?;
         let ct = pk
             .ciphertext_from_bytes(&c.encrypted_count, 0)
             .with_context(|| format!("the count of `{}`", c.owner_id))?;
@@ -171,6 +165,50 @@ pub fn check_signed_counts(
         .context("proxy sent an invalid encrypted count")?;
     if product.as_ref() != Some(&sent) {
         bail!("the proxy's E[N] is not the product of the owners' signed counts: not decrypted");
+    }
+    Ok(())
+}
+
+/// The owners the proxy says it counted: each once, as many as the study needs at
+/// least, invited where the spec names who is, and exactly the signers of counts.
+fn check_counted_owners(sealed: &v1::SealedStudy, spec: &StudySpec) -> anyhow::Result<()> {
+    let distinct = |names: Vec<&str>, what: &str| -> anyhow::Result<Vec<String>> {
+        let mut sorted: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        sorted.sort_unstable();
+        let before = sorted.len();
+        sorted.dedup();
+        if sorted.len() != before {
+            bail!("the proxy names an owner twice among the {what}: E[N] not decrypted");
+        }
+        Ok(sorted)
+    };
+    let counted = distinct(
+        sealed.owners_in.iter().map(String::as_str).collect(),
+        "owners counted",
+    )?;
+    let signers = distinct(
+        sealed.counts.iter().map(|c| c.owner_id.as_str()).collect(),
+        "signed counts",
+    )?;
+    if signers != counted {
+        bail!(
+            "the proxy's signed counts are of owners {signers:?}, the owners counted are \
+             {counted:?}: E[N] not decrypted"
+        );
+    }
+    if counted.len() < spec.min_owners as usize {
+        bail!(
+            "the proxy counted {} owners, fewer than the study's minimum of {}: E[N] not \
+             decrypted",
+            counted.len(),
+            spec.min_owners
+        );
+    }
+    if let Some(stranger) = counted
+        .iter()
+        .find(|o| !spec.expected_owners.is_empty() && !spec.expected_owners.contains(o))
+    {
+        bail!("the proxy counted `{stranger}`, who was not invited: E[N] not decrypted");
     }
     Ok(())
 }
@@ -228,7 +266,7 @@ pub async fn collect(
     }
     let proven = if mask {
         match transport {
-            Transport::Tls(tls) => check_signed_counts(&sealed, sk, tls.ca_pem(), study_id)?,
+            Transport::Tls(tls) => check_signed_counts(&sealed, sk, spec, tls.ca_pem(), study_id)?,
             // No certificates, no signatures: plaintext is insecure by name.
             Transport::InsecurePlaintext => {
                 tracing::warn!("plaintext: E[N] is decrypted without the owners' signatures")
