@@ -420,6 +420,18 @@ impl StudyFixture {
         )
     }
 
+    /// Runs the honest owner `hospital-a` on 20 rows and returns whether it was
+    /// through, successfully, within `limit` (`Err` says how it was not).
+    pub fn honest_owner_within(&self, limit: std::time::Duration) -> Result<(), String> {
+        let data = self.good_file("honest.csv", 20, 0);
+        let owner = self.spawn_owner("hospital-a", &data);
+        match finish_within(owner, limit) {
+            Some(out) if out.status.success() => Ok(()),
+            Some(out) => Err(describe(&out)),
+            None => Err(format!("the owner was not through in {limit:?}")),
+        }
+    }
+
     /// Runs owner `id` on `data` for the study.
     pub fn owner(&self, id: &str, data: &Path) -> Output {
         self.owner_accepting(id, data, &[])

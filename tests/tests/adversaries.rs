@@ -6,7 +6,7 @@
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::paillier::Ciphertext;
 use dpca_proto::v1;
-use dpca_tests::{describe, finish_within, fixture, fixture_on, fixture_with, rt};
+use dpca_tests::{describe, fixture, fixture_on, fixture_with, rt};
 use num_bigint::BigUint;
 use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
@@ -268,14 +268,11 @@ fn connections_that_never_finish_a_handshake_do_not_lock_owners_out() {
     // The attack is on: without it this test would prove nothing.
     let opened = connected.load(std::sync::atomic::Ordering::Relaxed);
     assert!(opened >= 1000, "only {opened} attacking connections");
-    let data = f.good_file("a.csv", 20, 0);
-    let owner = f.spawn_owner("hospital-a", &data);
     // Within one and a half handshake timeouts (10 s): measured here, the owner
     // took 27 s before the handshake moved into the listener, 0.2 s after.
-    let out = finish_within(owner, Duration::from_secs(15));
+    let through = f.honest_owner_within(Duration::from_secs(15));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let out = out.expect("the owner was locked out by connections that never spoke");
-    assert!(out.status.success(), "{}", describe(&out));
+    through.expect("locked out by connections that never spoke");
     assert_eq!(f.owners_in(), 1);
     drop(attackers);
     runtime.shutdown_background();
@@ -296,11 +293,8 @@ fn one_party_cannot_hold_every_connection() {
         })
         .collect();
     std::thread::sleep(Duration::from_secs(2));
-    let data = f.good_file("a.csv", 20, 0);
-    let owner = f.spawn_owner("hospital-a", &data);
-    let out = finish_within(owner, Duration::from_secs(60))
-        .expect("the owner was locked out by one party's idle connections");
-    assert!(out.status.success(), "{}", describe(&out));
+    f.honest_owner_within(Duration::from_secs(60))
+        .expect("locked out by one party's idle connections");
     assert_eq!(f.owners_in(), 1);
     drop(held);
     drop(runtime);
@@ -389,11 +383,8 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
     empties.extend(std::iter::repeat_n(chunk("late", 0), 30));
     let late = upload("late", empties, second);
     std::thread::sleep(Duration::from_millis(300));
-    let data = f.good_file("a.csv", 20, 0);
-    let owner = f.spawn_owner("hospital-a", &data);
-    let out = finish_within(owner, Duration::from_secs(60))
+    f.honest_owner_within(Duration::from_secs(60))
         .expect("the honest owner never got an upload slot");
-    assert!(out.status.success(), "{}", describe(&out));
     runtime.block_on(async {
         let code = |r: Result<Result<_, tonic::Status>, _>, what: &str| {
             let err = r.expect("task").expect_err(what);
