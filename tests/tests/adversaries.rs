@@ -5,6 +5,7 @@
 
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::paillier::Ciphertext;
+use dpca_common::protocol::Share;
 use dpca_proto::v1;
 use dpca_tests::{describe, fixture, fixture_on, fixture_with, rt};
 use num_bigint::BigUint;
@@ -536,4 +537,110 @@ fn a_mask_contribution_without_a_valid_signed_count_is_refused() {
         );
     });
     assert_eq!(f.owners_in(), 0);
+}
+
+/// An owner working with the user sends v far outside the norm ball (and R = 0).
+/// Under `mask` that let the user read the others' rows with Delta/sigma about 16.
+/// Under `dp-mean`, the default, the release is linear in each share: the user,
+/// knowing the dishonest share, removes it exactly, and what is left on the honest
+/// owners' sums is noise of the full planned scale.
+#[test]
+fn an_owner_outside_the_ball_leaves_the_honest_rows_fully_noised_by_default() {
+    let f = fixture_with(|s| {
+        s.quorum = 3;
+        s.min_owners = 3;
+    });
+    assert_eq!(f.spec.privacy.centering, Centering::DpMean, "the default");
+    for (id, skip) in [("hospital-a", 0), ("hospital-b", 30)] {
+        let data = f.good_file(&format!("{id}.csv"), 30, skip);
+        let o = f.owner(id, &data);
+        assert!(o.status.success(), "{}", describe(&o));
+    }
+    let layout = dpca_common::study::StudyLayout::new(&f.spec).expect("layout");
+    let m = f.spec.dim();
+    let cq = f.spec.fixed.norm_bound_int() as i128;
+    // Mallory's share: no scatter, a sum a thousand rows long in every feature.
+    let evil = Share {
+        r_upper: vec![0; layout.matrix_blocks * layout.triangle.total()],
+        v: vec![1000 * cq; m],
+        n: 1,
+    };
+    let pk = f.sk.public().clone();
+    let cts: Vec<Vec<u8>> = evil
+        .plaintexts(&layout, &pk)
+        .expect("packs")
+        .iter()
+        .map(|p| pk.ciphertext_to_bytes(&pk.encrypt(p, &mut OsRng).expect("encrypt")))
+        .collect();
+    let per_chunk = dpca_proto::convert::CIPHERTEXTS_PER_CHUNK;
+    let mut chunks: Vec<v1::ContributionChunk> = cts
+        .chunks(per_chunk)
+        .map(|c| v1::ContributionChunk {
+            ciphertexts: c.to_vec(),
+            ..Default::default()
+        })
+        .collect();
+    chunks[0].study_id = f.study.clone();
+    chunks[0].owner_id = "mallory".into();
+    chunks[0].contribution_id = "outside".into();
+    chunks[0].total_ciphertexts = cts.len() as u32;
+    chunks[0].cap_epsilon = 1.5;
+    chunks[0].cap_delta = 1e-4;
+    let opened = rt().block_on(async {
+        let mut mallory = f.client("mallory").await;
+        mallory
+            .contribute(tokio_stream::iter(chunks))
+            .await
+            .expect("an encrypted share cannot be checked, so it is counted");
+        let mut user = f.client("user").await;
+        dpca_user::session::collect(
+            &mut user,
+            &f.proxy.transport("user"),
+            &f.sk,
+            &f.spec,
+            &f.study,
+        )
+        .await
+        .expect("release")
+        .opened
+    });
+    // The honest sums, exactly as the owners encoded them.
+    let t = dpca_tests::optdigits();
+    let (honest, _) =
+        Share::from_raw_rows(&t.rows[..60], &f.spec.bounds, &f.spec.fixed, None, None);
+    let plan = f.spec.noise_plan(61);
+    let spread = |residuals: &[f64]| {
+        (residuals.iter().map(|e| e * e).sum::<f64>() / residuals.len() as f64).sqrt()
+    };
+    let mut matrix = Vec::new();
+    let mut k = 0;
+    for i in 0..m {
+        for j in i..m {
+            let released = &opened.matrix_grid[0][i][j];
+            let exact = num_bigint::BigInt::from(honest.r_upper[k]);
+            matrix.push((released - exact).to_string().parse::<f64>().expect("f64"));
+            k += 1;
+        }
+    }
+    let vector: Vec<f64> = (0..m)
+        .map(|i| {
+            let exact = num_bigint::BigInt::from(honest.v[i] + evil.v[i]);
+            (&opened.vector_grid[i] - exact)
+                .to_string()
+                .parse::<f64>()
+                .expect("f64")
+        })
+        .collect();
+    let sigma_r = plan.matrix.std_dev();
+    let sigma_v = plan.vector.as_ref().expect("dp-mean noises v").std_dev();
+    // 2080 and 64 draws of the planned noise: their spread is the plan's, not less.
+    let (got_r, got_v) = (spread(&matrix), spread(&vector));
+    assert!(
+        (0.8..1.25).contains(&(got_r / sigma_r)),
+        "matrix noise {got_r} vs {sigma_r}"
+    );
+    assert!(
+        (0.6..1.6).contains(&(got_v / sigma_v)),
+        "vector noise {got_v} vs {sigma_v}"
+    );
 }
