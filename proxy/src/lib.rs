@@ -15,6 +15,7 @@ pub mod budget;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub(crate) mod per_key;
 pub mod service;
 pub mod status;
 pub mod store;

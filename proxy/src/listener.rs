@@ -11,10 +11,9 @@
 //! end delays no one from another address. Once authenticated, a party (named by
 //! its certificate) holds at most [`MAX_CONNECTIONS_PER_PARTY`] connections.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,6 +24,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
+
+use crate::per_key::{Held, PerKey};
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -75,56 +76,6 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
-/// Counts held per key (a source address, a party).
-struct PerKey<K>(Arc<Mutex<HashMap<K, usize>>>);
-
-impl<K> Clone for PerKey<K> {
-    fn clone(&self) -> Self {
-        Self(Arc::clone(&self.0))
-    }
-}
-
-impl<K> Default for PerKey<K> {
-    fn default() -> Self {
-        Self(Arc::new(Mutex::new(HashMap::new())))
-    }
-}
-
-/// One count held in a [`PerKey`] table, released on drop.
-struct Held<K: std::hash::Hash + Eq> {
-    table: Arc<Mutex<HashMap<K, usize>>>,
-    key: K,
-}
-
-impl<K: std::hash::Hash + Eq> Drop for Held<K> {
-    fn drop(&mut self) {
-        if let Ok(mut map) = self.table.lock() {
-            if let Some(n) = map.get_mut(&self.key) {
-                *n -= 1;
-                if *n == 0 {
-                    map.remove(&self.key);
-                }
-            }
-        }
-    }
-}
-
-impl<K: std::hash::Hash + Eq + Clone> PerKey<K> {
-    /// Holds one count of `key`, unless it already holds `max`.
-    fn take(&self, key: K, max: usize) -> Option<Held<K>> {
-        let mut map = self.0.lock().ok()?;
-        let n = map.entry(key.clone()).or_insert(0);
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(Held {
-            table: Arc::clone(&self.0),
-            key,
-        })
     }
 }
 

@@ -1,7 +1,7 @@
 //! The gRPC shell around the study state machine: each handler validates at the
 //! edge, loads the study, applies one transition and replies.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,6 +21,7 @@ use dpca_proto::tls::{peer_of, Peer, Transport};
 
 use crate::access::{permit, Action};
 use crate::budget::{charge, BudgetError, OwnerBudget};
+use crate::per_key::{Held, PerKey};
 use crate::store::{Store, StoreError};
 use crate::study::{ContributionOutcome, Phase, SignedCount, Study, StudyError};
 use crate::ProxyConfig;
@@ -67,7 +68,7 @@ pub struct ProxyService {
     uploads: Arc<Semaphore>,
     /// Owners with an upload in progress: one slot per owner, so no certificate
     /// holder can take every slot.
-    uploading: Arc<Mutex<HashSet<String>>>,
+    uploading: PerKey<String>,
     store: Option<Arc<Store>>,
     /// Owner id -> privacy budget. Locked after `studies` when both are held.
     budgets: Arc<Mutex<HashMap<String, OwnerBudget>>>,
@@ -111,7 +112,7 @@ impl ProxyService {
             uploads: Arc::new(Semaphore::new(config.max_concurrent_uploads.max(1))),
             config,
             studies: Arc::new(Mutex::new(studies)),
-            uploading: Arc::new(Mutex::new(HashSet::new())),
+            uploading: PerKey::default(),
             store,
             budgets: Arc::new(Mutex::new(budgets)),
         })
@@ -275,34 +276,24 @@ impl ProxyService {
     /// when the returned guard is dropped.
     async fn upload_slot(&self, owner: Option<&str>) -> Result<UploadSlot, Status> {
         let owner = match owner {
-            Some(name) => {
-                let mut busy = self
-                    .uploading
-                    .lock()
-                    .map_err(|_| Status::internal("upload table poisoned"))?;
-                if !busy.insert(name.to_string()) {
-                    // Unavailable, which owners retry: the earlier upload may be one
-                    // whose connection died and whose slot frees when it times out.
-                    return Err(Status::unavailable(format!(
-                        "owner `{name}` already has an upload in progress; one at a time"
-                    )));
-                }
-                Some((Arc::clone(&self.uploading), name.to_string()))
-            }
+            Some(name) => Some(self.uploading.take(name.to_string(), 1).ok_or_else(|| {
+                // Unavailable, which owners retry: the earlier upload may be one whose
+                // connection died and whose slot frees when it times out.
+                Status::unavailable(format!(
+                    "owner `{name}` already has an upload in progress; one at a time"
+                ))
+            })?),
             None => None,
         };
-        let mut slot = UploadSlot {
-            owner,
-            _permit: None,
-        };
         // Taken after the owner's own slot: a refused second upload never waits.
-        slot._permit = Some(
-            Arc::clone(&self.uploads)
-                .acquire_owned()
-                .await
-                .map_err(|_| Status::unavailable("proxy is shutting down"))?,
-        );
-        Ok(slot)
+        let permit = Arc::clone(&self.uploads)
+            .acquire_owned()
+            .await
+            .map_err(|_| Status::unavailable("proxy is shutting down"))?;
+        Ok(UploadSlot {
+            _owner: owner,
+            _permit: permit,
+        })
     }
 
     /// The caller as its certificate names it; `None` on plaintext.
@@ -538,18 +529,8 @@ struct Upload {
 
 /// An owner's upload slot and one of the proxy's, released on drop.
 struct UploadSlot {
-    owner: Option<(Arc<Mutex<HashSet<String>>>, String)>,
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-impl Drop for UploadSlot {
-    fn drop(&mut self) {
-        if let Some((busy, name)) = self.owner.take() {
-            if let Ok(mut busy) = busy.lock() {
-                busy.remove(&name);
-            }
-        }
-    }
+    _owner: Option<Held<String>>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Runs CPU- or disk-bound work off the async runtime.
