@@ -236,6 +236,24 @@ pub fn vector_segments(dim: usize, slots: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// The parts concatenated, each after its length as a big-endian u64: an
+/// unambiguous input for a hash, a MAC or a signature (("ab", "c") and ("a", "bc")
+/// differ).
+pub fn length_prefixed(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(parts.iter().map(|p| 8 + p.len()).sum());
+    length_prefixed_into(parts, |b| out.extend_from_slice(b));
+    out
+}
+
+/// As [`length_prefixed`], fed piece by piece to `sink` (a hasher or a MAC), so a
+/// large part is never copied.
+pub fn length_prefixed_into(parts: &[&[u8]], mut sink: impl FnMut(&[u8])) {
+    for part in parts {
+        sink(&(part.len() as u64).to_be_bytes());
+        sink(part);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,5 +342,15 @@ mod tests {
             let expect: Vec<BigInt> = a.iter().zip(&b).map(|(x, y)| BigInt::from(x * k + y)).collect();
             prop_assert_eq!(budget.unpack(&combined, 5).expect("unpack"), expect);
         }
+    }
+
+    #[test]
+    fn length_prefixed_parts_do_not_run_into_each_other() {
+        let ab_c = length_prefixed(&[b"ab", b"c"]);
+        assert_ne!(ab_c, length_prefixed(&[b"a", b"bc"]));
+        assert_eq!(&ab_c[..8], &2u64.to_be_bytes());
+        let mut fed = Vec::new();
+        length_prefixed_into(&[b"ab", b"c"], |b| fed.extend_from_slice(b));
+        assert_eq!(fed, ab_c);
     }
 }

@@ -12,6 +12,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use dpca_common::data::read_csv;
 use dpca_common::dp::Centering;
+use dpca_common::encoding::length_prefixed_into;
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
@@ -214,10 +215,9 @@ pub fn contribution_secret(transport: &Transport) -> [u8; 32] {
 pub fn contribution_id(secret: &[u8; 32], study_id: &str, owner_id: &str, data: &[u8]) -> String {
     let mut mac =
         <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
-    for part in [study_id.as_bytes(), owner_id.as_bytes(), data] {
-        mac.update(&(part.len() as u64).to_be_bytes());
-        mac.update(part);
-    }
+    length_prefixed_into(&[study_id.as_bytes(), owner_id.as_bytes(), data], |b| {
+        mac.update(b)
+    });
     hex::encode(mac.finalize().into_bytes())
 }
 

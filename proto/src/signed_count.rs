@@ -10,6 +10,7 @@
 //! The signature is over a domain-separated message, so it can be taken for
 //! nothing else the key signs (the TLS handshake signs other structures).
 
+use dpca_common::encoding::length_prefixed;
 use ring::signature::{self, UnparsedPublicKey, VerificationAlgorithm};
 use x509_parser::oid_registry::{
     OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
@@ -57,17 +58,12 @@ pub enum CountSignatureError {
 /// user the key, so a count cannot be replayed under another key) and the
 /// ciphertext's bytes, each length-prefixed.
 pub fn count_message(study_id: &str, key_fingerprint: &str, ciphertext: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(128 + study_id.len() + ciphertext.len());
-    for part in [
-        b"dpca signed row count v1".as_slice(),
+    length_prefixed(&[
+        b"dpca signed row count v1",
         study_id.as_bytes(),
         key_fingerprint.as_bytes(),
         ciphertext,
-    ] {
-        m.extend_from_slice(&(part.len() as u64).to_be_bytes());
-        m.extend_from_slice(part);
-    }
-    m
+    ])
 }
 
 /// Signs the count with the owner's private key (PEM, as its certificate's).

@@ -21,7 +21,6 @@ use dpca_common::study::{StudyLayout, StudySpec};
 use num_bigint::BigUint;
 use num_traits::One;
 use rand::{CryptoRng, RngCore};
-use sha2::{Digest, Sha256};
 
 /// Why a transition was refused. Carries ids, never data.
 #[derive(Debug, thiserror::Error)]
@@ -547,16 +546,6 @@ pub fn release_plan(spec: &StudySpec, noise_free: bool, n_rows: Option<u64>) -> 
         plan.epsilon = f64::INFINITY;
     }
     plan
-}
-
-/// Idempotency key of a contribution: SHA-256 over its ciphertext bytes.
-pub fn contribution_digest(chunks: &[Vec<u8>]) -> String {
-    let mut h = Sha256::new();
-    for c in chunks {
-        h.update((c.len() as u64).to_be_bytes());
-        h.update(c);
-    }
-    hex::encode(h.finalize())
 }
 
 #[cfg(test)]
