@@ -11,7 +11,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use dpca_common::data::read_csv;
-use dpca_common::dp::Centering;
 use dpca_common::encoding::length_prefixed_into;
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{ClassRows, Share};
@@ -21,6 +20,7 @@ use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::client::{connect, status_message, transient, with_retries, ConnectError};
 use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::invitation::{Invitation, InvitationError};
+use dpca_proto::signed_count::signing_identity;
 use dpca_proto::tls::Transport;
 use dpca_proto::usage::Usage;
 use dpca_proto::v1;
@@ -410,10 +410,8 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
     let cap = cfg.budget_cap;
     // Under `mask` the user decrypts E[N] only as the product of counts the owners
     // signed (`signed_count`); on plaintext there is no key to sign with.
-    let signer = match (&cfg.transport, spec.privacy.centering) {
-        (Transport::Tls(tls), Centering::Mask) => Some(tls.private_key_pem().to_vec()),
-        (Transport::Tls(_), Centering::DpMean) | (Transport::InsecurePlaintext, _) => None,
-    };
+    let signer = signing_identity(spec.privacy.centering, &cfg.transport)
+        .map(|tls| tls.private_key_pem().to_vec());
     // Everything is encrypted before the upload starts: the proxy gives each upload
     // an allowance of time for its bytes (`--min-upload-rate`), so an upload slot is
     // held for the transfer only, however slow the encryption.

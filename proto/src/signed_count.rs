@@ -18,7 +18,8 @@ use x509_parser::oid_registry::{
 };
 use x509_parser::prelude::*;
 
-use crate::tls::{peer_of, Role};
+use crate::tls::{peer_of, LoadedTls, Role, Transport};
+use dpca_common::dp::Centering;
 
 /// Why a signed count was refused.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +52,16 @@ pub enum CountSignatureError {
     /// Signing failed (the owner's own key).
     #[error("cannot sign the count: {0}")]
     Sign(String),
+}
+
+/// The TLS identity counts are signed and checked with, where they are: under
+/// `mask`, whose E[N] the user decrypts for the proxy, over TLS (on plaintext
+/// there is no key). The one rule owner, proxy and user follow.
+pub fn signing_identity(centering: Centering, transport: &Transport) -> Option<&LoadedTls> {
+    match (centering, transport) {
+        (Centering::Mask, Transport::Tls(tls)) => Some(tls),
+        (Centering::DpMean, _) | (Centering::Mask, Transport::InsecurePlaintext) => None,
+    }
 }
 
 /// The message an owner signs for its count in a study: domain, study id, the

@@ -10,6 +10,7 @@ use dpca_common::dp::Centering;
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey};
 use dpca_common::study::StudyLayout;
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
+use dpca_proto::signed_count::signing_identity;
 use dpca_proto::{signed_count, v1};
 use rand::rngs::OsRng;
 use rand::RngCore;
@@ -384,7 +385,7 @@ impl ProxyService {
     /// or whose owner's budget cannot pay for the study; answers a retry of one
     /// already counted at once.
     async fn admit(&self, up: &Upload) -> Result<Admission, Status> {
-        let (outcome, pk, expected, owners_in, cost, mask) = self
+        let (outcome, pk, expected, owners_in, cost, centering) = self
             .with_study(&up.study_id, |s| {
                 Ok((
                     s.check_can_contribute(&up.owner, &up.cid)?,
@@ -392,7 +393,7 @@ impl ProxyService {
                     s.layout.owner_ciphertexts(),
                     s.owners_in().len(),
                     (s.spec.privacy.epsilon, s.spec.privacy.delta),
-                    s.spec.privacy.centering == Centering::Mask,
+                    s.spec.privacy.centering,
                 ))
             })
             .await?;
@@ -410,7 +411,7 @@ impl ProxyService {
             )));
         }
         charge(&up.owner, current.as_ref(), up.cap, &up.study_id, cost).map_err(budget_status)?;
-        let signed = mask && matches!(self.config.transport, Transport::Tls(_));
+        let signed = signing_identity(centering, &self.config.transport).is_some();
         Ok(Admission::Read {
             pk,
             expected,
@@ -675,7 +676,7 @@ impl v1::proxy_server::Proxy for ProxyService {
             .next()
             .await?
             .ok_or_else(|| Status::invalid_argument("empty contribution stream"))?;
-        let upload = Upload {
+        let mut upload = Upload {
             study_id: first.study_id.clone(),
             owner: first.owner_id.clone(),
             cid: first.contribution_id.clone(),
@@ -715,7 +716,6 @@ impl v1::proxy_server::Proxy for ProxyService {
         );
         let cts = read_ciphertexts(&mut stream, first, &pk, expected, &upload.owner).await?;
         let bytes = cts.len() * pk.ciphertext_bytes();
-        let mut upload = upload;
         if signed {
             upload.count = Some(self.signed_count(&upload, &pk, &cts, signature, leaf)?);
         }

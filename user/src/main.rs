@@ -166,7 +166,8 @@ struct StudyArgs {
     /// centering, with about 2.8x more noise: its proof needs every owner's rows in
     /// the norm ball (nobody can check that under encryption, so one dishonest owner
     /// working with the user breaks it), and the user learns each owner's row count
-    /// (it decrypts N only as the product of the owners' signed counts). Owners refuse a mask study unless they pass `--accept-risk mask-centering`.
+    /// (it decrypts N only as the product of the owners' signed counts). Owners
+    /// refuse a mask study unless they pass `--accept-risk mask-centering`.
     #[arg(long)]
     centering: Option<String>,
     /// Label column to exclude from the features.

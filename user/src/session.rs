@@ -12,7 +12,7 @@ use dpca_common::protocol::{open_release, Opened};
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::client::{transient, with_retries};
 use dpca_proto::convert::spec_to_wire;
-use dpca_proto::signed_count::{verify_count, CountClaim};
+use dpca_proto::signed_count::{signing_identity, verify_count, CountClaim};
 use dpca_proto::tls::Transport;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
@@ -169,25 +169,25 @@ pub fn check_signed_counts(
     Ok(())
 }
 
+/// The names sorted, refused if one comes twice.
+fn distinct<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> anyhow::Result<Vec<&'a str>> {
+    let mut sorted: Vec<&str> = names.collect();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0] == w[1]) {
+        bail!("the proxy names an owner twice among the {what}: E[N] not decrypted");
+    }
+    Ok(sorted)
+}
+
 /// The owners the proxy says it counted: each once, as many as the study needs at
 /// least, invited where the spec names who is, and exactly the signers of counts.
 fn check_counted_owners(sealed: &v1::SealedStudy, spec: &StudySpec) -> anyhow::Result<()> {
-    let distinct = |names: Vec<&str>, what: &str| -> anyhow::Result<Vec<String>> {
-        let mut sorted: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        sorted.sort_unstable();
-        let before = sorted.len();
-        sorted.dedup();
-        if sorted.len() != before {
-            bail!("the proxy names an owner twice among the {what}: E[N] not decrypted");
-        }
-        Ok(sorted)
-    };
     let counted = distinct(
-        sealed.owners_in.iter().map(String::as_str).collect(),
+        sealed.owners_in.iter().map(String::as_str),
         "owners counted",
     )?;
     let signers = distinct(
-        sealed.counts.iter().map(|c| c.owner_id.as_str()).collect(),
+        sealed.counts.iter().map(|c| c.owner_id.as_str()),
         "signed counts",
     )?;
     if signers != counted {
@@ -206,7 +206,7 @@ fn check_counted_owners(sealed: &v1::SealedStudy, spec: &StudySpec) -> anyhow::R
     }
     if let Some(stranger) = counted
         .iter()
-        .find(|o| !spec.expected_owners.is_empty() && !spec.expected_owners.contains(o))
+        .find(|o| !spec.expected_owners.is_empty() && !spec.expected_owners.iter().any(|e| e == *o))
     {
         bail!("the proxy counted `{stranger}`, who was not invited: E[N] not decrypted");
     }
@@ -265,12 +265,10 @@ pub async fn collect(
         );
     }
     let proven = if mask {
-        match transport {
-            Transport::Tls(tls) => check_signed_counts(&sealed, sk, spec, tls.ca_pem(), study_id)?,
+        match signing_identity(spec.privacy.centering, transport) {
+            Some(tls) => check_signed_counts(&sealed, sk, spec, tls.ca_pem(), study_id)?,
             // No certificates, no signatures: plaintext is insecure by name.
-            Transport::InsecurePlaintext => {
-                tracing::warn!("plaintext: E[N] is decrypted without the owners' signatures")
-            }
+            None => tracing::warn!("plaintext: E[N] is decrypted without the owners' signatures"),
         }
         Some(open_count(sk, spec, study_id, &sealed)?)
     } else {
