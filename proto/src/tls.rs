@@ -21,7 +21,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 /// A party's role, written in its certificate's organizational unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -267,9 +267,9 @@ impl LoadedTls {
         &self.ca_pem
     }
 
-    /// The proxy's TLS configuration for a listener that runs the handshake itself:
-    /// its identity, client certificates required and checked against the CA, and
-    /// HTTP/2 by ALPN (what [`Self::server_config`] makes inside tonic).
+    /// The proxy's TLS configuration, for its listener, which runs the handshake
+    /// itself: its identity, client certificates required and checked against the
+    /// CA, and HTTP/2 by ALPN (as tonic's own server configuration).
     pub fn rustls_server_config(&self) -> Result<tokio_rustls::rustls::ServerConfig, TlsError> {
         use tokio_rustls::rustls::pki_types::pem::PemObject;
         use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -293,14 +293,6 @@ impl LoadedTls {
             .map_err(|e| bad("identity", &e))?;
         config.alpn_protocols.push(b"h2".to_vec());
         Ok(config)
-    }
-
-    /// The proxy's server configuration: its identity, and client certificates
-    /// required and checked against the CA.
-    pub fn server_config(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
-            .client_ca_root(Certificate::from_pem(&self.ca_pem))
     }
 
     /// A client configuration: the proxy is checked against the CA and the URL's
