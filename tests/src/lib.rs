@@ -432,6 +432,32 @@ impl StudyFixture {
         }
     }
 
+    /// `ciphertexts` framed as owner `owner` would send them for the study: chunks
+    /// of the protocol's size, the header (id `cid`, cap epsilon 1.5) on the first.
+    pub fn contribution(
+        &self,
+        owner: &str,
+        cid: &str,
+        ciphertexts: &[Vec<u8>],
+    ) -> Vec<dpca_proto::v1::ContributionChunk> {
+        let mut chunks: Vec<_> = ciphertexts
+            .chunks(dpca_proto::convert::CIPHERTEXTS_PER_CHUNK)
+            .map(|c| dpca_proto::v1::ContributionChunk {
+                ciphertexts: c.to_vec(),
+                ..Default::default()
+            })
+            .collect();
+        if let Some(first) = chunks.first_mut() {
+            first.study_id = self.study.clone();
+            first.owner_id = owner.into();
+            first.contribution_id = cid.into();
+            first.total_ciphertexts = ciphertexts.len() as u32;
+            first.cap_epsilon = 1.5;
+            first.cap_delta = 1e-4;
+        }
+        chunks
+    }
+
     /// Runs owner `id` on `data` for the study.
     pub fn owner(&self, id: &str, data: &Path) -> Output {
         self.owner_accepting(id, data, &[])

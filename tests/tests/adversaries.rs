@@ -494,22 +494,9 @@ fn a_mask_contribution_without_a_valid_signed_count_is_refused() {
         &pk.encrypt(&BigUint::from(0u8), &mut OsRng)
             .expect("encrypt"),
     );
-    let per_chunk = dpca_proto::convert::CIPHERTEXTS_PER_CHUNK;
+    let zeros = vec![zero; layout.owner_ciphertexts()];
     let stream = |signature: Vec<u8>| {
-        let total = layout.owner_ciphertexts();
-        let mut chunks: Vec<v1::ContributionChunk> = (0..total)
-            .step_by(per_chunk)
-            .map(|start| v1::ContributionChunk {
-                ciphertexts: vec![zero.clone(); per_chunk.min(total - start)],
-                ..Default::default()
-            })
-            .collect();
-        chunks[0].study_id = f.study.clone();
-        chunks[0].owner_id = "mallory".into();
-        chunks[0].contribution_id = "unsigned".into();
-        chunks[0].total_ciphertexts = total as u32;
-        chunks[0].cap_epsilon = 1.5;
-        chunks[0].cap_delta = 1e-4;
+        let mut chunks = f.contribution("mallory", "unsigned", &zeros);
         chunks[0].count_signature = signature;
         tokio_stream::iter(chunks)
     };
@@ -572,20 +559,7 @@ fn an_owner_outside_the_ball_leaves_the_honest_rows_fully_noised_by_default() {
         .iter()
         .map(|p| pk.ciphertext_to_bytes(&pk.encrypt(p, &mut OsRng).expect("encrypt")))
         .collect();
-    let per_chunk = dpca_proto::convert::CIPHERTEXTS_PER_CHUNK;
-    let mut chunks: Vec<v1::ContributionChunk> = cts
-        .chunks(per_chunk)
-        .map(|c| v1::ContributionChunk {
-            ciphertexts: c.to_vec(),
-            ..Default::default()
-        })
-        .collect();
-    chunks[0].study_id = f.study.clone();
-    chunks[0].owner_id = "mallory".into();
-    chunks[0].contribution_id = "outside".into();
-    chunks[0].total_ciphertexts = cts.len() as u32;
-    chunks[0].cap_epsilon = 1.5;
-    chunks[0].cap_delta = 1e-4;
+    let chunks = f.contribution("mallory", "outside", &cts);
     let opened = rt().block_on(async {
         let mut mallory = f.client("mallory").await;
         mallory
