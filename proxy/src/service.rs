@@ -23,7 +23,7 @@ use dpca_proto::tls::{peer_of, Peer, Transport};
 use crate::access::{permit, Action};
 use crate::budget::{charge, BudgetError, OwnerBudget};
 use crate::per_key::{Held, PerKey};
-use crate::store::{Store, StoreError};
+use crate::store::{signed_count_to_wire, Store, StoreError};
 use crate::study::{ContributionOutcome, Phase, SignedCount, Study, StudyError};
 use crate::ProxyConfig;
 
@@ -759,12 +759,7 @@ impl v1::proxy_server::Proxy for ProxyService {
                             counts: s
                                 .signed_counts()
                                 .iter()
-                                .map(|(owner, c)| v1::SignedCount {
-                                    owner_id: owner.clone(),
-                                    encrypted_count: c.ciphertext.clone(),
-                                    signature: c.signature.clone(),
-                                    certificate: c.certificate.clone(),
-                                })
+                                .map(|(owner, c)| signed_count_to_wire(owner, c))
                                 .collect(),
                         }))
                     }

@@ -207,12 +207,10 @@ pub fn to_record(study: &Study) -> v1::StoredStudy {
             .map(|(o, c)| v1::StoredContributor {
                 owner_id: o.clone(),
                 contribution_id: c.clone(),
-                count: study.signed_counts().get(o).map(|sc| v1::SignedCount {
-                    owner_id: o.clone(),
-                    encrypted_count: sc.ciphertext.clone(),
-                    signature: sc.signature.clone(),
-                    certificate: sc.certificate.clone(),
-                }),
+                count: study
+                    .signed_counts()
+                    .get(o)
+                    .map(|sc| signed_count_to_wire(o, sc)),
             })
             .collect(),
         aggregate: bytes(study.aggregate()),
@@ -228,6 +226,24 @@ pub fn to_record(study: &Study) -> v1::StoredStudy {
         Phase::Collecting | Phase::Sealed => {}
     }
     rec
+}
+
+/// An owner's signed count as the record and `SealedStudy` carry it.
+pub fn signed_count_to_wire(owner: &str, c: &SignedCount) -> v1::SignedCount {
+    v1::SignedCount {
+        owner_id: owner.to_string(),
+        encrypted_count: c.ciphertext.clone(),
+        signature: c.signature.clone(),
+        certificate: c.certificate.clone(),
+    }
+}
+
+fn signed_count_from_wire(c: &v1::SignedCount) -> SignedCount {
+    SignedCount {
+        ciphertext: c.encrypted_count.clone(),
+        signature: c.signature.clone(),
+        certificate: c.certificate.clone(),
+    }
 }
 
 /// A study from its record, checked as the wire edge checks what arrives: the spec
@@ -298,14 +314,7 @@ pub fn from_record(key: &str, bytes: &[u8]) -> Result<Study, String> {
     )?;
     for c in &rec.contributors {
         if let Some(sc) = &c.count {
-            study.keep_signed_count(
-                &c.owner_id,
-                SignedCount {
-                    ciphertext: sc.encrypted_count.clone(),
-                    signature: sc.signature.clone(),
-                    certificate: sc.certificate.clone(),
-                },
-            )?;
+            study.keep_signed_count(&c.owner_id, signed_count_from_wire(sc))?;
         }
     }
     Ok(study)
