@@ -17,7 +17,7 @@ use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::risk::Risk;
 use dpca_common::study::{StudyLayout, StudySpec};
-use dpca_proto::client::{connect, status_message, transient, with_retries, ConnectError};
+use dpca_proto::client::{connect, status_message, transient, with_retries};
 use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::invitation::{Invitation, InvitationError};
 use dpca_proto::signed_count::signing_identity;
@@ -346,14 +346,13 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
     let bytes =
         std::fs::read(&cfg.data).with_context(|| format!("cannot read {}", cfg.data.display()))?;
     let name = cfg.data.display().to_string();
-    let mut client = connect(&cfg.proxy, &cfg.transport)
-        .await
-        .map_err(|e| match &e {
-            ConnectError::Connect { reason, .. } if !reason.contains("certificate") => {
-                anyhow::Error::new(Unreachable(e.to_string()))
-            }
-            _ => e.into(),
-        })?;
+    let mut client = connect(&cfg.proxy, &cfg.transport).await.map_err(|e| {
+        if e.transient() {
+            anyhow::Error::new(Unreachable(e.to_string()))
+        } else {
+            e.into()
+        }
+    })?;
     let (spec, noise_free) = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
     check_risks(&cfg.study_id, &spec, noise_free, &cfg.accepted_risks)?;
     let table = read_csv(bytes.as_slice(), &name, cfg.label.as_deref())?;

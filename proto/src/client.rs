@@ -18,7 +18,7 @@ pub enum ConnectError {
         /// What is wrong.
         reason: String,
     },
-    /// Nothing answered, or the TLS handshake failed.
+    /// Nothing answered, or the connection broke: worth trying again.
     #[error("cannot connect to proxy at {url}: {reason}")]
     Connect {
         /// The URL given.
@@ -26,6 +26,46 @@ pub enum ConnectError {
         /// Transport message.
         reason: String,
     },
+    /// The TLS handshake failed: one side refused the other's certificate. Trying
+    /// again changes nothing.
+    #[error("cannot connect to proxy at {url}: {reason}")]
+    Tls {
+        /// The URL given.
+        url: String,
+        /// Transport message.
+        reason: String,
+    },
+}
+
+impl ConnectError {
+    /// Whether connecting again may succeed: the proxy was not reachable, as
+    /// opposed to a bad URL or a refused certificate.
+    pub fn transient(&self) -> bool {
+        match self {
+            ConnectError::Connect { .. } => true,
+            ConnectError::Url { .. } | ConnectError::Tls { .. } => false,
+        }
+    }
+}
+
+/// Whether a TLS failure is among `e` and its sources: a certificate this side
+/// refused, or an alert the other side sent. The TLS layer reports both as an
+/// `io::Error` of kind `InvalidData` (the library's own error is kept only as
+/// text by the time it reaches here); a connection that broke or was refused
+/// has another kind.
+pub fn tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err.is::<tokio_rustls::rustls::Error>()
+            || err
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
+        {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// The error and its sources on one line: tonic's own message alone says only
@@ -76,12 +116,11 @@ pub fn status_message(status: &tonic::Status) -> String {
 /// Whether a failed call may succeed if made again: the proxy could not be reached
 /// or the connection broke. A refused certificate (a TLS alert) is not this.
 pub fn transient(status: &tonic::Status) -> bool {
-    let msg = status_message(status).to_lowercase();
+    use std::error::Error as _;
     matches!(
         status.code(),
         tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
-    ) && !msg.contains("alert")
-        && !msg.contains("invalid peer certificate")
+    ) && !status.source().is_some_and(tls_failure)
 }
 
 /// Runs `attempt` until it succeeds, fails with an error `retry` does not accept,
@@ -137,13 +176,14 @@ pub async fn connect(
             .tls_config(tls.client_config())
             .map_err(|e| bad_url(error_chain(&e)))?;
     }
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| ConnectError::Connect {
-            url: url.to_string(),
-            reason: error_chain(&e),
-        })?;
+    let channel = endpoint.connect().await.map_err(|e| {
+        let (url, reason) = (url.to_string(), error_chain(&e));
+        if tls_failure(&e) {
+            ConnectError::Tls { url, reason }
+        } else {
+            ConnectError::Connect { url, reason }
+        }
+    })?;
     Ok(ProxyClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))

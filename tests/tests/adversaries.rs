@@ -301,6 +301,63 @@ fn one_party_cannot_hold_every_connection() {
     drop(runtime);
 }
 
+/// A certificate of the proxy's CA whose organizational unit names no role used
+/// to be closed right after its handshake, which its holder could only take for
+/// an outage and retry; now every call is refused with the reason.
+#[test]
+fn a_certificate_naming_no_role_is_refused_with_its_reason() {
+    let proxy = dpca_tests::start_proxy(true);
+    let (cert_pem, key_pem) = issue_no_role_certificate(&proxy.pki);
+    let ca_pem = std::fs::read(&proxy.pki.proxy.ca).expect("CA certificate");
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem))
+        .identity(tonic::transport::Identity::from_pem(cert_pem, key_pem));
+    let status = rt().block_on(async {
+        let channel = tonic::transport::Channel::from_shared(proxy.url.clone())
+            .expect("URL")
+            .tls_config(tls)
+            .expect("TLS configuration")
+            .connect()
+            .await
+            .expect("the handshake succeeds: the CA issued the certificate");
+        v1::proxy_client::ProxyClient::new(channel)
+            .get_study(v1::GetStudyRequest {
+                study_id: "any".into(),
+            })
+            .await
+            .expect_err("a certificate naming no role was served")
+    });
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("names no role"), "{status:?}");
+    assert!(!dpca_proto::client::transient(&status));
+}
+
+/// A client certificate the development CA signs, whose organizational unit is
+/// `dpca-auditor`, a role the protocol does not have.
+fn issue_no_role_certificate(pki: &dpca_proto::tls::DevPki) -> (String, String) {
+    use rcgen::{CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose};
+    let name = |cn: &str, unit: &str| {
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "dpca");
+        dn.push(DnType::OrganizationalUnitName, unit);
+        dn.push(DnType::CommonName, cn);
+        dn
+    };
+    let ca_key = std::fs::read_to_string(pki.dir.join("ca.key")).expect("CA key");
+    let ca_key = rcgen::KeyPair::from_pem(&ca_key).expect("CA key parses");
+    // A signature checks against the CA's name and key; the rest of its
+    // certificate is not needed to issue.
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name = name("dpca development CA", "dpca-ca");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = CertificateParams::default();
+    params.distinguished_name = name("auditor", "dpca-auditor");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).expect("issued");
+    (cert.pem(), key.serialize_pem())
+}
+
 /// Upload slots are few (one here). A caller that is no owner used to take a slot
 /// before it was authorized, and an owner that stalled, or sent empty chunks,
 /// held its slot for good. Now the first is refused before any slot is taken, an

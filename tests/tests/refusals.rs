@@ -314,7 +314,9 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
     let data = f.good_file("good.csv", 20, 0);
 
     // An owner whose certificate another CA issued: the proxy refuses it in the
-    // handshake. With that CA's own root the owner refuses the proxy too.
+    // handshake. With that CA's own root the owner refuses the proxy too. Either
+    // refusal is final: the owner stops at once instead of retrying for its
+    // whole window, as it would for a proxy that is down.
     let (foreign, _foreign_dir) = dpca_tests::dev_pki();
     let foreign_a = foreign.files("a").expect("foreign owner a");
     let own_ca = dpca_proto::tls::TlsFiles {
@@ -331,11 +333,17 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
             "--budget-cap",
             "1.5,1e-4",
             "--retry-for",
-            "0",
+            "60",
         ]);
+        let start = std::time::Instant::now();
         let o = submit(cmd, &f.url, &f.study, &f.fingerprint, &data);
         assert!(!o.status.success(), "a foreign certificate was accepted");
         assert!(stderr(&o).contains(says), "{}", stderr(&o));
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "a refused certificate was retried: {}",
+            stderr(&o)
+        );
     }
     assert_eq!(f.owners_in(), 0);
 
