@@ -135,6 +135,16 @@ pub enum Mechanism {
 }
 
 impl Mechanism {
+    /// Every mechanism, in the order of the registry.
+    pub fn all() -> &'static [Mechanism] {
+        &[
+            Self::Gaussian,
+            Self::GaussianClassic,
+            Self::Laplace,
+            Self::WishartUnproven,
+        ]
+    }
+
     /// Parses the CLI/wire name.
     pub fn parse(name: &str) -> Result<Self, DpError> {
         match name {

@@ -532,3 +532,66 @@ proptest! {
         prop_assert!(l1(&dv) <= sens.v_l1 * tol);
     }
 }
+
+/// One line per (mechanism, centering, classes, request): the noise plan, the
+/// ledger and a split, every float by its bits.
+fn frozen_plan_lines() -> Vec<String> {
+    let cq = FP.norm_bound_int();
+    let mut lines = Vec::new();
+    for mechanism in Mechanism::all() {
+        for (centering, classes) in [
+            (Centering::Mask, false),
+            (Centering::DpMean, false),
+            (Centering::DpMean, true),
+        ] {
+            for (eps, delta) in [(0.5, 1e-6), (0.9, 1e-5)] {
+                let req = PrivacyRequest::new(*mechanism, centering, eps, delta).expect("valid");
+                let plan = plan_noise_blocks(&req, 7, 12, cq, 1234, classes);
+                let ledger = budget_ledger(&req, classes);
+                let (a, b) = split_request(&req, 0.3).expect("split");
+                let parts: Vec<_> = ledger
+                    .parts
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.epsilon.to_bits(),
+                            p.delta.to_bits(),
+                            p.rho.map(f64::to_bits),
+                        )
+                    })
+                    .collect();
+                lines.push(format!(
+                    "{:?} {:?} {classes} {eps} {delta} | {:?} | {:?} | {:?} {} {} | {parts:?} {} {} | {} {} {} {}",
+                    mechanism.name(),
+                    centering.name(),
+                    plan.matrix,
+                    plan.vector,
+                    plan.rho.map(f64::to_bits),
+                    plan.epsilon.to_bits(),
+                    plan.delta.to_bits(),
+                    ledger.epsilon.to_bits(),
+                    ledger.delta.to_bits(),
+                    a.epsilon.to_bits(),
+                    a.delta.to_bits(),
+                    b.epsilon.to_bits(),
+                    b.delta.to_bits(),
+                ));
+            }
+        }
+    }
+    lines
+}
+
+/// Calibration, accounting and splitting are frozen to the bit: a refactoring of
+/// the mechanisms that changed one scale, one ledger entry or one split would be
+/// a change of what studies release. A deliberate change rewrites the file (print
+/// `frozen_plan_lines()` and say why in the commit).
+#[test]
+fn noise_plans_ledgers_and_splits_are_frozen() {
+    let frozen: Vec<&str> = include_str!("frozen_plans.txt").lines().collect();
+    let now = frozen_plan_lines();
+    assert_eq!(now.len(), frozen.len(), "a mechanism was added or removed");
+    for (now, frozen) in now.iter().zip(frozen) {
+        assert_eq!(now, frozen);
+    }
+}
