@@ -4,7 +4,7 @@
 //! so no operator or user can lower an owner's protection without its word.
 //! docs/PRIVACY.md ("Threat model") says what each one trusts.
 
-use crate::dp::{Centering, Mechanism};
+use crate::dp::Centering;
 use crate::study::StudySpec;
 
 /// One property of a study that an owner must accept by name.
@@ -65,7 +65,7 @@ impl Risk {
             .into_iter()
             .filter(|r| match r {
                 Risk::MaskCentering => spec.privacy.centering == Centering::Mask,
-                Risk::WishartUnproven => spec.privacy.mechanism == Mechanism::WishartUnproven,
+                Risk::WishartUnproven => !spec.privacy.mechanism.proven(),
                 Risk::NoiseFree => noise_free,
             })
             .collect()

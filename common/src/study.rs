@@ -4,7 +4,7 @@
 use num_bigint::BigUint;
 use num_traits::One;
 
-use crate::dp::{plan_noise_blocks, Centering, DpError, Mechanism, PrivacyRequest};
+use crate::dp::{plan_noise_blocks, Centering, DpError, PrivacyRequest};
 use crate::encoding::{vector_segments, EncodingError, FixedPoint, SlotBudget, TriangleLayout};
 use crate::paillier::{PaillierError, PowerTable, PublicKey};
 
@@ -298,7 +298,7 @@ impl NormBins {
         if spec.privacy.centering != Centering::DpMean
             || spec.classes.is_some()
             || spec.projection.is_some()
-            || spec.privacy.mechanism == Mechanism::WishartUnproven
+            || !spec.privacy.mechanism.proven()
         {
             return Err(param(
                 "norm_bins",
@@ -532,7 +532,7 @@ impl StudySpec {
                 "classification releases noisy class means: it needs `dp-mean` centering",
             ));
         }
-        if self.privacy.mechanism == Mechanism::WishartUnproven {
+        if !self.privacy.mechanism.supports_classes() {
             return Err(param(
                 "classes",
                 "the Wishart mechanism has no class-aware sensitivity: use gaussian or laplace",

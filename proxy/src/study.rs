@@ -579,7 +579,7 @@ pub(crate) mod tests {
                 row_norm_bound: 1.0,
             },
             max_rows: 100,
-            privacy: PrivacyRequest::new(Mechanism::Gaussian, centering, 1.0, 1e-5).expect("ok"),
+            privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, centering, 1.0, 1e-5).expect("ok"),
             min_owners,
             quorum,
             deadline_unix_ms: 1_000,

@@ -100,7 +100,7 @@ pub fn optdigits_spec(pk: &PublicKey) -> StudySpec {
             row_norm_bound: 1.0,
         },
         max_rows: 1024,
-        privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::DpMean, 1.0, 1e-5)
+        privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::DpMean, 1.0, 1e-5)
             .expect("privacy"),
         min_owners: 2,
         quorum: 2,

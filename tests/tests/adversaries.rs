@@ -17,7 +17,7 @@ use std::time::Duration;
 fn mask_fixture() -> dpca_tests::StudyFixture {
     fixture_with(|spec| {
         spec.privacy =
-            PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5).expect("privacy")
+            PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::Mask, 1.0, 1e-5).expect("privacy")
     })
 }
 

@@ -314,7 +314,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
             if !(q > 0.0 && q < 1.0) {
                 bail!("--row-norm-quantile must be strictly between 0 and 1, got {q}");
             }
-            if opts.mechanism == Mechanism::WishartUnproven {
+            if !opts.mechanism.proven() {
                 bail!("--row-norm-quantile needs the gaussian or laplace mechanism");
             }
             let (h, main) = split_request(&privacy, opts.quantile_budget_share)

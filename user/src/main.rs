@@ -158,8 +158,10 @@ struct StudyArgs {
     /// remote proxy N is --max-rows).
     #[arg(long)]
     delta: Option<f64>,
-    /// gaussian (default), gaussian-classic (epsilon < 1), laplace, wishart-unproven.
-    #[arg(long, default_value = "gaussian")]
+    /// The noise mechanism (each one's privacy contract: docs/PRIVACY.md).
+    /// gaussian-classic needs epsilon < 1; wishart-unproven has no privacy proof
+    /// and every owner must accept it by name.
+    #[arg(long, default_value = "gaussian", value_parser = mechanism_names())]
     mechanism: String,
     /// dp-mean (default) or mask. `dp-mean` adds DP noise to the sums and releases a
     /// DP mean; its privacy holds whatever other owners send. `mask` is the paper's
@@ -480,6 +482,11 @@ async fn main() -> anyhow::Result<()> {
 
 /// The options a study's flags set, with the defaults that depend on one another
 /// (task, centering, synthetic rows); `demo` is the bundled demo of `local`.
+/// The registered mechanisms' names, which `--mechanism` accepts and its help lists.
+fn mechanism_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(Mechanism::all().iter().map(|m| m.name()))
+}
+
 fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
     let task = match &a.task {
         Some(t) => Task::parse(t)?,

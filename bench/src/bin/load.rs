@@ -117,7 +117,7 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
             row_norm_bound: 1.0,
         },
         max_rows: 1 << 16,
-        privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-5)?,
+        privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::Mask, 1.0, 1e-5)?,
         min_owners: owners as u32,
         quorum: owners as u32,
         deadline_unix_ms: now + 3_600_000,

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::encoding::FixedPoint;
+use num_bigint::{BigInt, BigUint};
+use num_traits::{ToPrimitive, Zero};
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
@@ -206,13 +208,13 @@ fn s_sensitivity_is_attained() {
 #[test]
 fn classic_calibration_refuses_large_epsilon() {
     assert_eq!(
-        PrivacyRequest::new(Mechanism::GaussianClassic, Centering::Mask, 1.0, 1e-5).err(),
+        PrivacyRequest::new(Mechanism::GAUSSIAN_CLASSIC, Centering::Mask, 1.0, 1e-5).err(),
         Some(DpError::ClassicNeedsSmallEpsilon(1.0))
     );
-    assert!(PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 0.0, 1e-5).is_err());
-    assert!(PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 0.0).is_err());
-    assert!(PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1.0).is_err());
-    assert!(PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, f64::NAN, 0.1).is_err());
+    assert!(PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::Mask, 0.0, 1e-5).is_err());
+    assert!(PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::Mask, 1.0, 0.0).is_err());
+    assert!(PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::Mask, 1.0, 1.0).is_err());
+    assert!(PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::Mask, f64::NAN, 0.1).is_err());
 }
 
 /// The planned sigma, converted back, spends no more than was asked.
@@ -223,7 +225,7 @@ fn gaussian_plan_spends_at_most_the_budget() {
         (Centering::DpMean, false),
         (Centering::DpMean, true),
     ] {
-        let req = PrivacyRequest::new(Mechanism::Gaussian, centering, 1.0, 1e-5).expect("valid");
+        let req = PrivacyRequest::new(Mechanism::GAUSSIAN, centering, 1.0, 1e-5).expect("valid");
         let cq = FP.norm_bound_int();
         let plan = plan_noise(&req, 10, cq, 1000, classes);
         let sens = if classes {
@@ -255,7 +257,7 @@ fn laplace_plan_spends_what_the_ledger_says() {
     let cq = FP.norm_bound_int();
     for classes in [false, true] {
         for epsilon in [0.5, 1.0, 2.0] {
-            let req = PrivacyRequest::new(Mechanism::Laplace, Centering::DpMean, epsilon, 1e-6)
+            let req = PrivacyRequest::new(Mechanism::LAPLACE, Centering::DpMean, epsilon, 1e-6)
                 .expect("valid");
             let plan = plan_noise(&req, 10, cq, 1000, classes);
             let sens = if classes {
@@ -276,7 +278,7 @@ fn laplace_plan_spends_what_the_ledger_says() {
                 assert!(*s <= part.epsilon * (1.0 + 1e-9), "{what}");
                 assert!(*s >= part.epsilon * 0.99, "{what}");
             }
-            let share = matrix_share(Mechanism::Laplace, classes);
+            let share = matrix_share(Mechanism::LAPLACE, classes);
             assert!(
                 (ledger.parts[0].epsilon - share * epsilon).abs() < 1e-12,
                 "{what}"
@@ -322,9 +324,9 @@ fn wishart_noise_is_positive_semidefinite_on_diagonal() {
 #[test]
 fn split_requests_compose_to_the_request() {
     for mechanism in [
-        Mechanism::Gaussian,
-        Mechanism::GaussianClassic,
-        Mechanism::Laplace,
+        Mechanism::GAUSSIAN,
+        Mechanism::GAUSSIAN_CLASSIC,
+        Mechanism::LAPLACE,
     ] {
         for share in [0.05, 0.1, 0.5] {
             let req = PrivacyRequest::new(mechanism, Centering::DpMean, 0.8, 1e-6).expect("valid");
@@ -341,7 +343,7 @@ fn split_requests_compose_to_the_request() {
     }
     for bad in [0.0, 1.0, -0.1, f64::NAN] {
         let req =
-            PrivacyRequest::new(Mechanism::Laplace, Centering::DpMean, 1.0, 1e-6).expect("valid");
+            PrivacyRequest::new(Mechanism::LAPLACE, Centering::DpMean, 1.0, 1e-6).expect("valid");
         assert!(matches!(
             split_request(&req, bad),
             Err(DpError::BadShare(_))
@@ -352,9 +354,9 @@ fn split_requests_compose_to_the_request() {
 #[test]
 fn budget_ledger_composes_within_the_request() {
     for mechanism in [
-        Mechanism::Gaussian,
-        Mechanism::GaussianClassic,
-        Mechanism::Laplace,
+        Mechanism::GAUSSIAN,
+        Mechanism::GAUSSIAN_CLASSIC,
+        Mechanism::LAPLACE,
     ] {
         for (centering, classes) in [
             (Centering::Mask, false),
@@ -376,7 +378,7 @@ fn budget_ledger_composes_within_the_request() {
                 for p in &ledger.parts {
                     assert!(p.epsilon > 0.0 && p.epsilon <= ledger.epsilon * (1.0 + 1e-9));
                 }
-                if mechanism == Mechanism::Gaussian {
+                if mechanism == Mechanism::GAUSSIAN {
                     // zCDP: the composed epsilon is the requested one, not less.
                     assert!(ledger.epsilon >= epsilon * 0.999, "{what}: {ledger:?}");
                 }
@@ -594,4 +596,66 @@ fn noise_plans_ledgers_and_splits_are_frozen() {
     for (now, frozen) in now.iter().zip(frozen) {
         assert_eq!(now, frozen);
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// Every registered mechanism, on random blocks, budgets and parts: the noise it
+    /// calibrates spends, by its own theorem, no more than the part the ledger
+    /// charges for it. A mechanism whose calibration read the wrong sensitivity, the
+    /// whole budget instead of its share, or a delta it does not charge would fail.
+    #[test]
+    fn no_mechanism_spends_more_than_its_part(
+        which in 0..MECHANISMS.len(),
+        epsilon in 0.01f64..0.99,
+        log_delta in -12f64..-3.0,
+        share in 0.01f64..=1.0,
+        parts in 1usize..4,
+        (l2, l1, trace) in (1.0f64..1e12, 1.0f64..1e12, 1.0f64..1e12),
+        dim in 1usize..50,
+        vector in proptest::bool::ANY,
+    ) {
+        let mechanism = MECHANISMS[which];
+        let req = PrivacyRequest::new(mechanism, Centering::DpMean, epsilon, 10f64.powf(log_delta))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let block = if vector {
+            Block { l2, l1, trace: 0.0, shape: Shape::Vector }
+        } else {
+            Block { l2, l1, trace, shape: Shape::Matrix { dim } }
+        };
+        let part = Part { share, parts };
+        let scale = mechanism.calibrate(&block, part, &req);
+        let spent = mechanism.spent_by(&block, &scale, part, &req);
+        prop_assert!(spent.is_some(), "{mechanism} calibrated {scale:?}, which it does not sample");
+        let (spent, charged) = (spent.unwrap_or(Spend { epsilon: f64::INFINITY, delta: 1.0, rho: None }), mechanism.spend(part, &req));
+        let what = format!("{mechanism} {block:?} {part:?}: spends {spent:?}, charged {charged:?}");
+        prop_assert!(spent.epsilon <= charged.epsilon * (1.0 + 1e-9), "{}", what);
+        prop_assert!(spent.delta <= charged.delta * (1.0 + 1e-12), "{}", what);
+        if let (Some(s), Some(c)) = (spent.rho, charged.rho) {
+            prop_assert!(s <= c * (1.0 + 1e-9), "{}", what);
+        }
+    }
+}
+
+#[test]
+fn mechanisms_are_found_by_their_names_and_an_unknown_name_lists_them() {
+    for (i, m) in Mechanism::all().iter().enumerate() {
+        assert_eq!(Mechanism::parse(m.name()), Ok(*m));
+        assert!(Mechanism::all()[..i].iter().all(|o| o.name() != m.name()));
+    }
+    assert_eq!(
+        Mechanism::all()[0],
+        Mechanism::GAUSSIAN,
+        "the default comes first"
+    );
+    let Err(err) = Mechanism::parse("gauss") else {
+        panic!("an unknown name was accepted")
+    };
+    let err = err.to_string();
+    assert!(err.contains("`gauss`"), "{err}");
+    assert!(
+        Mechanism::all().iter().all(|m| err.contains(m.name())),
+        "{err}"
+    );
 }

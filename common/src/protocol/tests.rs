@@ -183,7 +183,7 @@ fn noise_full(upper: &[BigInt], dim: usize) -> Vec<Vec<BigInt>> {
 #[test]
 fn masking_invariant_holds_exactly() {
     let dim = 7;
-    let spec = spec(dim, Centering::Mask, Mechanism::Gaussian);
+    let spec = spec(dim, Centering::Mask, Mechanism::GAUSSIAN);
     let (pooled, secrets, opened, _) = run(&spec, None, 1);
     let n = BigInt::from(pooled.n);
     let r = r_full(&pooled, dim);
@@ -214,7 +214,7 @@ fn masking_invariant_holds_exactly() {
 #[test]
 fn noise_free_release_is_exact() {
     let dim = 9;
-    let spec = spec(dim, Centering::Mask, Mechanism::Gaussian);
+    let spec = spec(dim, Centering::Mask, Mechanism::GAUSSIAN);
     let (pooled, _, opened, _) = run(&spec, Some(NoiseScale::None), 2);
     let scale = f64::from(spec.fixed.frac_bits).exp2();
     let n = pooled.n as f64;
@@ -237,9 +237,9 @@ fn noise_free_release_is_exact() {
 fn dp_mean_release_is_r_plus_noise() {
     let dim = 6;
     for mechanism in [
-        Mechanism::Gaussian,
-        Mechanism::Laplace,
-        Mechanism::WishartUnproven,
+        Mechanism::GAUSSIAN,
+        Mechanism::LAPLACE,
+        Mechanism::WISHART_UNPROVEN,
     ] {
         let spec = spec(dim, Centering::DpMean, mechanism);
         let (pooled, secrets, opened, _) = run(&spec, None, 3);
@@ -262,7 +262,7 @@ fn dp_mean_release_is_r_plus_noise() {
 #[test]
 fn mask_invariant_for_other_mechanisms() {
     let dim = 5;
-    for mechanism in [Mechanism::Laplace, Mechanism::WishartUnproven] {
+    for mechanism in [Mechanism::LAPLACE, Mechanism::WISHART_UNPROVEN] {
         let spec = spec(dim, Centering::Mask, mechanism);
         let (pooled, secrets, opened, released) = run(&spec, None, 4);
         let n = BigInt::from(pooled.n);
@@ -286,7 +286,7 @@ fn mask_invariant_for_other_mechanisms() {
 #[test]
 fn distributed_release_equals_central_mechanism() {
     for (k, centering) in [Centering::Mask, Centering::DpMean].into_iter().enumerate() {
-        for (m, mech) in [Mechanism::Gaussian, Mechanism::Laplace]
+        for (m, mech) in [Mechanism::GAUSSIAN, Mechanism::LAPLACE]
             .into_iter()
             .enumerate()
         {
@@ -324,7 +324,7 @@ fn class_release_equals_central_mechanism() {
         .into_iter()
         .enumerate()
     {
-        let spec = class_spec(5, Mechanism::Gaussian, covariance);
+        let spec = class_spec(5, Mechanism::GAUSSIAN, covariance);
         let layout = StudyLayout::new(&spec).expect("layout");
         let (pooled, secrets, opened, released) = run(&spec, None, 60 + k as u64);
         assert_eq!(released.len(), layout.release_ciphertexts());
@@ -354,7 +354,7 @@ fn class_release_equals_central_mechanism() {
 #[test]
 fn noise_free_class_release_is_exact() {
     for covariance in [ClassCovariance::Shared, ClassCovariance::PerClass] {
-        let spec = class_spec(4, Mechanism::Gaussian, covariance);
+        let spec = class_spec(4, Mechanism::GAUSSIAN, covariance);
         let layout = StudyLayout::new(&spec).expect("layout");
         let (pooled, _, opened, _) = run(&spec, Some(NoiseScale::None), 70);
         let (g, dim) = (3, 4);
@@ -409,7 +409,7 @@ fn two_axes() -> Projection {
 #[test]
 fn projected_release_equals_central_and_lifts_the_projected_scatter() {
     for covariance in [ClassCovariance::PerClass, ClassCovariance::Shared] {
-        let mut spec = class_spec(5, Mechanism::Laplace, covariance);
+        let mut spec = class_spec(5, Mechanism::LAPLACE, covariance);
         spec.projection = Some(two_axes());
         spec.validate().expect("valid projected spec");
         let layout = StudyLayout::new(&spec).expect("layout");
@@ -431,7 +431,7 @@ fn projected_release_equals_central_and_lifts_the_projected_scatter() {
         assert!(stats.scatters.iter().all(|s| s.shape() == (5, 5)));
     }
     let spec = {
-        let mut s = class_spec(5, Mechanism::Laplace, ClassCovariance::Shared);
+        let mut s = class_spec(5, Mechanism::LAPLACE, ClassCovariance::Shared);
         s.projection = Some(two_axes());
         s
     };
@@ -454,7 +454,7 @@ fn projected_release_equals_central_and_lifts_the_projected_scatter() {
 
 #[test]
 fn projections_that_are_not_orthonormal_or_need_the_mask_are_refused() {
-    let mut spec = spec(5, Centering::DpMean, Mechanism::Gaussian);
+    let mut spec = spec(5, Centering::DpMean, Mechanism::GAUSSIAN);
     spec.projection = Some(Projection {
         axes: vec![vec![1.0, 1.0, 0.0, 0.0, 0.0]],
     });
@@ -495,7 +495,7 @@ fn norm_histogram_release_counts_the_bins() {
     for r in &rows {
         exact[bins.bin_of(norm(r))] += 1.0;
     }
-    for mechanism in [Mechanism::Gaussian, Mechanism::Laplace] {
+    for mechanism in [Mechanism::GAUSSIAN, Mechanism::LAPLACE] {
         let spec = histogram_spec(&bins, mechanism);
         spec.validate().expect("a valid histogram study");
         let shape = StudyLayout::new(&spec).expect("layout").shape();
@@ -560,7 +560,7 @@ fn norm_histogram_release_counts_the_bins() {
 fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
     let names: Vec<String> = ["a", "b"].iter().map(|s| s.to_string()).collect();
     let bins = crate::study::NormBins::geometric(names, vec![(0.0, 1.0); 2], 0.1, 6);
-    let good = histogram_spec(&bins, Mechanism::Gaussian);
+    let good = histogram_spec(&bins, Mechanism::GAUSSIAN);
     good.validate().expect("valid");
     let mut bad_edges = bins.clone();
     bad_edges.edges.swap(2, 3);
@@ -582,7 +582,7 @@ fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
             ..good.clone()
         },
         StudySpec {
-            privacy: PrivacyRequest::new(Mechanism::Gaussian, Centering::Mask, 1.0, 1e-6)
+            privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::Mask, 1.0, 1e-6)
                 .expect("valid"),
             ..good.clone()
         },
@@ -595,7 +595,7 @@ fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
 
 #[test]
 fn invited_owner_lists_are_checked() {
-    let mut s = spec(3, Centering::DpMean, Mechanism::Gaussian);
+    let mut s = spec(3, Centering::DpMean, Mechanism::GAUSSIAN);
     s.quorum = 2;
     s.expected_owners = vec!["a".into(), "b".into()];
     assert!(s.validate().is_ok());
@@ -613,9 +613,9 @@ fn invited_owner_lists_are_checked() {
 #[test]
 fn noise_scales_are_never_cut_and_overflowing_ones_are_refused() {
     let tiny = |epsilon: f64| StudySpec {
-        privacy: PrivacyRequest::new(Mechanism::Laplace, Centering::DpMean, epsilon, 1e-6)
+        privacy: PrivacyRequest::new(Mechanism::LAPLACE, Centering::DpMean, epsilon, 1e-6)
             .expect("valid"),
-        ..spec(3, Centering::DpMean, Mechanism::Laplace)
+        ..spec(3, Centering::DpMean, Mechanism::LAPLACE)
     };
     let huge = tiny(1e-40);
     huge.validate().expect("a representable scale is accepted");
