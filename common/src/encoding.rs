@@ -259,6 +259,41 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The packing layout is part of the protocol: owners, proxy and user of
+    /// different builds must agree on it to the bit. These vectors were computed
+    /// independently (sum_t v_t 2^(t w) by hand); a change of slot width, slot
+    /// order or segment order fails here before it fails between parties.
+    #[test]
+    fn packing_layout_is_frozen() {
+        let budget = SlotBudget::for_bound(&((BigUint::one() << 40) - 1u8), 2048).expect("fits");
+        assert_eq!(
+            budget,
+            SlotBudget {
+                slot_width: 42,
+                slots: 48
+            }
+        );
+        let values: Vec<BigInt> = [1i64, -2, 3, -(1 << 39)].map(BigInt::from).to_vec();
+        let packed = budget.pack(&values).expect("fits");
+        let frozen: BigInt = "-46768052394588893382517856618481715135585548500991"
+            .parse()
+            .expect("a number");
+        assert_eq!(packed, frozen);
+        assert_eq!(budget.unpack(&frozen, 4).expect("unpacks"), values);
+
+        let segments: Vec<(usize, usize, usize)> = TriangleLayout::new(4, 3)
+            .segments
+            .iter()
+            .map(|s| (s.row, s.col, s.len))
+            .collect();
+        assert_eq!(
+            segments,
+            [(0, 0, 3), (0, 3, 1), (1, 1, 3), (2, 2, 2), (3, 3, 1)]
+        );
+        assert_eq!(vector_segments(7, 3), [(0, 3), (3, 3), (6, 1)]);
+        assert_eq!(TriangleLayout::upper_index(4, 2, 3), 8);
+    }
+
     #[test]
     fn layout_covers_upper_triangle_once() {
         for dim in [1usize, 2, 7, 64] {
