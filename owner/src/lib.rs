@@ -31,7 +31,6 @@ use num_bigint::BigUint;
 use rand::rngs::OsRng;
 use rand::RngCore;
 use rayon::prelude::*;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
 
@@ -125,46 +124,7 @@ async fn await_invitation(
     }
 }
 
-/// What the owner did, printed as one JSON line.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct OwnerReport {
-    /// Owner identity.
-    pub owner_id: String,
-    /// Rows contributed.
-    pub rows: u64,
-    /// Rows the row-norm clip shortened.
-    pub clipped_rows: usize,
-    /// Ciphertexts sent.
-    pub ciphertexts: usize,
-    /// Ciphertext bytes sent.
-    pub bytes: usize,
-    /// False when the proxy had already counted this very contribution (a retry).
-    pub newly_counted: bool,
-    /// Wall seconds spent encrypting.
-    pub seconds_encrypt: f64,
-    /// Wall seconds from start to the proxy's acknowledgement.
-    pub seconds_total: f64,
-    /// CPU time and peak memory of this owner's process, where `/proc` tells.
-    #[serde(default)]
-    pub usage: Option<Usage>,
-    /// This data set's budget at the proxy after this contribution: epsilon and
-    /// delta spent over all studies, and the cap in force.
-    #[serde(default)]
-    pub budget: Option<BudgetReport>,
-}
-
-/// An owner's budget as the proxy keeps it.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub struct BudgetReport {
-    /// Epsilon spent over all studies.
-    pub spent_epsilon: f64,
-    /// Delta spent over all studies.
-    pub spent_delta: f64,
-    /// The cap's epsilon.
-    pub cap_epsilon: f64,
-    /// The cap's delta.
-    pub cap_delta: f64,
-}
+pub use dpca_proto::owner_report::{BudgetReport, OwnerReport};
 
 /// The owner's id at the proxy: on TLS the name in its certificate (the proxy
 /// accepts no other), which `--owner-id`, if given, must repeat; on plaintext the

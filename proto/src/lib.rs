@@ -16,6 +16,7 @@ pub mod convert;
 pub mod fuzzing;
 pub mod invitation;
 pub mod logging;
+pub mod owner_report;
 pub mod signed_count;
 pub mod tls;
 pub mod usage;

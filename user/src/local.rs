@@ -28,8 +28,8 @@ use rand::rngs::OsRng;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use dpca_owner::OwnerReport;
 use dpca_proto::invitation::Invitation;
+use dpca_proto::owner_report::OwnerReport;
 use dpca_proto::tls::{write_dev_pki, DevPki, Role, TlsFiles, Transport};
 use dpca_proto::usage::Usage;
 

@@ -1,0 +1,47 @@
+//! What an owner program reports when it is done: one JSON line on standard
+//! output, which the owner prints and `user local` reads for each of its owners.
+
+use serde::{Deserialize, Serialize};
+
+use crate::usage::Usage;
+
+/// What the owner did, printed as one JSON line.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OwnerReport {
+    /// Owner identity.
+    pub owner_id: String,
+    /// Rows contributed.
+    pub rows: u64,
+    /// Rows the row-norm clip shortened.
+    pub clipped_rows: usize,
+    /// Ciphertexts sent.
+    pub ciphertexts: usize,
+    /// Ciphertext bytes sent.
+    pub bytes: usize,
+    /// False when the proxy had already counted this very contribution (a retry).
+    pub newly_counted: bool,
+    /// Wall seconds spent encrypting.
+    pub seconds_encrypt: f64,
+    /// Wall seconds from start to the proxy's acknowledgement.
+    pub seconds_total: f64,
+    /// CPU time and peak memory of this owner's process, where `/proc` tells.
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    /// This data set's budget at the proxy after this contribution: epsilon and
+    /// delta spent over all studies, and the cap in force.
+    #[serde(default)]
+    pub budget: Option<BudgetReport>,
+}
+
+/// An owner's budget as the proxy keeps it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct BudgetReport {
+    /// Epsilon spent over all studies.
+    pub spent_epsilon: f64,
+    /// Delta spent over all studies.
+    pub spent_delta: f64,
+    /// The cap's epsilon.
+    pub cap_epsilon: f64,
+    /// The cap's delta.
+    pub cap_delta: f64,
+}
