@@ -37,6 +37,22 @@ pub fn eigh_desc(s: &DMatrix<f64>) -> (Vec<f64>, DMatrix<f64>) {
     (desc, vecs)
 }
 
+/// Top-k PCA of the covariance `cov` inside the span of the orthonormal columns of
+/// `span`, in the full coordinates: a projected study knows the variance inside
+/// the span only. Plain [`pca`] without a span.
+pub fn pca_in_span(cov: &DMatrix<f64>, span: Option<&DMatrix<f64>>, k: usize) -> Pca {
+    match span {
+        Some(w) => {
+            let inner = pca(&(w.transpose() * cov * w), k);
+            Pca {
+                components: w * &inner.components,
+                ..inner
+            }
+        }
+        None => pca(cov, k),
+    }
+}
+
 /// Top-k principal components of a symmetric matrix. Each component's sign is fixed
 /// so that its largest-magnitude entry is positive, for reproducible outputs.
 pub fn pca(s: &DMatrix<f64>, k: usize) -> Pca {

@@ -480,13 +480,13 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The options a study's flags set, with the defaults that depend on one another
-/// (task, centering, synthetic rows); `demo` is the bundled demo of `local`.
 /// The registered mechanisms' names, which `--mechanism` accepts and its help lists.
 fn mechanism_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(Mechanism::all().iter().map(|m| m.name()))
 }
 
+/// The options a study's flags set, with the defaults that depend on one another
+/// (task, centering, synthetic rows); `demo` is the bundled demo of `local`.
 fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
     let task = match &a.task {
         Some(t) => Task::parse(t)?,

@@ -232,7 +232,7 @@ fn main() -> anyhow::Result<()> {
     let root: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("bench binary has no folder")?;
-    dpca_user::local::build_programs(dir, &["proxy"])?;
+    dpca_user::programs::build_programs(dir, &["proxy"])?;
     let proxy_bin = dir.join(format!("proxy{}", std::env::consts::EXE_SUFFIX));
     let rt = tokio::runtime::Runtime::new()?;
     let mut rows = Vec::new();

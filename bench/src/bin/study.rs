@@ -505,7 +505,7 @@ fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.out)?;
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("bench binary has no folder")?;
-    dpca_user::local::build_programs(dir, &["user", "proxy", "owner"])?;
+    dpca_user::programs::build_programs(dir, &["user", "proxy", "owner"])?;
     let user_bin = dir.join(format!("user{}", std::env::consts::EXE_SUFFIX));
     let all = scenarios(&root, &args.out)?;
 

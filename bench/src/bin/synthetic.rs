@@ -57,7 +57,7 @@ use dpca_common::dp::{
     plan_noise_blocks, split_request, Centering, Mechanism, NoisePlan, PrivacyRequest,
 };
 use dpca_common::encoding::FixedPoint;
-use dpca_common::linalg::{centered_scatter, pca};
+use dpca_common::linalg::{centered_scatter, pca, pca_in_span};
 use dpca_common::protocol::{central_release, ClassRows, Opened, ReleaseSecrets, Share};
 use dpca_common::study::{BlockShape, NormBins, Projection, DEFAULT_FRAC_BITS};
 use dpca_common::synth::{
@@ -606,7 +606,7 @@ fn components_in_span(opened: &Opened, n: u64, w: &DMatrix<f64>, k: usize) -> DM
     let cov = (&opened.scatter / n as f64)
         .view((0, 0), (m, m))
         .into_owned();
-    w * pca(&(w.transpose() * cov * w), k).components
+    pca_in_span(&cov, Some(w), k).components
 }
 
 /// How the methods read the covariance from a release.

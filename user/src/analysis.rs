@@ -1,0 +1,190 @@
+//! What the user derives from a release, all post-processing: the components
+//! (inside the public span of a projected study), how synthesis reads the
+//! covariance, and the synthetic rows in the input's columns.
+
+use anyhow::Context;
+use dpca_common::dp::NoisePlan;
+use dpca_common::linalg::{pca_in_span, psd_repair, Pca};
+use dpca_common::protocol::Opened;
+use dpca_common::study::{ClassSpec, StudySpec};
+use dpca_common::synth::{
+    to_original_units, CovarianceFit, NoiseLevel, SynthError, Synthesizer, Task,
+};
+use nalgebra::{DMatrix, DVector};
+use rand::rngs::OsRng;
+
+use crate::local::LocalOptions;
+use crate::plan::StudyPlan;
+use crate::session::Collected;
+
+/// What the user derived from one release.
+pub(crate) struct Analysis {
+    /// The scatter as analysed (PSD-repaired if asked).
+    pub scatter: DMatrix<f64>,
+    /// The top-k components of the features.
+    pub pca: Pca,
+    /// The noise the release carries, from the public spec.
+    pub noise: NoisePlan,
+    /// How synthesis read the covariance.
+    pub fit: CovarianceFit,
+    /// Synthetic rows as CSV cells (the study's features, the label last).
+    pub synthetic: Option<Vec<Vec<String>>>,
+}
+
+/// The components (inside the span of `axes` for a projected study) and, if asked
+/// for, the synthetic rows, from the release `got`.
+pub(crate) fn analyze(
+    opts: &LocalOptions,
+    plan: &StudyPlan,
+    spec: &StudySpec,
+    axes: Option<&DMatrix<f64>>,
+    got: &Collected,
+) -> anyhow::Result<Analysis> {
+    let scatter = if opts.psd_repair {
+        psd_repair(&got.opened.scatter)
+    } else {
+        got.opened.scatter.clone()
+    };
+    let cov = &scatter / got.n_rows as f64;
+    // Regression: PCA on the features block only; the label is kept whole.
+    let cov_x = cov.view((0, 0), (plan.pca_dim, plan.pca_dim)).into_owned();
+    let pca = pca_in_span(&cov_x, axes, opts.k);
+    let noise = spec.noise_plan(got.n_rows);
+    let fit = covariance_fit(opts, spec, &noise);
+    // The denoised fit reads the noise around the released trace: it gets S' as
+    // released, since --psd-repair's clipped negative eigenvalues raise the trace.
+    // The repair keeps the eigenvectors, so the components fit either.
+    let synth_scatter = match fit {
+        CovarianceFit::Denoised(_) => &got.opened.scatter,
+        CovarianceFit::Paper => &scatter,
+    };
+    let synthetic = match opts.synthetic {
+        Some(rows) => Some(synthesize(
+            opts,
+            &got.opened,
+            synth_scatter,
+            got.n_rows,
+            &pca.components,
+            &plan.bounds,
+            spec.classes.as_ref(),
+            rows,
+            fit,
+        )?),
+        None => None,
+    };
+    Ok(Analysis {
+        scatter,
+        pca,
+        noise,
+        fit,
+        synthetic,
+    })
+}
+
+/// How synthesis reads the covariance: the user's choice with the release's noise
+/// level, computed from the public spec (not taken from the proxy's word); the
+/// paper's way for a Wishart release ([`NoiseLevel::of`]).
+pub(crate) fn covariance_fit(
+    opts: &LocalOptions,
+    spec: &StudySpec,
+    plan: &NoisePlan,
+) -> CovarianceFit {
+    let mut noise = NoiseLevel::of(plan, &spec.fixed, spec.matrix_dim());
+    // A noise-free test release has no noise to undo, whatever the spec plans.
+    if let (true, Some(n)) = (opts.noise_free_for_testing, noise.as_mut()) {
+        n.entry_sd = 0.0;
+    }
+    opts.covariance_fit.with(noise)
+}
+
+/// Draws `rows` synthetic rows for the task, in the input's units, as CSV cells in
+/// the order of the study's features (the label last).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn synthesize(
+    opts: &LocalOptions,
+    opened: &Opened,
+    scatter: &DMatrix<f64>,
+    n_rows: u64,
+    components: &DMatrix<f64>,
+    bounds: &[(f64, f64)],
+    classes: Option<&ClassSpec>,
+    rows: usize,
+    fit: CovarianceFit,
+) -> anyhow::Result<Vec<Vec<String>>> {
+    let mut rng = OsRng;
+    let cells = |x: &DVector<f64>| -> Vec<String> {
+        to_original_units(x, bounds, opts.row_norm_bound)
+            .iter()
+            .map(f64::to_string)
+            .collect()
+    };
+    let labels = match (opts.task, classes) {
+        (Task::Classify, None) => return Err(SynthError::NoClasses.into()),
+        (_, spec) => spec.map(|c| &c.labels),
+    };
+    let model = Synthesizer::new(opts.task, opened, scatter, n_rows, components, fit)?;
+    // Unsupervised synthesis does not model the label: its column is left empty.
+    let empty_label = opts.task == Task::Cluster && (opts.label.is_some() || opts.data.is_none());
+    Ok((0..rows)
+        .map(|_| {
+            let (class, x) = model.sample(&mut rng);
+            let mut rec = cells(&x);
+            match (class, labels) {
+                (Some(c), Some(labels)) => rec.push(labels[c].clone()),
+                _ if empty_label => rec.push(String::new()),
+                _ => {}
+            }
+            rec
+        })
+        .collect())
+}
+
+/// Reorders synthetic records drawn in the `drawn` column order (the study's
+/// features, the label last) into the input's column order.
+pub(crate) fn in_input_order(
+    input: &[String],
+    drawn: &[String],
+    rows: &[Vec<String>],
+) -> anyhow::Result<Vec<Vec<String>>> {
+    let order = input
+        .iter()
+        .map(|h| drawn.iter().position(|d| d == h))
+        .collect::<Option<Vec<usize>>>()
+        .filter(|o| o.len() == drawn.len())
+        .with_context(|| {
+            format!("the input's columns {input:?} are not the synthesized ones {drawn:?}")
+        })?;
+    rows.iter()
+        .map(|r| {
+            order
+                .iter()
+                .map(|&i| r.get(i).cloned())
+                .collect::<Option<Vec<String>>>()
+                .with_context(|| format!("a synthetic record of {} cells for {drawn:?}", r.len()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn synthetic_records_follow_the_input_column_order() {
+        let input = strings(&["a", "label", "b"]);
+        let drawn = strings(&["a", "b", "label"]);
+        let rows = vec![strings(&["1", "2", "x"]), strings(&["3", "4", "y"])];
+        let out = in_input_order(&input, &drawn, &rows).expect("same columns");
+        assert_eq!(
+            out,
+            vec![strings(&["1", "x", "2"]), strings(&["3", "y", "4"])]
+        );
+        let err = in_input_order(&strings(&["a", "c"]), &strings(&["a", "b"]), &rows)
+            .expect_err("column c was not drawn");
+        assert!(err.to_string().contains("\"c\""), "{err}");
+    }
+}

@@ -1,0 +1,157 @@
+//! The proxy and owner programs a local run starts: found next to this program
+//! (built first when running from the source tree, so a fresh clone works with
+//! one `cargo run`), started as child processes that die with the run.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use dpca_proto::tls::{DevPki, TlsFiles, Transport};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The workspace this program was built from.
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Kills a child process when dropped, so no proxy or owner outlives a failed run.
+pub(crate) struct Guard(pub(crate) Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.start_kill();
+    }
+}
+
+/// Starts the run's proxy on a free loopback port; returns it and its URL.
+pub(crate) async fn start_proxy(
+    proxy_bin: &Path,
+    pki: Option<&DevPki>,
+    state_dir: &Path,
+    noise_free_for_testing: bool,
+    transport: &Transport,
+) -> anyhow::Result<(Guard, String)> {
+    let mut proxy_cmd = Command::new(proxy_bin);
+    // The run sets every flag itself; a config file meant for `user` is not theirs.
+    proxy_cmd.env_remove("DPCA_CONFIG");
+    proxy_cmd.args(["--listen", "127.0.0.1:0"]);
+    // The run's studies live as long as the run.
+    proxy_cmd.arg("--state").arg(state_dir.join("proxy.redb"));
+    transport_flags(&mut proxy_cmd, pki.map(|p| &p.proxy));
+    if noise_free_for_testing {
+        proxy_cmd.arg("--allow-noise-free-for-testing");
+    }
+    let mut proxy = Guard(
+        proxy_cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", proxy_bin.display()))?,
+    );
+    let addr = read_listen_line(&mut proxy.0).await?;
+    let url = format!("{}://{addr}", transport.scheme());
+    eprintln!("proxy listening on {addr}");
+    Ok((proxy, url))
+}
+
+/// Points a program at its certificate, or runs it on plaintext.
+pub(crate) fn transport_flags(cmd: &mut Command, files: Option<&TlsFiles>) {
+    match files {
+        Some(f) => {
+            cmd.args(f.args());
+        }
+        None => {
+            cmd.arg("--insecure-plaintext");
+        }
+    }
+}
+
+/// The address the proxy prints once it listens.
+async fn read_listen_line(child: &mut Child) -> anyhow::Result<String> {
+    let stdout = child.stdout.take().context("proxy stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .context("proxy did not start within 30 s")??
+        .context("proxy exited before listening")?;
+    line.strip_prefix("listening on ")
+        .map(str::to_string)
+        .with_context(|| format!("unexpected proxy output `{line}`"))
+}
+
+/// Builds the named workspace packages' binaries into `dir` (a `target/<profile>`
+/// folder) with that folder's profile.
+pub fn build_programs(dir: &Path, packages: &[&str]) -> anyhow::Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    // Variables cargo sets for the running crate (under `cargo test` or `cargo run`)
+    // must not reach the nested build: build scripts that watch them (ring's watches
+    // CARGO_MANIFEST_DIR) would rebuild, and the next ordinary build would again.
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        if key.starts_with("CARGO_PKG_")
+            || matches!(
+                key,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_MANIFEST_LINKS"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+            )
+        {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.arg("build")
+        .arg("--manifest-path")
+        .arg(workspace_root().join("Cargo.toml"))
+        .arg("--bins");
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    match dir.file_name().and_then(|s| s.to_str()) {
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        Some("debug") | None => {}
+        Some(profile) => {
+            cmd.args(["--profile", profile]);
+        }
+    }
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run cargo to build {}", packages.join(", ")))?;
+    if !status.success() {
+        bail!("building {} failed ({status})", packages.join(", "));
+    }
+    Ok(())
+}
+
+/// Finds the `proxy` and `owner` programs next to this one, building them first when
+/// running from the source tree (so a fresh clone works with one `cargo run`).
+pub(crate) fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let exe = std::env::current_exe().context("cannot locate the running program")?;
+    let dir = exe
+        .parent()
+        .context("program has no parent directory")?
+        .to_path_buf();
+    if !no_build && workspace_root().join("Cargo.toml").exists() {
+        build_programs(&dir, &["proxy", "owner"])?;
+    }
+    let proxy = dir.join(format!("proxy{}", std::env::consts::EXE_SUFFIX));
+    let owner = dir.join(format!("owner{}", std::env::consts::EXE_SUFFIX));
+    for p in [&proxy, &owner] {
+        if !p.exists() {
+            bail!(
+                "{} not found; build it with `cargo build --release`",
+                p.display()
+            );
+        }
+    }
+    Ok((proxy, owner))
+}

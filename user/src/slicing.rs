@@ -1,0 +1,69 @@
+//! Splitting a table among owners: the slices `user local` hands its owner
+//! processes and `user split` writes for a simulation.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use dpca_common::data::Table;
+
+/// The name of the `i`-th owner (from 1) of a local run (and of `user dev-certs
+/// --owner-count`).
+pub fn owner_name(i: usize) -> String {
+    format!("owner-{i:02}")
+}
+
+/// Where [`split_rows`] writes the slices.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SliceLayout {
+    /// `DIR/OWNER/rows.csv` (a folder per owner) instead of `DIR/OWNER.csv`.
+    pub per_party: bool,
+    /// When every slice exists already, keep them and write nothing.
+    pub keep_existing: bool,
+}
+
+/// Writes each owner's slice (contiguous, sizes differing by at most one row) with
+/// the input's header, label column included; returns the files in owner order.
+pub fn split_rows(
+    table: &Table,
+    owners: usize,
+    dir: &Path,
+    layout: SliceLayout,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let n = table.rows.len();
+    if owners == 0 || owners > n {
+        bail!("cannot split {n} rows among {owners} owners");
+    }
+    let paths: Vec<PathBuf> = (1..=owners)
+        .map(|i| match layout.per_party {
+            true => dir.join(owner_name(i)).join("rows.csv"),
+            false => dir.join(format!("{}.csv", owner_name(i))),
+        })
+        .collect();
+    if layout.keep_existing && paths.iter().all(|p| p.exists()) {
+        return Ok(paths);
+    }
+    let mut start = 0;
+    for (i, path) in paths.iter().enumerate() {
+        let len = n / owners + usize::from(i < n % owners);
+        let parent = path.parent().unwrap_or(dir);
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+        let mut w = csv::Writer::from_path(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        let mut header = table.features.clone();
+        if let Some((l, _)) = &table.label {
+            header.push(l.clone());
+        }
+        w.write_record(&header)?;
+        for r in start..start + len {
+            let mut rec: Vec<String> = table.rows[r].iter().map(|x| x.to_string()).collect();
+            if let Some((_, cells)) = &table.label {
+                rec.push(cells[r].clone());
+            }
+            w.write_record(&rec)?;
+        }
+        w.flush()?;
+        start += len;
+    }
+    Ok(paths)
+}
