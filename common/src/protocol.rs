@@ -26,7 +26,7 @@ use crate::dp::{Centering, NoisePlan};
 use crate::encoding::{EncodingError, FixedPoint, TriangleLayout};
 use crate::paillier::{random_below, Ciphertext, PaillierError, PowerTable, PublicKey, SecretKey};
 use crate::randomizer::Randomness;
-use crate::study::{BlockShape, Projection, StudyLayout};
+use crate::study::{BlockShape, NormBins, Projection, StudyLayout};
 
 /// Errors of the protocol computations.
 #[derive(Debug, thiserror::Error)]
@@ -507,6 +507,36 @@ pub struct Opened {
     pub mean: Option<DVector<f64>>,
     /// Class statistics of a classification study.
     pub classes: Option<ClassStats>,
+}
+
+impl Opened {
+    /// Noisy bin counts of a histogram study (`bins`), from its release: the sums v' and the
+    /// diagonal of R' both count the rows per bin (a one-hot row adds 1 to each),
+    /// with independent noise, so they are averaged with inverse-variance weights.
+    /// Post-processing only.
+    pub fn bin_counts(&self, bins: &NormBins, plan: &NoisePlan, fixed: &FixedPoint) -> Vec<f64> {
+        let cq = fixed.norm_bound_int() as f64;
+        let var_r = (plan.matrix.std_dev() / (cq * cq)).powi(2);
+        let var_v = plan
+            .vector
+            .as_ref()
+            .map_or(f64::INFINITY, |v| (v.std_dev() / cq).powi(2));
+        let grid = self.matrix_grid.first();
+        (0..bins.edges.len())
+            .map(|b| {
+                let from_v = self.vector_grid.get(b).map_or(0.0, |x| to_f64(x) / cq);
+                let Some(r) = grid.and_then(|g| g.get(b)).and_then(|row| row.get(b)) else {
+                    return from_v;
+                };
+                let from_r = to_f64(r) / (cq * cq);
+                if var_r == 0.0 || var_v == 0.0 {
+                    // Noise-free test release: both are exact.
+                    return from_v;
+                }
+                (from_r / var_r + from_v / var_v) / (1.0 / var_r + 1.0 / var_v)
+            })
+            .collect()
+    }
 }
 
 /// The noisy class statistics of a classification study, in normalized units. All

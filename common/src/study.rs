@@ -200,42 +200,6 @@ impl NormBins {
         out
     }
 
-    /// Noisy bin counts from a histogram study's release: the sums v' and the
-    /// diagonal of R' both count the rows per bin (a one-hot row adds 1 to each),
-    /// with independent noise, so they are averaged with inverse-variance weights.
-    /// Post-processing only.
-    pub fn counts(
-        &self,
-        opened: &crate::protocol::Opened,
-        plan: &crate::dp::NoisePlan,
-        fixed: &FixedPoint,
-    ) -> Vec<f64> {
-        let cq = fixed.norm_bound_int() as f64;
-        let var_r = (plan.matrix.std_dev() / (cq * cq)).powi(2);
-        let var_v = plan
-            .vector
-            .as_ref()
-            .map_or(f64::INFINITY, |v| (v.std_dev() / cq).powi(2));
-        let grid = opened.matrix_grid.first();
-        (0..self.edges.len())
-            .map(|b| {
-                let from_v = opened
-                    .vector_grid
-                    .get(b)
-                    .map_or(0.0, |x| crate::protocol::to_f64(x) / cq);
-                let Some(r) = grid.and_then(|g| g.get(b)).and_then(|row| row.get(b)) else {
-                    return from_v;
-                };
-                let from_r = crate::protocol::to_f64(r) / (cq * cq);
-                if var_r == 0.0 || var_v == 0.0 {
-                    // Noise-free test release: both are exact.
-                    return from_v;
-                }
-                (from_r / var_r + from_v / var_v) / (1.0 / var_r + 1.0 / var_v)
-            })
-            .collect()
-    }
-
     /// The q-quantile of the norms from noisy counts (negative counts taken as 0):
     /// the upper edge of the first bin where the cumulative count reaches q of the
     /// total, sqrt(M) for the open last bin. Rounding up to an edge clips at most

@@ -38,7 +38,9 @@ pub(crate) async fn choose_row_norm(
         .contribute(&hid, &sk.public().fingerprint(), &spec_h)
         .await?;
     let got = collect(client, cohort.transport(), sk, &spec_h, &hid).await?;
-    let counts = bins.counts(&got.opened, &spec_h.noise_plan(got.n_rows), &spec_h.fixed);
+    let counts = got
+        .opened
+        .bin_counts(&bins, &spec_h.noise_plan(got.n_rows), &spec_h.fixed);
     let chosen = bins.quantile(&counts, q);
     eprintln!("row-norm bound C = {chosen:.4}: the {q} quantile of the row norms");
     let choice = RowNormChoice {

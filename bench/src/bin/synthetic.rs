@@ -383,7 +383,7 @@ fn dp_row_norm(
     let (share, _) = Share::from_raw_rows(&hot, &vec![(-1.0, 1.0); b], &fixed, None, None);
     let shape = BlockShape::new(b, 0, false, fixed.norm_bound_int());
     let (opened, plan) = release(&share, &shape, None, req, &fixed, rng);
-    Ok(bins.quantile(&bins.counts(&opened, &plan, &fixed), q))
+    Ok(bins.quantile(&opened.bin_counts(&bins, &plan, &fixed), q))
 }
 
 /// One release of the study with fresh noise, and the plan the noise followed.

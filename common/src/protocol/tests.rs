@@ -519,7 +519,7 @@ fn norm_histogram_release_counts_the_bins() {
                 spec.fixed.frac_bits,
             )
         };
-        let counts = bins.counts(&release(&quiet), &plan, &spec.fixed);
+        let counts = release(&quiet).bin_counts(&bins, &plan, &spec.fixed);
         for (got, want) in counts.iter().zip(&exact) {
             assert!((got - want).abs() < 1e-9, "{counts:?} vs {exact:?}");
         }
@@ -547,7 +547,7 @@ fn norm_histogram_release_counts_the_bins() {
                 .expect("dp-mean noise on v")
                 .sample_vector(b, &mut rng),
         };
-        let counts = bins.counts(&release(&noisy), &plan, &spec.fixed);
+        let counts = release(&noisy).bin_counts(&bins, &plan, &spec.fixed);
         let cq = spec.fixed.norm_bound_int() as f64;
         let sd = plan.vector.as_ref().map_or(0.0, |v| v.std_dev() / cq);
         for (got, want) in counts.iter().zip(&exact) {
