@@ -20,6 +20,7 @@ pub mod service;
 pub mod status;
 pub mod store;
 pub mod study;
+pub mod world;
 
 use std::net::SocketAddr;
 
@@ -42,6 +43,10 @@ pub struct ProxyConfig {
     pub max_concurrent_uploads: usize,
     /// What one study may ask of the proxy, and how long a connection may wait.
     pub limits: limits::Limits,
+    /// The wall clock deadlines are read on ([`world::SystemClock`] but in tests).
+    pub clock: std::sync::Arc<dyn world::Clock>,
+    /// The randomness of study ids and releases ([`world::OsEntropy`] but in tests).
+    pub entropy: std::sync::Arc<dyn world::Entropy>,
 }
 
 /// Default of [`ProxyConfig::max_concurrent_uploads`]: enough to keep every core

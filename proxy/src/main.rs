@@ -168,6 +168,8 @@ async fn main() -> anyhow::Result<()> {
         allow_noise_free_for_testing: args.allow_noise_free_for_testing,
         max_concurrent_uploads: usize::from(args.max_concurrent_uploads),
         limits: args.limits.limits(),
+        clock: std::sync::Arc::new(dpca_proxy::world::SystemClock),
+        entropy: std::sync::Arc::new(dpca_proxy::world::OsEntropy),
     };
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use dpca_common::dp::Centering;
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey};
@@ -12,7 +12,6 @@ use dpca_common::study::StudyLayout;
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::signed_count::signing_identity;
 use dpca_proto::{signed_count, v1};
-use rand::rngs::OsRng;
 use rand::RngCore;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, Semaphore};
 use tokio_stream::Stream;
@@ -49,13 +48,6 @@ impl From<StudyError> for Status {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// One study, locked on its own: a fold or a release of one study never holds up
 /// a call on another.
 type SharedStudy = Arc<AsyncMutex<Study>>;
@@ -85,7 +77,7 @@ impl ProxyService {
                 let store = Store::open(path)?;
                 budgets = store.load_budgets()?;
                 for mut study in store.load_all()? {
-                    study.tick(now_ms());
+                    study.tick(config.clock.now_ms());
                     if study.noise_free && !config.allow_noise_free_for_testing {
                         // Opened by a proxy in test mode: never served by one that
                         // is not (its release, if any, holds no noise).
@@ -148,7 +140,7 @@ impl ProxyService {
         up: &Upload,
         cts: &[Ciphertext],
     ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Status> {
-        study.tick(now_ms());
+        study.tick(self.config.clock.now_ms());
         let mut next = study.clone();
         let pk = next.spec.public_key.clone();
         let outcome = next.contribute(&up.owner, &up.cid, cts, |a, b| pk.add(a, b))?;
@@ -205,7 +197,7 @@ impl ProxyService {
         let mut study = self.lock_study(id).await?;
         let svc = self.clone();
         blocking(move || {
-            study.tick(now_ms());
+            study.tick(svc.config.clock.now_ms());
             let mut next = study.clone();
             let out = f(&mut next)?;
             svc.persist(&next, None)?;
@@ -251,6 +243,7 @@ impl ProxyService {
     /// is left for the next round (every call ticks the study it uses anyway).
     pub fn spawn_deadline_ticker(&self) {
         let studies = Arc::clone(&self.studies);
+        let clock = Arc::clone(&self.config.clock);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(POLL).await;
@@ -260,7 +253,7 @@ impl ProxyService {
                 else {
                     return;
                 };
-                let now = now_ms();
+                let now = clock.now_ms();
                 let mut phases = Vec::with_capacity(all.len());
                 for shared in all {
                     if let Ok(mut s) = shared.try_lock() {
@@ -337,7 +330,7 @@ impl ProxyService {
         f: impl FnOnce(&mut Study) -> Result<T, Status>,
     ) -> Result<T, Status> {
         let mut study = self.lock_study(id).await?;
-        study.tick(now_ms());
+        study.tick(self.config.clock.now_ms());
         f(&mut study)
     }
 
@@ -607,7 +600,7 @@ impl v1::proxy_server::Proxy for ProxyService {
                 "noise-free releases are refused: this proxy was not started in test mode",
             ));
         }
-        if spec.deadline_unix_ms <= now_ms() {
+        if spec.deadline_unix_ms <= self.config.clock.now_ms() {
             return Err(Status::invalid_argument("study deadline is in the past"));
         }
         let layout =
@@ -620,7 +613,7 @@ impl v1::proxy_server::Proxy for ProxyService {
             .check_open(&self.open_studies().await?, opener.as_deref())
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         let mut id_bytes = [0u8; 16];
-        OsRng.fill_bytes(&mut id_bytes);
+        self.config.entropy.rng().fill_bytes(&mut id_bytes);
         let id = hex::encode(id_bytes);
         crate::metrics::study_opened();
         tracing::info!(study = %id, features = spec.dim(), quorum = spec.quorum, "study opened");
@@ -794,9 +787,12 @@ impl v1::proxy_server::Proxy for ProxyService {
         })
         .await?;
         let started = std::time::Instant::now();
+        let entropy = std::sync::Arc::clone(&self.config.entropy);
         let released = blocking(move || {
-            let compute = || snapshot.compute_release(n_rows, &mut OsRng);
-            let released = if snapshot.layout.baseline {
+            let mut rng = entropy.rng();
+            let baseline = snapshot.layout.baseline;
+            let mut compute = move || snapshot.compute_release(n_rows, &mut rng);
+            let released = if baseline {
                 // The baseline runs the paper's way, on one thread.
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(1)
@@ -829,7 +825,7 @@ impl v1::proxy_server::Proxy for ProxyService {
             .as_ref()
             .filter(|p| p.role == dpca_proto::tls::Role::User)
             .map(|p| p.name.clone());
-        let now = now_ms();
+        let now = self.config.clock.now_ms();
         let mut studies = Vec::new();
         for shared in self.all_studies()? {
             let mut s = shared.lock().await;
@@ -937,6 +933,8 @@ mod tests {
             allow_noise_free_for_testing: test_mode,
             max_concurrent_uploads: 1,
             limits: crate::limits::Limits::default(),
+            clock: std::sync::Arc::new(crate::world::SystemClock),
+            entropy: std::sync::Arc::new(crate::world::OsEntropy),
         }
     }
 
@@ -963,5 +961,34 @@ mod tests {
             phase(&ProxyService::new(config(&path, false)).expect("normal")),
             "aborted"
         );
+    }
+
+    /// Deadlines are read on the injected clock: a study is aborted the moment
+    /// the clock passes its deadline with no owner in, without a real wait.
+    #[test]
+    fn a_deadline_passes_on_the_injected_clock_without_a_real_wait() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let mut s = study(2, 1);
+        s.spec.deadline_unix_ms = 70_000;
+        Store::open(&path)
+            .expect("store")
+            .save_with_budget(&s, None)
+            .expect("save");
+        let clock = Arc::new(crate::world::ManualClock::at(10_000));
+        let svc = ProxyService::new(ProxyConfig {
+            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
+            ..config(&path, false)
+        })
+        .expect("service");
+        let phase = || {
+            rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
+                .expect("study")
+        };
+        assert_eq!(phase(), "collecting");
+        clock.advance(Duration::from_secs(59));
+        assert_eq!(phase(), "collecting");
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(phase(), "aborted");
     }
 }
