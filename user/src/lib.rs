@@ -10,6 +10,7 @@
 mod analysis;
 mod axes;
 pub mod clean;
+pub mod cli;
 mod cohort;
 pub mod figures;
 pub mod keys;

@@ -1,326 +1,15 @@
-//! `user`: the data user of private distributed PCA.
+//! `user`: the data user of private distributed PCA. Parses the command line
+//! (`dpca_user::cli`) and calls the library.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
 use dpca_common::data::read_csv;
-use dpca_common::dp::{Centering, Mechanism};
-use dpca_common::paillier::{SecretKey, DEFAULT_KEY_BITS};
-use dpca_common::study::ClassCovariance;
-use dpca_common::synth::{FitKind, Task};
-use dpca_proto::tls::{write_dev_pki_with, DevPkiLayout, Role, TransportArgs};
-use dpca_user::local::{LocalOptions, SliceLayout};
+use dpca_common::paillier::SecretKey;
+use dpca_proto::tls::{write_dev_pki_with, DevPkiLayout};
+use dpca_user::cli::{Cli, Cmd};
+use dpca_user::local::SliceLayout;
 use rand::rngs::OsRng;
-
-/// Principal components of data pooled across owners who never reveal their rows.
-#[derive(Parser, Debug)]
-#[command(name = "user", version, about)]
-struct Cli {
-    /// TOML file of settings: flag names as keys, a table per subcommand;
-    /// environment variables and flags override it.
-    #[arg(long, global = true, env = "DPCA_CONFIG", value_name = "TOML")]
-    config: Option<PathBuf>,
-    #[command(flatten)]
-    log: dpca_proto::logging::LogArgs,
-    #[command(subcommand)]
-    command: Cmd,
-}
-
-#[derive(Subcommand, Debug)]
-enum Cmd {
-    /// Generate a Paillier key pair (secret key file readable by its owner only).
-    Keygen {
-        /// Modulus bits (2048 or more).
-        #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
-        key_bits: u64,
-        /// Secret key file to create.
-        #[arg(long)]
-        secret: PathBuf,
-        /// Public key file to create (hex of n).
-        #[arg(long)]
-        public: PathBuf,
-    },
-    /// Create a development CA and certificates for the proxy, the user and each
-    /// owner (mutual TLS). For trials and the local demo only: a deployment's CA is
-    /// run by the proxy's operator, and each party keeps its own key.
-    DevCerts {
-        /// Folder to write ca.pem, ca.key, proxy.pem/.key, USER.pem/.key and
-        /// OWNER.pem/.key into; existing files are never overwritten.
-        #[arg(long)]
-        out: PathBuf,
-        /// The proxy's host names or IP addresses (its certificate is valid for
-        /// these only).
-        #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
-        proxy_hosts: Vec<String>,
-        /// The data users' names, comma separated.
-        #[arg(long, value_delimiter = ',', default_value = "user")]
-        users: Vec<String>,
-        /// Owner names (each becomes that owner's id at the proxy), comma separated.
-        #[arg(long, value_delimiter = ',', conflicts_with = "owner_count")]
-        owners: Vec<String>,
-        /// Or this many owners named owner-01, owner-02, ...
-        #[arg(long)]
-        owner_count: Option<usize>,
-        /// One folder per party (proxy/, USER/, OWNER/) holding ca.pem and that
-        /// party's certificate and key only, to hand over whole; the CA key stays
-        /// in OUT.
-        #[arg(long)]
-        per_party_dirs: bool,
-        /// Succeed without writing when every file is there already (a rerun of a
-        /// setup step); a partial set is still refused.
-        #[arg(long)]
-        keep_existing: bool,
-    },
-    /// Split a CSV table into contiguous slices of nearly equal size, one per
-    /// owner (owner-01, owner-02, ...), each with the input's header: for trials
-    /// and simulations.
-    Split {
-        /// The table to split (header row).
-        #[arg(long)]
-        data: PathBuf,
-        /// Number of slices.
-        #[arg(long)]
-        owners: usize,
-        /// Folder to write OWNER.csv into, or OWNER/rows.csv with --per-party-dirs.
-        #[arg(long)]
-        out: PathBuf,
-        /// Write each slice into its owner's folder as rows.csv.
-        #[arg(long)]
-        per_party_dirs: bool,
-        /// Succeed without writing when every slice is there already.
-        #[arg(long)]
-        keep_existing: bool,
-    },
-    /// Clean feature vectors before releasing them to a predictor: remove the
-    /// components its linear first stage sees least and a linear predictor of the
-    /// confidential labels sees most, until the desired prediction moves by exactly
-    /// --epsilon (squared); writes OUT/cleaned.csv and OUT/metrics.csv. Not
-    /// differential privacy: it defeats one linear adversary (docs/PRIVACY.md).
-    Clean {
-        /// Training rows (CSV with a header): features and label columns.
-        #[arg(long)]
-        train: PathBuf,
-        /// Confidential label columns of the training rows, comma separated.
-        #[arg(long, value_delimiter = ',', required = true)]
-        confidential: Vec<String>,
-        /// Desired label columns, comma separated: left out of the features, and
-        /// the desired predictor is fitted on them when --predictor is not given.
-        #[arg(long, value_delimiter = ',')]
-        desired: Vec<String>,
-        /// The desired predictor's linear first stage: CSV `feature,OUT1,...`, one
-        /// row per feature (a study's components.csv, with --bounds).
-        #[arg(long)]
-        predictor: Option<PathBuf>,
-        /// Public bounds `feature,lo,hi`: map the features to [-1, 1] first, as a
-        /// study does (for a study's components as the predictor).
-        #[arg(long)]
-        bounds: Option<PathBuf>,
-        /// The vectors to clean: the training file's feature columns (labels, if
-        /// present, are copied and score complete privacy).
-        #[arg(long)]
-        vectors: PathBuf,
-        /// e_utility per vector (> 0).
-        #[arg(long, required_unless_present = "exact_null_space")]
-        epsilon: Option<f64>,
-        /// Remove only what the desired predictor cannot see (e_utility 0).
-        #[arg(long, conflicts_with = "epsilon")]
-        exact_null_space: bool,
-        /// A vector whose every component costs less than --epsilon loses them all
-        /// (e_utility below epsilon) instead of stopping the run with an error.
-        #[arg(long, requires = "epsilon")]
-        at_most: bool,
-        /// Output folder.
-        #[arg(long, default_value = "cleaned")]
-        out: PathBuf,
-    },
-    /// Run a study at a proxy that runs elsewhere: open it, write the invitation
-    /// (study id and key fingerprint) for the owners, wait until it seals, then
-    /// decrypt and write the outputs as `local` does. The key is made for the study
-    /// and never leaves this process.
-    Study(Box<RemoteArgs>),
-    /// Run a whole study on this machine: a proxy and several owner processes on
-    /// loopback, the table split among them; print the explained variance and write
-    /// components.csv, eigenvalues.csv, scatter.csv and study.json.
-    Local(Box<LocalArgs>),
-}
-
-/// What a study computes and releases, wherever its proxy and owners run.
-#[derive(clap::Args, Debug)]
-struct StudyArgs {
-    /// Principal components to write.
-    #[arg(long, default_value_t = 10)]
-    k: usize,
-    /// Privacy parameter epsilon (> 0).
-    #[arg(long, default_value_t = 1.0)]
-    epsilon: f64,
-    /// Privacy parameter delta in (0, 1) (default 1/N^1.1; for a study at a
-    /// remote proxy N is --max-rows).
-    #[arg(long)]
-    delta: Option<f64>,
-    /// The noise mechanism (each one's privacy contract: docs/PRIVACY.md).
-    /// gaussian-classic needs epsilon < 1; wishart-unproven has no privacy proof
-    /// and every owner must accept it by name.
-    #[arg(long, default_value = "gaussian", value_parser = mechanism_names())]
-    mechanism: String,
-    /// dp-mean (default) or mask. `dp-mean` adds DP noise to the sums and releases a
-    /// DP mean; its privacy holds whatever other owners send. `mask` is the paper's
-    /// centering, with about 2.8x more noise: its proof needs every owner's rows in
-    /// the norm ball (nobody can check that under encryption, so one dishonest owner
-    /// working with the user breaks it), and the user learns each owner's row count
-    /// (it decrypts N only as the product of the owners' signed counts). Owners
-    /// refuse a mask study unless they pass `--accept-risk mask-centering`.
-    #[arg(long)]
-    centering: Option<String>,
-    /// Label column to exclude from the features.
-    #[arg(long)]
-    label: Option<String>,
-    /// Public bounds: CSV `feature,lo,hi` (`*` for all others). Without it bounds are
-    /// read off the data, for demos only.
-    #[arg(long)]
-    bounds: Option<PathBuf>,
-    /// Row L2 norm bound C in normalized units (default 1; the bundled demo chooses
-    /// it with --row-norm-quantile 0.9).
-    #[arg(long)]
-    row_norm_bound: Option<f64>,
-    /// Paillier modulus bits (2048 or more).
-    #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
-    key_bits: u64,
-    /// Project the noisy scatter onto the PSD cone before the eigen-decomposition.
-    #[arg(long)]
-    psd_repair: bool,
-    /// Output folder.
-    #[arg(long, default_value = "out")]
-    out: PathBuf,
-    /// Also write ROWS rows of differentially private synthetic data to
-    /// OUT/synthetic.csv (PCA-Gauss on the top-k components: post-processing, no extra
-    /// budget). Needs a DP mean: not with `--centering mask`.
-    #[arg(long, value_name = "ROWS")]
-    synthetic: Option<usize>,
-    /// What the synthetic data is for: cluster (features only), regress (the numeric
-    /// label drawn jointly with the features) or classify (a Gaussian per class:
-    /// class means, proportions and covariances released by the study).
-    /// Default: cluster; classify for the bundled demo.
-    #[arg(long)]
-    task: Option<String>,
-    /// Classification: `shared` within-class covariance (one noisy scatter, LDA-style)
-    /// or `per-class` (the paper's; noisy with small classes).
-    #[arg(long, default_value = "shared")]
-    class_covariance: String,
-    /// Classification: the label's values, comma separated. Public, fixed before
-    /// any row is seen: they are published in the study and in every synthetic
-    /// row. Required for `study`; `local` reads them off the data with a warning
-    /// (demo only), except for the bundled data set's digits.
-    #[arg(long, value_delimiter = ',')]
-    classes: Vec<String>,
-    /// How synthesis reads the covariance from the release: `denoised` (the top
-    /// eigenvalues shrunk back by the bias the public noise level gives them, and
-    /// the variance the k components leave out spread evenly outside them) or
-    /// `paper` (as released, nothing outside the span of the components). Both are
-    /// post-processing: no budget.
-    #[arg(long, default_value = "denoised")]
-    covariance_fit: String,
-    /// Pub-PCA: take k axes from the PCA of this public CSV (same columns); owners
-    /// then release R of their rows projected onto them (the second round of
-    /// PCA-Gauss: far less Laplace noise for k much below M). Needs dp-mean.
-    #[arg(long, value_name = "CSV")]
-    pca_from: Option<PathBuf>,
-    /// As --pca-from, with the axes read from components.csv of an earlier study
-    /// (DP PCA as the independent source; its budget was spent by that study).
-    #[arg(long, value_name = "CSV")]
-    components_from: Option<PathBuf>,
-}
-
-#[derive(clap::Args, Debug)]
-struct LocalArgs {
-    /// Input CSV with a header row (default: the bundled optdigits, bounds 0..16).
-    #[arg(long)]
-    data: Option<PathBuf>,
-    /// Owner processes to split the rows among.
-    #[arg(long, default_value_t = 10)]
-    owners: usize,
-    /// Do not build proxy and owner first (use the binaries next to this one).
-    #[arg(long)]
-    no_build: bool,
-    /// Speed baseline (the paper's way): one value per ciphertext, textbook r^n
-    /// randomness, no CRT, one thread per role. Same results, much slower.
-    #[arg(long)]
-    baseline: bool,
-    /// Choose the row-norm bound C as this quantile of the rows' norms (e.g. 0.9):
-    /// a row-norm histogram study runs first on the same owners and spends
-    /// --quantile-budget-share of the budget; replaces --row-norm-bound.
-    #[arg(long, value_name = "Q", conflicts_with = "row_norm_bound")]
-    row_norm_quantile: Option<f64>,
-    /// Share of epsilon (of zCDP rho for the gaussian mechanism) the row-norm
-    /// histogram spends; the study gets the rest, and study.json the composed total.
-    #[arg(long, default_value_t = 0.05, requires = "row_norm_quantile")]
-    quantile_budget_share: f64,
-    /// INSECURE: run the proxy and owners on plaintext gRPC (by default the run
-    /// makes a throwaway CA and uses mutual TLS, as a deployment does).
-    #[arg(long)]
-    insecure_plaintext: bool,
-    /// Privacy sweep: run the study once per epsilon (comma separated; each spends
-    /// its own budget on the same rows), score each by the variance its components
-    /// capture of the exact scatter, and write OUT/sweep.csv and OUT/sweep.html
-    /// (the captured variance against epsilon). For choosing epsilon on data you
-    /// may spend it on, such as a public stand-in.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        value_name = "EPSILONS",
-        conflicts_with = "epsilon"
-    )]
-    sweep: Vec<f64>,
-    /// TEST ONLY: noise-free release (the proxy is started in its test mode).
-    #[arg(long, hide = true)]
-    noise_free_for_testing: bool,
-    #[command(flatten)]
-    study: StudyArgs,
-}
-
-#[derive(clap::Args, Debug)]
-struct RemoteArgs {
-    /// The proxy's URL.
-    #[arg(long, env = "DPCA_PROXY_URL")]
-    proxy: String,
-    /// A CSV whose header row is the table's: the features in the owners' order
-    /// (and the --label column). Only the header is read: the user never sees rows.
-    #[arg(long, value_name = "CSV")]
-    schema: PathBuf,
-    /// The owners invited, by the names in their certificates, comma separated;
-    /// the proxy refuses anyone else.
-    #[arg(long, value_delimiter = ',', required = true)]
-    owners: Vec<String>,
-    /// The study seals once this many owners have contributed (default: all).
-    #[arg(long)]
-    quorum: Option<u32>,
-    /// At the deadline the study seals if at least this many have (default: the
-    /// quorum), else it is aborted.
-    #[arg(long)]
-    min_owners: Option<u32>,
-    /// Minutes from now until the deadline.
-    #[arg(long, default_value_t = 60)]
-    deadline_minutes: u64,
-    /// A public upper bound on the pooled rows N (sets the fixed-point ranges, and
-    /// delta's default).
-    #[arg(long)]
-    max_rows: u64,
-    /// Write the owners' invitation (TOML: study, key-fingerprint) to this file;
-    /// `owner --invitation FILE` reads it. Without it, the study id and the
-    /// fingerprint are printed only.
-    #[arg(long, value_name = "TOML")]
-    invitation: Option<PathBuf>,
-    #[command(flatten)]
-    transport: TransportArgs,
-    #[command(flatten)]
-    study: StudyArgs,
-}
-
-/// Rows of the bundled optdigits table: the demo writes as many synthetic rows.
-const BUNDLED_ROWS: usize = 5620;
-
-/// The quantile of the row norms the demo takes as C.
-const DEMO_NORM_QUANTILE: f64 = 0.9;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -331,12 +20,7 @@ async fn main() -> anyhow::Result<()> {
             key_bits,
             secret,
             public,
-        } => {
-            let sk = SecretKey::generate(key_bits, &mut OsRng).context("key generation")?;
-            dpca_user::keys::save_secret_key(&sk, &secret)?;
-            dpca_user::keys::save_public_key(sk.public(), &public)?;
-            println!("{}", sk.public().fingerprint());
-        }
+        } => keygen(key_bits, &secret, &public),
         Cmd::DevCerts {
             out,
             proxy_hosts,
@@ -354,15 +38,7 @@ async fn main() -> anyhow::Result<()> {
                 per_party: per_party_dirs,
                 keep_existing,
             };
-            let pki = write_dev_pki_with(&out, &proxy_hosts, &users, &owners, layout)?;
-            println!(
-                "wrote a development CA and certificates for the proxy ({}), users {} \
-                 and {} owners to {}",
-                proxy_hosts.join(", "),
-                users.join(", "),
-                pki.owners.len(),
-                out.display()
-            );
+            dev_certs(&out, &proxy_hosts, &users, &owners, layout)
         }
         Cmd::Split {
             data,
@@ -371,24 +47,11 @@ async fn main() -> anyhow::Result<()> {
             per_party_dirs,
             keep_existing,
         } => {
-            let name = data.display().to_string();
-            let file = std::fs::File::open(&data).with_context(|| format!("cannot open {name}"))?;
-            let table = read_csv(file, &name, None)?;
-            let files = dpca_user::local::split_rows(
-                &table,
-                owners,
-                &out,
-                SliceLayout {
-                    per_party: per_party_dirs,
-                    keep_existing,
-                },
-            )?;
-            println!(
-                "{} rows of {name} in {} slices under {}",
-                table.rows.len(),
-                files.len(),
-                out.display()
-            );
+            let layout = SliceLayout {
+                per_party: per_party_dirs,
+                keep_existing,
+            };
+            split(&data, owners, &out, layout)
         }
         Cmd::Clean {
             train,
@@ -401,153 +64,91 @@ async fn main() -> anyhow::Result<()> {
             exact_null_space,
             at_most,
             out,
-        } => {
-            let opts = dpca_user::clean::CleanOptions {
-                train,
-                desired,
-                confidential,
-                predictor,
-                bounds,
-                vectors,
-                epsilon: if exact_null_space { None } else { epsilon },
-                at_most,
-                out,
-            };
-            let s = dpca_user::clean::run(&opts)?;
-            let cp = s
-                .complete_privacy
-                .map(|c| format!(", complete privacy {:.1}%", 100.0 * c))
-                .unwrap_or_default();
-            println!(
-                "{} vectors cleaned: mean e_utility {:.6}, mean e_privacy {:.6}{cp}; \
-                 {} and {}",
-                s.vectors,
-                s.e_utility,
-                s.e_privacy,
-                opts.out.join("cleaned.csv").display(),
-                opts.out.join("metrics.csv").display()
-            );
-        }
+        } => clean(&dpca_user::clean::CleanOptions {
+            train,
+            desired,
+            confidential,
+            predictor,
+            bounds,
+            vectors,
+            epsilon: if exact_null_space { None } else { epsilon },
+            at_most,
+            out,
+        }),
         Cmd::Local(a) => {
-            // The bundled demo (no --data) shows the whole product: components and
-            // labelled synthetic rows, one per real row (unless asked for `mask`,
-            // which releases no mean to synthesize with).
-            let demo = a.data.is_none() && a.study.centering.as_deref() != Some("mask");
-            // Synthetic rows in the input's units look like the real ones only if
-            // few rows are clipped: the demo picks C privately.
-            let row_norm_quantile = a
-                .row_norm_quantile
-                .or((demo && a.study.row_norm_bound.is_none()).then_some(DEMO_NORM_QUANTILE));
-            let opts = dpca_user::local::LocalOptions {
-                data: a.data,
-                owners: a.owners,
-                noise_free_for_testing: a.noise_free_for_testing,
-                no_build: a.no_build,
-                baseline: a.baseline,
-                row_norm_quantile,
-                quantile_budget_share: a.quantile_budget_share,
-                insecure_plaintext: a.insecure_plaintext,
-                remote: None,
-                ..study_options(a.study, demo)?
-            };
-            if a.sweep.is_empty() {
-                dpca_user::local::run(&opts).await?;
+            let (opts, sweep) = a.options()?;
+            if sweep.is_empty() {
+                dpca_user::local::run(&opts).await.map(drop)
             } else {
-                dpca_user::local::sweep(&opts, &a.sweep).await?;
+                dpca_user::local::sweep(&opts, &sweep).await.map(drop)
             }
         }
         Cmd::Study(a) => {
-            let transport = a.transport.transport(Role::User).context("transport")?;
-            let quorum = a.quorum.unwrap_or(a.owners.len() as u32);
-            let opts = dpca_user::local::LocalOptions {
-                data: Some(a.schema),
-                owners: a.owners.len(),
-                remote: Some(dpca_user::local::Remote {
-                    proxy: a.proxy,
-                    transport,
-                    owners: a.owners,
-                    quorum,
-                    min_owners: a.min_owners.unwrap_or(quorum),
-                    deadline: std::time::Duration::from_secs(a.deadline_minutes * 60),
-                    max_rows: a.max_rows,
-                    invitation: a.invitation,
-                }),
-                ..study_options(a.study, false)?
-            };
-            dpca_user::local::run(&opts).await?;
+            let opts = a.options().context("transport")?;
+            dpca_user::local::run(&opts).await.map(drop)
         }
     }
+}
+
+/// `user keygen`: the key pair, and its fingerprint on standard output.
+fn keygen(key_bits: u64, secret: &Path, public: &Path) -> anyhow::Result<()> {
+    let sk = SecretKey::generate(key_bits, &mut OsRng).context("key generation")?;
+    dpca_user::keys::save_secret_key(&sk, secret)?;
+    dpca_user::keys::save_public_key(sk.public(), public)?;
+    println!("{}", sk.public().fingerprint());
     Ok(())
 }
 
-/// The registered mechanisms' names, which `--mechanism` accepts and its help lists.
-fn mechanism_names() -> clap::builder::PossibleValuesParser {
-    clap::builder::PossibleValuesParser::new(Mechanism::all().iter().map(|m| m.name()))
+/// `user dev-certs`: a development CA and every party's certificate.
+fn dev_certs(
+    out: &Path,
+    proxy_hosts: &[String],
+    users: &[String],
+    owners: &[String],
+    layout: DevPkiLayout,
+) -> anyhow::Result<()> {
+    let pki = write_dev_pki_with(out, proxy_hosts, users, owners, layout)?;
+    println!(
+        "wrote a development CA and certificates for the proxy ({}), users {} \
+         and {} owners to {}",
+        proxy_hosts.join(", "),
+        users.join(", "),
+        pki.owners.len(),
+        out.display()
+    );
+    Ok(())
 }
 
-/// The options a study's flags set, with the defaults that depend on one another
-/// (task, centering, synthetic rows); `demo` is the bundled demo of `local`.
-fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
-    let task = match &a.task {
-        Some(t) => Task::parse(t)?,
-        None if demo => Task::Classify,
-        None => Task::Cluster,
-    };
-    let synthetic = a.synthetic.or(demo.then_some(BUNDLED_ROWS));
-    let centering = match &a.centering {
-        Some(c) => Centering::parse(c)?,
-        None => Centering::DpMean,
-    };
-    Ok(LocalOptions {
-        data: None,
-        owners: 0,
-        k: a.k,
-        epsilon: a.epsilon,
-        delta: a.delta,
-        mechanism: Mechanism::parse(&a.mechanism)?,
-        centering,
-        label: a.label,
-        bounds: a.bounds,
-        row_norm_bound: a.row_norm_bound.unwrap_or(1.0),
-        key_bits: a.key_bits,
-        psd_repair: a.psd_repair,
-        out: a.out,
-        noise_free_for_testing: false,
-        no_build: false,
-        baseline: false,
-        synthetic,
-        task,
-        class_covariance: ClassCovariance::parse(&a.class_covariance)?,
-        classes: a.classes,
-        covariance_fit: FitKind::parse(&a.covariance_fit)?,
-        pca_from: a.pca_from,
-        components_from: a.components_from,
-        row_norm_quantile: None,
-        quantile_budget_share: 0.0,
-        insecure_plaintext: false,
-        remote: None,
-    })
+/// `user split`: a table's rows in one slice per owner.
+fn split(data: &Path, owners: usize, out: &Path, layout: SliceLayout) -> anyhow::Result<()> {
+    let name = data.display().to_string();
+    let file = std::fs::File::open(data).with_context(|| format!("cannot open {name}"))?;
+    let table = read_csv(file, &name, None)?;
+    let files = dpca_user::local::split_rows(&table, owners, out, layout)?;
+    println!(
+        "{} rows of {name} in {} slices under {}",
+        table.rows.len(),
+        files.len(),
+        out.display()
+    );
+    Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn centering_of(args: &[&str]) -> Centering {
-        let cli = Cli::try_parse_from(args).expect("flags");
-        let Cmd::Local(a) = cli.command else {
-            panic!("not a local study")
-        };
-        study_options(a.study, false).expect("options").centering
-    }
-
-    /// `mask` is private only while every owner is honest, so it is never chosen
-    /// for the user: the default is `dp-mean`, `mask` is asked for by name.
-    #[test]
-    fn the_default_centering_is_dp_mean_and_mask_is_asked_for_by_name() {
-        let base = ["user", "local", "--data", "rows.csv"];
-        assert_eq!(centering_of(&base), Centering::DpMean);
-        let masked = [&base[..], &["--centering", "mask"]].concat();
-        assert_eq!(centering_of(&masked), Centering::Mask);
-    }
+/// `user clean`: cleaned vectors and their metrics.
+fn clean(opts: &dpca_user::clean::CleanOptions) -> anyhow::Result<()> {
+    let s = dpca_user::clean::run(opts)?;
+    let cp = s
+        .complete_privacy
+        .map(|c| format!(", complete privacy {:.1}%", 100.0 * c))
+        .unwrap_or_default();
+    println!(
+        "{} vectors cleaned: mean e_utility {:.6}, mean e_privacy {:.6}{cp}; \
+         {} and {}",
+        s.vectors,
+        s.e_utility,
+        s.e_privacy,
+        opts.out.join("cleaned.csv").display(),
+        opts.out.join("metrics.csv").display()
+    );
+    Ok(())
 }
