@@ -50,16 +50,20 @@ impl ConnectError {
 
 /// Whether a TLS failure is among `e` and its sources: a certificate this side
 /// refused, or an alert the other side sent. The TLS layer reports both as an
-/// `io::Error` of kind `InvalidData` (the library's own error is kept only as
-/// text by the time it reaches here); a connection that broke or was refused
-/// has another kind.
+/// `io::Error` of kind `InvalidData` (on a call the library's own error is kept
+/// only as text by the time it reaches here); a connection that broke or was
+/// refused has another kind.
 pub fn tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(e);
     while let Some(err) = next {
+        let io = err.downcast_ref::<std::io::Error>();
         if err.is::<tokio_rustls::rustls::Error>()
-            || err
-                .downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
+            || io.is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
+            // Where the TLS library's error is kept (connecting), it is inside the
+            // io::Error, whose own `source` skips it.
+            || io
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.is::<tokio_rustls::rustls::Error>())
         {
             return true;
         }

@@ -283,9 +283,11 @@ impl LoadedTls {
         };
         let mut roots = RootCertStore::empty();
         roots.add_parsable_certificates(certs(&self.ca_pem)?);
-        let verifier = WebPkiClientVerifier::builder(roots.into())
-            .build()
-            .map_err(|e| bad("client verifier", &e))?;
+        let verifier = Arc::new(PartyVerifier(
+            WebPkiClientVerifier::builder(roots.into())
+                .build()
+                .map_err(|e| bad("client verifier", &e))?,
+        ));
         let key = PrivateKeyDer::from_pem_slice(&self.key_pem).map_err(|e| bad("key", &e))?;
         let mut config = ServerConfig::builder()
             .with_client_cert_verifier(verifier)
@@ -301,6 +303,75 @@ impl LoadedTls {
         ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca_pem))
             .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+    }
+}
+
+/// The CA's client verifier, which also refuses in the handshake a certificate
+/// that names no party ([`peer_of`]: a role in its organizational unit and one
+/// common name). The client then gets a fatal alert, which it knows not to retry,
+/// and holds no connection slot; every certificate the proxy serves names a party
+/// the service can authorize.
+#[derive(Debug)]
+struct PartyVerifier(Arc<dyn tokio_rustls::rustls::server::danger::ClientCertVerifier>);
+
+impl tokio_rustls::rustls::server::danger::ClientCertVerifier for PartyVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.0.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.0.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[tokio_rustls::rustls::DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[tokio_rustls::rustls::pki_types::CertificateDer<'_>],
+        now: tokio_rustls::rustls::pki_types::UnixTime,
+    ) -> Result<tokio_rustls::rustls::server::danger::ClientCertVerified, tokio_rustls::rustls::Error>
+    {
+        let verified = self.0.verify_client_cert(end_entity, intermediates, now)?;
+        match peer_of(end_entity.as_ref()) {
+            Ok(_) => Ok(verified),
+            Err(why) => {
+                tracing::warn!(reason = %why, "refused a client certificate that names no party");
+                Err(tokio_rustls::rustls::Error::InvalidCertificate(
+                    tokio_rustls::rustls::CertificateError::ApplicationVerificationFailure,
+                ))
+            }
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        dss: &tokio_rustls::rustls::DigitallySignedStruct,
+    ) -> Result<
+        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
+        tokio_rustls::rustls::Error,
+    > {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
+        dss: &tokio_rustls::rustls::DigitallySignedStruct,
+    ) -> Result<
+        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
+        tokio_rustls::rustls::Error,
+    > {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<tokio_rustls::rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
     }
 }
 

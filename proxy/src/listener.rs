@@ -10,9 +10,6 @@
 //! a connection past a cap is closed at once. So a client that reconnects without
 //! end delays no one from another address. Once authenticated, a party (named by
 //! its certificate) holds at most [`MAX_CONNECTIONS_PER_PARTY`] connections.
-//! Certificates of the CA that name no role share one such allowance and are let
-//! through, so that the service refuses each of their calls with a reason the
-//! client can read, instead of a closed connection it would take for an outage.
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -43,15 +40,7 @@ pub const MAX_CONNECTIONS_PER_PARTY: usize = 8;
 pub struct Capped<IO> {
     io: IO,
     _slot: OwnedSemaphorePermit,
-    _party: Option<Held<Party>>,
-}
-
-/// Whom a connection's allowance is counted against: the party its certificate
-/// names, or, for all certificates that name no role, one shared allowance.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Party {
-    Named(String),
-    Unnamed,
+    _party: Option<Held<String>>,
 }
 
 impl<IO: Connected> Connected for Capped<IO> {
@@ -149,7 +138,7 @@ pub fn capped_tls(
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let slots = Arc::new(Semaphore::new(cap.max(1)));
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-    let (sources, parties) = (PerKey::<IpAddr>::default(), PerKey::<Party>::default());
+    let (sources, parties) = (PerKey::<IpAddr>::default(), PerKey::<String>::default());
     tokio::spawn(async move {
         loop {
             // Ends with the server (its receiver dropped), not at the next connection.
@@ -177,7 +166,9 @@ pub fn capped_tls(
                     return;
                 };
                 drop(source);
-                let Some(party) = parties.take(party_of(&tls), MAX_CONNECTIONS_PER_PARTY) else {
+                let Some(party) =
+                    party_of(&tls).and_then(|p| parties.take(p, MAX_CONNECTIONS_PER_PARTY))
+                else {
                     return;
                 };
                 // Waiting for a slot is bounded too: a client that went away while
@@ -201,10 +192,9 @@ pub fn capped_tls(
 }
 
 /// The party a TLS connection authenticated as (the name its certificate gives).
-fn party_of(tls: &TlsStream<TcpStream>) -> Party {
-    tls.get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|certs| dpca_proto::tls::peer_of(certs.first()?).ok())
-        .map_or(Party::Unnamed, |p| Party::Named(p.to_string()))
+fn party_of(tls: &TlsStream<TcpStream>) -> Option<String> {
+    let certs = tls.get_ref().1.peer_certificates()?;
+    dpca_proto::tls::peer_of(certs.first()?)
+        .ok()
+        .map(|p| p.to_string())
 }
