@@ -74,9 +74,29 @@ pub fn phases<'a>(names: impl Iterator<Item = &'a str>) {
     }
 }
 
-/// The method name of a gRPC path (`/dpca.v1.Proxy/Contribute` -> `Contribute`).
-fn rpc_name(path: &str) -> String {
-    path.rsplit('/').next().unwrap_or(path).to_string()
+/// The proxy's methods: the only values the `rpc` label takes. Any other path
+/// is counted as `other`, so that a client calling made-up paths cannot grow the
+/// metrics without bound. A test keeps the list equal to the service in
+/// `dpca.proto`.
+const METHODS: [&str; 7] = [
+    "OpenStudy",
+    "GetStudy",
+    "Contribute",
+    "AwaitSeal",
+    "Release",
+    "FetchResult",
+    "Status",
+];
+
+/// The method name of a gRPC path (`/dpca.v1.Proxy/Contribute` -> `Contribute`),
+/// `other` for a path that is none of the proxy's methods.
+fn rpc_name(path: &str) -> &'static str {
+    let service = dpca_proto::v1::proxy_server::SERVICE_NAME;
+    path.strip_prefix('/')
+        .and_then(|p| p.strip_prefix(service))
+        .and_then(|p| p.strip_prefix('/'))
+        .and_then(|method| METHODS.iter().find(|m| **m == method).copied())
+        .unwrap_or("other")
 }
 
 /// Counts every call by method and status code. A handler's error comes back as a
@@ -120,8 +140,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rpc_names_are_the_method() {
+    fn rpc_names_are_the_method_and_anything_else_is_other() {
         assert_eq!(rpc_name("/dpca.v1.Proxy/Contribute"), "Contribute");
-        assert_eq!(rpc_name("x"), "x");
+        for made_up in ["x", "/dpca.v1.Proxy/Xyz123", "/other.Service/Status", "/"] {
+            assert_eq!(rpc_name(made_up), "other", "{made_up}");
+        }
+    }
+
+    /// Every method of the service is a label value, and nothing else is.
+    #[test]
+    fn the_method_labels_are_the_services_methods() {
+        let proto = include_str!("../../proto/proto/dpca.proto");
+        let mut declared: Vec<&str> = proto
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("rpc "))
+            .filter_map(|l| l.split('(').next())
+            .collect();
+        let mut labels = METHODS.to_vec();
+        declared.sort_unstable();
+        labels.sort_unstable();
+        assert_eq!(declared, labels);
     }
 }
