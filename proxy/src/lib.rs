@@ -76,10 +76,11 @@ pub async fn run(
         Transport::InsecurePlaintext => None,
     };
     let handshake_timeout = config.limits.handshake_timeout;
+    let max_request_bytes = config.limits.max_request_bytes();
     let svc = service::ProxyService::new(config)?;
     svc.spawn_deadline_ticker();
     let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
-        .max_decoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES)
+        .max_decoding_message_size(max_request_bytes)
         .max_encoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES);
     let router = tonic::transport::Server::builder()
         // Small flow-control windows: an owner waiting for an upload slot can park

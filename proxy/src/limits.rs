@@ -139,7 +139,24 @@ pub enum LimitError {
     },
 }
 
+/// Room in a request beyond its spec or its ciphertexts: ids, a signature, a
+/// public key, the protobuf framing.
+const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
+
 impl Limits {
+    /// The largest request message the proxy decodes: a spec at the spec limit or a
+    /// chunk of ciphertexts at the key limit, with room for the rest. tonic decodes
+    /// a unary request whole before the handler can authorize its caller, so this,
+    /// not the protocol's 4 MiB, bounds what one stalled call pins in memory.
+    pub fn max_request_bytes(&self) -> usize {
+        let ciphertext_bytes = usize::try_from(self.max_key_bits / 4).unwrap_or(usize::MAX);
+        let chunk = ciphertext_bytes.saturating_mul(dpca_proto::convert::CIPHERTEXTS_PER_CHUNK);
+        self.max_spec_bytes
+            .max(chunk)
+            .saturating_add(REQUEST_OVERHEAD_BYTES)
+            .min(dpca_proto::convert::MAX_MESSAGE_BYTES)
+    }
+
     /// Checks a spec as it arrived, before anything (the key's tables, the layout)
     /// is built from it.
     pub fn check_wire(&self, spec: &v1::StudySpec) -> Result<(), LimitError> {
@@ -219,6 +236,28 @@ impl Limits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_are_bounded_by_what_a_study_may_send_not_by_the_protocols_limit() {
+        let limits = Limits::default();
+        let bound = limits.max_request_bytes();
+        // A spec at its limit and a chunk of 4096-bit ciphertexts fit...
+        assert!(bound >= limits.max_spec_bytes + 1024);
+        assert!(bound >= 64 * 1024 + 1024);
+        // ...and a quarter of the protocol's 4 MiB is all a stalled call can pin.
+        assert!(
+            bound <= dpca_proto::convert::MAX_MESSAGE_BYTES / 3,
+            "{bound}"
+        );
+        let large = Limits {
+            max_spec_bytes: 64 << 20,
+            ..Limits::default()
+        };
+        assert_eq!(
+            large.max_request_bytes(),
+            dpca_proto::convert::MAX_MESSAGE_BYTES
+        );
+    }
 
     fn wire(features: usize, key_bytes: usize) -> v1::StudySpec {
         v1::StudySpec {

@@ -160,10 +160,11 @@ pub fn capped_tls(
                 tx.clone(),
             );
             tokio::spawn(async move {
-                let Ok(Ok(tls)) =
-                    tokio::time::timeout(handshake_timeout, acceptor.accept(io)).await
-                else {
-                    return;
+                let accept = acceptor.accept(io).into_fallible();
+                let tls = match tokio::time::timeout(handshake_timeout, accept).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err((_, io))) => return close_after_alert(io).await,
+                    Err(_) => return,
                 };
                 drop(source);
                 let Some(party) =
@@ -190,6 +191,24 @@ pub fn capped_tls(
     });
     ReceiverStream::new(rx)
 }
+
+/// Closes a connection whose handshake the proxy refused, after the alert that
+/// says why. Closing at once, with the client's first bytes unread, would reset
+/// the connection; a client that writes before it reads (under TLS 1.3 it sends
+/// its first request right after its certificate) would then see a broken pipe,
+/// which it retries as an outage, instead of the alert, which it does not. So the
+/// write side is shut and what the client sends is read and dropped for a moment,
+/// while the connection still holds its handshake place (so this is capped too).
+async fn close_after_alert(mut io: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = io.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async { while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(ALERT_LINGER, drain).await;
+}
+
+/// How long a refused connection is drained after its alert.
+const ALERT_LINGER: Duration = Duration::from_secs(1);
 
 /// The party a TLS connection authenticated as (the name its certificate gives).
 fn party_of(tls: &TlsStream<TcpStream>) -> Option<String> {

@@ -344,11 +344,8 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
             "a refused certificate was retried: {}",
             stderr(&o)
         );
-        if files == foreign_a {
-            // The owner refuses the proxy's certificate itself: final at once. (The
-            // proxy's refusal may first reach it as a broken pipe under TLS 1.3.)
-            assert!(!stderr(&o).contains("trying again"), "{}", stderr(&o));
-        }
+        // Final at once: not one retry.
+        assert!(!stderr(&o).contains("trying again"), "{}", stderr(&o));
     }
     assert_eq!(f.owners_in(), 0);
 
