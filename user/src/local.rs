@@ -1,9 +1,9 @@
 //! `user local` and `user study`: one study, from options to written outputs.
 //! A local run starts the proxy and every owner as separate programs talking
 //! gRPC over loopback; a study at a remote proxy invites owners that run
-//! elsewhere. Both are the same steps over a [`Cohort`]: plan (`plan`, no I/O),
-//! key, open (with the row-norm histogram first, `row_norm`), contributions,
-//! collection (`session`), analysis (`analysis`), report.
+//! elsewhere. Both are the same steps over a cohort (`cohort::Cohort`): plan
+//! (`plan`, no I/O), key, open (with the row-norm histogram first, `row_norm`),
+//! contributions, collection (`session`), analysis (`analysis`), report.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
