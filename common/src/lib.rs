@@ -34,3 +34,5 @@ pub mod randomizer;
 pub mod risk;
 pub mod study;
 pub mod synth;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;

@@ -557,13 +557,9 @@ pub(crate) mod tests {
     use proptest::prelude::*;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
-    use std::sync::OnceLock;
 
     pub(crate) fn key() -> &'static SecretKey {
-        static KEY: OnceLock<SecretKey> = OnceLock::new();
-        KEY.get_or_init(|| {
-            SecretKey::generate(2048, &mut ChaCha20Rng::seed_from_u64(5)).expect("keygen")
-        })
+        dpca_common::testing::test_key()
     }
 
     pub(crate) fn study(quorum: u32, min_owners: u32) -> Study {
@@ -583,13 +579,7 @@ pub(crate) mod tests {
             min_owners,
             quorum,
             deadline_unix_ms: 1_000,
-            kappa: 40,
-            public_key: key().public().clone(),
-            baseline: false,
-            classes: None,
-            projection: None,
-            norm_bins: None,
-            expected_owners: Vec::new(),
+            ..dpca_common::testing::test_spec(key().public(), 2)
         };
         let layout = StudyLayout::new(&spec).expect("layout");
         Study::new("s1".into(), spec, layout, false)

@@ -7,36 +7,15 @@ use crate::randomizer::Randomizer;
 use crate::study::{ClassCovariance, ClassSpec, Projection, StudySpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
-use std::sync::OnceLock;
 
 fn key() -> &'static SecretKey {
-    static KEY: OnceLock<SecretKey> = OnceLock::new();
-    KEY.get_or_init(|| {
-        let mut rng = ChaCha20Rng::seed_from_u64(11);
-        SecretKey::generate(2048, &mut rng).expect("keygen")
-    })
+    crate::testing::test_key()
 }
 
 fn spec(dim: usize, centering: Centering, mechanism: Mechanism) -> StudySpec {
     StudySpec {
-        features: (0..dim).map(|i| format!("f{i}")).collect(),
-        bounds: vec![(-1.0, 1.0); dim],
-        fixed: FixedPoint {
-            frac_bits: 16,
-            row_norm_bound: 1.0,
-        },
-        max_rows: 1000,
         privacy: PrivacyRequest::new(mechanism, centering, 1.0, 1e-6).expect("valid"),
-        min_owners: 1,
-        quorum: 3,
-        deadline_unix_ms: 0,
-        kappa: 40,
-        public_key: key().public().clone(),
-        baseline: false,
-        classes: None,
-        projection: None,
-        norm_bins: None,
-        expected_owners: Vec::new(),
+        ..crate::testing::test_spec(key().public(), dim)
     }
 }
 
