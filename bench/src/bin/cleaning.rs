@@ -25,7 +25,7 @@
 //!   upper-right/lower-left diagonal minus the other) and width (ink in the outer
 //!   columns minus the inner ones).
 
-use std::path::PathBuf;
+use dpca_bench::data_dir;
 
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -63,10 +63,6 @@ struct Labeled {
     x: DMatrix<f64>,
     /// Label columns, in the order they move from confidential to desired.
     labels: Vec<(String, DVector<f64>)>,
-}
-
-fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data")
 }
 
 fn diamonds() -> anyhow::Result<Labeled> {

@@ -9,8 +9,9 @@
 //! refusals, and the study's state; then the proxy's peak memory at the largest
 //! count over the smallest (flat memory: close to 1).
 
+use dpca_bench::{built_programs, program, workspace_root};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -229,11 +230,8 @@ fn main() -> anyhow::Result<()> {
     if args.owners.is_empty() {
         bail!("--owners needs at least one count");
     }
-    let root: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().context("bench binary has no folder")?;
-    dpca_user::programs::build_programs(dir, &["proxy"])?;
-    let proxy_bin = dir.join(format!("proxy{}", std::env::consts::EXE_SUFFIX));
+    let root = workspace_root();
+    let proxy_bin = program(&built_programs(&["proxy"])?, "proxy");
     let rt = tokio::runtime::Runtime::new()?;
     let mut rows = Vec::new();
     for &owners in &args.owners {

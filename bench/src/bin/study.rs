@@ -17,6 +17,7 @@
 //!   vector segment one re-randomization; one fixed-base table;
 //! - user: one CRT decryption per released ciphertext and one for N.
 
+use dpca_bench::{built_programs, program, workspace_root};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -501,12 +502,9 @@ struct Output {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = workspace_root();
     std::fs::create_dir_all(&args.out)?;
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().context("bench binary has no folder")?;
-    dpca_user::programs::build_programs(dir, &["user", "proxy", "owner"])?;
-    let user_bin = dir.join(format!("user{}", std::env::consts::EXE_SUFFIX));
+    let user_bin = program(&built_programs(&["user", "proxy", "owner"])?, "user");
     let all = scenarios(&root, &args.out)?;
 
     let mut out = Output {

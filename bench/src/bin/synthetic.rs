@@ -48,6 +48,7 @@
 //! distributed release with the same noise. Rows are sampled exactly as `user local
 //! --synthetic` samples them, then put through the study's public preprocessing.
 
+use dpca_bench::workspace_root;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -260,10 +261,6 @@ impl Experiment {
 
 /// Share of the training rows set aside as public for Pub-PCA.
 const PUBLIC_SHARE: f64 = 0.1;
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn load(name: &str, k: Option<usize>, seed: u64, c: f64) -> anyhow::Result<Experiment> {
     let (task, file, default_k): (Task, &str, usize) = match name {

@@ -7,7 +7,8 @@
 //! `--distributed-reps R` the table also shows R whole studies through the real
 //! programs (proxy, owners and user as processes over gRPC) per setting at epsilon 1.
 
-use std::path::{Path, PathBuf};
+use dpca_bench::workspace_root;
+use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context};
@@ -85,10 +86,6 @@ fn summarize(centering: &str, epsilon: f64, how: &str, xs: &[f64]) -> Row {
         sd,
         min: xs.iter().copied().fold(f64::INFINITY, f64::min),
     }
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn main() -> anyhow::Result<()> {
