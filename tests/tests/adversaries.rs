@@ -13,6 +13,12 @@ use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 
+/// Asserts that a call was refused with `code`, for a reason that says `says`.
+fn assert_refused(err: &tonic::Status, code: tonic::Code, says: &str) {
+    assert_eq!(err.code(), code, "{err:?}");
+    assert!(err.message().contains(says), "{}", err.message());
+}
+
 /// A study of the paper's `mask` centering, which owners must accept by name.
 fn mask_fixture() -> dpca_tests::StudyFixture {
     fixture_with(|spec| {
@@ -73,12 +79,7 @@ fn a_user_that_reports_fewer_rows_is_refused_and_nothing_is_released() {
                 })
                 .await
                 .expect_err("a made-up N was accepted");
-            assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
-            assert!(
-                err.message().contains("does not verify"),
-                "{}",
-                err.message()
-            );
+            assert_refused(&err, tonic::Code::PermissionDenied, "does not verify");
         }
         let err = user
             .release(v1::ReleaseRequest {
@@ -195,8 +196,7 @@ fn a_study_larger_than_the_proxys_limits_is_refused_before_anything_is_built() {
                 })
                 .await
                 .expect_err("an outsized study was opened");
-            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-            assert!(err.message().contains(limit), "{}", err.message());
+            assert_refused(&err, tonic::Code::InvalidArgument, limit);
         }
         // Many small studies: one user holds one open here; another user may open.
         let open = |spec| v1::OpenStudyRequest {
@@ -208,11 +208,10 @@ fn a_study_larger_than_the_proxys_limits_is_refused_before_anything_is_built() {
             .open_study(open(small.clone()))
             .await
             .expect_err("a second open study of the same user");
-        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
-        assert!(
-            err.message().contains("--max-open-studies-per-user"),
-            "{}",
-            err.message()
+        assert_refused(
+            &err,
+            tonic::Code::ResourceExhausted,
+            "--max-open-studies-per-user",
         );
         f.client("eve")
             .await
@@ -588,22 +587,12 @@ fn a_mask_contribution_without_a_valid_signed_count_is_refused() {
             .contribute(stream(Vec::new()))
             .await
             .expect_err("an unsigned count was counted");
-        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-        assert!(
-            err.message().contains("sign its row count"),
-            "{}",
-            err.message()
-        );
+        assert_refused(&err, tonic::Code::InvalidArgument, "sign its row count");
         let err = mallory
             .contribute(stream(vec![0x30; 70]))
             .await
             .expect_err("a bad signature was counted");
-        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
-        assert!(
-            err.message().contains("does not verify"),
-            "{}",
-            err.message()
-        );
+        assert_refused(&err, tonic::Code::PermissionDenied, "does not verify");
     });
     assert_eq!(f.owners_in(), 0);
 }
