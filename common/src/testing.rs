@@ -11,7 +11,7 @@ use rand_chacha::ChaCha20Rng;
 use crate::dp::{Centering, Mechanism, PrivacyRequest};
 use crate::encoding::FixedPoint;
 use crate::paillier::{PublicKey, SecretKey};
-use crate::study::StudySpec;
+use crate::study::{StudySpec, MIN_KAPPA};
 
 /// A 2048-bit key drawn from a fixed seed, generated once per process.
 pub fn test_key() -> &'static SecretKey {
@@ -46,7 +46,7 @@ pub fn test_spec(pk: &PublicKey, dim: usize) -> StudySpec {
         min_owners: 1,
         quorum: 3,
         deadline_unix_ms: 0,
-        kappa: 40,
+        kappa: MIN_KAPPA,
         public_key: pk.clone(),
         baseline: false,
         classes: None,

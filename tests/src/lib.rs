@@ -13,7 +13,7 @@ use dpca_common::data::{normalize_row, read_csv, Table};
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::{PublicKey, SecretKey};
-use dpca_common::study::{StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
+use dpca_common::study::{StudySpec, DEFAULT_FRAC_BITS};
 use dpca_proto::tls::{write_dev_pki, DevPki, Role, TlsFiles, Transport};
 use nalgebra::DMatrix;
 
@@ -105,13 +105,7 @@ pub fn optdigits_spec(pk: &PublicKey) -> StudySpec {
         min_owners: 2,
         quorum: 2,
         deadline_unix_ms: now + 600_000,
-        kappa: MIN_KAPPA,
-        public_key: pk.clone(),
-        baseline: false,
-        classes: None,
-        projection: None,
-        norm_bins: None,
-        expected_owners: Vec::new(),
+        ..dpca_common::testing::test_spec(pk, 0)
     }
 }
 
