@@ -3,6 +3,8 @@
 //! loopback, and the plaintext reference computations the results are checked
 //! against.
 
+pub mod sim;
+
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};

@@ -4,7 +4,6 @@
 use std::process::Command;
 
 use dpca_common::paillier::SecretKey;
-use dpca_common::study::StudySpec;
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
 use dpca_tests::{bin, describe, fixture, optdigits_spec, rt, run, submit};
@@ -100,30 +99,6 @@ fn owner_refuses_unknown_study_and_foreign_key() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("refusing to encrypt"), "{}", stderr(&o));
     assert_eq!(f.owners_in(), 0);
-}
-
-#[test]
-fn one_contribution_per_owner_and_idempotent_retry() {
-    let f = fixture();
-    let first = f.good_file("first.csv", 20, 0);
-    let other = f.good_file("other.csv", 20, 20);
-    let o = f.owner("hospital-a", &first);
-    assert!(o.status.success(), "{}", describe(&o));
-    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("owner report");
-    assert_eq!(report["newly_counted"], true);
-    assert_eq!(report["rows"], 20);
-
-    // The same owner with other data: refused.
-    let o = f.owner("hospital-a", &other);
-    assert!(!o.status.success());
-    assert!(stderr(&o).contains("already contributed"), "{}", stderr(&o));
-
-    // A retry of the very same contribution: accepted, not counted twice.
-    let o = f.owner("hospital-a", &first);
-    assert!(o.status.success(), "{}", describe(&o));
-    let report: serde_json::Value = serde_json::from_slice(&o.stdout).expect("owner report");
-    assert_eq!(report["newly_counted"], false);
-    assert_eq!(f.owners_in(), 1);
 }
 
 #[test]
@@ -239,9 +214,10 @@ fn user_refuses_small_keys_and_bad_privacy_parameters_before_any_work() {
 }
 
 /// A message over the size limit is refused and counts nothing, and the proxy keeps
-/// serving; a contribution after the study's deadline is refused with the reason.
+/// serving. (Deadlines, retries and second contributions are the simulation's:
+/// `tests/simulation.rs`.)
 #[test]
-fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
+fn oversized_messages_are_refused_without_state_change() {
     let f = fixture();
     let n_bytes = f.spec.public_key.ciphertext_bytes();
     let over = dpca_proto::convert::MAX_MESSAGE_BYTES / n_bytes + 16;
@@ -270,38 +246,6 @@ fn oversized_messages_and_expired_studies_are_refused_without_state_change() {
         describe(&o)
     );
     assert_eq!(f.owners_in(), 1);
-
-    // A study whose deadline passes with no owner: aborted, contributions refused.
-    let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as u64;
-    let spec = StudySpec {
-        deadline_unix_ms: now + 1_000,
-        ..optdigits_spec(sk.public())
-    };
-    let study = rt().block_on(async {
-        let mut c = f.client("user").await;
-        dpca_user::session::open_study(&mut c, &spec, false)
-            .await
-            .expect("open study")
-    });
-    std::thread::sleep(std::time::Duration::from_millis(1_500));
-    let mut late = f.owner_cmd("late");
-    late.args(["--owner-id", "late"]);
-    let o = submit(late, &f.url, &study, &sk.public().fingerprint(), &data);
-    assert!(!o.status.success(), "a late contribution was accepted");
-    assert!(stderr(&o).contains("deadline"), "{}", stderr(&o));
-    let info = rt().block_on(async {
-        let mut c = f.client("user").await;
-        c.get_study(v1::GetStudyRequest { study_id: study })
-            .await
-            .expect("get study")
-            .into_inner()
-    });
-    assert_eq!(info.owners_in, 0);
-    assert_eq!(info.state, "aborted");
 }
 
 /// Mutual TLS: a certificate from another CA, no certificate, an owner claiming
@@ -502,67 +446,6 @@ fn a_study_past_an_owners_budget_cap_is_refused_without_state_change() {
     assert!(o.status.success(), "{}", describe(&o));
     // And `a`'s first study still holds its one contribution.
     assert_eq!(f.owners_in(), 2);
-}
-
-/// Dropouts: a study inviting three owners with at least one needed seals at its
-/// deadline with the one that came and names the two that did not; an owner not
-/// invited is refused and not counted.
-#[test]
-fn a_study_seals_at_its_deadline_with_the_owners_that_came_and_names_the_rest() {
-    let f = fixture();
-    let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as u64;
-    let spec = StudySpec {
-        min_owners: 1,
-        quorum: 3,
-        deadline_unix_ms: now + 6_000,
-        expected_owners: vec!["a".into(), "b".into(), "hospital-a".into()],
-        ..optdigits_spec(sk.public())
-    };
-    let study = rt().block_on(async {
-        let mut c = f.client("user").await;
-        dpca_user::session::open_study(&mut c, &spec, false)
-            .await
-            .expect("open study")
-    });
-    let data = f.good_file("good.csv", 20, 0);
-    let contribute = |owner: &str| {
-        submit(
-            f.owner_cmd(owner),
-            &f.url,
-            &study,
-            &sk.public().fingerprint(),
-            &data,
-        )
-    };
-    let o = contribute("mallory");
-    assert!(!o.status.success(), "an uninvited owner was accepted");
-    assert!(
-        stderr(&o).contains("owner `mallory` is not invited"),
-        "{}",
-        stderr(&o)
-    );
-    let o = contribute("a");
-    assert!(o.status.success(), "{}", describe(&o));
-    // Waits for the deadline, then seals with `a` and names who is missing.
-    let sealed = rt().block_on(async {
-        f.client("user")
-            .await
-            .await_seal(v1::AwaitSealRequest {
-                study_id: study.clone(),
-            })
-            .await
-            .expect("sealed at the deadline")
-            .into_inner()
-    });
-    assert_eq!(sealed.owners_in, vec!["a".to_string()]);
-    assert_eq!(
-        sealed.owners_missing,
-        vec!["b".to_string(), "hospital-a".to_string()]
-    );
 }
 
 /// `proxy status`: the operator sees every study with its owners and each owner's
