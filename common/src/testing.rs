@@ -11,7 +11,7 @@ use rand_chacha::ChaCha20Rng;
 use crate::dp::{Centering, Mechanism, PrivacyRequest};
 use crate::encoding::FixedPoint;
 use crate::paillier::{PublicKey, SecretKey};
-use crate::study::{StudySpec, MIN_KAPPA};
+use crate::study::{SpecDraft, StudySpec, MIN_KAPPA};
 
 /// A 2048-bit key drawn from a fixed seed, generated once per process.
 pub fn test_key() -> &'static SecretKey {
@@ -25,16 +25,25 @@ pub fn test_key() -> &'static SecretKey {
     })
 }
 
-/// A valid spec for `pk`: `dim` features `f0, f1, ...` bounded in [-1, 1], C = 1
-/// on 16 fractional bits, N at most 1000, the default `gaussian` and `dp-mean` at
-/// (1, 1e-6), sealed by 3 owners (1 at the deadline, which is unset). Tests
-/// change what they are about with struct update syntax.
+/// [`test_draft`], validated.
 pub fn test_spec(pk: &PublicKey, dim: usize) -> StudySpec {
+    match test_draft(pk, dim).validate() {
+        Ok(spec) => spec,
+        Err(e) => panic!("the test spec: {e}"),
+    }
+}
+
+/// A valid spec for `pk`, as a draft: `dim` features `f0, f1, ...` bounded in
+/// [-1, 1], C = 1 on 16 fractional bits, N at most 1000, the default `gaussian`
+/// and `dp-mean` at (1, 1e-6), sealed by 3 owners (1 at the deadline, which is
+/// unset). Tests change what they are about with struct update syntax and
+/// validate it.
+pub fn test_draft(pk: &PublicKey, dim: usize) -> SpecDraft {
     let privacy = match PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::DpMean, 1.0, 1e-6) {
         Ok(p) => p,
         Err(e) => panic!("the test request: {e}"),
     };
-    StudySpec {
+    SpecDraft {
         features: (0..dim).map(|i| format!("f{i}")).collect(),
         bounds: vec![(-1.0, 1.0); dim],
         fixed: FixedPoint {

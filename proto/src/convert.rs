@@ -3,7 +3,9 @@
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::PublicKey;
-use dpca_common::study::{ClassCovariance, ClassSpec, NormBins, Projection, SpecError, StudySpec};
+use dpca_common::study::{
+    ClassCovariance, ClassSpec, NormBins, Projection, SpecDraft, SpecError, StudySpec,
+};
 
 use crate::v1;
 
@@ -44,7 +46,7 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
             edges: w.norm_edges.clone(),
         })
     };
-    let spec = StudySpec {
+    let spec = SpecDraft {
         features: w.features.clone(),
         bounds: w.bounds.iter().map(|b| (b.lo, b.hi)).collect(),
         fixed: FixedPoint {
@@ -64,12 +66,12 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
         norm_bins,
         expected_owners: w.expected_owners.clone(),
     };
-    spec.validate()?;
-    Ok(spec)
+    spec.validate()
 }
 
-/// Converts a domain spec to its wire form.
-pub fn spec_to_wire(s: &StudySpec) -> v1::StudySpec {
+/// Converts a spec to its wire form (a draft too: tests send specs a proxy must
+/// refuse).
+pub fn spec_to_wire(s: &SpecDraft) -> v1::StudySpec {
     let (norm_features, norm_bounds, norm_edges) = match &s.norm_bins {
         Some(b) => (
             b.features.clone(),

@@ -918,6 +918,7 @@ impl v1::proxy_server::Proxy for ProxyService {
 mod tests {
     use super::*;
     use crate::study::tests::study;
+    use dpca_common::study::SpecDraft;
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
@@ -944,7 +945,12 @@ mod tests {
         let path = dir.path().join("state.redb");
         let mut s = study(2, 1);
         s.noise_free = true;
-        s.spec.deadline_unix_ms = u64::MAX;
+        s.spec = SpecDraft {
+            deadline_unix_ms: u64::MAX,
+            ..s.spec.to_draft()
+        }
+        .validate()
+        .expect("spec");
         Store::open(&path)
             .expect("store")
             .save_with_budget(&s, None)
@@ -970,7 +976,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
         let mut s = study(2, 1);
-        s.spec.deadline_unix_ms = 70_000;
+        s.spec = SpecDraft {
+            deadline_unix_ms: 70_000,
+            ..s.spec.to_draft()
+        }
+        .validate()
+        .expect("spec");
         Store::open(&path)
             .expect("store")
             .save_with_budget(&s, None)

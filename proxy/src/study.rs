@@ -554,6 +554,7 @@ pub(crate) mod tests {
     use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
     use dpca_common::encoding::FixedPoint;
     use dpca_common::paillier::SecretKey;
+    use dpca_common::study::SpecDraft;
     use proptest::prelude::*;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
@@ -567,7 +568,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn study_with(centering: Centering, quorum: u32, min_owners: u32) -> Study {
-        let spec = StudySpec {
+        let spec = SpecDraft {
             features: vec!["a".into(), "b".into()],
             bounds: vec![(0.0, 1.0); 2],
             fixed: FixedPoint {
@@ -579,8 +580,10 @@ pub(crate) mod tests {
             min_owners,
             quorum,
             deadline_unix_ms: 1_000,
-            ..dpca_common::testing::test_spec(key().public(), 2)
-        };
+            ..dpca_common::testing::test_draft(key().public(), 2)
+        }
+        .validate()
+        .expect("the test study's spec");
         let layout = StudyLayout::new(&spec).expect("layout");
         Study::new("s1".into(), spec, layout, false)
     }

@@ -15,7 +15,7 @@ use dpca_common::data::{normalize_row, read_csv, Table};
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::{PublicKey, SecretKey};
-use dpca_common::study::{StudySpec, DEFAULT_FRAC_BITS};
+use dpca_common::study::{SpecDraft, StudySpec, DEFAULT_FRAC_BITS};
 use dpca_proto::tls::{write_dev_pki, DevPki, Role, TlsFiles, Transport};
 use nalgebra::DMatrix;
 
@@ -85,16 +85,21 @@ pub fn write_slice(table: &Table, skip: usize, n: usize, path: &Path) {
     write_rows(&t, n, path);
 }
 
+/// [`optdigits_draft`], validated.
+pub fn optdigits_spec(pk: &PublicKey) -> StudySpec {
+    optdigits_draft(pk).validate().expect("the optdigits spec")
+}
+
 /// A `dp-mean` study (the default) of the optdigits features under `pk`: bounds 0..16, C = 1,
 /// Gaussian at epsilon 1 and delta 1e-5, quorum and minimum 2, 1024 rows at most,
 /// a deadline ten minutes away, open to any owner.
-pub fn optdigits_spec(pk: &PublicKey) -> StudySpec {
+pub fn optdigits_draft(pk: &PublicKey) -> SpecDraft {
     let features = optdigits().features;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
         .as_millis() as u64;
-    StudySpec {
+    SpecDraft {
         bounds: vec![(0.0, 16.0); features.len()],
         features,
         fixed: FixedPoint {
@@ -107,7 +112,7 @@ pub fn optdigits_spec(pk: &PublicKey) -> StudySpec {
         min_owners: 2,
         quorum: 2,
         deadline_unix_ms: now + 600_000,
-        ..dpca_common::testing::test_spec(pk, 0)
+        ..dpca_common::testing::test_draft(pk, 0)
     }
 }
 
@@ -339,17 +344,18 @@ pub fn fixture() -> StudyFixture {
 }
 
 /// As [`fixture`], with the spec changed by `edit` before the study is opened.
-pub fn fixture_with(edit: impl FnOnce(&mut StudySpec)) -> StudyFixture {
+pub fn fixture_with(edit: impl FnOnce(&mut SpecDraft)) -> StudyFixture {
     fixture_on(&[], edit)
 }
 
 /// As [`fixture_with`], on a proxy started with further `flags`.
-pub fn fixture_on(flags: &[&str], edit: impl FnOnce(&mut StudySpec)) -> StudyFixture {
+pub fn fixture_on(flags: &[&str], edit: impl FnOnce(&mut SpecDraft)) -> StudyFixture {
     let proxy = start_proxy_with(false, flags);
     let url = proxy.url.clone();
     let sk = SecretKey::generate(2048, &mut rand::rngs::OsRng).expect("keygen");
-    let mut spec = optdigits_spec(sk.public());
-    edit(&mut spec);
+    let mut draft = optdigits_draft(sk.public());
+    edit(&mut draft);
+    let spec = draft.validate().expect("the fixture's spec");
     let study = rt().block_on(async {
         let mut c = dpca_proto::client::connect(&url, &proxy.transport("user"))
             .await

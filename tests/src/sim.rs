@@ -26,7 +26,7 @@ use std::time::Duration;
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::protocol::{central_release, Opened, ReleaseSecrets, Share};
 use dpca_common::risk::Risk;
-use dpca_common::study::{StudyLayout, StudySpec};
+use dpca_common::study::{SpecDraft, StudyLayout, StudySpec};
 use dpca_owner::OwnerConfig;
 use dpca_proto::tls::{DevPki, Role, Transport};
 use dpca_proto::v1;
@@ -233,15 +233,17 @@ impl Sim {
         let now = SystemClock.now_ms();
         let seed = SEEDS.fetch_add(1, Ordering::SeqCst);
         let key = dpca_common::testing::test_key();
-        let spec = StudySpec {
+        let spec = SpecDraft {
             privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, centering, EPSILON, 1e-6)
                 .expect("request"),
             min_owners: MIN_OWNERS,
             quorum: QUORUM,
             deadline_unix_ms: now + DEADLINE.as_millis() as u64,
             expected_owners: OWNERS[..INVITED].iter().map(|s| s.to_string()).collect(),
-            ..dpca_common::testing::test_spec(key.public(), DIM)
-        };
+            ..dpca_common::testing::test_draft(key.public(), DIM)
+        }
+        .validate()
+        .expect("the simulated study's spec");
         let mut sim = Self {
             dir,
             clock: Arc::new(ManualClock::at(now)),

@@ -181,7 +181,7 @@ fn a_study_larger_than_the_proxys_limits_is_refused_before_anything_is_built() {
     let f = fixture_on(&["--max-open-studies-per-user", "1"], |_| {});
     rt().block_on(async {
         let mut user = f.client("user").await;
-        let mut huge = f.spec.clone();
+        let mut huge = f.spec.to_draft();
         huge.features = (0..20_000).map(|i| format!("f{i}")).collect();
         huge.bounds = vec![(0.0, 1.0); huge.features.len()];
         let mut wide_key = dpca_proto::convert::spec_to_wire(&f.spec);

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use dpca_common::linalg::centered_scatter;
 use dpca_common::paillier::SecretKey;
-use dpca_common::study::StudySpec;
+use dpca_common::study::SpecDraft;
 use dpca_proto::tls::{write_dev_pki, Role, Transport};
 use dpca_proto::v1;
 use dpca_tests::{
-    bin, describe, optdigits, optdigits_spec, preprocess, spawn_proxy, tls_args, try_spawn_proxy,
+    bin, describe, optdigits, optdigits_draft, preprocess, spawn_proxy, tls_args, try_spawn_proxy,
     write_slice, Proc,
 };
 use rand::rngs::OsRng;
@@ -97,12 +97,14 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
     }
     let n = OWNERS * ROWS_PER_OWNER;
     let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
-    let spec = StudySpec {
+    let spec = SpecDraft {
         min_owners: OWNERS as u32,
         quorum: OWNERS as u32,
         expected_owners: names.clone(),
-        ..optdigits_spec(sk.public())
-    };
+        ..optdigits_draft(sk.public())
+    }
+    .validate()
+    .expect("the crash study's spec");
     let study = rt().block_on(async {
         let mut c = dpca_proto::client::connect(&url, &user)
             .await

@@ -301,9 +301,10 @@ async fn prepare(
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)?;
-    let mut spec = plan.spec(sk.public(), now_ms, opts.row_norm_bound, opts.baseline);
     // Refused before the histogram study runs, should the study itself be invalid.
-    spec.validate()?;
+    let spec = plan
+        .draft(sk.public(), now_ms, opts.row_norm_bound, opts.baseline)
+        .validate()?;
     let (row_norm_choice, histogram_budget) = match plan.histogram {
         None => (None, None),
         Some(h) => {
@@ -320,16 +321,17 @@ async fn prepare(
             (Some(choice), Some(spent))
         }
     };
+    let mut draft = spec.to_draft();
     if let Some(choice) = &row_norm_choice {
-        spec.fixed.row_norm_bound = choice.chosen;
+        draft.fixed.row_norm_bound = choice.chosen;
         // Pub-PCA preprocesses the public rows with C: read again with the new one.
         if opts.pca_from.is_some() {
             axes = load_axes(opts, plan, plan.input_label.as_deref(), choice.chosen)?;
         }
     }
     // The owners project onto the axes (and keep the label axis in a regression).
-    spec.projection = axes.as_ref().map(|w| task_projection(opts.task, w));
-    spec.validate()?;
+    draft.projection = axes.as_ref().map(|w| task_projection(opts.task, w));
+    let spec = draft.validate()?;
     let layout = StudyLayout::new(&spec)?;
     let study_id = open_study(client, &spec, opts.noise_free_for_testing).await?;
     eprintln!(

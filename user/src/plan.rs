@@ -11,7 +11,7 @@ use dpca_common::data::{read_bounds, Table};
 use dpca_common::dp::{split_request, Centering, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::{PublicKey, MIN_KEY_BITS};
-use dpca_common::study::{ClassSpec, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
+use dpca_common::study::{ClassSpec, SpecDraft, DEFAULT_FRAC_BITS, MIN_KAPPA};
 use dpca_common::synth::{SynthError, Task};
 
 use crate::local::LocalOptions;
@@ -142,9 +142,10 @@ impl StudyPlan {
         })
     }
 
-    /// The study's spec for the user's key, opened at `now_ms`, with row bound `c`.
-    pub fn spec(&self, pk: &PublicKey, now_ms: u64, c: f64, baseline: bool) -> StudySpec {
-        StudySpec {
+    /// The study's spec for the user's key, opened at `now_ms`, with row bound `c`
+    /// (a draft: the caller validates it).
+    pub fn draft(&self, pk: &PublicKey, now_ms: u64, c: f64, baseline: bool) -> SpecDraft {
+        SpecDraft {
             features: self.table.features.clone(),
             bounds: self.bounds.clone(),
             fixed: FixedPoint {

@@ -23,7 +23,7 @@ use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::SecretKey;
 use dpca_common::protocol::Share;
-use dpca_common::study::{StudyLayout, StudySpec, DEFAULT_FRAC_BITS, MIN_KAPPA};
+use dpca_common::study::{SpecDraft, StudyLayout, DEFAULT_FRAC_BITS};
 use dpca_proto::client::connect;
 use dpca_proto::convert::{spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::tls::{write_dev_pki, Role, Transport};
@@ -110,7 +110,7 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
     let sk = SecretKey::generate(bits, &mut OsRng)?;
     let pk = sk.public().clone();
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
-    let spec = StudySpec {
+    let spec = SpecDraft {
         bounds: vec![(0.0, 16.0); table.features.len()],
         features: table.features.clone(),
         fixed: FixedPoint {
@@ -122,14 +122,9 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
         min_owners: owners as u32,
         quorum: owners as u32,
         deadline_unix_ms: now + 3_600_000,
-        kappa: MIN_KAPPA,
-        public_key: pk.clone(),
-        baseline: false,
-        classes: None,
-        projection: None,
-        norm_bins: None,
-        expected_owners: Vec::new(),
-    };
+        ..dpca_common::testing::test_draft(&pk, 0)
+    }
+    .validate()?;
     let layout = StudyLayout::new(&spec)?;
     let mut client = connect(&url, &user).await?;
     let study = client

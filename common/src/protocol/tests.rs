@@ -4,7 +4,7 @@ use super::*;
 use crate::dp::{Mechanism, NoiseScale, PrivacyRequest};
 use crate::encoding::FixedPoint;
 use crate::randomizer::Randomizer;
-use crate::study::{ClassCovariance, ClassSpec, Projection, StudySpec};
+use crate::study::{ClassCovariance, ClassSpec, Projection, SpecDraft, StudySpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -12,21 +12,31 @@ fn key() -> &'static SecretKey {
     crate::testing::test_key()
 }
 
-fn spec(dim: usize, centering: Centering, mechanism: Mechanism) -> StudySpec {
-    StudySpec {
+fn draft(dim: usize, centering: Centering, mechanism: Mechanism) -> SpecDraft {
+    SpecDraft {
         privacy: PrivacyRequest::new(mechanism, centering, 1.0, 1e-6).expect("valid"),
-        ..crate::testing::test_spec(key().public(), dim)
+        ..crate::testing::test_draft(key().public(), dim)
     }
 }
 
-fn class_spec(dim: usize, mechanism: Mechanism, covariance: ClassCovariance) -> StudySpec {
-    StudySpec {
+fn spec(dim: usize, centering: Centering, mechanism: Mechanism) -> StudySpec {
+    draft(dim, centering, mechanism).validate().expect("valid")
+}
+
+fn class_draft(dim: usize, mechanism: Mechanism, covariance: ClassCovariance) -> SpecDraft {
+    SpecDraft {
         classes: Some(ClassSpec {
             labels: vec!["a".into(), "b".into(), "c".into()],
             covariance,
         }),
-        ..spec(dim, Centering::DpMean, mechanism)
+        ..draft(dim, Centering::DpMean, mechanism)
     }
+}
+
+fn class_spec(dim: usize, mechanism: Mechanism, covariance: ClassCovariance) -> StudySpec {
+    class_draft(dim, mechanism, covariance)
+        .validate()
+        .expect("valid")
 }
 
 fn random_rows(rng: &mut ChaCha20Rng, n: usize, dim: usize, fp: &FixedPoint) -> Vec<Vec<i64>> {
@@ -270,8 +280,12 @@ fn distributed_release_equals_central_mechanism() {
             .enumerate()
         {
             for baseline in [false, true] {
-                let mut spec = spec(6, centering, mech);
-                spec.baseline = baseline;
+                let spec = SpecDraft {
+                    baseline,
+                    ..draft(6, centering, mech)
+                }
+                .validate()
+                .expect("valid");
                 let (pooled, secrets, opened, released) = run(&spec, None, 40 + (2 * k + m) as u64);
                 if baseline {
                     // One value per ciphertext: the triangle, then v.
@@ -388,9 +402,12 @@ fn two_axes() -> Projection {
 #[test]
 fn projected_release_equals_central_and_lifts_the_projected_scatter() {
     for covariance in [ClassCovariance::PerClass, ClassCovariance::Shared] {
-        let mut spec = class_spec(5, Mechanism::LAPLACE, covariance);
-        spec.projection = Some(two_axes());
-        spec.validate().expect("valid projected spec");
+        let spec = SpecDraft {
+            projection: Some(two_axes()),
+            ..class_draft(5, Mechanism::LAPLACE, covariance)
+        }
+        .validate()
+        .expect("valid projected spec");
         let layout = StudyLayout::new(&spec).expect("layout");
         assert_eq!(layout.triangle.dim, 2);
         assert_eq!(layout.vector_len, 3 * 6);
@@ -409,14 +426,18 @@ fn projected_release_equals_central_and_lifts_the_projected_scatter() {
         let stats = opened.classes.expect("classes");
         assert!(stats.scatters.iter().all(|s| s.shape() == (5, 5)));
     }
-    let spec = {
-        let mut s = class_spec(5, Mechanism::LAPLACE, ClassCovariance::Shared);
-        s.projection = Some(two_axes());
-        s
-    };
-
-    let mut plain = spec.clone();
-    plain.classes = None;
+    let spec = SpecDraft {
+        projection: Some(two_axes()),
+        ..class_draft(5, Mechanism::LAPLACE, ClassCovariance::Shared)
+    }
+    .validate()
+    .expect("valid");
+    let plain = SpecDraft {
+        classes: None,
+        ..spec.to_draft()
+    }
+    .validate()
+    .expect("valid");
     let (pooled, _, opened, _) = run(&plain, Some(NoiseScale::None), 81);
     // The unprojected scatter of the same rows, from the vector block and R of the
     // full rows (rebuilt from the shares' sums is not possible: compare in the span).
@@ -433,11 +454,15 @@ fn projected_release_equals_central_and_lifts_the_projected_scatter() {
 
 #[test]
 fn projections_that_are_not_orthonormal_or_need_the_mask_are_refused() {
-    let mut spec = spec(5, Centering::DpMean, Mechanism::GAUSSIAN);
+    let mut spec = draft(5, Centering::DpMean, Mechanism::GAUSSIAN);
     spec.projection = Some(Projection {
         axes: vec![vec![1.0, 1.0, 0.0, 0.0, 0.0]],
     });
-    let err = spec.validate().expect_err("norm sqrt 2").to_string();
+    let err = spec
+        .clone()
+        .validate()
+        .expect_err("norm sqrt 2")
+        .to_string();
     assert!(err.contains("orthonormal"), "{err}");
     spec.projection = Some(two_axes());
     spec.privacy.centering = Centering::Mask;
@@ -445,13 +470,13 @@ fn projections_that_are_not_orthonormal_or_need_the_mask_are_refused() {
     assert!(err.contains("dp-mean"), "{err}");
 }
 
-fn histogram_spec(bins: &crate::study::NormBins, mechanism: Mechanism) -> StudySpec {
+fn histogram_draft(bins: &crate::study::NormBins, mechanism: Mechanism) -> SpecDraft {
     let b = bins.edges.len();
-    StudySpec {
+    SpecDraft {
         features: bins.bin_names(),
         bounds: vec![(-1.0, 1.0); b],
         norm_bins: Some(bins.clone()),
-        ..spec(b, Centering::DpMean, mechanism)
+        ..draft(b, Centering::DpMean, mechanism)
     }
 }
 
@@ -475,8 +500,9 @@ fn norm_histogram_release_counts_the_bins() {
         exact[bins.bin_of(norm(r))] += 1.0;
     }
     for mechanism in [Mechanism::GAUSSIAN, Mechanism::LAPLACE] {
-        let spec = histogram_spec(&bins, mechanism);
-        spec.validate().expect("a valid histogram study");
+        let spec = histogram_draft(&bins, mechanism)
+            .validate()
+            .expect("a valid histogram study");
         let shape = StudyLayout::new(&spec).expect("layout").shape();
         let hot: Vec<Vec<f64>> = rows.iter().map(|r| bins.one_hot(r)).collect();
         let (pooled, clipped) = Share::from_raw_rows(&hot, &spec.bounds, &spec.fixed, None, None);
@@ -539,34 +565,34 @@ fn norm_histogram_release_counts_the_bins() {
 fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
     let names: Vec<String> = ["a", "b"].iter().map(|s| s.to_string()).collect();
     let bins = crate::study::NormBins::geometric(names, vec![(0.0, 1.0); 2], 0.1, 6);
-    let good = histogram_spec(&bins, Mechanism::GAUSSIAN);
-    good.validate().expect("valid");
+    let good = histogram_draft(&bins, Mechanism::GAUSSIAN);
+    good.clone().validate().expect("valid");
     let mut bad_edges = bins.clone();
     bad_edges.edges.swap(2, 3);
     let cases = [
-        StudySpec {
+        SpecDraft {
             features: (0..6).map(|i| format!("f{i}")).collect(),
             ..good.clone()
         },
-        StudySpec {
+        SpecDraft {
             norm_bins: Some(bad_edges.clone()),
             features: bad_edges.bin_names(),
             ..good.clone()
         },
-        StudySpec {
+        SpecDraft {
             fixed: FixedPoint {
                 frac_bits: 16,
                 row_norm_bound: 2.0,
             },
             ..good.clone()
         },
-        StudySpec {
+        SpecDraft {
             privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::Mask, 1.0, 1e-6)
                 .expect("valid"),
             ..good.clone()
         },
     ];
-    for (i, spec) in cases.iter().enumerate() {
+    for (i, spec) in cases.into_iter().enumerate() {
         let err = spec.validate().expect_err("refused");
         assert!(err.to_string().contains("norm_bins"), "case {i}: {err}");
     }
@@ -574,12 +600,12 @@ fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
 
 #[test]
 fn invited_owner_lists_are_checked() {
-    let mut s = spec(3, Centering::DpMean, Mechanism::GAUSSIAN);
+    let mut s = draft(3, Centering::DpMean, Mechanism::GAUSSIAN);
     s.quorum = 2;
     s.expected_owners = vec!["a".into(), "b".into()];
-    assert!(s.validate().is_ok());
+    assert!(s.clone().validate().is_ok());
     s.expected_owners = vec!["a".into(), "a".into()];
-    let err = s.validate().expect_err("duplicate").to_string();
+    let err = s.clone().validate().expect_err("duplicate").to_string();
     assert!(err.contains("duplicate owner id `a`"), "{err}");
     s.expected_owners = vec!["a".into()];
     let err = s.validate().expect_err("quorum").to_string();
@@ -591,13 +617,14 @@ fn invited_owner_lists_are_checked() {
 /// widens its slots for it), and a scale that overflows f64 refuses the spec.
 #[test]
 fn noise_scales_are_never_cut_and_overflowing_ones_are_refused() {
-    let tiny = |epsilon: f64| StudySpec {
+    let tiny = |epsilon: f64| SpecDraft {
         privacy: PrivacyRequest::new(Mechanism::LAPLACE, Centering::DpMean, epsilon, 1e-6)
             .expect("valid"),
-        ..spec(3, Centering::DpMean, Mechanism::LAPLACE)
+        ..draft(3, Centering::DpMean, Mechanism::LAPLACE)
     };
-    let huge = tiny(1e-40);
-    huge.validate().expect("a representable scale is accepted");
+    let huge = tiny(1e-40)
+        .validate()
+        .expect("a representable scale is accepted");
     let t = huge.noise_plan(huge.max_rows).matrix.grid_parameter();
     assert!(t.bits() > 128, "the scale was cut to {t}");
     let layout = crate::study::StudyLayout::new(&huge).expect("layout");

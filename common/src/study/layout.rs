@@ -1,0 +1,199 @@
+//! The ciphertext layout every party derives from a validated spec.
+
+use num_bigint::BigUint;
+use num_traits::One;
+
+use super::{SpecDraft, SpecError, StudySpec};
+use crate::dp::Centering;
+use crate::encoding::{vector_segments, SlotBudget, TriangleLayout};
+use crate::paillier::PowerTable;
+
+/// The shape of a study's released blocks, without the packing: all a plaintext
+/// reference computation needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockShape {
+    /// Features M (of the vector block).
+    pub dim: usize,
+    /// Dimensions of the matrix block: k with a projection, else M.
+    pub matrix_dim: usize,
+    /// Matrix blocks: 1, or one per class with per-class covariances.
+    pub matrix_blocks: usize,
+    /// Classes (0 when the study has none).
+    pub classes: usize,
+    /// Grid value of one counted row in the vector block (Cq).
+    pub count_scale: u64,
+}
+
+impl BlockShape {
+    /// The shape of a study with `dim` features, `classes` classes (0 for none),
+    /// per-class matrices or not, and integer row bound `cq`.
+    pub fn new(dim: usize, classes: usize, per_class_matrix: bool, cq: u64) -> Self {
+        Self {
+            dim,
+            matrix_dim: dim,
+            matrix_blocks: if per_class_matrix && classes > 0 {
+                classes
+            } else {
+                1
+            },
+            classes,
+            count_scale: cq,
+        }
+    }
+
+    /// The same shape with the matrix block in `k` projected dimensions.
+    pub fn projected(self, k: usize) -> Self {
+        Self {
+            matrix_dim: k,
+            ..self
+        }
+    }
+
+    /// Values in the vector block: M, or G (M + 1).
+    pub fn vector_len(&self) -> usize {
+        if self.classes == 0 {
+            self.dim
+        } else {
+            self.classes * (self.dim + 1)
+        }
+    }
+}
+
+/// The ciphertext layout of a study, derived identically by every party.
+///
+/// An owner sends, in order: `matrix_blocks` copies of the packed upper-triangle
+/// segments (R~, or R~_c per class), the vector block (v~ unpacked in `mask`
+/// centering, where the proxy's mask term needs each v_i alone; packed in `dp-mean`),
+/// then N. The vector block of a classification study is v~_1, ..., v~_G followed by
+/// Cq N_1, ..., Cq N_G.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StudyLayout {
+    /// Slot width and slots per plaintext.
+    pub budget: SlotBudget,
+    /// Packed upper-triangle segments of one matrix block.
+    pub triangle: TriangleLayout,
+    /// Matrix blocks: 1, or one per class with per-class covariances.
+    pub matrix_blocks: usize,
+    /// Classes (0 when the study has none).
+    pub classes: usize,
+    /// Values in the vector block: M, or G (M + 1) with G classes.
+    pub vector_len: usize,
+    /// Features M of the vector block (the triangle has k with a projection).
+    pub vector_dim: usize,
+    /// Packed segments of the vector block (start, len), as released.
+    pub vector: Vec<(usize, usize)>,
+    /// Whether owners send the vector block packed (`dp-mean`) or one value per
+    /// ciphertext (`mask`).
+    pub vector_packed: bool,
+    /// Grid value of one counted row in the vector block (Cq).
+    pub count_scale: u64,
+    /// Bits of the mask b: b is uniform in [0, 2^mask_bits).
+    pub mask_bits: u64,
+    /// The paper's way (see [`StudySpec::baseline`]).
+    pub baseline: bool,
+}
+
+impl StudyLayout {
+    /// Proves the slot width from the study's public bounds (N_max, Cq, kappa and the
+    /// noise tail at N_max) and cuts the triangle into segments.
+    pub fn new(spec: &StudySpec) -> Result<Self, SpecError> {
+        Self::of(spec)
+    }
+
+    /// [`StudyLayout::new`] of a spec being validated (whose last check is that its
+    /// layout fits the key).
+    pub(super) fn of(spec: &SpecDraft) -> Result<Self, SpecError> {
+        let m = spec.dim();
+        let cq_int = spec.fixed.norm_bound_int();
+        let cq = BigUint::from(cq_int);
+        let n = BigUint::from(spec.max_rows);
+        let plan = spec.noise_plan(spec.max_rows);
+        // Every vector entry (a sum of rows, or Cq times a count) is at most N Cq.
+        let v_max = &n * &cq;
+        // 2^vbits >= 2 max|v|, so v + b hides v up to statistical distance 2^-kappa.
+        let mask_bits = (&v_max << 1usize).bits() + spec.kappa as u64;
+        let (t_bound, v_bound) = match spec.privacy.centering {
+            Centering::Mask => {
+                let b = BigUint::one() << mask_bits as usize;
+                let t = &n * &n * &cq * &cq
+                    + (&v_max << 1usize) * &b
+                    + &b * &b
+                    + plan.matrix.tail_bound();
+                (t, &v_max + &b)
+            }
+            Centering::DpMean => {
+                let t = &n * &cq * &cq + plan.matrix.tail_bound();
+                let tail_v = plan
+                    .vector
+                    .as_ref()
+                    .map(|v| v.tail_bound())
+                    .unwrap_or_default();
+                (t, &v_max + tail_v)
+            }
+        };
+        let mut budget = SlotBudget::for_bound(&t_bound.max(v_bound), spec.public_key.bits())?;
+        if spec.baseline {
+            budget.slots = 1;
+        }
+        let shape = BlockShape::new(m, spec.class_count(), spec.per_class_matrix(), cq_int)
+            .projected(spec.matrix_dim());
+        let vector_len = shape.vector_len();
+        let slots = budget.slots;
+        Ok(Self {
+            budget,
+            triangle: TriangleLayout::new(shape.matrix_dim, slots),
+            vector_dim: m,
+            matrix_blocks: shape.matrix_blocks,
+            classes: shape.classes,
+            vector_len,
+            vector: vector_segments(vector_len, slots),
+            vector_packed: spec.privacy.centering == Centering::DpMean,
+            count_scale: cq_int,
+            mask_bits,
+            baseline: spec.baseline,
+        })
+    }
+
+    /// The shape of the released blocks.
+    pub fn shape(&self) -> BlockShape {
+        BlockShape {
+            dim: self.vector_dim,
+            matrix_dim: self.triangle.dim,
+            matrix_blocks: self.matrix_blocks,
+            classes: self.classes,
+            count_scale: self.count_scale,
+        }
+    }
+
+    /// Ciphertexts of the matrix blocks.
+    pub fn matrix_ciphertexts(&self) -> usize {
+        self.matrix_blocks * self.triangle.len()
+    }
+
+    /// Ciphertexts of the vector block as owners send it.
+    pub fn owner_vector_ciphertexts(&self) -> usize {
+        if self.vector_packed {
+            self.vector.len()
+        } else {
+            self.vector_len
+        }
+    }
+
+    /// Ciphertexts one owner sends: the matrix blocks, the vector block, then N.
+    pub fn owner_ciphertexts(&self) -> usize {
+        self.matrix_ciphertexts() + self.owner_vector_ciphertexts() + 1
+    }
+
+    /// Window of the power tables in the proxy's mask term: each row's shifted bases
+    /// serve every segment of that row, about (segments / M) uses each.
+    pub fn mask_window(&self) -> usize {
+        let uses = self.triangle.len().div_ceil(self.triangle.dim.max(1));
+        PowerTable::window_for(self.mask_bits, uses)
+    }
+
+    /// Ciphertexts the proxy releases: the packed matrix blocks, then the packed
+    /// vector block.
+    pub fn release_ciphertexts(&self) -> usize {
+        self.matrix_ciphertexts() + self.vector.len()
+    }
+}

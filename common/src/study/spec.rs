@@ -1,0 +1,349 @@
+//! The study spec every party agrees on, and its checks.
+
+use super::{
+    param, ClassCovariance, ClassSpec, NormBins, Projection, SpecError, StudyLayout,
+    MAX_ROWS_LIMIT, MIN_KAPPA,
+};
+use crate::dp::{plan_noise_blocks, Centering, PrivacyRequest};
+use crate::encoding::FixedPoint;
+use crate::paillier::PublicKey;
+
+/// Most classes a study may declare (every class adds M + 1 released values).
+pub const MAX_CLASSES: usize = 1000;
+
+/// A study specification as written (by a user, a test, or read off the wire),
+/// not yet checked: fill it in, then [`SpecDraft::validate`] it into a
+/// [`StudySpec`]. Nothing but a draft can be changed; a [`StudySpec`] is edited by
+/// turning it back into a draft ([`StudySpec::to_draft`]) and validating again.
+#[derive(Clone, Debug)]
+pub struct SpecDraft {
+    /// Feature names, in column order.
+    pub features: Vec<String>,
+    /// Public per-feature bounds [lo, hi].
+    pub bounds: Vec<(f64, f64)>,
+    /// Fixed-point parameters (row norm bound C and fractional bits).
+    pub fixed: FixedPoint,
+    /// Upper bound on the pooled row count N (public; sizes the slots).
+    pub max_rows: u64,
+    /// Mechanism, centering, epsilon, delta.
+    pub privacy: PrivacyRequest,
+    /// Fewest owners with which the study may complete at its deadline.
+    pub min_owners: u32,
+    /// Owners after which the study seals at once.
+    pub quorum: u32,
+    /// Deadline, milliseconds since the Unix epoch.
+    pub deadline_unix_ms: u64,
+    /// Statistical hiding parameter of the mask (bits).
+    pub kappa: u32,
+    /// The data user's Paillier public key.
+    pub public_key: PublicKey,
+    /// The paper's way, for side-by-side speed measurements: one value per
+    /// ciphertext, textbook r^n randomness, no CRT, one thread.
+    pub baseline: bool,
+    /// Classes of a classification study; `None` for PCA, clustering and regression.
+    pub classes: Option<ClassSpec>,
+    /// Public axes for a projected study; `None` releases R in all M dimensions.
+    pub projection: Option<Projection>,
+    /// A row-norm histogram study: owners send the one-hot bins of their rows'
+    /// norms instead of the rows.
+    pub norm_bins: Option<NormBins>,
+    /// The owners invited, by id; empty: any authenticated owner may contribute.
+    /// With a list, the proxy refuses others and says at the seal who is missing.
+    pub expected_owners: Vec<String>,
+}
+
+/// A study specification that passed every check of [`SpecDraft::validate`]: the
+/// only kind a study is opened with, a layout derived from and a party acts on.
+/// Its fields are read through [`SpecDraft`] (it dereferences to one) and cannot be
+/// changed in place.
+#[derive(Clone, Debug)]
+pub struct StudySpec(SpecDraft);
+
+impl std::ops::Deref for StudySpec {
+    type Target = SpecDraft;
+
+    fn deref(&self) -> &SpecDraft {
+        &self.0
+    }
+}
+
+impl StudySpec {
+    /// A copy to edit; validate it again to use it.
+    pub fn to_draft(&self) -> SpecDraft {
+        self.0.clone()
+    }
+
+    /// The row-norm histogram study of this study's data: the same key, rows,
+    /// owners and schedule; the standard bins as features; `privacy` (the share
+    /// split off for it, `dp-mean`).
+    pub fn norm_histogram(&self, privacy: PrivacyRequest) -> Result<StudySpec, SpecError> {
+        let bins = NormBins::standard(self.features.clone(), self.bounds.clone());
+        SpecDraft {
+            features: bins.bin_names(),
+            bounds: vec![(-1.0, 1.0); bins.edges.len()],
+            fixed: FixedPoint {
+                frac_bits: self.fixed.frac_bits,
+                row_norm_bound: 1.0,
+            },
+            privacy,
+            classes: None,
+            projection: None,
+            norm_bins: Some(bins),
+            ..self.to_draft()
+        }
+        .validate()
+    }
+}
+
+impl SpecDraft {
+    /// Checks every field (the layout must also fit the key) and returns the
+    /// validated spec.
+    pub fn validate(self) -> Result<StudySpec, SpecError> {
+        self.check()?;
+        Ok(StudySpec(self))
+    }
+
+    fn check(&self) -> Result<(), SpecError> {
+        if self.features.is_empty() {
+            return Err(SpecError::Schema("no features".into()));
+        }
+        if self.bounds.len() != self.features.len() {
+            return Err(SpecError::Schema(format!(
+                "{} features but {} bounds",
+                self.features.len(),
+                self.bounds.len()
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for name in &self.features {
+            if name.is_empty() || !seen.insert(name.as_str()) {
+                return Err(SpecError::Schema(format!(
+                    "empty or duplicate feature name `{name}`"
+                )));
+            }
+        }
+        for (name, &(lo, hi)) in self.features.iter().zip(&self.bounds) {
+            if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
+                return Err(SpecError::Schema(format!(
+                    "bounds of `{name}` must be finite with lo <= hi, got [{lo}, {hi}]"
+                )));
+            }
+        }
+        let c = self.fixed.row_norm_bound;
+        if !(c.is_finite() && c > 0.0 && c <= 1e6) {
+            return Err(param(
+                "row_norm_bound",
+                format!("must be in (0, 1e6], got {c}"),
+            ));
+        }
+        if !(1..=30).contains(&self.fixed.frac_bits) {
+            return Err(param(
+                "frac_bits",
+                format!("must be in 1..=30, got {}", self.fixed.frac_bits),
+            ));
+        }
+        if self.fixed.norm_bound_int() == 0 {
+            return Err(param("row_norm_bound", "C 2^f rounds to zero"));
+        }
+        if self.max_rows == 0 || self.max_rows > MAX_ROWS_LIMIT {
+            return Err(param(
+                "max_rows",
+                format!("must be in 1..={MAX_ROWS_LIMIT}, got {}", self.max_rows),
+            ));
+        }
+        if self.kappa < MIN_KAPPA || self.kappa > 256 {
+            return Err(param(
+                "kappa",
+                format!("must be in {MIN_KAPPA}..=256, got {}", self.kappa),
+            ));
+        }
+        if self.min_owners == 0 || self.min_owners > self.quorum {
+            return Err(param(
+                "min_owners",
+                format!(
+                    "must be in 1..=quorum ({}), got {}",
+                    self.quorum, self.min_owners
+                ),
+            ));
+        }
+        if !self.expected_owners.is_empty() {
+            let mut seen = std::collections::HashSet::new();
+            for o in &self.expected_owners {
+                if o.is_empty() || !seen.insert(o.as_str()) {
+                    return Err(param(
+                        "expected_owners",
+                        format!("empty or duplicate owner id `{o}`"),
+                    ));
+                }
+            }
+            if self.quorum as usize > self.expected_owners.len() {
+                return Err(param(
+                    "quorum",
+                    format!(
+                        "{} is more than the {} owners invited",
+                        self.quorum,
+                        self.expected_owners.len()
+                    ),
+                ));
+            }
+        }
+        if let Some(classes) = &self.classes {
+            self.validate_classes(classes)?;
+        }
+        if let Some(p) = &self.projection {
+            self.validate_projection(p)?;
+        }
+        if let Some(bins) = &self.norm_bins {
+            bins.validate(self)?;
+        }
+        // Re-validates epsilon/delta/mechanism combinations.
+        PrivacyRequest::new(
+            self.privacy.mechanism,
+            self.privacy.centering,
+            self.privacy.epsilon,
+            self.privacy.delta,
+        )?;
+        if self.noise_plan(self.max_rows).overflowed() {
+            return Err(param(
+                "epsilon",
+                format!(
+                    "the noise of epsilon {} at these bounds is too large to represent; \
+                     ask for a larger epsilon",
+                    self.privacy.epsilon
+                ),
+            ));
+        }
+        StudyLayout::of(self)?;
+        Ok(())
+    }
+
+    /// What this study spends, block by block ([`crate::dp::budget_ledger`]); a
+    /// histogram study's two blocks are named for what they count.
+    pub fn budget_ledger(&self) -> crate::dp::BudgetLedger {
+        let mut ledger = crate::dp::budget_ledger(&self.privacy, self.classes.is_some());
+        if self.norm_bins.is_some() {
+            for (p, name) in ledger
+                .parts
+                .iter_mut()
+                .zip(["bin counts (diagonal of R)", "bin counts (sums v)"])
+            {
+                p.part = name.into();
+            }
+        }
+        ledger
+    }
+
+    /// Number of features M.
+    pub fn dim(&self) -> usize {
+        self.features.len()
+    }
+
+    fn validate_classes(&self, classes: &ClassSpec) -> Result<(), SpecError> {
+        let n = classes.labels.len();
+        if !(2..=MAX_CLASSES).contains(&n) {
+            return Err(param(
+                "classes",
+                format!("a classification study needs 2..={MAX_CLASSES} classes, got {n}"),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for label in &classes.labels {
+            if label.is_empty() || !seen.insert(label.as_str()) {
+                return Err(param(
+                    "classes",
+                    format!("empty or duplicate class label `{label}`"),
+                ));
+            }
+        }
+        if self.privacy.centering != Centering::DpMean {
+            // The class means are released with their own noise; the mask of `mask`
+            // centering would hide exactly what the synthesis needs.
+            return Err(param(
+                "classes",
+                "classification releases noisy class means: it needs `dp-mean` centering",
+            ));
+        }
+        if !self.privacy.mechanism.supports_classes() {
+            return Err(param(
+                "classes",
+                "the Wishart mechanism has no class-aware sensitivity: use gaussian or laplace",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The noise plan of this study for a pooled table of `n_rows` rows.
+    pub fn noise_plan(&self, n_rows: u64) -> crate::dp::NoisePlan {
+        plan_noise_blocks(
+            &self.privacy,
+            self.matrix_dim(),
+            self.dim(),
+            self.fixed.norm_bound_int(),
+            n_rows,
+            self.classes.is_some(),
+        )
+    }
+
+    fn validate_projection(&self, p: &Projection) -> Result<(), SpecError> {
+        let (k, m) = (p.rank(), self.dim());
+        if k == 0 || k > m {
+            return Err(param("projection", format!("needs 1..={m} axes, got {k}")));
+        }
+        if let Some(i) = p
+            .axes
+            .iter()
+            .position(|w| w.len() != m || w.iter().any(|v| !v.is_finite()))
+        {
+            return Err(param(
+                "projection",
+                format!("axis {} must hold {m} finite values", i + 1),
+            ));
+        }
+        for i in 0..k {
+            for j in i..k {
+                let dot: f64 = p.axes[i].iter().zip(&p.axes[j]).map(|(a, b)| a * b).sum();
+                let want = if i == j { 1.0 } else { 0.0 };
+                if (dot - want).abs() > 1e-6 {
+                    return Err(param(
+                        "projection",
+                        format!(
+                            "axes must be orthonormal: axes {} and {} have inner product {dot}",
+                            i + 1,
+                            j + 1
+                        ),
+                    ));
+                }
+            }
+        }
+        if self.privacy.centering != Centering::DpMean {
+            return Err(param(
+                "projection",
+                "a projected study releases the sums beside the projected R: it needs `dp-mean` centering",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Dimensions of the released matrix block: k with a projection, else M.
+    pub fn matrix_dim(&self) -> usize {
+        self.projection
+            .as_ref()
+            .map_or(self.dim(), Projection::rank)
+    }
+
+    /// Number of classes (0 when the study has none).
+    pub fn class_count(&self) -> usize {
+        self.classes.as_ref().map_or(0, |c| c.labels.len())
+    }
+
+    /// Whether each class gets its own released scatter.
+    pub fn per_class_matrix(&self) -> bool {
+        matches!(
+            &self.classes,
+            Some(ClassSpec {
+                covariance: ClassCovariance::PerClass,
+                ..
+            })
+        )
+    }
+}
