@@ -16,6 +16,7 @@ pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub(crate) mod per_key;
+pub mod refusal;
 pub mod service;
 pub mod status;
 pub mod store;

@@ -20,33 +20,15 @@ use tonic::{Request, Response, Status, Streaming};
 use dpca_proto::tls::{peer_of, Peer, Transport};
 
 use crate::access::{permit, Action};
-use crate::budget::{charge, BudgetError, OwnerBudget};
+use crate::budget::{charge, OwnerBudget};
 use crate::per_key::{Held, PerKey};
+use crate::refusal::Refusal;
 use crate::store::{signed_count_to_wire, Store, StoreError};
-use crate::study::{ContributionOutcome, Phase, SignedCount, Study, StudyError};
+use crate::study::{ContributionOutcome, Phase, SignedCount, Study};
 use crate::ProxyConfig;
 
 /// How often deadlines are checked and how often a waiting user re-checks.
 const POLL: Duration = Duration::from_millis(50);
-
-impl From<StudyError> for Status {
-    fn from(e: StudyError) -> Self {
-        let msg = e.to_string();
-        match e {
-            StudyError::Closed { .. } | StudyError::WrongPhase { .. } => {
-                Status::failed_precondition(msg)
-            }
-            StudyError::DuplicateOwner { .. } => Status::already_exists(msg),
-            StudyError::NotInvited { .. } => Status::permission_denied(msg),
-            StudyError::WrongCount { .. }
-            | StudyError::ImplausibleCount { .. }
-            | StudyError::CountNeeded { .. }
-            | StudyError::CountNotNeeded { .. } => Status::invalid_argument(msg),
-            StudyError::BadOpening { .. } => Status::permission_denied(msg),
-            StudyError::Release { .. } => Status::internal(msg),
-        }
-    }
-}
 
 /// One study, locked on its own: a fold or a release of one study never holds up
 /// a call on another.
@@ -111,13 +93,13 @@ impl ProxyService {
         })
     }
 
-    fn lock_budgets(&self) -> Result<MutexGuard<'_, HashMap<String, OwnerBudget>>, Status> {
+    fn lock_budgets(&self) -> Result<MutexGuard<'_, HashMap<String, OwnerBudget>>, Refusal> {
         self.budgets
             .lock()
-            .map_err(|_| Status::internal("budget table poisoned"))
+            .map_err(|_| Refusal::Internal("budget table poisoned".into()))
     }
 
-    fn budget_of(&self, owner: &str) -> Result<Option<OwnerBudget>, Status> {
+    fn budget_of(&self, owner: &str) -> Result<Option<OwnerBudget>, Refusal> {
         Ok(self.lock_budgets()?.get(owner).cloned())
     }
 
@@ -128,7 +110,7 @@ impl ProxyService {
         &self,
         upload: Upload,
         cts: Vec<Ciphertext>,
-    ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Status> {
+    ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Refusal> {
         let guard = self.lock_study(&upload.study_id).await?;
         let svc = self.clone();
         blocking(move || svc.fold(guard, &upload, &cts)).await
@@ -139,7 +121,7 @@ impl ProxyService {
         mut study: OwnedMutexGuard<Study>,
         up: &Upload,
         cts: &[Ciphertext],
-    ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Status> {
+    ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Refusal> {
         study.tick(self.config.clock.now_ms());
         let mut next = study.clone();
         let pk = next.spec.public_key.clone();
@@ -156,14 +138,14 @@ impl ProxyService {
                         &up.study_id,
                         cost,
                     )
-                    .map_err(budget_status)?,
+                    .map_err(Refusal::from)?,
                 )
             }
             ContributionOutcome::AlreadyCounted => None,
         };
         if let (ContributionOutcome::Counted, Some(count)) = (outcome, &up.count) {
             next.keep_signed_count(&up.owner, count.clone())
-                .map_err(Status::internal)?;
+                .map_err(Refusal::Internal)?;
         }
         self.persist(&next, charged.as_ref().map(|b| (up.owner.as_str(), b)))?;
         let owners_in = next.owners_in().len();
@@ -176,11 +158,11 @@ impl ProxyService {
 
     /// Writes a study's record (and an owner's budget, in the same transaction);
     /// an error means the transition did not happen.
-    fn persist(&self, study: &Study, budget: Option<(&str, &OwnerBudget)>) -> Result<(), Status> {
+    fn persist(&self, study: &Study, budget: Option<(&str, &OwnerBudget)>) -> Result<(), Refusal> {
         match &self.store {
             Some(store) => store.save_with_budget(study, budget).map_err(|e| {
                 tracing::error!(study = %study.id, error = %e, "state not stored");
-                Status::unavailable(format!("the proxy could not store the study: {e}"))
+                Refusal::Unavailable(format!("the proxy could not store the study: {e}"))
             }),
             None => Ok(()),
         }
@@ -192,8 +174,8 @@ impl ProxyService {
     async fn update_study<T: Send + 'static>(
         &self,
         id: &str,
-        f: impl FnOnce(&mut Study) -> Result<T, Status> + Send + 'static,
-    ) -> Result<T, Status> {
+        f: impl FnOnce(&mut Study) -> Result<T, Refusal> + Send + 'static,
+    ) -> Result<T, Refusal> {
         let mut study = self.lock_study(id).await?;
         let svc = self.clone();
         blocking(move || {
@@ -207,14 +189,14 @@ impl ProxyService {
         .await
     }
 
-    fn table(&self) -> Result<MutexGuard<'_, HashMap<String, SharedStudy>>, Status> {
+    fn table(&self) -> Result<MutexGuard<'_, HashMap<String, SharedStudy>>, Refusal> {
         self.studies
             .lock()
-            .map_err(|_| Status::internal("study table poisoned"))
+            .map_err(|_| Refusal::Internal("study table poisoned".into()))
     }
 
     /// Who opened each study that is open now (collecting or sealed).
-    async fn open_studies(&self) -> Result<Vec<Option<String>>, Status> {
+    async fn open_studies(&self) -> Result<Vec<Option<String>>, Refusal> {
         let mut open = Vec::new();
         for shared in self.all_studies()? {
             let s = shared.lock().await;
@@ -226,16 +208,16 @@ impl ProxyService {
     }
 
     /// Every study, to visit one at a time (the table is not held meanwhile).
-    fn all_studies(&self) -> Result<Vec<SharedStudy>, Status> {
+    fn all_studies(&self) -> Result<Vec<SharedStudy>, Refusal> {
         Ok(self.table()?.values().cloned().collect())
     }
 
-    async fn lock_study(&self, id: &str) -> Result<OwnedMutexGuard<Study>, Status> {
+    async fn lock_study(&self, id: &str) -> Result<OwnedMutexGuard<Study>, Refusal> {
         let shared = self
             .table()?
             .get(id)
             .cloned()
-            .ok_or_else(|| Status::not_found(format!("unknown study `{id}`")))?;
+            .ok_or_else(|| Refusal::UnknownStudy(format!("unknown study `{id}`")))?;
         Ok(shared.lock_owned().await)
     }
 
@@ -268,12 +250,12 @@ impl ProxyService {
 
     /// Takes this owner's upload slot and one of the proxy's; both are released
     /// when the returned guard is dropped.
-    async fn upload_slot(&self, owner: Option<&str>) -> Result<UploadSlot, Status> {
+    async fn upload_slot(&self, owner: Option<&str>) -> Result<UploadSlot, Refusal> {
         let owner = match owner {
             Some(name) => Some(self.uploading.take(name.to_string(), 1).ok_or_else(|| {
                 // Unavailable, which owners retry: the earlier upload may be one whose
                 // connection died and whose slot frees when it times out.
-                Status::unavailable(format!(
+                Refusal::Unavailable(format!(
                     "owner `{name}` already has an upload in progress; one at a time"
                 ))
             })?),
@@ -283,7 +265,7 @@ impl ProxyService {
         let permit = Arc::clone(&self.uploads)
             .acquire_owned()
             .await
-            .map_err(|_| Status::unavailable("proxy is shutting down"))?;
+            .map_err(|_| Refusal::Unavailable("proxy is shutting down".into()))?;
         Ok(UploadSlot {
             _owner: owner,
             _permit: permit,
@@ -291,29 +273,29 @@ impl ProxyService {
     }
 
     /// The caller as its certificate names it; `None` on plaintext.
-    fn caller<T>(&self, req: &Request<T>) -> Result<Option<Peer>, Status> {
+    fn caller<T>(&self, req: &Request<T>) -> Result<Option<Peer>, Refusal> {
         if matches!(self.config.transport, Transport::InsecurePlaintext) {
             return Ok(None);
         }
         // The handshake already required a certificate from the CA; this reads it.
         let certs = req
             .peer_certs()
-            .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
+            .ok_or_else(|| Refusal::Unauthenticated("no client certificate".into()))?;
         let leaf = certs
             .first()
-            .ok_or_else(|| Status::unauthenticated("empty client certificate chain"))?;
+            .ok_or_else(|| Refusal::Unauthenticated("empty client certificate chain".into()))?;
         peer_of(leaf)
             .map(Some)
-            .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))
+            .map_err(|e| Refusal::Unauthenticated(format!("client certificate: {e}")))
     }
 
     /// Refuses `action` unless the caller may do it.
-    fn authorize(peer: Option<&Peer>, action: Action<'_>) -> Result<(), Status> {
-        permit(peer, action).map_err(Status::permission_denied)
+    fn authorize(peer: Option<&Peer>, action: Action<'_>) -> Result<(), Refusal> {
+        permit(peer, action).map_err(Refusal::Denied)
     }
 
     /// Refuses unless the caller is the user who opened study `id`.
-    async fn authorize_user(&self, peer: Option<&Peer>, id: &str) -> Result<(), Status> {
+    async fn authorize_user(&self, peer: Option<&Peer>, id: &str) -> Result<(), Refusal> {
         let opened_by = self.with_study(id, |s| Ok(s.opened_by.clone())).await?;
         Self::authorize(
             peer,
@@ -327,8 +309,8 @@ impl ProxyService {
     async fn with_study<T>(
         &self,
         id: &str,
-        f: impl FnOnce(&mut Study) -> Result<T, Status>,
-    ) -> Result<T, Status> {
+        f: impl FnOnce(&mut Study) -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
         let mut study = self.lock_study(id).await?;
         study.tick(self.config.clock.now_ms());
         f(&mut study)
@@ -344,17 +326,20 @@ impl ProxyService {
         cts: &[Ciphertext],
         signature: Vec<u8>,
         leaf: Option<Vec<u8>>,
-    ) -> Result<SignedCount, Status> {
+    ) -> Result<SignedCount, Refusal> {
         let Transport::Tls(tls) = &self.config.transport else {
-            return Err(Status::internal("signed counts are asked for on TLS only"));
+            return Err(Refusal::Internal(
+                "signed counts are asked for on TLS only".into(),
+            ));
         };
-        let certificate = leaf.ok_or_else(|| Status::unauthenticated("no client certificate"))?;
+        let certificate =
+            leaf.ok_or_else(|| Refusal::Unauthenticated("no client certificate".into()))?;
         let count = cts
             .last()
-            .ok_or_else(|| Status::invalid_argument("a contribution without E[N_i]"))?;
+            .ok_or_else(|| Refusal::Invalid("a contribution without E[N_i]".into()))?;
         let ciphertext = pk.ciphertext_to_bytes(count);
         if signature.is_empty() {
-            return Err(Status::invalid_argument(format!(
+            return Err(Refusal::Invalid(format!(
                 "a mask study needs owner `{}` to sign its row count (count_signature)",
                 up.owner
             )));
@@ -366,7 +351,7 @@ impl ProxyService {
             ciphertext: &ciphertext,
         };
         signed_count::verify_count(tls.ca_pem(), &certificate, claim, &signature)
-            .map_err(|e| Status::permission_denied(e.to_string()))?;
+            .map_err(|e| Refusal::Denied(e.to_string()))?;
         Ok(SignedCount {
             ciphertext,
             signature,
@@ -377,7 +362,7 @@ impl ProxyService {
     /// Refuses early, before the stream is read, a contribution that cannot count
     /// or whose owner's budget cannot pay for the study; answers a retry of one
     /// already counted at once.
-    async fn admit(&self, up: &Upload) -> Result<Admission, Status> {
+    async fn admit(&self, up: &Upload) -> Result<Admission, Refusal> {
         let (outcome, pk, expected, owners_in, cost, centering) = self
             .with_study(&up.study_id, |s| {
                 Ok((
@@ -403,7 +388,7 @@ impl ProxyService {
                 current.as_ref(),
             )));
         }
-        charge(&up.owner, current.as_ref(), up.cap, &up.study_id, cost).map_err(budget_status)?;
+        charge(&up.owner, current.as_ref(), up.cap, &up.study_id, cost).map_err(Refusal::from)?;
         let signed = signing_identity(centering, &self.config.transport).is_some();
         Ok(Admission::Read {
             pk,
@@ -436,21 +421,21 @@ async fn read_ciphertexts(
     pk: &PublicKey,
     expected: usize,
     owner: &str,
-) -> Result<Vec<Ciphertext>, Status> {
+) -> Result<Vec<Ciphertext>, Refusal> {
     let mut cts: Vec<Ciphertext> = Vec::with_capacity(expected);
     let mut chunk = Some(first);
     while let Some(c) = chunk {
         if cts.len() + c.ciphertexts.len() > expected {
-            return Err(Status::invalid_argument(format!(
+            return Err(Refusal::Invalid(format!(
                 "more than {expected} ciphertexts"
             )));
         }
         let want = CIPHERTEXTS_PER_CHUNK.min(expected - cts.len());
         let parsed = pk
             .ciphertexts_from_bytes(&c.ciphertexts, cts.len())
-            .map_err(|e| Status::invalid_argument(format!("owner `{owner}`: {e}")))?;
+            .map_err(|e| Refusal::Invalid(format!("owner `{owner}`: {e}")))?;
         if parsed.len() != want {
-            return Err(Status::invalid_argument(format!(
+            return Err(Refusal::Invalid(format!(
                 "a chunk of {} ciphertexts after {}; every chunk carries \
                  {CIPHERTEXTS_PER_CHUNK}, the last the rest ({want} here); nothing was counted",
                 parsed.len(),
@@ -461,7 +446,7 @@ async fn read_ciphertexts(
         chunk = stream.next().await?;
     }
     if cts.len() != expected {
-        return Err(Status::invalid_argument(format!(
+        return Err(Refusal::Invalid(format!(
             "stream ended after {} of {expected} ciphertexts; nothing was counted",
             cts.len()
         )));
@@ -493,16 +478,17 @@ impl IdleLimited {
         self.until = Some(tokio::time::Instant::now() + allowance);
     }
 
-    async fn next(&mut self) -> Result<Option<v1::ContributionChunk>, Status> {
+    async fn next(&mut self) -> Result<Option<v1::ContributionChunk>, Refusal> {
         let idle_until = tokio::time::Instant::now() + self.idle;
         let until = self.until.map_or(idle_until, |u| u.min(idle_until));
         match tokio::time::timeout_at(until, self.inner.message()).await {
-            Ok(message) => message,
-            Err(_) if Some(until) == self.until => Err(Status::deadline_exceeded(
+            Ok(message) => message.map_err(Refusal::Stream),
+            Err(_) if Some(until) == self.until => Err(Refusal::TooSlow(
                 "the upload took longer than its allowance (--min-upload-rate); it was \
-                 dropped and nothing was counted",
+                 dropped and nothing was counted"
+                    .into(),
             )),
-            Err(_) => Err(Status::deadline_exceeded(format!(
+            Err(_) => Err(Refusal::TooSlow(format!(
                 "the upload sent nothing for {} s; it was dropped and nothing was counted",
                 self.idle.as_secs_f64()
             ))),
@@ -529,32 +515,25 @@ struct UploadSlot {
 
 /// Runs CPU- or disk-bound work off the async runtime.
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
-) -> Result<T, Status> {
+    f: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
+) -> Result<T, Refusal> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Status::internal(format!("worker task failed: {e}")))?
+        .map_err(|e| Refusal::Internal(format!("worker task failed: {e}")))?
 }
 
 /// The user's opening of E[N] as the domain type; a root that does not even parse
 /// as a residue is refused like any opening that does not verify.
-fn opening_from_wire(pk: &PublicKey, o: &v1::CountOpening) -> Result<Opening, Status> {
+fn opening_from_wire(pk: &PublicKey, o: &v1::CountOpening) -> Result<Opening, Refusal> {
     if o.root.len() > pk.ciphertext_bytes() {
-        return Err(Status::invalid_argument(
-            "the root of the count opening is too long",
+        return Err(Refusal::Invalid(
+            "the root of the count opening is too long".into(),
         ));
     }
     Ok(Opening {
         plaintext: num_bigint::BigUint::from(o.n_rows),
         root: num_bigint::BigUint::from_bytes_be(&o.root),
     })
-}
-
-fn budget_status(e: BudgetError) -> Status {
-    match e {
-        BudgetError::InvalidCap { .. } => Status::invalid_argument(e.to_string()),
-        BudgetError::Exhausted { .. } => Status::failed_precondition(e.to_string()),
-    }
 }
 
 fn contribute_response(
@@ -589,29 +568,29 @@ impl v1::proxy_server::Proxy for ProxyService {
         let req = req.into_inner();
         let wire = req
             .spec
-            .ok_or_else(|| Status::invalid_argument("missing study spec"))?;
+            .ok_or_else(|| Refusal::Invalid("missing study spec".into()))?;
         let limits = &self.config.limits;
         limits
             .check_wire(&wire)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let spec = spec_from_wire(&wire).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let spec = spec_from_wire(&wire).map_err(|e| Refusal::Invalid(e.to_string()))?;
         if req.noise_free_for_testing && !self.config.allow_noise_free_for_testing {
-            return Err(Status::permission_denied(
-                "noise-free releases are refused: this proxy was not started in test mode",
-            ));
+            return Err(Refusal::Denied(
+                "noise-free releases are refused: this proxy was not started in test mode".into(),
+            )
+            .into());
         }
         if spec.deadline_unix_ms <= self.config.clock.now_ms() {
-            return Err(Status::invalid_argument("study deadline is in the past"));
+            return Err(Refusal::Invalid("study deadline is in the past".into()).into());
         }
-        let layout =
-            StudyLayout::new(&spec).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let layout = StudyLayout::new(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
         limits
             .check_layout(&layout)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            .map_err(|e| Refusal::Invalid(e.to_string()))?;
         let opener = peer.as_ref().map(|p| p.name.clone());
         limits
             .check_open(&self.open_studies().await?, opener.as_deref())
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            .map_err(|e| Refusal::OverLimit(e.to_string()))?;
         let mut id_bytes = [0u8; 16];
         self.config.entropy.rng().fill_bytes(&mut id_bytes);
         let id = hex::encode(id_bytes);
@@ -636,16 +615,18 @@ impl v1::proxy_server::Proxy for ProxyService {
     ) -> Result<Response<v1::StudyInfo>, Status> {
         Self::authorize(self.caller(&req)?.as_ref(), Action::ReadSpec)?;
         let id = req.into_inner().study_id;
-        self.with_study(&id, |s| {
-            Ok(Response::new(v1::StudyInfo {
-                study_id: s.id.clone(),
-                spec: Some(spec_to_wire(&s.spec)),
-                state: s.phase.name().to_string(),
-                owners_in: s.owners_in().len() as u32,
-                noise_free: s.noise_free,
-            }))
-        })
-        .await
+        let info = self
+            .with_study(&id, |s| {
+                Ok(v1::StudyInfo {
+                    study_id: s.id.clone(),
+                    spec: Some(spec_to_wire(&s.spec)),
+                    state: s.phase.name().to_string(),
+                    owners_in: s.owners_in().len() as u32,
+                    noise_free: s.noise_free,
+                })
+            })
+            .await?;
+        Ok(Response::new(info))
     }
 
     async fn contribute(
@@ -668,7 +649,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         let first = stream
             .next()
             .await?
-            .ok_or_else(|| Status::invalid_argument("empty contribution stream"))?;
+            .ok_or_else(|| Refusal::Invalid("empty contribution stream".into()))?;
         let mut upload = Upload {
             study_id: first.study_id.clone(),
             owner: first.owner_id.clone(),
@@ -677,9 +658,9 @@ impl v1::proxy_server::Proxy for ProxyService {
             count: None,
         };
         if upload.owner.is_empty() || upload.cid.is_empty() {
-            return Err(Status::invalid_argument(
-                "owner_id and contribution_id are required",
-            ));
+            return Err(
+                Refusal::Invalid("owner_id and contribution_id are required".into()).into(),
+            );
         }
         Self::authorize(
             peer.as_ref(),
@@ -697,10 +678,11 @@ impl v1::proxy_server::Proxy for ProxyService {
         };
         let signature = first.count_signature.clone();
         if first.total_ciphertexts as usize != expected {
-            return Err(Status::invalid_argument(format!(
+            return Err(Refusal::Invalid(format!(
                 "contribution announces {} ciphertexts, study {} expects {expected}",
                 first.total_ciphertexts, upload.study_id
-            )));
+            ))
+            .into());
         }
         stream.allow(
             self.config
@@ -734,13 +716,13 @@ impl v1::proxy_server::Proxy for ProxyService {
             let ready = self
                 .with_study(&id, |s| match &s.phase {
                     Phase::Collecting => Ok(None),
-                    Phase::Aborted(reason) => Err(Status::failed_precondition(format!(
-                        "study {id} aborted: {reason}"
-                    ))),
+                    Phase::Aborted(reason) => {
+                        Err(Refusal::WrongPhase(format!("study {id} aborted: {reason}")))
+                    }
                     Phase::Sealed | Phase::Released(_) => {
                         let count = s
                             .encrypted_count()
-                            .ok_or_else(|| Status::internal("empty aggregate"))?;
+                            .ok_or_else(|| Refusal::Internal("empty aggregate".into()))?;
                         // As aggregated, not re-randomized: the user's opening is checked
                         // against this very ciphertext, and the key holder could strip
                         // any re-randomization anyway.
@@ -797,12 +779,12 @@ impl v1::proxy_server::Proxy for ProxyService {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(1)
                     .build()
-                    .map_err(|e| Status::internal(format!("thread pool: {e}")))?
+                    .map_err(|e| Refusal::Internal(format!("thread pool: {e}")))?
                     .install(compute)
             } else {
                 compute()
             };
-            released.map_err(Status::from)
+            released.map_err(Refusal::from)
         })
         .await?;
         // Stored before it can be served: a restart serves this release again.
@@ -881,7 +863,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         let chunks = self
             .with_study(&id, |s| {
                 let Phase::Released(r) = &s.phase else {
-                    return Err(Status::failed_precondition(format!(
+                    return Err(Refusal::WrongPhase(format!(
                         "study {id} is {}: no result yet",
                         s.phase.name()
                     )));
