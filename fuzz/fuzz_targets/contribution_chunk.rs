@@ -1,5 +1,5 @@
 #![no_main]
-//! Fuzz target: see `dpca_proto::fuzzing::contribution_chunk`.
+//! Fuzz target: see `dpca_shell::fuzzing::contribution_chunk`.
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| dpca_proto::fuzzing::contribution_chunk(data));
+fuzz_target!(|data: &[u8]| dpca_shell::fuzzing::contribution_chunk(data));

@@ -1,5 +1,5 @@
 #![no_main]
-//! Fuzz target: see `dpca_proto::fuzzing::csv_files`.
+//! Fuzz target: see `dpca_shell::fuzzing::csv_files`.
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| dpca_proto::fuzzing::csv_files(data));
+fuzz_target!(|data: &[u8]| dpca_shell::fuzzing::csv_files(data));

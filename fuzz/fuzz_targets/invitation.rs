@@ -1,5 +1,5 @@
 #![no_main]
-//! Fuzz target: see `dpca_proto::fuzzing::invitation`.
+//! Fuzz target: see `dpca_shell::fuzzing::invitation`.
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| dpca_proto::fuzzing::invitation(data));
+fuzz_target!(|data: &[u8]| dpca_shell::fuzzing::invitation(data));

@@ -1,5 +1,5 @@
 #![no_main]
-//! Fuzz target: see `dpca_proto::fuzzing::open_study`.
+//! Fuzz target: see `dpca_shell::fuzzing::open_study`.
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| dpca_proto::fuzzing::open_study(data));
+fuzz_target!(|data: &[u8]| dpca_shell::fuzzing::open_study(data));

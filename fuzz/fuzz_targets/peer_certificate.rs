@@ -1,5 +1,5 @@
 #![no_main]
-//! Fuzz target: see `dpca_proto::fuzzing::peer_certificate`.
+//! Fuzz target: see `dpca_shell::fuzzing::peer_certificate`.
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| dpca_proto::fuzzing::peer_certificate(data));
+fuzz_target!(|data: &[u8]| dpca_shell::fuzzing::peer_certificate(data));

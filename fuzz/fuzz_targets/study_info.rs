@@ -1,5 +1,5 @@
 #![no_main]
-//! Fuzz target: see `dpca_proto::fuzzing::study_info`.
+//! Fuzz target: see `dpca_shell::fuzzing::study_info`.
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| dpca_proto::fuzzing::study_info(data));
+fuzz_target!(|data: &[u8]| dpca_shell::fuzzing::study_info(data));

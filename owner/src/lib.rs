@@ -17,14 +17,14 @@ use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::risk::Risk;
 use dpca_common::study::{StudyLayout, StudySpec};
-use dpca_proto::client::{connect, status_message, transient, with_retries};
 use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
-use dpca_proto::invitation::{Invitation, InvitationError};
-use dpca_proto::signed_count::signing_identity;
-use dpca_proto::tls::Transport;
-use dpca_proto::usage::Usage;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
+use dpca_shell::client::{connect, status_message, transient, with_retries};
+use dpca_shell::invitation::{Invitation, InvitationError};
+use dpca_shell::signed_count::signing_identity;
+use dpca_shell::tls::Transport;
+use dpca_shell::usage::Usage;
 use hmac::{Hmac, Mac};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use num_bigint::BigUint;
@@ -124,7 +124,7 @@ async fn await_invitation(
     }
 }
 
-pub use dpca_proto::owner_report::{BudgetReport, OwnerReport};
+pub use dpca_shell::owner_report::{BudgetReport, OwnerReport};
 
 /// The owner's id at the proxy: on TLS the name in its certificate (the proxy
 /// accepts no other), which `--owner-id`, if given, must repeat; on plaintext the
@@ -255,7 +255,7 @@ fn sign_count_into(
         .and_then(|c| c.ciphertexts.last())
         .context("a contribution without E[N_i]")?;
     let signature =
-        dpca_proto::signed_count::sign_count(key_pem, study_id, key_fingerprint, count)?;
+        dpca_shell::signed_count::sign_count(key_pem, study_id, key_fingerprint, count)?;
     if let Some(first) = chunks.first_mut() {
         first.count_signature = signature;
     }

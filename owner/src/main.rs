@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use dpca_common::risk::Risk;
-use dpca_proto::tls::{Role, TransportArgs};
+use dpca_shell::tls::{Role, TransportArgs};
 
 /// Encrypts this owner's scatter share under the data user's key and streams it to
 /// the proxy. Prints one JSON line with what was sent.
@@ -17,7 +17,7 @@ struct Args {
     #[arg(long, global = true, env = "DPCA_CONFIG", value_name = "TOML")]
     config: Option<PathBuf>,
     #[command(flatten)]
-    log: dpca_proto::logging::LogArgs,
+    log: dpca_shell::logging::LogArgs,
     /// Proxy URL (https, or http with --insecure-plaintext).
     #[arg(
         long,
@@ -91,8 +91,8 @@ fn parse_cap(s: &str) -> Result<(f64, f64), String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: Args = dpca_proto::config::parse()?;
-    dpca_proto::logging::init(&args.log);
+    let args: Args = dpca_shell::config::parse()?;
+    dpca_shell::logging::init(&args.log);
     let transport = args.transport.transport(Role::Owner).context("transport")?;
     let owner_id = dpca_owner::owner_id(args.owner_id.as_deref(), &transport)?;
     let retry_for = std::time::Duration::try_from_secs_f64(args.retry_for)

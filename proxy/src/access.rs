@@ -1,14 +1,14 @@
 //! Who may do what, decided from the certificate of the caller (pure).
 //!
 //! On mutual TLS every call carries the peer's role and name from its certificate
-//! ([`dpca_proto::tls::peer_of`]). Only a user opens a study, and only that same user
+//! ([`dpca_shell::tls::peer_of`]). Only a user opens a study, and only that same user
 //! waits for its seal, reveals N and fetches its release; only an owner contributes,
 //! and only under the owner id its certificate names; owners and users may read a
 //! study's public spec; the operator (a `dpca-proxy` client certificate) reads the
 //! status of every study and budget, a user the status of its own studies. On the explicitly insecure plaintext transport there is no
 //! peer and nothing can be checked.
 
-use dpca_proto::tls::{Peer, Role};
+use dpca_shell::tls::{Peer, Role};
 
 /// A call to authorize.
 #[derive(Clone, Copy, Debug)]

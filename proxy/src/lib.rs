@@ -25,7 +25,7 @@ pub mod world;
 
 use std::net::SocketAddr;
 
-use dpca_proto::tls::Transport;
+use dpca_shell::tls::Transport;
 use tokio::net::TcpListener;
 
 /// Proxy configuration.

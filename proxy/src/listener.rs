@@ -213,7 +213,7 @@ const ALERT_LINGER: Duration = Duration::from_secs(1);
 /// The party a TLS connection authenticated as (the name its certificate gives).
 fn party_of(tls: &TlsStream<TcpStream>) -> Option<String> {
     let certs = tls.get_ref().1.peer_certificates()?;
-    dpca_proto::tls::peer_of(certs.first()?)
+    dpca_shell::tls::peer_of(certs.first()?)
         .ok()
         .map(|p| p.to_string())
 }

@@ -2,8 +2,8 @@
 
 use anyhow::Context;
 use clap::Parser;
-use dpca_proto::tls::{Role, TransportArgs};
 use dpca_proxy::limits;
+use dpca_shell::tls::{Role, TransportArgs};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,7 +17,7 @@ struct Args {
     #[arg(long, global = true, env = "DPCA_CONFIG", value_name = "TOML")]
     config: Option<PathBuf>,
     #[command(flatten)]
-    log: dpca_proto::logging::LogArgs,
+    log: dpca_shell::logging::LogArgs,
     #[command(subcommand)]
     command: Option<Cmd>,
     /// Address to listen on (port 0 picks a free port; the bound address is printed).
@@ -120,8 +120,8 @@ enum Cmd {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: Args = dpca_proto::config::parse()?;
-    dpca_proto::logging::init(&args.log);
+    let args: Args = dpca_shell::config::parse()?;
+    dpca_shell::logging::init(&args.log);
     if let Some(Cmd::Status {
         proxy,
         json,

@@ -1,6 +1,6 @@
 //! Every way the proxy refuses a call, and the one place each becomes a gRPC
 //! status. Clients decide on the code alone whether to try again
-//! (`dpca_proto::client::transient`: only `Unavailable` is worth a retry), so the
+//! (`dpca_shell::client::transient`: only `Unavailable` is worth a retry), so the
 //! code of a refusal is part of the protocol; it is chosen here and nowhere else.
 
 use tonic::Status;

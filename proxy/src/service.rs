@@ -10,14 +10,15 @@ use dpca_common::dp::Centering;
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey};
 use dpca_common::study::StudyLayout;
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
-use dpca_proto::signed_count::signing_identity;
-use dpca_proto::{signed_count, v1};
+use dpca_proto::v1;
+use dpca_shell::signed_count;
+use dpca_shell::signed_count::signing_identity;
 use rand::RngCore;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, Semaphore};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use dpca_proto::tls::{peer_of, Peer, Transport};
+use dpca_shell::tls::{peer_of, Peer, Transport};
 
 use crate::access::{permit, Action};
 use crate::budget::{charge, OwnerBudget};
@@ -805,7 +806,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         // A user sees the studies it opened; the operator (or plaintext) sees all.
         let only = peer
             .as_ref()
-            .filter(|p| p.role == dpca_proto::tls::Role::User)
+            .filter(|p| p.role == dpca_shell::tls::Role::User)
             .map(|p| p.name.clone());
         let now = self.config.clock.now_ms();
         let mut studies = Vec::new();

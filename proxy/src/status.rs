@@ -3,9 +3,9 @@
 
 use std::fmt::Write;
 
-use dpca_proto::client::{connect, status_message};
-use dpca_proto::tls::Transport;
 use dpca_proto::v1;
+use dpca_shell::client::{connect, status_message};
+use dpca_shell::tls::Transport;
 
 /// Asks the proxy at `url` for its status.
 pub async fn fetch(url: &str, transport: &Transport) -> anyhow::Result<v1::ProxyStatus> {

@@ -172,7 +172,7 @@ pub enum ContributionOutcome {
 }
 
 /// An owner's E[N_i] as it signed it (`mask` over TLS): what the user checks
-/// before it decrypts E[N] (`dpca_proto::signed_count`).
+/// before it decrypts E[N] (`dpca_shell::signed_count`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SignedCount {
     /// E[N_i], the bytes the owner sent.

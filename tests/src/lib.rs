@@ -16,7 +16,7 @@ use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::{PublicKey, SecretKey};
 use dpca_common::study::{SpecDraft, StudySpec, DEFAULT_FRAC_BITS};
-use dpca_proto::tls::{write_dev_pki, DevPki, Role, TlsFiles, Transport};
+use dpca_shell::tls::{write_dev_pki, DevPki, Role, TlsFiles, Transport};
 use nalgebra::DMatrix;
 
 /// The folder holding this test run's binaries (`target/<profile>`).
@@ -357,7 +357,7 @@ pub fn fixture_on(flags: &[&str], edit: impl FnOnce(&mut SpecDraft)) -> StudyFix
     edit(&mut draft);
     let spec = draft.validate().expect("the fixture's spec");
     let study = rt().block_on(async {
-        let mut c = dpca_proto::client::connect(&url, &proxy.transport("user"))
+        let mut c = dpca_shell::client::connect(&url, &proxy.transport("user"))
             .await
             .expect("connect");
         dpca_user::session::open_study(&mut c, &spec, false)
@@ -381,7 +381,7 @@ impl StudyFixture {
         &self,
         name: &str,
     ) -> dpca_proto::v1::proxy_client::ProxyClient<tonic::transport::Channel> {
-        dpca_proto::client::connect(&self.url, &self.proxy.transport(name))
+        dpca_shell::client::connect(&self.url, &self.proxy.transport(name))
             .await
             .expect("connect")
     }

@@ -28,11 +28,11 @@ use dpca_common::protocol::{central_release, Opened, ReleaseSecrets, Share};
 use dpca_common::risk::Risk;
 use dpca_common::study::{SpecDraft, StudyLayout, StudySpec};
 use dpca_owner::OwnerConfig;
-use dpca_proto::tls::{DevPki, Role, Transport};
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use dpca_proxy::world::{Clock, Entropy, ManualClock, SeededEntropy, SystemClock};
 use dpca_proxy::ProxyConfig;
+use dpca_shell::tls::{DevPki, Role, Transport};
 use tonic::transport::Channel;
 
 /// The owners of a simulated study: the first [`INVITED`] are invited, the last is not.
@@ -173,7 +173,7 @@ fn pki() -> &'static DevPki {
     let (pki, _dir) = PKI.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
         let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let pki = dpca_proto::tls::write_dev_pki(
+        let pki = dpca_shell::tls::write_dev_pki(
             dir.path(),
             &strings(&["127.0.0.1"]),
             &strings(&["sim-user"]),
@@ -329,7 +329,7 @@ impl Sim {
     }
 
     async fn client(&self, name: &str, role: Role) -> ProxyClient<Channel> {
-        dpca_proto::client::connect(&self.url(), &transport(name, role))
+        dpca_shell::client::connect(&self.url(), &transport(name, role))
             .await
             .expect("connect")
     }

@@ -289,7 +289,7 @@ fn one_party_cannot_hold_every_connection() {
     let held: Vec<_> = (0..70)
         .map(|_| {
             let (url, transport) = (f.url.clone(), transport.clone());
-            runtime.spawn(async move { dpca_proto::client::connect(&url, &transport).await })
+            runtime.spawn(async move { dpca_shell::client::connect(&url, &transport).await })
         })
         .collect();
     std::thread::sleep(Duration::from_secs(2));
@@ -324,7 +324,7 @@ fn a_certificate_naming_no_role_is_refused_in_the_handshake() {
                 .connect()
                 .await
             {
-                Err(e) => return dpca_proto::client::tls_failure(&e),
+                Err(e) => return dpca_shell::client::tls_failure(&e),
                 Ok(channel) => channel,
             };
             match v1::proxy_client::ProxyClient::new(channel)
@@ -334,7 +334,7 @@ fn a_certificate_naming_no_role_is_refused_in_the_handshake() {
                 .await
             {
                 Ok(_) => panic!("a certificate naming no role was served"),
-                Err(status) => !dpca_proto::client::transient(&status),
+                Err(status) => !dpca_shell::client::transient(&status),
             }
         })
     };
@@ -344,7 +344,7 @@ fn a_certificate_naming_no_role_is_refused_in_the_handshake() {
         "an attempt saw the refusal as an outage, not as final"
     );
     let answer = rt().block_on(async {
-        dpca_proto::client::connect(&proxy.url, &proxy.transport("a"))
+        dpca_shell::client::connect(&proxy.url, &proxy.transport("a"))
             .await
             .expect("an owner connects")
             .get_study(v1::GetStudyRequest {
@@ -358,7 +358,7 @@ fn a_certificate_naming_no_role_is_refused_in_the_handshake() {
 
 /// A client certificate the development CA signs, whose organizational unit is
 /// `dpca-auditor`, a role the protocol does not have.
-fn issue_no_role_certificate(pki: &dpca_proto::tls::DevPki) -> (String, String) {
+fn issue_no_role_certificate(pki: &dpca_shell::tls::DevPki) -> (String, String) {
     use rcgen::{CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose};
     let name = |cn: &str, unit: &str| {
         let mut dn = DistinguishedName::new();
@@ -441,7 +441,7 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
                 }
                 tx.closed().await;
             });
-            let mut c = dpca_proto::client::connect(&url, &transport)
+            let mut c = dpca_shell::client::connect(&url, &transport)
                 .await
                 .expect("connect");
             let r = c
@@ -500,8 +500,8 @@ fn a_proxy_cannot_get_anything_but_the_signed_total_count_decrypted() {
         assert!(o.status.success(), "{}", describe(&o));
     }
     let tls = match f.proxy.transport("user") {
-        dpca_proto::tls::Transport::Tls(tls) => tls,
-        dpca_proto::tls::Transport::InsecurePlaintext => unreachable!("the fixture is on TLS"),
+        dpca_shell::tls::Transport::Tls(tls) => tls,
+        dpca_shell::tls::Transport::InsecurePlaintext => unreachable!("the fixture is on TLS"),
     };
     let check = |sealed: &v1::SealedStudy| {
         dpca_user::session::check_signed_counts(sealed, &f.sk, &f.spec, tls.ca_pem(), &f.study)

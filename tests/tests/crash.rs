@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use dpca_common::linalg::centered_scatter;
 use dpca_common::paillier::SecretKey;
 use dpca_common::study::SpecDraft;
-use dpca_proto::tls::{write_dev_pki, Role, Transport};
 use dpca_proto::v1;
+use dpca_shell::tls::{write_dev_pki, Role, Transport};
 use dpca_tests::{
     bin, describe, optdigits, optdigits_draft, preprocess, spawn_proxy, tls_args, try_spawn_proxy,
     write_slice, Proc,
@@ -33,7 +33,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 /// Kills the proxy with SIGKILL and starts it again on the same address and state.
-fn kill_and_restart(proxy: &mut Proc, pki: &dpca_proto::tls::DevPki, state: &Path, addr: &str) {
+fn kill_and_restart(proxy: &mut Proc, pki: &dpca_shell::tls::DevPki, state: &Path, addr: &str) {
     proxy.0.kill().expect("SIGKILL the proxy");
     proxy.0.wait().expect("reap the proxy");
     // The port is free once the process is gone; give the kernel a moment if not.
@@ -106,7 +106,7 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
     .validate()
     .expect("the crash study's spec");
     let study = rt().block_on(async {
-        let mut c = dpca_proto::client::connect(&url, &user)
+        let mut c = dpca_shell::client::connect(&url, &user)
             .await
             .expect("connect");
         dpca_user::session::open_study(&mut c, &spec, true)
@@ -174,7 +174,7 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
         kills += 1;
     }
     let (collected, first) = rt().block_on(async {
-        let mut c = dpca_proto::client::connect(&url, &user)
+        let mut c = dpca_shell::client::connect(&url, &user)
             .await
             .expect("connect");
         let collected = dpca_user::session::collect(&mut c, &user, &sk, &spec, &study)
@@ -186,7 +186,7 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
         kill_and_restart(&mut proxy, &pki, &state, &addr);
         kills += 1;
         let again = rt().block_on(async {
-            let mut c = dpca_proto::client::connect(&url, &user)
+            let mut c = dpca_shell::client::connect(&url, &user)
                 .await
                 .expect("connect");
             fetch_raw(&mut c, &study).await

@@ -263,7 +263,7 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
     // whole window, as it would for a proxy that is down.
     let (foreign, _foreign_dir) = dpca_tests::dev_pki();
     let foreign_a = foreign.files("a").expect("foreign owner a");
-    let own_ca = dpca_proto::tls::TlsFiles {
+    let own_ca = dpca_shell::tls::TlsFiles {
         ca: f.proxy.pki.proxy.ca.clone(),
         ..foreign_a.clone()
     };
@@ -455,7 +455,7 @@ fn proxy_status_shows_studies_and_budgets_to_whom_it_may() {
     let f = fixture();
     let o = f.owner("a", &f.good_file("good.csv", 20, 0));
     assert!(o.status.success(), "{}", describe(&o));
-    let status = |files: &dpca_proto::tls::TlsFiles| {
+    let status = |files: &dpca_shell::tls::TlsFiles| {
         run(Command::new(bin("proxy"))
             .arg("status")
             .args(["--proxy", &f.url, "--json"])

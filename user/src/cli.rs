@@ -9,7 +9,7 @@ use dpca_common::dp::{Centering, Mechanism};
 use dpca_common::paillier::DEFAULT_KEY_BITS;
 use dpca_common::study::ClassCovariance;
 use dpca_common::synth::{FitKind, Task};
-use dpca_proto::tls::{Role, TransportArgs};
+use dpca_shell::tls::{Role, TransportArgs};
 
 use crate::local::{LocalOptions, Remote};
 
@@ -23,7 +23,7 @@ pub struct Cli {
     pub config: Option<PathBuf>,
     /// Logging flags.
     #[command(flatten)]
-    pub log: dpca_proto::logging::LogArgs,
+    pub log: dpca_shell::logging::LogArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Cmd,

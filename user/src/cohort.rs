@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use dpca_common::risk::Risk;
 use dpca_common::study::StudySpec;
-use dpca_proto::invitation::Invitation;
-use dpca_proto::owner_report::OwnerReport;
-use dpca_proto::tls::{write_dev_pki, DevPki, Role, Transport};
-use dpca_proto::usage::Usage;
+use dpca_shell::invitation::Invitation;
+use dpca_shell::owner_report::OwnerReport;
+use dpca_shell::tls::{write_dev_pki, DevPki, Role, Transport};
+use dpca_shell::usage::Usage;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::process::Command;
 

@@ -30,7 +30,7 @@ pub fn save_secret_key(sk: &SecretKey, path: &Path) -> anyhow::Result<()> {
         p: p.to_str_radix(16),
         q: q.to_str_radix(16),
     })?;
-    dpca_proto::tls::write_file(path, body.as_bytes(), true)
+    dpca_shell::tls::write_file(path, body.as_bytes(), true)
         .with_context(|| "the secret key file must not exist yet".to_string())?;
     Ok(())
 }

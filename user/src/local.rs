@@ -14,9 +14,9 @@ use dpca_common::dp::{BudgetLedger, Centering, Mechanism};
 use dpca_common::paillier::SecretKey;
 use dpca_common::study::{ClassCovariance, StudyLayout, StudySpec};
 use dpca_common::synth::{task_projection, FitKind, Task};
-use dpca_proto::owner_report::OwnerReport;
-use dpca_proto::tls::Transport;
-use dpca_proto::usage::Usage;
+use dpca_shell::owner_report::OwnerReport;
+use dpca_shell::tls::Transport;
+use dpca_shell::usage::Usage;
 use nalgebra::DMatrix;
 use rand::rngs::OsRng;
 
@@ -233,7 +233,7 @@ async fn conduct(
         .await
         .context("key generation task")??;
     let keygen = t.elapsed().as_secs_f64();
-    let mut client = dpca_proto::client::connect(cohort.url(), cohort.transport()).await?;
+    let mut client = dpca_shell::client::connect(cohort.url(), cohort.transport()).await?;
     let prep = prepare(opts, plan, axes, cohort, &mut client, &sk).await?;
     // From here on C is the one chosen, if the histogram chose it.
     let opts = &LocalOptions {

@@ -6,15 +6,15 @@ use std::path::Path;
 use anyhow::Context;
 use dpca_common::data::read_csv;
 use dpca_common::paillier::SecretKey;
-use dpca_proto::tls::{write_dev_pki_with, DevPkiLayout};
+use dpca_shell::tls::{write_dev_pki_with, DevPkiLayout};
 use dpca_user::cli::{Cli, Cmd};
 use dpca_user::local::SliceLayout;
 use rand::rngs::OsRng;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli: Cli = dpca_proto::config::parse()?;
-    dpca_proto::logging::init(&cli.log);
+    let cli: Cli = dpca_shell::config::parse()?;
+    dpca_shell::logging::init(&cli.log);
     match cli.command {
         Cmd::Keygen {
             key_bits,

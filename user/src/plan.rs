@@ -335,7 +335,7 @@ mod tests {
     use dpca_common::dp::Mechanism;
     use dpca_common::study::ClassCovariance;
     use dpca_common::synth::FitKind;
-    use dpca_proto::tls::Transport;
+    use dpca_shell::tls::Transport;
 
     const CSV: &str = "a,b,c,label\n0,1,2,1\n1,0,3,2\n2,2,1,1\n3,1,0,10\n";
     const BOUNDS: &str = "feature,lower,upper\na,0,4\nb,0,4\nc,0,4\n";

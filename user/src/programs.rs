@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use dpca_proto::tls::{DevPki, TlsFiles, Transport};
+use dpca_shell::tls::{DevPki, TlsFiles, Transport};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 

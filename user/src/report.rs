@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use dpca_common::dp::BudgetLedger;
 use dpca_common::linalg::Pca;
-use dpca_proto::usage::Usage;
+use dpca_shell::usage::Usage;
 
 use crate::figures::{escape, Chart, Series};
 use nalgebra::DMatrix;

@@ -10,12 +10,12 @@ use anyhow::{bail, Context};
 use dpca_common::paillier::{Ciphertext, Opening, SecretKey};
 use dpca_common::protocol::{open_release, Opened};
 use dpca_common::study::{StudyLayout, StudySpec};
-use dpca_proto::client::{transient, with_retries};
 use dpca_proto::convert::spec_to_wire;
-use dpca_proto::signed_count::{signing_identity, verify_count, CountClaim};
-use dpca_proto::tls::Transport;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
+use dpca_shell::client::{transient, with_retries};
+use dpca_shell::signed_count::{signing_identity, verify_count, CountClaim};
+use dpca_shell::tls::Transport;
 use tonic::transport::Channel;
 
 /// What the user obtains from a finished study.
@@ -45,7 +45,7 @@ fn status(what: &str) -> impl Fn(tonic::Status) -> anyhow::Error + '_ {
     move |s| {
         anyhow::anyhow!(
             "{what}: {} ({:?})",
-            dpca_proto::client::status_message(&s),
+            dpca_shell::client::status_message(&s),
             s.code()
         )
     }

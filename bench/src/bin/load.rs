@@ -24,11 +24,11 @@ use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::SecretKey;
 use dpca_common::protocol::Share;
 use dpca_common::study::{SpecDraft, StudyLayout, DEFAULT_FRAC_BITS};
-use dpca_proto::client::connect;
 use dpca_proto::convert::{spec_to_wire, CIPHERTEXTS_PER_CHUNK};
-use dpca_proto::tls::{write_dev_pki, Role, Transport};
-use dpca_proto::usage::Usage;
 use dpca_proto::v1;
+use dpca_shell::client::connect;
+use dpca_shell::tls::{write_dev_pki, Role, Transport};
+use dpca_shell::usage::Usage;
 use rand::rngs::OsRng;
 
 /// Many owners at once against one proxy.
@@ -66,7 +66,7 @@ impl Drop for ProxyProc {
 
 fn start_proxy(
     bin: &Path,
-    pki: &dpca_proto::tls::DevPki,
+    pki: &dpca_shell::tls::DevPki,
     state: &Path,
 ) -> anyhow::Result<(ProxyProc, String)> {
     let mut child = ProxyProc(

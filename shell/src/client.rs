@@ -3,9 +3,9 @@
 
 use tonic::transport::Channel;
 
-use crate::convert::MAX_MESSAGE_BYTES;
 use crate::tls::Transport;
-use crate::v1::proxy_client::ProxyClient;
+use dpca_proto::convert::MAX_MESSAGE_BYTES;
+use dpca_proto::v1::proxy_client::ProxyClient;
 
 /// Why a connection failed.
 #[derive(Debug, thiserror::Error)]

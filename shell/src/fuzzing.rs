@@ -10,8 +10,8 @@ use dpca_common::paillier::PublicKey;
 use num_bigint::BigUint;
 use prost::Message;
 
-use crate::convert::spec_from_wire;
-use crate::v1;
+use dpca_proto::convert::spec_from_wire;
+use dpca_proto::v1;
 
 /// A fixed 2048-bit odd modulus: range and coprimality checks of ciphertexts need a
 /// key, not a secret. (2^2047 + 2^1024 + 1, odd, 2048 bits.)

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use dpca_proto::convert::spec_from_wire;
-use dpca_proto::fuzzing::TARGETS;
 use dpca_proto::v1;
+use dpca_shell::fuzzing::TARGETS;
 use prost::Message;
 
 fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
@@ -59,15 +59,15 @@ fn seed_specs_are_valid_studies() {
 #[test]
 fn certificate_and_state_seeds_decode() {
     for (name, role) in [
-        ("user", dpca_proto::tls::Role::User),
-        ("owner-01", dpca_proto::tls::Role::Owner),
-        ("proxy", dpca_proto::tls::Role::Proxy),
+        ("user", dpca_shell::tls::Role::User),
+        ("owner-01", dpca_shell::tls::Role::Owner),
+        ("proxy", dpca_shell::tls::Role::Proxy),
     ] {
         let (_, der) = corpus("peer_certificate")
             .into_iter()
             .find(|(p, _)| p.ends_with(name))
             .unwrap_or_else(|| panic!("seed {name} missing"));
-        let peer = dpca_proto::tls::peer_of(&der).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let peer = dpca_shell::tls::peer_of(&der).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!((peer.role, peer.name.as_str()), (role, name));
     }
     for name in ["collecting", "released", "aborted"] {

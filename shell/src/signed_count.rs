@@ -78,6 +78,7 @@ pub fn count_message(study_id: &str, key_fingerprint: &str, ciphertext: &[u8]) -
 }
 
 /// Signs the count with the owner's private key (PEM, as its certificate's).
+#[cfg(feature = "count-signing")]
 pub fn sign_count(
     key_pem: &[u8],
     study_id: &str,

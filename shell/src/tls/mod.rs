@@ -10,18 +10,23 @@
 //! certificate; the proxy's carries only serverAuth, so it cannot pose as an owner.
 //!
 //! Plaintext runs only with an explicit `--insecure-plaintext`, which logs a warning.
-//! [`write_dev_pki`] creates a development CA and certificates for a local run.
+//! `write_dev_pki` (feature `dev-ca`) creates a development CA and certificates for
+//! a local run.
 
 use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
-};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+#[cfg(feature = "dev-ca")]
+mod dev_pki;
+mod verifier;
+
+#[cfg(feature = "dev-ca")]
+pub use dev_pki::{write_dev_pki, write_dev_pki_with, DevPki, DevPkiLayout};
+use verifier::PartyVerifier;
 
 /// A party's role, written in its certificate's organizational unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -306,75 +311,6 @@ impl LoadedTls {
     }
 }
 
-/// The CA's client verifier, which also refuses in the handshake a certificate
-/// that names no party ([`peer_of`]: a role in its organizational unit and one
-/// common name). The client then gets a fatal alert, which it knows not to retry,
-/// and holds no connection slot; every certificate the proxy serves names a party
-/// the service can authorize.
-#[derive(Debug)]
-struct PartyVerifier(Arc<dyn tokio_rustls::rustls::server::danger::ClientCertVerifier>);
-
-impl tokio_rustls::rustls::server::danger::ClientCertVerifier for PartyVerifier {
-    fn offer_client_auth(&self) -> bool {
-        self.0.offer_client_auth()
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        self.0.client_auth_mandatory()
-    }
-
-    fn root_hint_subjects(&self) -> &[tokio_rustls::rustls::DistinguishedName] {
-        self.0.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
-        intermediates: &[tokio_rustls::rustls::pki_types::CertificateDer<'_>],
-        now: tokio_rustls::rustls::pki_types::UnixTime,
-    ) -> Result<tokio_rustls::rustls::server::danger::ClientCertVerified, tokio_rustls::rustls::Error>
-    {
-        let verified = self.0.verify_client_cert(end_entity, intermediates, now)?;
-        match peer_of(end_entity.as_ref()) {
-            Ok(_) => Ok(verified),
-            Err(why) => {
-                tracing::warn!(reason = %why, "refused a client certificate that names no party");
-                Err(tokio_rustls::rustls::Error::InvalidCertificate(
-                    tokio_rustls::rustls::CertificateError::ApplicationVerificationFailure,
-                ))
-            }
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
-        dss: &tokio_rustls::rustls::DigitallySignedStruct,
-    ) -> Result<
-        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
-        tokio_rustls::rustls::Error,
-    > {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &tokio_rustls::rustls::pki_types::CertificateDer<'_>,
-        dss: &tokio_rustls::rustls::DigitallySignedStruct,
-    ) -> Result<
-        tokio_rustls::rustls::client::danger::HandshakeSignatureValid,
-        tokio_rustls::rustls::Error,
-    > {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<tokio_rustls::rustls::SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
 /// How a party talks to the proxy.
 #[derive(Clone, Debug)]
 pub enum Transport {
@@ -457,199 +393,6 @@ impl TransportArgs {
     }
 }
 
-/// The files of a development PKI.
-#[derive(Clone, Debug)]
-pub struct DevPki {
-    /// The folder holding everything.
-    pub dir: PathBuf,
-    /// The proxy's files.
-    pub proxy: TlsFiles,
-    /// The operator's client certificate (role `dpca-proxy`, name `operator`), for
-    /// `proxy status`.
-    pub operator: TlsFiles,
-    /// Each data user's name and files.
-    pub users: Vec<(String, TlsFiles)>,
-    /// Each owner's name and files.
-    pub owners: Vec<(String, TlsFiles)>,
-}
-
-impl DevPki {
-    /// The files of the user or owner called `name`.
-    pub fn files(&self, name: &str) -> Option<&TlsFiles> {
-        self.users
-            .iter()
-            .chain(&self.owners)
-            .find(|(n, _)| n == name)
-            .map(|(_, f)| f)
-    }
-}
-
-/// How long development certificates are valid.
-const DEV_VALIDITY_DAYS: i64 = 90;
-
-/// Writes a development CA (`ca.pem`, `ca.key`) and certificates into `dir`: the
-/// proxy's (`proxy.pem`, `proxy.key`, valid for `proxy_hosts`: DNS names or IP
-/// addresses), the operator's (`operator.pem`, `operator.key`, for `proxy status`), one per user (`USER.pem`, `USER.key`) and one per owner
-/// (`OWNER.pem`, `OWNER.key`). Private keys are readable by their owner only.
-/// Refuses, before writing anything, if any of the files exists or a name is unsafe.
-pub fn write_dev_pki(
-    dir: &Path,
-    proxy_hosts: &[String],
-    users: &[String],
-    owners: &[String],
-) -> Result<DevPki, TlsError> {
-    write_dev_pki_with(dir, proxy_hosts, users, owners, DevPkiLayout::default())
-}
-
-/// Where [`write_dev_pki_with`] puts the files, and what it does with a folder
-/// that holds them already.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DevPkiLayout {
-    /// One subfolder per party (`proxy/`, each user's and owner's), holding
-    /// `ca.pem` and that party's certificate and key only (the operator's go with
-    /// the proxy's), so each can be handed to its party whole; the CA key stays
-    /// at the top.
-    pub per_party: bool,
-    /// When every file is there already, keep them and succeed (a rerun of a
-    /// setup step); when only some are, still refuse.
-    pub keep_existing: bool,
-}
-
-/// [`write_dev_pki`] with a choice of layout.
-pub fn write_dev_pki_with(
-    dir: &Path,
-    proxy_hosts: &[String],
-    users: &[String],
-    owners: &[String],
-    layout: DevPkiLayout,
-) -> Result<DevPki, TlsError> {
-    let bad = |r: String| TlsError::Flags(r);
-    if proxy_hosts.is_empty() {
-        return Err(bad("the proxy needs at least one host name".into()));
-    }
-    let mut names: Vec<&str> = vec!["ca", "proxy", "operator"];
-    names.extend(users.iter().chain(owners).map(String::as_str));
-    for n in &names {
-        check_name(n).map_err(bad)?;
-    }
-    for (i, n) in names.iter().enumerate() {
-        if names[..i].contains(n) {
-            return Err(bad(format!(
-                "name `{n}` is used twice (ca, proxy and operator are reserved)"
-            )));
-        }
-    }
-    let party_dir = |name: &str| match (layout.per_party, name) {
-        (false, _) | (true, "ca") => dir.to_path_buf(),
-        (true, "operator") => dir.join("proxy"),
-        (true, n) => dir.join(n),
-    };
-    let files_of = |name: &str| TlsFiles::in_dir(&party_dir(name), name);
-    let files: Vec<PathBuf> = names
-        .iter()
-        .flat_map(|n| {
-            let f = files_of(n);
-            [f.ca, f.cert, f.key]
-        })
-        .collect();
-    let pki = || DevPki {
-        dir: dir.to_path_buf(),
-        proxy: files_of("proxy"),
-        operator: files_of("operator"),
-        users: users.iter().map(|u| (u.clone(), files_of(u))).collect(),
-        owners: owners.iter().map(|o| (o.clone(), files_of(o))).collect(),
-    };
-    if layout.keep_existing && files.iter().all(|p| p.exists()) {
-        return Ok(pki());
-    }
-    if let Some(existing) = files.iter().find(|p| p.exists()) {
-        return Err(TlsError::Write {
-            path: existing.clone(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "exists already; development certificates are never overwritten",
-            ),
-        });
-    }
-    // Every folder holding certificates gets the CA's certificate: the top one
-    // only, or each party's.
-    let mut dirs: Vec<PathBuf> = names.iter().map(|n| party_dir(n)).collect();
-    dirs.sort();
-    dirs.dedup();
-    for d in &dirs {
-        std::fs::create_dir_all(d).map_err(|source| TlsError::Write {
-            path: d.clone(),
-            source,
-        })?;
-    }
-    let gen = |e: rcgen::Error| TlsError::Generate(e.to_string());
-    let now = time::OffsetDateTime::now_utc();
-    let validity = |p: &mut CertificateParams| {
-        // A day back for clocks slightly behind the issuer's.
-        p.not_before = now - time::Duration::days(1);
-        p.not_after = now + time::Duration::days(DEV_VALIDITY_DAYS);
-    };
-
-    let ca_key = KeyPair::generate().map_err(gen)?;
-    let mut ca = CertificateParams::default();
-    ca.distinguished_name = subject("dpca development CA", "dpca-ca");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    validity(&mut ca);
-    let ca_cert = ca.self_signed(&ca_key).map_err(gen)?;
-    for d in &dirs {
-        write_file(&d.join("ca.pem"), ca_cert.pem().as_bytes(), false)?;
-    }
-    write_file(&dir.join("ca.key"), ca_key.serialize_pem().as_bytes(), true)?;
-    let issuer = Issuer::new(ca, ca_key);
-
-    // `server`: the proxy's own certificate; every other is a client's.
-    let issue = |name: &str, role: Role, server: bool| -> Result<(), TlsError> {
-        let key = KeyPair::generate().map_err(gen)?;
-        let mut p = CertificateParams::default();
-        p.distinguished_name = subject(name, role.unit());
-        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        if server {
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            p.subject_alt_names = proxy_hosts
-                .iter()
-                .map(|h| match h.parse::<std::net::IpAddr>() {
-                    Ok(ip) => Ok(SanType::IpAddress(ip)),
-                    Err(_) => h
-                        .clone()
-                        .try_into()
-                        .map(SanType::DnsName)
-                        .map_err(|_| TlsError::Flags(format!("`{h}` is not a host name"))),
-                })
-                .collect::<Result<_, _>>()?;
-        } else {
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        }
-        validity(&mut p);
-        let cert = p.signed_by(&key, &issuer).map_err(gen)?;
-        let files = files_of(name);
-        write_file(&files.cert, cert.pem().as_bytes(), false)?;
-        write_file(&files.key, key.serialize_pem().as_bytes(), true)
-    };
-    issue("proxy", Role::Proxy, true)?;
-    issue("operator", Role::Proxy, false)?;
-    for u in users {
-        issue(u, Role::User, false)?;
-    }
-    for o in owners {
-        issue(o, Role::Owner, false)?;
-    }
-    Ok(pki())
-}
-
-fn subject(name: &str, unit: &str) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::OrganizationName, "dpca");
-    dn.push(DnType::OrganizationalUnitName, unit);
-    dn.push(DnType::CommonName, name);
-    dn
-}
-
 /// Creates `path` (never overwriting); secret files are readable by their owner only.
 pub fn write_file(path: &Path, body: &[u8], secret: bool) -> Result<(), TlsError> {
     let mut opts = std::fs::OpenOptions::new();
@@ -671,7 +414,9 @@ pub fn write_file(path: &Path, body: &[u8], secret: bool) -> Result<(), TlsError
 
 #[cfg(test)]
 mod tests {
+    use super::dev_pki::subject;
     use super::*;
+    use rcgen::{CertificateParams, KeyPair};
 
     fn names(n: usize) -> Vec<String> {
         (1..=n).map(|i| format!("owner-{i:02}")).collect()
