@@ -1,10 +1,17 @@
 //! Exactness and masking invariants of the release, with real encryption.
 
 use super::*;
+use crate::dp::Centering;
 use crate::dp::{Mechanism, NoiseScale, PrivacyRequest};
 use crate::encoding::FixedPoint;
+use crate::encoding::TriangleLayout;
+use crate::paillier::{Ciphertext, SecretKey};
 use crate::randomizer::Randomizer;
+use crate::randomizer::Randomness;
+use crate::study::StudyLayout;
 use crate::study::{ClassCovariance, ClassSpec, Projection, SpecDraft, StudySpec};
+use num_bigint::BigInt;
+use num_traits::Zero;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 

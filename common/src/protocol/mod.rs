@@ -1,0 +1,67 @@
+//! The three computations of a study, as pure functions: an owner's share and its
+//! plaintexts, the proxy's masked and noised release (DESIGN section 4), and the
+//! user's reconstruction of S + E.
+//!
+//! Release in `mask` centering, per packed segment (row i, columns j..j+len):
+//!
+//! ```text
+//! T = N R + v b^T + b v^T + b b^T + E'        v' = v + b
+//! E[T_seg] = E[R_seg]^N * E[v_seg]^(b_i) * prod_t E[v_i 2^(t w)]^(b_(j+t)) * (1 + P n) * r^n
+//! ```
+//!
+//! with P the packed plaintext b_i b_(j+t) + E'_(i,j+t), and E[v_k 2^(t w)] the
+//! shifted ciphertexts precomputed once per k by squarings. The user computes
+//! T - v' v'^T = N R - v v^T + E' = N S~ + E', in which the masks cancel exactly:
+//! nothing the user decrypts depends on b beyond v' = v + b.
+//!
+//! `share` is the owner's computation, `release` the proxy's, `open` the user's,
+//! and `central` the trusted-curator reference the distributed release equals.
+
+mod central;
+mod open;
+mod release;
+mod share;
+
+pub use central::central_release;
+pub use open::{open_release, ClassStats, Opened};
+pub use release::{release, ReleaseSecrets};
+pub use share::{ClassRows, Share};
+
+use num_bigint::{BigInt, Sign};
+use num_traits::ToPrimitive;
+
+use crate::encoding::EncodingError;
+use crate::paillier::PaillierError;
+
+/// Errors of the protocol computations.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// Encoding or slot overflow.
+    #[error(transparent)]
+    Encoding(#[from] EncodingError),
+    /// Key or ciphertext problem.
+    #[error(transparent)]
+    Paillier(#[from] PaillierError),
+    /// A ciphertext vector of the wrong length.
+    #[error("expected {expected} ciphertexts, got {got}")]
+    Count {
+        /// Expected.
+        expected: usize,
+        /// Received.
+        got: usize,
+    },
+    /// A sampled noise value beyond the tail bound the slots were sized for.
+    #[error("noise sample beyond the proven tail bound (probability below 2^-1000)")]
+    NoiseTail,
+}
+
+/// Lossy view of a big integer as f64 (values here are far below f64's range).
+pub fn to_f64(v: &BigInt) -> f64 {
+    v.to_f64().unwrap_or(match v.sign() {
+        Sign::Minus => f64::NEG_INFINITY,
+        _ => f64::INFINITY,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,242 @@
+//! The user's opening of a release: decryption, unpacking, and S' = S + E.
+
+use nalgebra::{DMatrix, DVector};
+use num_bigint::BigInt;
+use num_traits::Zero;
+use rayon::prelude::*;
+
+use super::{to_f64, ProtocolError};
+use crate::dp::{Centering, NoisePlan};
+use crate::encoding::FixedPoint;
+use crate::paillier::{Ciphertext, SecretKey};
+use crate::study::{BlockShape, NormBins, Projection, StudyLayout};
+
+/// What the user reconstructs from a release.
+#[derive(Clone, Debug)]
+pub struct Opened {
+    /// The released matrix blocks on the grid as exact integers, full symmetric:
+    /// N S~ + E' (`mask`, after the user's T - v' v'^T), R~ + E_R (`dp-mean`), or
+    /// R~_c + E_c per class.
+    pub matrix_grid: Vec<Vec<Vec<BigInt>>>,
+    /// The released vector block on the grid: v + b (`mask`) or v + e_v (`dp-mean`;
+    /// class sums then scaled counts in a classification study).
+    pub vector_grid: Vec<BigInt>,
+    /// S' = S + E in normalized units (f64): the total centered scatter.
+    pub scatter: DMatrix<f64>,
+    /// The noisy mean in normalized units (`dp-mean` only).
+    pub mean: Option<DVector<f64>>,
+    /// Class statistics of a classification study.
+    pub classes: Option<ClassStats>,
+}
+
+impl Opened {
+    /// Noisy bin counts of a histogram study (`bins`), from its release: the sums v' and the
+    /// diagonal of R' both count the rows per bin (a one-hot row adds 1 to each),
+    /// with independent noise, so they are averaged with inverse-variance weights.
+    /// Post-processing only.
+    pub fn bin_counts(&self, bins: &NormBins, plan: &NoisePlan, fixed: &FixedPoint) -> Vec<f64> {
+        let cq = fixed.norm_bound_int() as f64;
+        let var_r = (plan.matrix.std_dev() / (cq * cq)).powi(2);
+        let var_v = plan
+            .vector
+            .as_ref()
+            .map_or(f64::INFINITY, |v| (v.std_dev() / cq).powi(2));
+        let grid = self.matrix_grid.first();
+        (0..bins.edges.len())
+            .map(|b| {
+                let from_v = self.vector_grid.get(b).map_or(0.0, |x| to_f64(x) / cq);
+                let Some(r) = grid.and_then(|g| g.get(b)).and_then(|row| row.get(b)) else {
+                    return from_v;
+                };
+                let from_r = to_f64(r) / (cq * cq);
+                if var_r == 0.0 || var_v == 0.0 {
+                    // Noise-free test release: both are exact.
+                    return from_v;
+                }
+                (from_r / var_r + from_v / var_v) / (1.0 / var_r + 1.0 / var_v)
+            })
+            .collect()
+    }
+}
+
+/// The noisy class statistics of a classification study, in normalized units. All
+/// are post-processing of the release.
+#[derive(Clone, Debug)]
+pub struct ClassStats {
+    /// Noisy class counts (may be below 1 or negative).
+    pub counts: Vec<f64>,
+    /// Class means v'_c / max(N'_c, 1).
+    pub means: Vec<DVector<f64>>,
+    /// Within-class centered scatters: one shared R' - sum_c v'_c v'_c^T / N'_c, or
+    /// R'_c - v'_c v'_c^T / N'_c per class.
+    pub scatters: Vec<DMatrix<f64>>,
+}
+
+impl ClassStats {
+    /// Class proportions from the noisy counts, negative counts taken as zero; uniform
+    /// when every count is.
+    pub fn proportions(&self) -> Vec<f64> {
+        let clipped: Vec<f64> = self.counts.iter().map(|c| c.max(0.0)).collect();
+        let total: f64 = clipped.iter().sum();
+        if total > 0.0 {
+            clipped.iter().map(|c| c / total).collect()
+        } else {
+            vec![1.0 / self.counts.len().max(1) as f64; self.counts.len()]
+        }
+    }
+}
+
+/// Decrypts a release and forms S' = S + E in normalized units.
+pub fn open_release(
+    sk: &SecretKey,
+    layout: &StudyLayout,
+    centering: Centering,
+    projection: Option<&Projection>,
+    cts: &[Ciphertext],
+    n_rows: u64,
+    frac_bits: u32,
+) -> Result<Opened, ProtocolError> {
+    if cts.len() != layout.release_ciphertexts() {
+        return Err(ProtocolError::Count {
+            expected: layout.release_ciphertexts(),
+            got: cts.len(),
+        });
+    }
+    let dim = layout.triangle.dim;
+    let plains: Vec<BigInt> = if layout.baseline {
+        cts.iter()
+            .map(|c| sk.to_signed(sk.decrypt_textbook(c)))
+            .collect()
+    } else {
+        cts.par_iter().map(|c| sk.decrypt_signed(c)).collect()
+    };
+    let segs = layout.triangle.len();
+    let mut blocks = Vec::with_capacity(layout.matrix_blocks);
+    for block in plains[..layout.matrix_ciphertexts()].chunks(segs.max(1)) {
+        let mut t = vec![vec![BigInt::zero(); dim]; dim];
+        for (seg, p) in layout.triangle.segments.iter().zip(block) {
+            let vals = layout.budget.unpack(p, seg.len)?;
+            for (k, val) in vals.into_iter().enumerate() {
+                let j = seg.col + k;
+                t[j][seg.row] = val.clone();
+                t[seg.row][j] = val;
+            }
+        }
+        blocks.push(t);
+    }
+    let mut vec = Vec::with_capacity(layout.vector_len);
+    for (&(_, len), p) in layout
+        .vector
+        .iter()
+        .zip(&plains[layout.matrix_ciphertexts()..])
+    {
+        vec.extend(layout.budget.unpack(p, len)?);
+    }
+    Ok(from_grid(
+        &layout.shape(),
+        centering,
+        projection,
+        blocks,
+        vec,
+        n_rows,
+        frac_bits,
+    ))
+}
+
+/// Forms S' from the released integers: the full matrix blocks (`mask`: the masked
+/// N-scaled T; `dp-mean`: R~ + E_R, or R~_c + E_c per class) and the vector block.
+pub(super) fn from_grid(
+    layout: &BlockShape,
+    centering: Centering,
+    projection: Option<&Projection>,
+    blocks: Vec<Vec<Vec<BigInt>>>,
+    vec: Vec<BigInt>,
+    n_rows: u64,
+    frac_bits: u32,
+) -> Opened {
+    let dim = layout.dim;
+    let k = layout.matrix_dim;
+    let scale_1 = f64::from(frac_bits).exp2();
+    let scale_2 = scale_1 * scale_1;
+    let n = n_rows as f64;
+    let to_matrix = |t: &[Vec<BigInt>]| DMatrix::from_fn(k, k, |i, j| to_f64(&t[i][j]) / scale_2);
+    // A projected study's R lives on the k axes: sums are projected down to meet
+    // it, and scatters lifted back as W S W^T (rank k, M x M).
+    let axes = projection.map(|p| DMatrix::from_fn(k, dim, |i, j| p.axes[i][j]));
+    let down = |v: &DVector<f64>| match &axes {
+        Some(p) => p * v,
+        None => v.clone(),
+    };
+    let up = |s: DMatrix<f64>| match &axes {
+        Some(p) => p.transpose() * s * p,
+        None => s,
+    };
+    let (matrix_grid, scatter, mean, classes) = match centering {
+        Centering::Mask => {
+            // T - v' v'^T = N S~ + E': the masks cancel exactly.
+            let mut ns = blocks.into_iter().next().unwrap_or_default();
+            for i in 0..dim {
+                for j in 0..dim {
+                    ns[i][j] -= &vec[i] * &vec[j];
+                }
+            }
+            let s = DMatrix::from_fn(dim, dim, |i, j| to_f64(&ns[i][j]) / (n * scale_2));
+            (vec![ns], s, None, None)
+        }
+        Centering::DpMean => {
+            let rs: Vec<DMatrix<f64>> = blocks.iter().map(|t| to_matrix(t)).collect();
+            let r_total = rs.iter().fold(DMatrix::zeros(k, k), |acc, r| acc + r);
+            let g = layout.classes;
+            let sums: Vec<DVector<f64>> = if g == 0 {
+                vec![DVector::from_fn(dim, |i, _| to_f64(&vec[i]) / scale_1)]
+            } else {
+                (0..g)
+                    .map(|c| DVector::from_fn(dim, |i, _| to_f64(&vec[c * dim + i]) / scale_1))
+                    .collect()
+            };
+            let v = sums.iter().fold(DVector::zeros(dim), |acc, s| acc + s);
+            // S' = R' - v' v'^T / N, in normalized units.
+            let vk = down(&v);
+            let s = up(&r_total - &vk * vk.transpose() / n);
+            let classes = (g > 0).then(|| {
+                let counts: Vec<f64> = (0..g)
+                    .map(|c| to_f64(&vec[g * dim + c]) / layout.count_scale as f64)
+                    .collect();
+                // A noisy count below one would blow the mean up: divide by at least 1.
+                let means: Vec<DVector<f64>> = sums
+                    .iter()
+                    .zip(&counts)
+                    .map(|(s, &nc)| s / nc.max(1.0))
+                    .collect();
+                let scatters = if rs.len() == g {
+                    rs.iter()
+                        .zip(&sums)
+                        .zip(&means)
+                        .map(|((r, s), m)| up(r - down(s) * down(m).transpose()))
+                        .collect()
+                } else {
+                    let between = sums
+                        .iter()
+                        .zip(&means)
+                        .fold(DMatrix::zeros(k, k), |acc, (s, m)| {
+                            acc + down(s) * down(m).transpose()
+                        });
+                    vec![up(&r_total - between)]
+                };
+                ClassStats {
+                    counts,
+                    means,
+                    scatters,
+                }
+            });
+            (blocks, s, Some(v / n), classes)
+        }
+    };
+    Opened {
+        matrix_grid,
+        vector_grid: vec,
+        scatter,
+        mean,
+        classes,
+    }
+}
