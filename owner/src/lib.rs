@@ -315,103 +315,32 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
     })?;
     let (spec, noise_free) = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
     check_risks(&cfg.study_id, &spec, noise_free, &cfg.accepted_risks)?;
-    let table = read_csv(bytes.as_slice(), &name, cfg.label.as_deref())?;
-    // A histogram study's features are its bins: the data is checked against the
-    // columns it names and each row is replaced by the one-hot bin of its norm.
-    let study_rows: std::borrow::Cow<'_, [Vec<f64>]> = match &spec.norm_bins {
-        Some(bins) => {
-            table.check_schema(&bins.features, &name)?;
-            table.rows.iter().map(|r| bins.one_hot(r)).collect()
-        }
-        None => {
-            table.check_schema(&spec.features, &name)?;
-            std::borrow::Cow::Borrowed(&table.rows)
-        }
-    };
-    let rows = table.rows.len() as u64;
-    if rows > spec.max_rows {
-        bail!(
-            "{name}: {rows} rows exceed the study's max_rows {}",
-            spec.max_rows
-        );
-    }
-    let layout = StudyLayout::new(&spec)?;
-    let labels = match &spec.classes {
-        Some(classes) => Some(table.class_indices(&classes.labels, &name)?),
-        None => None,
-    };
-    let class_rows = labels.as_deref().map(|labels| ClassRows {
-        labels,
-        classes: layout.classes,
-        per_class_matrix: layout.matrix_blocks > 1,
-        count_scale: layout.count_scale,
-    });
-    let (share, clipped_rows) = Share::from_raw_rows(
-        &study_rows,
-        &spec.bounds,
-        &spec.fixed,
-        class_rows.as_ref(),
-        spec.projection.as_ref(),
-    );
-    let plaintexts = share.plaintexts(&layout, &spec.public_key)?;
-    if clipped_rows > 0 {
-        tracing::info!(clipped_rows, rows, "rows shortened to the row-norm bound");
-    }
-    let total = plaintexts.len();
+    let prepared = prepare_share(&spec, &bytes, &name, cfg.label.as_deref())?;
+    let (rows, clipped_rows) = (prepared.rows, prepared.clipped_rows);
+    let total = prepared.plaintexts.len();
     let ct_bytes = total * spec.public_key.ciphertext_bytes();
-    let cid = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
-
     let bar = progress_bar(cfg.progress, total as u64);
-    let pk = spec.public_key.clone();
-    let baseline = spec.baseline;
-    let (study_id, owner_id) = (cfg.study_id.clone(), cfg.owner_id.clone());
-    let enc_bar = bar.clone();
-    let cap = cfg.budget_cap;
     // Under `mask` the user decrypts E[N] only as the product of counts the owners
     // signed (`signed_count`); on plaintext there is no key to sign with.
     let signer = signing_identity(spec.privacy.centering, &cfg.transport)
         .map(|tls| tls.private_key_pem().to_vec());
+    let job = EncryptJob {
+        spec,
+        plaintexts: prepared.plaintexts,
+        study_id: cfg.study_id.clone(),
+        owner_id: cfg.owner_id.clone(),
+        contribution_id: contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes),
+        cap: cfg.budget_cap,
+        signer,
+        bar: bar.clone(),
+    };
     // Everything is encrypted before the upload starts: the proxy gives each upload
     // an allowance of time for its bytes (`--min-upload-rate`), so an upload slot is
     // held for the transfer only, however slow the encryption.
-    let chunks =
-        tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<v1::ContributionChunk>> {
-            // One fixed-base table per contribution, sized for the work it will do.
-            let randomizer = (!baseline)
-                .then(|| Randomizer::new(&pk, Randomizer::window_for(total), &mut OsRng));
-            let mut out = Vec::with_capacity(total.div_ceil(CIPHERTEXTS_PER_CHUNK));
-            for (i, chunk) in plaintexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
-                let cts = match &randomizer {
-                    Some(r) => encrypt_chunk(r, chunk)?,
-                    // The paper's way: textbook r^n, one thread.
-                    None => chunk
-                        .iter()
-                        .map(|m| pk.encrypt(m, &mut OsRng).context("plaintext outside Z_n"))
-                        .collect::<anyhow::Result<Vec<_>>>()?,
-                };
-                enc_bar.inc(cts.len() as u64);
-                let mut msg = v1::ContributionChunk {
-                    ciphertexts: cts.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
-                    ..Default::default()
-                };
-                if i == 0 {
-                    // The header rides on the first chunk only.
-                    msg.study_id = study_id.clone();
-                    msg.owner_id = owner_id.clone();
-                    msg.total_ciphertexts = total as u32;
-                    msg.contribution_id = cid.clone();
-                    msg.cap_epsilon = cap.0;
-                    msg.cap_delta = cap.1;
-                }
-                out.push(msg);
-            }
-            if let Some(key) = signer {
-                sign_count_into(&mut out, &key, &study_id, &pk.fingerprint())?;
-            }
-            Ok(out)
-        });
     let t = Instant::now();
-    let chunks = chunks.await.context("encryption task panicked")??;
+    let chunks = tokio::task::spawn_blocking(move || job.run())
+        .await
+        .context("encryption task panicked")??;
     let seconds_encrypt = t.elapsed().as_secs_f64();
     let response = client
         .contribute(tokio_stream::iter(chunks))
@@ -436,6 +365,126 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
             cap_delta: response.cap_delta,
         }),
     })
+}
+
+/// An owner's share, ready to encrypt: its plaintexts, with what the report says
+/// of the rows.
+struct PreparedShare {
+    plaintexts: Vec<BigUint>,
+    rows: u64,
+    clipped_rows: usize,
+}
+
+/// Reads and checks the owner's table against the study (schema, labels, row
+/// count) and computes its exact share as the study's plaintexts. Nothing is sent
+/// if this fails.
+fn prepare_share(
+    spec: &StudySpec,
+    bytes: &[u8],
+    name: &str,
+    label: Option<&str>,
+) -> anyhow::Result<PreparedShare> {
+    let table = read_csv(bytes, name, label)?;
+    // A histogram study's features are its bins: the data is checked against the
+    // columns it names and each row is replaced by the one-hot bin of its norm.
+    let study_rows: std::borrow::Cow<'_, [Vec<f64>]> = match &spec.norm_bins {
+        Some(bins) => {
+            table.check_schema(&bins.features, name)?;
+            table.rows.iter().map(|r| bins.one_hot(r)).collect()
+        }
+        None => {
+            table.check_schema(&spec.features, name)?;
+            std::borrow::Cow::Borrowed(&table.rows)
+        }
+    };
+    let rows = table.rows.len() as u64;
+    if rows > spec.max_rows {
+        bail!(
+            "{name}: {rows} rows exceed the study's max_rows {}",
+            spec.max_rows
+        );
+    }
+    let layout = StudyLayout::new(spec)?;
+    let labels = match &spec.classes {
+        Some(classes) => Some(table.class_indices(&classes.labels, name)?),
+        None => None,
+    };
+    let class_rows = labels.as_deref().map(|labels| ClassRows {
+        labels,
+        classes: layout.classes,
+        per_class_matrix: layout.matrix_blocks > 1,
+        count_scale: layout.count_scale,
+    });
+    let (share, clipped_rows) = Share::from_raw_rows(
+        &study_rows,
+        &spec.bounds,
+        &spec.fixed,
+        class_rows.as_ref(),
+        spec.projection.as_ref(),
+    );
+    let plaintexts = share.plaintexts(&layout, &spec.public_key)?;
+    if clipped_rows > 0 {
+        tracing::info!(clipped_rows, rows, "rows shortened to the row-norm bound");
+    }
+    Ok(PreparedShare {
+        plaintexts,
+        rows,
+        clipped_rows,
+    })
+}
+
+/// The encryption of one contribution into the chunks of its upload, run off the
+/// async runtime.
+struct EncryptJob {
+    spec: StudySpec,
+    plaintexts: Vec<BigUint>,
+    study_id: String,
+    owner_id: String,
+    contribution_id: String,
+    cap: (f64, f64),
+    /// The owner's TLS key (PEM), where the count is signed.
+    signer: Option<Vec<u8>>,
+    bar: ProgressBar,
+}
+
+impl EncryptJob {
+    fn run(self) -> anyhow::Result<Vec<v1::ContributionChunk>> {
+        let pk = &self.spec.public_key;
+        let total = self.plaintexts.len();
+        // One fixed-base table per contribution, sized for the work it will do.
+        let randomizer = (!self.spec.baseline)
+            .then(|| Randomizer::new(pk, Randomizer::window_for(total), &mut OsRng));
+        let mut out = Vec::with_capacity(total.div_ceil(CIPHERTEXTS_PER_CHUNK));
+        for (i, chunk) in self.plaintexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
+            let cts = match &randomizer {
+                Some(r) => encrypt_chunk(r, chunk)?,
+                // The paper's way: textbook r^n, one thread.
+                None => chunk
+                    .iter()
+                    .map(|m| pk.encrypt(m, &mut OsRng).context("plaintext outside Z_n"))
+                    .collect::<anyhow::Result<Vec<_>>>()?,
+            };
+            self.bar.inc(cts.len() as u64);
+            let mut msg = v1::ContributionChunk {
+                ciphertexts: cts.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
+                ..Default::default()
+            };
+            if i == 0 {
+                // The header rides on the first chunk only.
+                msg.study_id = self.study_id.clone();
+                msg.owner_id = self.owner_id.clone();
+                msg.total_ciphertexts = total as u32;
+                msg.contribution_id = self.contribution_id.clone();
+                msg.cap_epsilon = self.cap.0;
+                msg.cap_delta = self.cap.1;
+            }
+            out.push(msg);
+        }
+        if let Some(key) = &self.signer {
+            sign_count_into(&mut out, key, &self.study_id, &pk.fingerprint())?;
+        }
+        Ok(out)
+    }
 }
 
 fn encrypt_chunk(randomizer: &Randomizer, chunk: &[BigUint]) -> anyhow::Result<Vec<Ciphertext>> {

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use dpca_common::paillier::{Ciphertext, Opening, SecretKey};
+use dpca_common::paillier::{Ciphertext, Opening, PublicKey, SecretKey};
 use dpca_common::protocol::{open_release, Opened};
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::convert::spec_to_wire;
@@ -244,35 +244,8 @@ pub async fn collect(
     spec: &StudySpec,
     study_id: &str,
 ) -> anyhow::Result<Collected> {
-    let pk = sk.public();
     let sealed = await_seal(client, study_id).await?;
-    // The user decrypts exactly one value: the row count, once per study, and uses
-    // it only if it is plausible; anything else could be the proxy using the user
-    // as an oracle. Its proof leaves the user only where the noise depends on N.
-    // Under `dp-mean` it is decrypted only after the release is fetched, so that
-    // whether the user goes on tells the proxy nothing about what E[N] holds.
-    let mask = spec.privacy.centering == dpca_common::dp::Centering::Mask;
-    if sealed.needs_count != mask {
-        bail!(
-            "proxy asks for N {} for a {} study: refusing",
-            if sealed.needs_count {
-                "to be revealed"
-            } else {
-                "to be kept"
-            },
-            spec.privacy.centering.name()
-        );
-    }
-    let proven = if mask {
-        match signing_identity(spec.privacy.centering, transport) {
-            Some(tls) => check_signed_counts(&sealed, sk, spec, tls.ca_pem(), study_id)?,
-            // No certificates, no signatures: plaintext is insecure by name.
-            None => tracing::warn!("plaintext: E[N] is decrypted without the owners' signatures"),
-        }
-        Some(open_count(sk, spec, study_id, &sealed)?)
-    } else {
-        None
-    };
+    let proven = count_to_prove(&sealed, transport, sk, spec, study_id)?;
     let t = Instant::now();
     client
         .release(v1::ReleaseRequest {
@@ -285,7 +258,89 @@ pub async fn collect(
         .await
         .map_err(status("proxy refused to release"))?;
     let seconds_proxy = t.elapsed().as_secs_f64();
+    let announced = proven.as_ref().map_or(0, |(n, _)| *n);
+    let layout = StudyLayout::new(spec)?;
+    let fetched = fetch_release(client, sk.public(), &layout, study_id, announced).await?;
+    let n_rows = match proven {
+        Some((n, _)) => n,
+        None => open_count(sk, spec, study_id, &sealed)?.0,
+    };
+    let t = Instant::now();
+    let opened = open_release(
+        sk,
+        &layout,
+        spec.privacy.centering,
+        spec.projection.as_ref(),
+        &fetched.ciphertexts,
+        n_rows,
+        spec.fixed.frac_bits,
+    )?;
+    Ok(Collected {
+        n_rows,
+        owners_in: sealed.owners_in,
+        owners_missing: sealed.owners_missing,
+        noise_scale: fetched.noise_scale,
+        noise_scale_grid: fetched.noise_scale_grid,
+        opened,
+        seconds_proxy,
+        seconds_decrypt: t.elapsed().as_secs_f64(),
+    })
+}
 
+/// N and its opening where the study's noise depends on it (`mask`), else `None`.
+///
+/// The user decrypts exactly one value: the row count, once per study, and uses it
+/// only if it is plausible; anything else could be the proxy using the user as an
+/// oracle. Its proof leaves the user only where the noise depends on N. Under
+/// `dp-mean` it is decrypted only after the release is fetched, so that whether the
+/// user goes on tells the proxy nothing about what E[N] holds.
+fn count_to_prove(
+    sealed: &v1::SealedStudy,
+    transport: &Transport,
+    sk: &SecretKey,
+    spec: &StudySpec,
+    study_id: &str,
+) -> anyhow::Result<Option<(u64, Opening)>> {
+    let mask = spec.privacy.centering == dpca_common::dp::Centering::Mask;
+    if sealed.needs_count != mask {
+        bail!(
+            "proxy asks for N {} for a {} study: refusing",
+            if sealed.needs_count {
+                "to be revealed"
+            } else {
+                "to be kept"
+            },
+            spec.privacy.centering.name()
+        );
+    }
+    if !mask {
+        return Ok(None);
+    }
+    match signing_identity(spec.privacy.centering, transport) {
+        Some(tls) => check_signed_counts(sealed, sk, spec, tls.ca_pem(), study_id)?,
+        // No certificates, no signatures: plaintext is insecure by name.
+        None => tracing::warn!("plaintext: E[N] is decrypted without the owners' signatures"),
+    }
+    Ok(Some(open_count(sk, spec, study_id, sealed)?))
+}
+
+/// A release as fetched: every ciphertext checked, and the noise scale the proxy
+/// reported.
+struct Fetched {
+    ciphertexts: Vec<Ciphertext>,
+    noise_scale: f64,
+    noise_scale_grid: String,
+}
+
+/// Fetches the release: it must be for the N the user proved (`announced`, 0
+/// under `dp-mean`) and hold exactly the layout's ciphertexts, each in the group.
+async fn fetch_release(
+    client: &mut ProxyClient<Channel>,
+    pk: &PublicKey,
+    layout: &StudyLayout,
+    study_id: &str,
+    announced: u64,
+) -> anyhow::Result<Fetched> {
     let mut stream = client
         .fetch_result(v1::FetchResultRequest {
             study_id: study_id.to_string(),
@@ -298,14 +353,12 @@ pub async fn collect(
         .await
         .map_err(status("result stream"))?
         .context("empty result stream")?;
-    let announced = proven.as_ref().map_or(0, |(n, _)| *n);
     if first.n_rows != announced {
         bail!(
             "proxy released for {} rows, not the {announced} proven",
             first.n_rows
         );
     }
-    let layout = StudyLayout::new(spec)?;
     let expected = layout.release_ciphertexts();
     if first.total_ciphertexts as usize != expected {
         bail!(
@@ -332,29 +385,10 @@ pub async fn collect(
             cts.len()
         );
     }
-    let n_rows = match proven {
-        Some((n, _)) => n,
-        None => open_count(sk, spec, study_id, &sealed)?.0,
-    };
-    let t = Instant::now();
-    let opened = open_release(
-        sk,
-        &layout,
-        spec.privacy.centering,
-        spec.projection.as_ref(),
-        &cts,
-        n_rows,
-        spec.fixed.frac_bits,
-    )?;
-    Ok(Collected {
-        n_rows,
-        owners_in: sealed.owners_in,
-        owners_missing: sealed.owners_missing,
+    Ok(Fetched {
+        ciphertexts: cts,
         noise_scale,
         noise_scale_grid,
-        opened,
-        seconds_proxy,
-        seconds_decrypt: t.elapsed().as_secs_f64(),
     })
 }
 
