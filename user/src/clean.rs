@@ -10,9 +10,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use dpca_common::cleaning::{complete_privacy, least_squares, Cleaner, CleaningError, NULL_TOL};
+use dpca_common::cleaning::{
+    complete_privacy, least_squares, Cleaned, Cleaner, CleaningError, NULL_TOL,
+};
 use dpca_common::data::{read_bounds, read_csv, Table};
-use nalgebra::{DMatrix, DVector};
+use nalgebra::{DMatrix, DVector, RowDVector};
 
 /// What `user clean` is given.
 #[derive(Clone, Debug)]
@@ -146,6 +148,43 @@ pub fn run(o: &CleanOptions) -> anyhow::Result<CleanSummary> {
     if o.confidential.is_empty() {
         bail!("--confidential names no column");
     }
+    let fitted = fit(o)?;
+    let vec_table = open_table(&o.vectors)?;
+    let (cleaned, metrics) = clean_vectors(o, &fitted, &vec_table)?;
+    std::fs::create_dir_all(&o.out)
+        .with_context(|| format!("cannot create {}", o.out.display()))?;
+    write_cleaned(
+        &o.out.join("cleaned.csv"),
+        &vec_table,
+        &fitted.features,
+        &cleaned,
+    )?;
+    write_metrics(&o.out.join("metrics.csv"), &metrics)?;
+    let n = metrics.len().max(1) as f64;
+    let cps: Vec<bool> = metrics.iter().filter_map(|m| m.3).collect();
+    Ok(CleanSummary {
+        vectors: metrics.len(),
+        e_utility: metrics.iter().map(|m| m.1).sum::<f64>() / n,
+        e_privacy: metrics.iter().map(|m| m.2).sum::<f64>() / n,
+        complete_privacy: (!cps.is_empty())
+            .then(|| cps.iter().filter(|&&c| c).count() as f64 / cps.len() as f64),
+    })
+}
+
+/// What the training table gives: the feature columns, their bounds, the means
+/// the vectors are centered with, the confidential predictor and the cleaner.
+struct Fitted {
+    features: Vec<String>,
+    bounds: Option<Vec<(f64, f64)>>,
+    mean_x: RowDVector<f64>,
+    mean_c: RowDVector<f64>,
+    a_c: DMatrix<f64>,
+    cleaner: Cleaner,
+}
+
+/// Fits the confidential predictor (and the desired one, unless given) on the
+/// training table, centered and normalized as the vectors will be.
+fn fit(o: &CleanOptions) -> anyhow::Result<Fitted> {
     let train = open_table(&o.train)?;
     let labels: Vec<&String> = o.desired.iter().chain(&o.confidential).collect();
     let features: Vec<String> = train
@@ -172,13 +211,7 @@ pub fn run(o: &CleanOptions) -> anyhow::Result<CleanSummary> {
     if let Some(b) = &bounds {
         normalize(&mut x_tr, b);
     }
-    let mean_x = x_tr.row_mean();
-    let x_tr = DMatrix::from_fn(x_tr.nrows(), x_tr.ncols(), |i, j| x_tr[(i, j)] - mean_x[j]);
-    let center = |y: DMatrix<f64>| {
-        let m = y.row_mean();
-        let c = DMatrix::from_fn(y.nrows(), y.ncols(), |i, j| y[(i, j)] - m[j]);
-        (c, m)
-    };
+    let (x_tr, mean_x) = center(x_tr);
     let (yc_tr, mean_c) = center(columns(&train, &o.confidential, &o.train)?);
     let a_c = least_squares(&x_tr, &yc_tr).context("fitting the confidential predictor")?;
     let a_d = match &o.predictor {
@@ -192,10 +225,36 @@ pub fn run(o: &CleanOptions) -> anyhow::Result<CleanSummary> {
         }
     };
     let cleaner = Cleaner::new(&a_d, &a_c)?;
+    Ok(Fitted {
+        features,
+        bounds,
+        mean_x,
+        mean_c,
+        a_c,
+        cleaner,
+    })
+}
 
-    let vec_table = open_table(&o.vectors)?;
-    let mut x = columns(&vec_table, &features, &o.vectors)?;
-    if let Some(b) = &bounds {
+/// `y` less its column means, and the means.
+fn center(y: DMatrix<f64>) -> (DMatrix<f64>, RowDVector<f64>) {
+    let m = y.row_mean();
+    let c = DMatrix::from_fn(y.nrows(), y.ncols(), |i, j| y[(i, j)] - m[j]);
+    (c, m)
+}
+
+/// Per vector: how much was removed, e_utility, e_privacy, and complete privacy
+/// where the vectors file carries the confidential labels.
+type VectorMetrics = (usize, f64, f64, Option<bool>);
+
+/// Cleans every vector of `table` (in its file's units; returned in them).
+fn clean_vectors(
+    o: &CleanOptions,
+    fitted: &Fitted,
+    table: &Table,
+) -> anyhow::Result<(DMatrix<f64>, Vec<VectorMetrics>)> {
+    let mean_x = &fitted.mean_x;
+    let mut x = columns(table, &fitted.features, &o.vectors)?;
+    if let Some(b) = &fitted.bounds {
         normalize(&mut x, b);
     }
     for i in 0..x.nrows() {
@@ -203,49 +262,59 @@ pub fn run(o: &CleanOptions) -> anyhow::Result<CleanSummary> {
             x[(i, j)] -= mean_x[j];
         }
     }
-    let y_c = columns(&vec_table, &o.confidential, &o.vectors).ok();
+    let y_c = columns(table, &o.confidential, &o.vectors).ok();
     let mut cleaned = x.clone();
     let mut metrics = Vec::with_capacity(x.nrows());
     for i in 0..x.nrows() {
         let row: DVector<f64> = x.row(i).transpose();
-        let got = match o.epsilon {
-            Some(e) => match cleaner.clean(&row, e) {
-                Err(CleaningError::EpsilonTooLarge { .. }) if o.at_most => {
-                    Ok(cleaner.clean_all(&row)?)
-                }
-                Err(e @ CleaningError::EpsilonTooLarge { .. }) => Err(e)
-                    .context("lower --epsilon, or pass --at-most to clean such vectors completely"),
-                other => Ok(other?),
-            },
-            None => Ok(cleaner.clean_null_space(&row, NULL_TOL)?),
-        }
-        // Data row i sits on line i + 2 (the header is line 1).
-        .with_context(|| format!("{}: line {}", o.vectors.display(), i + 2))?;
+        let got = clean_one(o, &fitted.cleaner, &row)
+            // Data row i sits on line i + 2 (the header is line 1).
+            .with_context(|| format!("{}: line {}", o.vectors.display(), i + 2))?;
         let cp = y_c.as_ref().map(|y| {
-            let truth = y.row(i).transpose() - mean_c.transpose();
-            complete_privacy(&(a_c.transpose() * &got.x), &truth)
+            let truth = y.row(i).transpose() - fitted.mean_c.transpose();
+            complete_privacy(&(fitted.a_c.transpose() * &got.x), &truth)
         });
         metrics.push((got.removed, got.e_utility, got.e_privacy, cp));
         cleaned.set_row(i, &got.x.transpose());
     }
-
-    // Back to the vectors file's units and columns.
+    // Back to the vectors file's units.
     for i in 0..cleaned.nrows() {
         for j in 0..cleaned.ncols() {
             cleaned[(i, j)] += mean_x[j];
         }
     }
-    if let Some(b) = &bounds {
+    if let Some(b) = &fitted.bounds {
         denormalize(&mut cleaned, b);
     }
-    std::fs::create_dir_all(&o.out)
-        .with_context(|| format!("cannot create {}", o.out.display()))?;
-    let path = o.out.join("cleaned.csv");
-    let mut w = csv::Writer::from_path(&path)
+    Ok((cleaned, metrics))
+}
+
+/// One vector cleaned by `--epsilon` (completely with `--at-most` where epsilon is
+/// more than it holds), or onto the null space.
+fn clean_one(o: &CleanOptions, cleaner: &Cleaner, row: &DVector<f64>) -> anyhow::Result<Cleaned> {
+    match o.epsilon {
+        Some(e) => match cleaner.clean(row, e) {
+            Err(CleaningError::EpsilonTooLarge { .. }) if o.at_most => Ok(cleaner.clean_all(row)?),
+            Err(e @ CleaningError::EpsilonTooLarge { .. }) => Err(e)
+                .context("lower --epsilon, or pass --at-most to clean such vectors completely"),
+            other => Ok(other?),
+        },
+        None => Ok(cleaner.clean_null_space(row, NULL_TOL)?),
+    }
+}
+
+/// The vectors file with its feature columns cleaned, every other column as read.
+fn write_cleaned(
+    path: &Path,
+    table: &Table,
+    features: &[String],
+    cleaned: &DMatrix<f64>,
+) -> anyhow::Result<()> {
+    let mut w = csv::Writer::from_path(path)
         .with_context(|| format!("cannot create {}", path.display()))?;
-    w.write_record(&vec_table.features)?;
-    for (i, row) in vec_table.rows.iter().enumerate() {
-        let rec: Vec<String> = vec_table
+    w.write_record(&table.features)?;
+    for (i, row) in table.rows.iter().enumerate() {
+        let rec: Vec<String> = table
             .features
             .iter()
             .enumerate()
@@ -256,9 +325,11 @@ pub fn run(o: &CleanOptions) -> anyhow::Result<CleanSummary> {
             .collect();
         w.write_record(&rec)?;
     }
-    w.flush()?;
-    let path = o.out.join("metrics.csv");
-    let mut w = csv::Writer::from_path(&path)
+    Ok(w.flush()?)
+}
+
+fn write_metrics(path: &Path, metrics: &[VectorMetrics]) -> anyhow::Result<()> {
+    let mut w = csv::Writer::from_path(path)
         .with_context(|| format!("cannot create {}", path.display()))?;
     w.write_record([
         "line",
@@ -276,14 +347,5 @@ pub fn run(o: &CleanOptions) -> anyhow::Result<CleanSummary> {
             cp.map(|c| c.to_string()).unwrap_or_default(),
         ])?;
     }
-    w.flush()?;
-    let n = metrics.len().max(1) as f64;
-    let cps: Vec<bool> = metrics.iter().filter_map(|m| m.3).collect();
-    Ok(CleanSummary {
-        vectors: metrics.len(),
-        e_utility: metrics.iter().map(|m| m.1).sum::<f64>() / n,
-        e_privacy: metrics.iter().map(|m| m.2).sum::<f64>() / n,
-        complete_privacy: (!cps.is_empty())
-            .then(|| cps.iter().filter(|&&c| c).count() as f64 / cps.len() as f64),
-    })
+    Ok(w.flush()?)
 }
