@@ -89,6 +89,40 @@ impl Chart {
 
     /// The chart as an `<svg>` element.
     pub fn svg(&self) -> String {
+        let frame = self.frame();
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{}</text>"#,
+            W / 2.0,
+            escape(&self.title)
+        );
+        self.write_axes(&mut s, &frame);
+        for (i, series) in self.series.iter().enumerate() {
+            self.write_series(&mut s, &frame, i, series);
+        }
+        if let Some((x, text)) = &self.marker {
+            let x = frame.px(*x);
+            let _ = write!(
+                s,
+                r##"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="#555" stroke-dasharray="4 3"/><text x="{:.1}" y="{}" fill="#555">{}</text>"##,
+                H - BOTTOM,
+                x + 4.0,
+                TOP + 12.0,
+                escape(text)
+            );
+        }
+        s.push_str("</svg>");
+        s
+    }
+
+    /// The data ranges drawn: x (on the chart's scale) padded for bars or a lone
+    /// point, y fixed or fitted to the data and 0.
+    fn frame(&self) -> Frame<'_> {
         let pts = || self.series.iter().flat_map(|s| s.points.iter());
         let finite = |v: &f64| v.is_finite();
         let xs: Vec<f64> = pts().map(|p| self.x_of(p.0)).filter(finite).collect();
@@ -111,28 +145,23 @@ impl Chart {
             let lo = ys.iter().cloned().fold(0.0f64, f64::min);
             (lo, if hi > lo { hi * 1.05 } else { lo + 1.0 })
         });
-        let px = |x: f64| LEFT + (self.x_of(x) - x0) / (x1 - x0) * (W - LEFT - RIGHT);
-        let py = |y: f64| TOP + (y1 - y.clamp(y0, y1)) / (y1 - y0) * (H - TOP - BOTTOM);
+        Frame {
+            chart: self,
+            x: (x0, x1),
+            y: (y0, y1),
+            bars,
+        }
+    }
 
-        let mut s = String::new();
-        let _ = write!(
-            s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
-        );
-        let _ = write!(
-            s,
-            r#"<text x="{}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{}</text>"#,
-            W / 2.0,
-            escape(&self.title)
-        );
-        // Axes and ticks.
+    /// The axes, their ticks and labels.
+    fn write_axes(&self, s: &mut String, frame: &Frame<'_>) {
         let (bx, by) = (H - BOTTOM, W - RIGHT);
         let _ = write!(
             s,
             r##"<path d="M{LEFT},{TOP}V{bx}H{by}" fill="none" stroke="#333"/>"##
         );
-        for t in ticks(y0, y1) {
-            let y = py(t);
+        for t in ticks(frame.y.0, frame.y.1) {
+            let y = frame.py(t);
             let _ = write!(
                 s,
                 r##"<line x1="{LEFT}" x2="{by}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
@@ -141,26 +170,11 @@ impl Chart {
                 label(t)
             );
         }
-        let x_ticks: Vec<f64> = if self.log_x {
-            let mut v: Vec<f64> = pts().map(|p| p.0).collect();
-            v.sort_by(f64::total_cmp);
-            v.dedup();
-            v
-        } else if bars {
-            let n = (x1 - 0.5).round() as i64;
-            let step = ((n as f64) / 10.0).ceil().max(1.0) as i64;
-            (1..=n)
-                .filter(|i| (i - 1) % step == 0)
-                .map(|i| i as f64)
-                .collect()
-        } else {
-            ticks(x0, x1)
-        };
-        for t in x_ticks {
-            let x = px(t);
+        for t in self.x_ticks(frame) {
             let _ = write!(
                 s,
-                r#"<text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
+                r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+                frame.px(t),
                 bx + 16.0,
                 label(t)
             );
@@ -174,70 +188,105 @@ impl Chart {
             (TOP + H - BOTTOM) / 2.0,
             escape(&self.y_label)
         );
-        // Series.
-        let slot = (W - LEFT - RIGHT) / (x1 - x0);
-        for (i, series) in self.series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            let visible = series
-                .points
+    }
+
+    /// Every point's x on a log axis; whole positions (at most ten labels) under
+    /// bars; round values otherwise.
+    fn x_ticks(&self, frame: &Frame<'_>) -> Vec<f64> {
+        let (x0, x1) = frame.x;
+        if self.log_x {
+            let mut v: Vec<f64> = self
+                .series
                 .iter()
-                .filter(|p| p.0.is_finite() && p.1.is_finite());
-            if series.bars {
-                for &(x, y) in visible {
-                    let (top, base) = (py(y.max(0.0)), py(y.min(0.0)));
-                    let _ = write!(
-                        s,
-                        r#"<rect x="{:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{color}" fill-opacity="0.7"/>"#,
-                        px(x) - slot * 0.4,
-                        slot * 0.8,
-                        (base - top).max(0.5)
-                    );
-                }
-            } else {
-                let coords: Vec<String> = visible
-                    .clone()
-                    .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
-                    .collect();
+                .flat_map(|s| s.points.iter().map(|p| p.0))
+                .collect();
+            v.sort_by(f64::total_cmp);
+            v.dedup();
+            v
+        } else if frame.bars {
+            let n = (x1 - 0.5).round() as i64;
+            let step = ((n as f64) / 10.0).ceil().max(1.0) as i64;
+            (1..=n)
+                .filter(|i| (i - 1) % step == 0)
+                .map(|i| i as f64)
+                .collect()
+        } else {
+            ticks(x0, x1)
+        }
+    }
+
+    /// Series `i`: bars, or a line with dots; and its legend entry where there
+    /// are several.
+    fn write_series(&self, s: &mut String, frame: &Frame<'_>, i: usize, series: &Series) {
+        let color = COLORS[i % COLORS.len()];
+        let visible = series
+            .points
+            .iter()
+            .filter(|p| p.0.is_finite() && p.1.is_finite());
+        if series.bars {
+            let slot = (W - LEFT - RIGHT) / (frame.x.1 - frame.x.0);
+            for &(x, y) in visible {
+                let (top, base) = (frame.py(y.max(0.0)), frame.py(y.min(0.0)));
                 let _ = write!(
                     s,
-                    r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
-                    coords.join(" ")
+                    r#"<rect x="{:.1}" y="{top:.1}" width="{:.1}" height="{:.1}" fill="{color}" fill-opacity="0.7"/>"#,
+                    frame.px(x) - slot * 0.4,
+                    slot * 0.8,
+                    (base - top).max(0.5)
                 );
-                for &(x, y) in visible {
-                    let _ = write!(
-                        s,
-                        r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
-                        px(x),
-                        py(y)
-                    );
-                }
             }
-            if self.series.len() < 2 {
-                // The title names a lone series; a legend would only cover data.
-                continue;
-            }
-            let ly = TOP + 6.0 + 16.0 * i as f64;
+        } else {
+            let coords: Vec<String> = visible
+                .clone()
+                .map(|&(x, y)| format!("{:.1},{:.1}", frame.px(x), frame.py(y)))
+                .collect();
             let _ = write!(
                 s,
-                r#"<rect x="{}" y="{ly}" width="10" height="10" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
-                W - RIGHT - 170.0,
-                W - RIGHT - 155.0,
-                ly + 9.0,
-                escape(&series.name)
+                r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
+                coords.join(" ")
             );
+            for &(x, y) in visible {
+                let _ = write!(
+                    s,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
+                    frame.px(x),
+                    frame.py(y)
+                );
+            }
         }
-        if let Some((x, text)) = &self.marker {
-            let x = px(*x);
-            let _ = write!(
-                s,
-                r##"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{bx}" stroke="#555" stroke-dasharray="4 3"/><text x="{:.1}" y="{}" fill="#555">{}</text>"##,
-                x + 4.0,
-                TOP + 12.0,
-                escape(text)
-            );
+        if self.series.len() < 2 {
+            // The title names a lone series; a legend would only cover data.
+            return;
         }
-        s.push_str("</svg>");
-        s
+        let ly = TOP + 6.0 + 16.0 * i as f64;
+        let _ = write!(
+            s,
+            r#"<rect x="{}" y="{ly}" width="10" height="10" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
+            W - RIGHT - 170.0,
+            W - RIGHT - 155.0,
+            ly + 9.0,
+            escape(&series.name)
+        );
+    }
+}
+
+/// The data ranges of a chart and the map from data to drawing coordinates.
+struct Frame<'a> {
+    chart: &'a Chart,
+    x: (f64, f64),
+    y: (f64, f64),
+    bars: bool,
+}
+
+impl Frame<'_> {
+    fn px(&self, x: f64) -> f64 {
+        let (x0, x1) = self.x;
+        LEFT + (self.chart.x_of(x) - x0) / (x1 - x0) * (W - LEFT - RIGHT)
+    }
+
+    fn py(&self, y: f64) -> f64 {
+        let (y0, y1) = self.y;
+        TOP + (y1 - y.clamp(y0, y1)) / (y1 - y0) * (H - TOP - BOTTOM)
     }
 }
 
