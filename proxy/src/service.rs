@@ -218,7 +218,7 @@ impl ProxyService {
             .table()?
             .get(id)
             .cloned()
-            .ok_or_else(|| Refusal::UnknownStudy(format!("unknown study `{id}`")))?;
+            .ok_or_else(|| Refusal::UnknownStudy(id.to_string()))?;
         Ok(shared.lock_owned().await)
     }
 
@@ -950,6 +950,21 @@ mod tests {
             phase(&ProxyService::new(config(&path, false)).expect("normal")),
             "aborted"
         );
+    }
+
+    /// A call on a study the proxy does not hold is refused as not found, naming
+    /// the study once.
+    #[test]
+    fn an_unknown_study_is_refused_naming_it_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc =
+            ProxyService::new(config(&dir.path().join("state.redb"), false)).expect("service");
+        let err = rt()
+            .block_on(svc.with_study("nope", |_| Ok(())))
+            .expect_err("an unknown study");
+        let status = Status::from(err);
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        assert_eq!(status.message(), "unknown study `nope`");
     }
 
     /// Deadlines are read on the injected clock: a study is aborted the moment

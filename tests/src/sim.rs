@@ -24,7 +24,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
-use dpca_common::protocol::{central_release, Opened, ReleaseSecrets, Share};
+use dpca_common::protocol::{central_release, open_release, Opened, ReleaseSecrets, Share};
 use dpca_common::risk::Risk;
 use dpca_common::study::{SpecDraft, StudyLayout, StudySpec};
 use dpca_owner::OwnerConfig;
@@ -53,8 +53,9 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 /// Features of the simulated table.
 const DIM: usize = 3;
 
-/// The study's epsilon, which each counted owner spends.
+/// The study's epsilon and delta, which each counted owner spends.
 const EPSILON: f64 = 1.0;
+const DELTA: f64 = 1e-6;
 
 /// One step of a simulation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -213,8 +214,8 @@ pub struct Sim {
     /// Each owner's two tables, as rows and as the files it reads.
     tables: Vec<[Vec<Vec<f64>>; 2]>,
     files: Vec<[PathBuf; 2]>,
-    /// The release as first fetched.
-    release: Option<Vec<Vec<u8>>>,
+    /// The release as fetched right after the user decrypted it, and checked.
+    release: Option<Vec<v1::ResultChunk>>,
     /// The model the proxy is checked against.
     pub model: Model,
 }
@@ -234,7 +235,7 @@ impl Sim {
         let seed = SEEDS.fetch_add(1, Ordering::SeqCst);
         let key = dpca_common::testing::test_key();
         let spec = SpecDraft {
-            privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, centering, EPSILON, 1e-6)
+            privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, centering, EPSILON, DELTA)
                 .expect("request"),
             min_owners: MIN_OWNERS,
             quorum: QUORUM,
@@ -350,12 +351,19 @@ impl Sim {
         };
         let got = self.rt.block_on(dpca_owner::run(&cfg));
         let what = format!("{} sending table {variant}", OWNERS[owner]);
+        let rows = self.tables[owner][variant].len() as u64;
         match (self.model.contribute(owner, variant), got) {
-            (Expect::Counted, Ok(r)) => assert!(r.newly_counted, "{what}: not newly counted"),
+            (Expect::Counted, Ok(r)) => {
+                assert!(r.newly_counted, "{what}: not newly counted");
+                assert_eq!(r.rows, rows, "{what}: rows reported");
+            }
             (Expect::AlreadyCounted, Ok(r)) => assert!(!r.newly_counted, "{what}: counted twice"),
             (Expect::Refused(why), Err(e)) => {
                 let e = format!("{e:#}");
                 assert!(e.contains(why), "{what}: refused for `{e}`, not `{why}`");
+                // A refusal is final: the owner did not take it for an outage to
+                // wait out (the code the proxy chose tells it which).
+                assert!(!e.contains("gave up after"), "{what}: retried `{e}`");
             }
             (expected, got) => panic!("{what}: expected {expected:?}, got {got:?}"),
         }
@@ -388,9 +396,20 @@ impl Sim {
             (Phase::Collecting, None) => {}
             (Phase::Sealed, Some(Ok(collected))) => {
                 self.model.phase = Phase::Released;
-                let owners: Vec<String> = self.counted_names();
-                assert_eq!(collected.owners_in, owners, "owners in the release");
+                assert_eq!(collected.owners_in, self.counted_names(), "owners in");
+                assert_eq!(
+                    collected.owners_missing,
+                    self.missing_names(),
+                    "owners missing"
+                );
                 self.assert_central(&collected.opened);
+                // What every later fetch must equal is this release, opened again.
+                let served = self.rt.block_on(async {
+                    let mut c = self.client("sim-user", Role::User).await;
+                    fetch_raw(&mut c, &self.study).await.expect("fetch")
+                });
+                self.assert_central(&self.open(&served, collected.n_rows));
+                self.release = Some(served);
             }
             (Phase::Released | Phase::Aborted, Some(Err(e))) => {
                 let e = format!("{e:#}");
@@ -399,6 +418,24 @@ impl Sim {
             }
             (phase, got) => panic!("reveal while {phase:?}: got {got:?}"),
         }
+    }
+
+    /// A served release, decrypted and opened as the user does.
+    fn open(&self, served: &[v1::ResultChunk], n_rows: u64) -> Opened {
+        let pk = &self.spec.public_key;
+        let bytes: Vec<Vec<u8>> = served.iter().flat_map(|c| c.ciphertexts.clone()).collect();
+        let cts = pk.ciphertexts_from_bytes(&bytes, 0).expect("ciphertexts");
+        let layout = StudyLayout::new(&self.spec).expect("layout");
+        open_release(
+            dpca_common::testing::test_key(),
+            &layout,
+            self.spec.privacy.centering,
+            None,
+            &cts,
+            n_rows,
+            self.spec.fixed.frac_bits,
+        )
+        .expect("the release opens")
     }
 
     /// The decrypted release is the central mechanism on the pooled rows of the
@@ -450,10 +487,10 @@ impl Sim {
             fetch_raw(&mut c, &self.study).await
         });
         match (self.model.phase, got) {
-            (Phase::Released, Ok(bytes)) => match &self.release {
-                Some(first) => assert!(&bytes == first, "the release changed"),
-                None => self.release = Some(bytes),
-            },
+            (Phase::Released, Ok(served)) => {
+                let first = self.release.as_ref().expect("kept at the reveal");
+                assert!(&served == first, "the release changed");
+            }
             (Phase::Released, Err(e)) => panic!("fetch of a released study refused: {e:?}"),
             (_, Ok(_)) => panic!("a release was served while {:?}", self.model.phase),
             (_, Err(e)) => assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}"),
@@ -475,27 +512,32 @@ impl Sim {
         };
         assert_eq!(study.state, self.model.phase.name(), "phase");
         assert_eq!(study.owners_in, self.counted_names(), "owners counted");
-        let missing: Vec<String> = (0..INVITED)
-            .filter(|i| !self.model.counted.contains_key(i))
-            .map(|i| OWNERS[i].to_string())
-            .collect();
-        assert_eq!(study.owners_missing, missing, "owners missing");
+        assert_eq!(study.owners_missing, self.missing_names(), "owners missing");
         for (i, owner) in OWNERS.iter().enumerate() {
             let spent = status
                 .budgets
                 .iter()
                 .find(|b| b.owner_id == *owner)
-                .map_or(0.0, |b| b.spent_epsilon);
+                .map_or((0.0, 0.0, 0), |b| {
+                    (b.spent_epsilon, b.spent_delta, b.studies)
+                });
             let expected = if self.model.counted.contains_key(&i) {
-                EPSILON
+                (EPSILON, DELTA, 1)
             } else {
-                0.0
+                (0.0, 0.0, 0)
             };
-            assert_eq!(spent, expected, "budget spent by {owner}");
+            assert_eq!(spent, expected, "budget spent by {owner}, and its studies");
         }
         if self.model.phase == Phase::Released {
             self.fetch();
         }
+    }
+
+    fn missing_names(&self) -> Vec<String> {
+        (0..INVITED)
+            .filter(|i| !self.model.counted.contains_key(i))
+            .map(|i| OWNERS[i].to_string())
+            .collect()
     }
 
     fn counted_names(&self) -> Vec<String> {
@@ -545,11 +587,11 @@ fn write_tables(dir: &tempfile::TempDir, tables: &[[Vec<Vec<f64>>; 2]]) -> Vec<[
         .collect()
 }
 
-/// Every ciphertext of the release, as served.
+/// The release as served: every chunk, its header included.
 pub async fn fetch_raw(
     client: &mut ProxyClient<Channel>,
     study: &str,
-) -> Result<Vec<Vec<u8>>, tonic::Status> {
+) -> Result<Vec<v1::ResultChunk>, tonic::Status> {
     let mut stream = client
         .fetch_result(v1::FetchResultRequest {
             study_id: study.to_string(),
@@ -558,7 +600,7 @@ pub async fn fetch_raw(
         .into_inner();
     let mut out = Vec::new();
     while let Some(chunk) = stream.message().await? {
-        out.extend(chunk.ciphertexts);
+        out.push(chunk);
     }
     Ok(out)
 }

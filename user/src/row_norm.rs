@@ -24,7 +24,7 @@ pub(crate) async fn choose_row_norm(
     noise_free_for_testing: bool,
     total_epsilon: f64,
 ) -> anyhow::Result<(RowNormChoice, BudgetLedger)> {
-    let spec_h = spec.norm_histogram(h)?;
+    let spec_h = spec.norm_histogram(h).context("study spec")?;
     let bins = spec_h
         .norm_bins
         .clone()
