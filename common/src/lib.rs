@@ -23,6 +23,7 @@
 //! library is needed, at a constant-factor cost over GMP; the rejection samplers' running time depends on
 //! the sample (see [`dp::sampler`]).
 
+pub mod arith;
 pub mod cleaning;
 pub mod data;
 pub mod dp;

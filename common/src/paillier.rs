@@ -15,6 +15,8 @@ use num_traits::{One, Zero};
 use rand::{CryptoRng, RngCore};
 use sha2::{Digest, Sha256};
 
+use crate::arith::ModRing;
+
 /// Smallest modulus size accepted (bits). Below it factoring is within reach.
 pub const MIN_KEY_BITS: u64 = 2048;
 /// Default modulus size: about 128-bit security.
@@ -60,11 +62,12 @@ pub struct Opening {
     pub root: BigUint,
 }
 
-/// A Paillier public key (the modulus n and its square).
+/// A Paillier public key (the modulus n and its square, with the arithmetic mod n^2).
 #[derive(Clone, PartialEq, Eq)]
 pub struct PublicKey {
     n: BigUint,
     n2: BigUint,
+    ring: ModRing,
 }
 
 impl std::fmt::Debug for PublicKey {
@@ -109,8 +112,9 @@ pub struct SecretKey {
     public: PublicKey,
     p: BigUint,
     q: BigUint,
-    p2: BigUint,
-    q2: BigUint,
+    /// Arithmetic mod p^2 and q^2, where decryption exponentiates.
+    p2: ModRing,
+    q2: ModRing,
     p_minus_1: BigUint,
     q_minus_1: BigUint,
     /// (L_p(g^(p-1) mod p^2))^-1 mod p
@@ -142,8 +146,30 @@ impl PublicKey {
         if n.is_even() {
             return Err(PaillierError::MalformedKey("modulus is even"));
         }
+        Ok(Self::of_modulus(n))
+    }
+
+    fn of_modulus(n: BigUint) -> Self {
         let n2 = &n * &n;
-        Ok(Self { n, n2 })
+        Self {
+            ring: ModRing::new(n2.clone()),
+            n,
+            n2,
+        }
+    }
+
+    /// Arithmetic mod n^2: what every operation on ciphertexts runs on.
+    pub fn ring(&self) -> &ModRing {
+        &self.ring
+    }
+
+    /// This key with its arithmetic on num-bigint whatever the build, so that a
+    /// bench measures both engines in one run.
+    pub fn on_num_bigint(&self) -> Self {
+        Self {
+            ring: ModRing::num_bigint(self.n2.clone()),
+            ..self.clone()
+        }
     }
 
     /// Parses a big-endian modulus, as sent on the wire.
@@ -204,7 +230,7 @@ impl PublicKey {
     /// r^n mod n^2 for a fresh uniform r in Z*_n: the randomizer of one encryption.
     pub fn random_mask<R: RngCore + CryptoRng>(&self, rng: &mut R) -> BigUint {
         let r = random_unit(&self.n, rng);
-        r.modpow(&self.n, &self.n2)
+        self.ring.pow(&r, &self.n)
     }
 
     /// Encrypts residue m with the given randomizer (r^n mod n^2).
@@ -216,7 +242,7 @@ impl PublicKey {
         if m >= &self.n {
             return Err(PaillierError::PlaintextTooLarge);
         }
-        Ok(Ciphertext((self.plaintext_term(m) * mask) % &self.n2))
+        Ok(Ciphertext(self.ring.mul(&self.plaintext_term(m), mask)))
     }
 
     /// Encrypts residue m with fresh randomness.
@@ -231,12 +257,12 @@ impl PublicKey {
 
     /// E[a] * E[b] = E[a + b].
     pub fn add(&self, a: &Ciphertext, b: &Ciphertext) -> Ciphertext {
-        Ciphertext((&a.0 * &b.0) % &self.n2)
+        Ciphertext(self.ring.mul(&a.0, &b.0))
     }
 
     /// E[a]^k = E[k a].
     pub fn scale(&self, a: &Ciphertext, k: &BigUint) -> Ciphertext {
-        Ciphertext(a.0.modpow(k, &self.n2))
+        Ciphertext(self.ring.pow(&a.0, k))
     }
 
     /// prod_t E[a_t]^(k_t) = E[sum_t k_t a_t] by simultaneous exponentiation
@@ -266,7 +292,7 @@ impl PublicKey {
         powers.push(BigUint::one());
         powers.push(&a.0 % &self.n2);
         for d in 2..(1usize << window) {
-            let next = (&powers[d - 1] * &powers[1]) % &self.n2;
+            let next = self.ring.mul(&powers[d - 1], &powers[1]);
             powers.push(next);
         }
         PowerTable { window, powers }
@@ -296,7 +322,7 @@ impl PublicKey {
         for win in (0..windows).rev() {
             if let Some(a) = acc.as_mut() {
                 for _ in 0..w {
-                    *a = (&*a * &*a) % &self.n2;
+                    *a = self.ring.mul(a, a);
                 }
             }
             for (table, (_, k)) in tables.iter().zip(terms) {
@@ -309,7 +335,7 @@ impl PublicKey {
                 if d != 0 {
                     acc = Some(match acc {
                         None => table.powers[d].clone(),
-                        Some(a) => (a * &table.powers[d]) % &self.n2,
+                        Some(a) => self.ring.mul(&a, &table.powers[d]),
                     });
                 }
             }
@@ -319,13 +345,13 @@ impl PublicKey {
 
     /// E[a] * (1 + m n) = E[a + m].
     pub fn add_plain(&self, a: &Ciphertext, m: &BigUint) -> Ciphertext {
-        Ciphertext((&a.0 * self.plaintext_term(m)) % &self.n2)
+        Ciphertext(self.ring.mul(&a.0, &self.plaintext_term(m)))
     }
 
     /// Multiplies by a fresh encryption of zero, so the result cannot be linked to
     /// the randomness of the ciphertexts it was computed from.
     pub fn rerandomize<R: RngCore + CryptoRng>(&self, a: &Ciphertext, rng: &mut R) -> Ciphertext {
-        Ciphertext((&a.0 * self.random_mask(rng)) % &self.n2)
+        Ciphertext(self.ring.mul(&a.0, &self.random_mask(rng)))
     }
 
     /// Whether `opening` proves that `c` decrypts to its plaintext: m < n, r in
@@ -336,8 +362,8 @@ impl PublicKey {
         if plaintext >= &self.n || root.is_zero() || root >= &self.n {
             return false;
         }
-        let rn = root.modpow(&self.n, &self.n2);
-        (self.plaintext_term(plaintext) * rn) % &self.n2 == c.0
+        let rn = self.ring.pow(root, &self.n);
+        self.ring.mul(&self.plaintext_term(plaintext), &rn) == c.0
     }
 
     /// Parses and validates a ciphertext received from an untrusted party: it must
@@ -458,18 +484,15 @@ impl SecretKey {
     /// Builds a key from its two primes (known-answer tests use fixed primes).
     pub fn from_primes(p: BigUint, q: BigUint) -> Result<Self, PaillierError> {
         let n = &p * &q;
-        let public = PublicKey {
-            n2: &n * &n,
-            n: n.clone(),
-        };
+        let public = PublicKey::of_modulus(n.clone());
         let one = BigUint::one();
-        let p2 = &p * &p;
-        let q2 = &q * &q;
+        let p2 = ModRing::new(&p * &p);
+        let q2 = ModRing::new(&q * &q);
         let p_minus_1 = &p - &one;
         let q_minus_1 = &q - &one;
         let g = &n + &one;
-        let lp = (g.modpow(&p_minus_1, &p2) - &one) / &p;
-        let lq = (g.modpow(&q_minus_1, &q2) - &one) / &q;
+        let lp = (p2.pow_secret(&g, &p_minus_1) - &one) / &p;
+        let lq = (q2.pow_secret(&g, &q_minus_1) - &one) / &q;
         let hp = lp
             .modinv(&p)
             .ok_or(PaillierError::MalformedKey("L_p(g^(p-1)) not invertible"))?;
@@ -477,7 +500,7 @@ impl SecretKey {
             .modinv(&q)
             .ok_or(PaillierError::MalformedKey("L_q(g^(q-1)) not invertible"))?;
         let lambda = p_minus_1.lcm(&q_minus_1);
-        let mu = ((g.modpow(&lambda, &public.n2) - &one) / &n)
+        let mu = ((public.ring.pow_secret(&g, &lambda) - &one) / &n)
             .modinv(&n)
             .ok_or(PaillierError::MalformedKey("L(g^lambda) not invertible"))?;
         let q_inv_p = (&q % &p)
@@ -499,6 +522,16 @@ impl SecretKey {
         })
     }
 
+    /// This key with its arithmetic on num-bigint ([`PublicKey::on_num_bigint`]).
+    pub fn on_num_bigint(&self) -> Self {
+        Self {
+            public: self.public.on_num_bigint(),
+            p2: ModRing::num_bigint(self.p2.modulus().clone()),
+            q2: ModRing::num_bigint(self.q2.modulus().clone()),
+            ..self.clone()
+        }
+    }
+
     /// The two primes, for storing the key; handle with the care the key deserves.
     pub fn primes(&self) -> (&BigUint, &BigUint) {
         (&self.p, &self.q)
@@ -512,9 +545,9 @@ impl SecretKey {
     /// CRT decryption to the residue m in [0, n).
     pub fn decrypt(&self, c: &Ciphertext) -> BigUint {
         let one = BigUint::one();
-        let cp = c.0.modpow(&self.p_minus_1, &self.p2);
+        let cp = self.p2.pow_secret(&c.0, &self.p_minus_1);
         let mp = (((cp - &one) / &self.p) * &self.hp) % &self.p;
-        let cq = c.0.modpow(&self.q_minus_1, &self.q2);
+        let cq = self.q2.pow_secret(&c.0, &self.q_minus_1);
         let mq = (((cq - &one) / &self.q) * &self.hq) % &self.q;
         // m = mq + q * ((mp - mq) * q^-1 mod p)
         let diff = (&mp + &self.p - (&mq % &self.p)) % &self.p;
@@ -532,7 +565,7 @@ impl SecretKey {
         let unmasked = (&c.0 * self.public.plaintext_term(&(n - &plaintext))) % n;
         let root_mod = |prime: &BigUint, order: &BigUint| -> Result<BigUint, PaillierError> {
             let e = (n % order).modinv(order).ok_or(PaillierError::NoRoots)?;
-            Ok((&unmasked % prime).modpow(&e, prime))
+            Ok(ModRing::new(prime.clone()).pow_secret(&(&unmasked % prime), &e))
         };
         let rp = root_mod(&self.p, &self.p_minus_1)?;
         let rq = root_mod(&self.q, &self.q_minus_1)?;
@@ -545,7 +578,7 @@ impl SecretKey {
     /// the CRT path is measured against. Same result as [`Self::decrypt`].
     pub fn decrypt_textbook(&self, c: &Ciphertext) -> BigUint {
         let n = self.public.n();
-        let x = c.0.modpow(&self.lambda, &self.public.n2);
+        let x = self.public.ring.pow_secret(&c.0, &self.lambda);
         (((x - BigUint::one()) / n) * &self.mu) % n
     }
 
@@ -623,14 +656,15 @@ pub fn is_probable_prime<R: RngCore + CryptoRng>(n: &BigUint, rounds: u32, rng: 
     let s = n_minus_1.trailing_zeros().unwrap_or(0);
     let d = &n_minus_1 >> s;
     let span = n - 3u32;
+    let ring = ModRing::new(n.clone());
     'witness: for _ in 0..rounds {
         let a = random_below(&span, rng) + &two;
-        let mut x = a.modpow(&d, n);
+        let mut x = ring.pow(&a, &d);
         if x == one || x == n_minus_1 {
             continue;
         }
         for _ in 1..s {
-            x = (&x * &x) % n;
+            x = ring.mul(&x, &x);
             if x == n_minus_1 {
                 continue 'witness;
             }

@@ -71,7 +71,7 @@ impl Randomizer {
     pub fn new<R: RngCore + CryptoRng>(pk: &PublicKey, window_bits: usize, rng: &mut R) -> Self {
         let x = random_unit(pk.n(), rng);
         let h = pk.n() - (&x * &x) % pk.n();
-        let base = h.modpow(pk.n(), pk.n_squared());
+        let base = pk.ring().pow(&h, pk.n());
         Self::from_base(pk, &base, window_bits)
     }
 
@@ -79,14 +79,14 @@ impl Randomizer {
     pub fn from_base(pk: &PublicKey, base: &BigUint, window_bits: usize) -> Self {
         let w = window_bits.clamp(1, 16);
         let windows = EXPONENT_BITS.div_ceil(w);
-        let n2 = pk.n_squared();
+        let (n2, ring) = (pk.n_squared(), pk.ring());
         // g_i = base^(2^(w i)), by repeated squaring.
         let mut gens = Vec::with_capacity(windows);
         let mut g = base % n2;
         for _ in 0..windows {
             gens.push(g.clone());
             for _ in 0..w {
-                g = (&g * &g) % n2;
+                g = ring.mul(&g, &g);
             }
         }
         let table = gens
@@ -96,7 +96,7 @@ impl Randomizer {
                 let mut cur = BigUint::one();
                 for _ in 0..(1usize << w) {
                     row.push(cur.clone());
-                    cur = (&cur * g) % n2;
+                    cur = ring.mul(&cur, g);
                 }
                 row
             })
@@ -110,7 +110,7 @@ impl Randomizer {
 
     /// h_s^a mod n^2 for an exponent a < 2^EXPONENT_BITS (higher bits are ignored).
     pub fn power(&self, a: &BigUint) -> BigUint {
-        let n2 = self.pk.n_squared();
+        let ring = self.pk.ring();
         let w = self.window_bits;
         let mut acc: Option<BigUint> = None;
         for (i, row) in self.table.iter().enumerate() {
@@ -125,7 +125,7 @@ impl Randomizer {
             }
             acc = Some(match acc {
                 None => row[d].clone(),
-                Some(x) => (x * &row[d]) % n2,
+                Some(x) => ring.mul(&x, &row[d]),
             });
         }
         acc.unwrap_or_else(BigUint::one)
@@ -149,7 +149,7 @@ impl Randomizer {
 
     /// Multiplies by a fresh encryption of zero.
     pub fn rerandomize<R: RngCore + CryptoRng>(&self, c: &Ciphertext, rng: &mut R) -> Ciphertext {
-        Ciphertext((&c.0 * self.mask(rng)) % self.pk.n_squared())
+        Ciphertext(self.pk.ring().mul(&c.0, &self.mask(rng)))
     }
 
     /// The key this table belongs to.

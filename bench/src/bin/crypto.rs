@@ -1,7 +1,10 @@
-//! Costs of the cryptographic primitives on this machine, measured in one run so the
-//! ratios are meaningful: one multiplication mod n^2 (the floor every role is
-//! measured against), textbook encryption r^n, short-exponent fixed-base encryption,
-//! decryption with and without CRT. One thread.
+//! Costs of the cryptographic primitives on this machine, on both arithmetic
+//! engines (num-bigint and GMP), measured in one run so the ratios are meaningful:
+//! one multiplication mod n^2 (the floor every role is measured against), textbook
+//! encryption r^n, short-exponent fixed-base encryption, decryption with and
+//! without CRT (GMP: `mpz_powm_sec`, constant time in the secret exponent), and a
+//! 16-term multi-exponentiation (the proxy's release). GMP's raw multiplication,
+//! with no conversion from and to num-bigint, is the floor. One thread.
 
 use std::time::Instant;
 
@@ -9,8 +12,6 @@ use clap::Parser;
 use dpca_common::paillier::{Ciphertext, SecretKey};
 use dpca_common::randomizer::Randomizer;
 use num_bigint::BigUint;
-use num_integer::Integer;
-use num_traits::One;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
@@ -35,72 +36,167 @@ fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> f64 {
     t.elapsed().as_secs_f64() / reps as f64
 }
 
+/// One engine's costs at one key size.
+struct Costs {
+    mul: f64,
+    enc_textbook: f64,
+    enc_short: f64,
+    dec_crt: f64,
+    dec_textbook: f64,
+    multi_exp: f64,
+}
+
+/// The primitives on `sk`'s engine, on the same operands.
+fn measure(sk: &SecretKey, rng: &mut ChaCha20Rng) -> anyhow::Result<Costs> {
+    let pk = sk.public();
+    let ring = pk.ring();
+    let a = pk.random_mask(rng);
+    let b = pk.random_mask(rng);
+    let mul = time(2000, || ring.mul(&a, &b));
+    let m = BigUint::from(123_456_789u64);
+    let enc_textbook = time(10, || pk.encrypt(&m, &mut *rng));
+    let table = Randomizer::new(pk, Randomizer::DEFAULT_WINDOW_BITS, &mut *rng);
+    let enc_short = time(200, || table.encrypt(&m, &mut *rng));
+    let c: Ciphertext = table.encrypt(&m, &mut *rng)?;
+    let dec_crt = time(20, || sk.decrypt(&c));
+    let dec_textbook = time(5, || sk.decrypt_textbook(&c));
+    anyhow::ensure!(sk.decrypt(&c) == m, "CRT decryption");
+    anyhow::ensure!(sk.decrypt_textbook(&c) == m, "textbook decryption");
+    // The proxy's release: 16 ciphertexts, each to a 64-bit power, multiplied.
+    let cts: Vec<Ciphertext> = (0..16)
+        .map(|i| table.encrypt(&BigUint::from(i as u64), &mut *rng))
+        .collect::<Result<_, _>>()?;
+    let ks: Vec<BigUint> = (0..16u64)
+        .map(|i| BigUint::from(0x9e37_79b9_7f4a_7c15u64 ^ i))
+        .collect();
+    let terms: Vec<(&Ciphertext, &BigUint)> = cts.iter().zip(&ks).collect();
+    let multi_exp = time(20, || pk.multi_scale(&terms));
+    Ok(Costs {
+        mul,
+        enc_textbook,
+        enc_short,
+        dec_crt,
+        dec_textbook,
+        multi_exp,
+    })
+}
+
+/// The two half-size exponentiations of CRT decryption on GMP, with the
+/// constant-time `mpz_powm_sec` (what decryption uses) and with `mpz_powm`.
+fn powm_sec_cost(sk: &SecretKey, rng: &mut ChaCha20Rng) -> (f64, f64) {
+    use dpca_common::arith::ModRing;
+    let (p, q) = sk.primes();
+    let one = BigUint::from(1u32);
+    let halves: Vec<(ModRing, BigUint)> = [p, q]
+        .iter()
+        .map(|x| (ModRing::new(*x * *x), *x - &one))
+        .collect();
+    let c = sk.public().random_mask(rng);
+    let run = |secret: bool| {
+        time(20, || {
+            let mut out = Vec::with_capacity(2);
+            for (ring, e) in &halves {
+                out.push(if secret {
+                    ring.pow_secret(&c, e)
+                } else {
+                    ring.pow(&c, e)
+                });
+            }
+            out
+        })
+    };
+    (run(true), run(false))
+}
+
+/// GMP's own multiplication mod n^2 with no conversion: the floor.
+fn raw_gmp_mul(pk: &dpca_common::paillier::PublicKey, rng: &mut ChaCha20Rng) -> f64 {
+    use rug::integer::Order;
+    let to = |x: &BigUint| rug::Integer::from_digits(&x.to_u64_digits(), Order::Lsf);
+    let (a, b, n2) = (
+        to(&pk.random_mask(rng)),
+        to(&pk.random_mask(rng)),
+        to(pk.n_squared()),
+    );
+    time(5000, || {
+        let mut p = rug::Integer::from(&a * &b);
+        p %= &n2;
+        p
+    })
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut rows = Vec::new();
     println!(
-        "{:>5}  {:>10}  {:>12}  {:>12}  {:>10}  {:>12}  {:>12}  {:>12}  {:>9}",
+        "{:>5}  {:>10}  {:>9}  {:>12}  {:>10}  {:>10}  {:>11}  {:>11}  {:>10}",
         "bits",
+        "engine",
         "mul n^2",
         "enc textbook",
         "enc short",
-        "= muls",
-        "table build",
-        "dec no-CRT",
         "dec CRT",
-        "enc gain"
+        "dec textbk",
+        "multi-exp16",
+        "= muls"
     );
     for &bits in &args.key_bits {
         let mut rng = ChaCha20Rng::seed_from_u64(bits);
-        let sk = SecretKey::generate(bits, &mut rng)?;
-        let pk = sk.public().clone();
-        let n2 = pk.n_squared().clone();
-        let a = pk.random_mask(&mut rng);
-        let b = pk.random_mask(&mut rng);
-        let mul = time(2000, || (&a * &b) % &n2);
-        let m = BigUint::from(123_456_789u64);
-        let enc_textbook = time(10, || pk.encrypt(&m, &mut rng));
-        let t = Instant::now();
-        let table = Randomizer::new(&pk, Randomizer::DEFAULT_WINDOW_BITS, &mut rng);
-        let build = t.elapsed().as_secs_f64();
-        let enc_short = time(200, || table.encrypt(&m, &mut rng));
-        let c: Ciphertext = table.encrypt(&m, &mut rng)?;
-        let dec_crt = time(20, || sk.decrypt(&c));
-        // Textbook decryption: L(c^lambda mod n^2) * mu mod n.
-        let (p, q) = sk.primes();
-        let one = BigUint::one();
-        let lambda = (p - &one).lcm(&(q - &one));
-        let n = pk.n();
-        let l = |x: BigUint| (x - &one) / n;
-        let mu = l((n + &one).modpow(&lambda, &n2))
-            .modinv(n)
-            .ok_or_else(|| anyhow::anyhow!("mu not invertible"))?;
-        let dec_plain = time(5, || (l(c.0.modpow(&lambda, &n2)) * &mu) % n);
-        assert_eq!(
-            (l(c.0.modpow(&lambda, &n2)) * &mu) % n,
-            m,
-            "textbook decryption"
-        );
-        println!(
-            "{bits:>5}  {:>8.1}us  {:>10.2}ms  {:>10.3}ms  {:>10.0}  {:>11.2}s  {:>10.2}ms  {:>10.2}ms  {:>8.0}x",
-            mul * 1e6,
-            enc_textbook * 1e3,
-            enc_short * 1e3,
-            enc_short / mul,
-            build,
-            dec_plain * 1e3,
-            dec_crt * 1e3,
-            enc_textbook / enc_short
-        );
-        rows.push(serde_json::json!({
-            "key_bits": bits,
-            "mul_mod_n2_s": mul,
-            "encrypt_textbook_s": enc_textbook,
-            "encrypt_short_exponent_s": enc_short,
-            "table_build_s": build,
-            "decrypt_textbook_s": dec_plain,
-            "decrypt_crt_s": dec_crt,
-        }));
+        let gmp_key = SecretKey::generate(bits, &mut rng)?;
+        let pure_key = gmp_key.on_num_bigint();
+        let raw = raw_gmp_mul(gmp_key.public(), &mut rng);
+        let mut by_engine = Vec::new();
+        for sk in [&pure_key, &gmp_key] {
+            let c = measure(sk, &mut rng)?;
+            let engine = sk.public().ring().engine();
+            println!(
+                "{bits:>5}  {engine:>10}  {:>7.2}us  {:>10.2}ms  {:>8.3}ms  {:>8.2}ms  {:>9.2}ms  {:>9.2}ms  {:>10.0}",
+                c.mul * 1e6,
+                c.enc_textbook * 1e3,
+                c.enc_short * 1e3,
+                c.dec_crt * 1e3,
+                c.dec_textbook * 1e3,
+                c.multi_exp * 1e3,
+                c.multi_exp / c.mul,
+            );
+            rows.push(serde_json::json!({
+                "key_bits": bits,
+                "engine": engine,
+                "mul_mod_n2_s": c.mul,
+                "encrypt_textbook_s": c.enc_textbook,
+                "encrypt_short_exponent_s": c.enc_short,
+                "decrypt_crt_s": c.dec_crt,
+                "decrypt_textbook_s": c.dec_textbook,
+                "multi_exp_16x64_s": c.multi_exp,
+                "raw_gmp_mul_mod_n2_s": raw,
+            }));
+            by_engine.push(c);
+        }
+        if let [pure, gmp] = by_engine.as_slice() {
+            println!(
+                "{bits:>5}  {:>10}  {:>8.1}x  {:>11.1}x  {:>9.1}x  {:>9.1}x  {:>10.1}x  {:>10.1}x   (num-bigint / gmp)",
+                "speedup",
+                pure.mul / gmp.mul,
+                pure.enc_textbook / gmp.enc_textbook,
+                pure.enc_short / gmp.enc_short,
+                pure.dec_crt / gmp.dec_crt,
+                pure.dec_textbook / gmp.dec_textbook,
+                pure.multi_exp / gmp.multi_exp,
+            );
+            println!(
+                "{bits:>5}  {:>10}  {:>7.2}us   (GMP's mpz_mul + mpz_mod with no conversion; our gmp mul is {:.2}x of it)",
+                "raw gmp",
+                raw * 1e6,
+                gmp.mul / raw
+            );
+            let (sec, plain) = powm_sec_cost(&gmp_key, &mut rng);
+            println!(
+                "{bits:>5}  {:>10}  CRT exponentiations {:.2}ms with mpz_powm_sec, {:.2}ms with mpz_powm: constant time costs {:.2}x",
+                "powm_sec",
+                sec * 1e3,
+                plain * 1e3,
+                sec / plain
+            );
+        }
     }
     if let Some(p) = &args.json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?)?;
