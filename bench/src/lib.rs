@@ -1,5 +1,6 @@
-//! What the bench binaries share: where the workspace and its data sets are, and
-//! the workspace's programs, built next to the running bench.
+//! What the bench binaries share: where the workspace and its data sets are, the
+//! workspace's programs, built next to the running bench, and the timing of the
+//! primitives every bound is priced with.
 
 use std::path::{Path, PathBuf};
 
@@ -27,4 +28,32 @@ pub fn built_programs(packages: &[&str]) -> anyhow::Result<PathBuf> {
 /// The program `name` in `dir`.
 pub fn program(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
+}
+
+/// Mean seconds per call of `f` over `reps` calls.
+pub fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> f64 {
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        std::hint::black_box(f());
+    }
+    t.elapsed().as_secs_f64() / reps as f64
+}
+
+/// GMP's own multiplication mod n^2 (`mpz_mul`, `mpz_mod`) on two random
+/// ciphertexts of `pk`, with no conversion: the floor the bounds are priced at,
+/// measured in the running bench.
+pub fn raw_gmp_mulmod<R: rand::RngCore + rand::CryptoRng>(
+    pk: &dpca_common::paillier::PublicKey,
+    rng: &mut R,
+) -> f64 {
+    use num_bigint::BigUint;
+    use rug::integer::Order;
+    let to = |x: &BigUint| rug::Integer::from_digits(&x.to_u64_digits(), Order::Lsf);
+    let (a, b) = (to(&pk.random_mask(rng)), to(&pk.random_mask(rng)));
+    let n2 = to(pk.n_squared());
+    time(5000, || {
+        let mut p = rug::Integer::from(&a * &b);
+        p %= &n2;
+        p
+    })
 }

@@ -6,9 +6,8 @@
 //! 16-term multi-exponentiation (the proxy's release). GMP's raw multiplication,
 //! with no conversion from and to num-bigint, is the floor. One thread.
 
-use std::time::Instant;
-
 use clap::Parser;
+use dpca_bench::{raw_gmp_mulmod, time};
 use dpca_common::paillier::{Ciphertext, SecretKey};
 use dpca_common::randomizer::Randomizer;
 use num_bigint::BigUint;
@@ -25,15 +24,6 @@ struct Args {
     /// Also write the table as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
-}
-
-/// Mean seconds per call of `f` over `reps` calls.
-fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> f64 {
-    let t = Instant::now();
-    for _ in 0..reps {
-        std::hint::black_box(f());
-    }
-    t.elapsed().as_secs_f64() / reps as f64
 }
 
 /// One engine's costs at one key size.
@@ -108,22 +98,6 @@ fn powm_sec_cost(sk: &SecretKey, rng: &mut ChaCha20Rng) -> (f64, f64) {
     (run(true), run(false))
 }
 
-/// GMP's own multiplication mod n^2 with no conversion: the floor.
-fn raw_gmp_mul(pk: &dpca_common::paillier::PublicKey, rng: &mut ChaCha20Rng) -> f64 {
-    use rug::integer::Order;
-    let to = |x: &BigUint| rug::Integer::from_digits(&x.to_u64_digits(), Order::Lsf);
-    let (a, b, n2) = (
-        to(&pk.random_mask(rng)),
-        to(&pk.random_mask(rng)),
-        to(pk.n_squared()),
-    );
-    time(5000, || {
-        let mut p = rug::Integer::from(&a * &b);
-        p %= &n2;
-        p
-    })
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut rows = Vec::new();
@@ -143,7 +117,7 @@ fn main() -> anyhow::Result<()> {
         let mut rng = ChaCha20Rng::seed_from_u64(bits);
         let gmp_key = SecretKey::generate(bits, &mut rng)?;
         let pure_key = gmp_key.on_num_bigint();
-        let raw = raw_gmp_mul(gmp_key.public(), &mut rng);
+        let raw = raw_gmp_mulmod(gmp_key.public(), &mut rng);
         let mut by_engine = Vec::new();
         for sk in [&pure_key, &gmp_key] {
             let c = measure(sk, &mut rng)?;
