@@ -21,6 +21,7 @@ use dpca_common::study::{StudyLayout, StudySpec};
 use num_bigint::BigUint;
 use num_traits::One;
 use rand::{CryptoRng, RngCore};
+use rayon::prelude::*;
 
 /// Why a transition was refused. Carries ids, never data.
 #[derive(Debug, thiserror::Error)]
@@ -369,7 +370,7 @@ impl Study {
         owner: &str,
         contribution_id: &str,
         cts: &[Ciphertext],
-        mul: impl Fn(&Ciphertext, &Ciphertext) -> Ciphertext,
+        mul: impl Fn(&Ciphertext, &Ciphertext) -> Ciphertext + Sync,
     ) -> Result<ContributionOutcome, StudyError> {
         if let Some(outcome) = self.check_can_contribute(owner, contribution_id)? {
             return Ok(outcome);
@@ -381,8 +382,17 @@ impl Study {
                 got: cts.len(),
             });
         }
-        for (acc, c) in self.aggregate.iter_mut().zip(cts) {
-            *acc = mul(acc, c);
+        if self.layout.baseline {
+            // The paper's way runs on one thread.
+            for (acc, c) in self.aggregate.iter_mut().zip(cts) {
+                *acc = mul(acc, c);
+            }
+        } else {
+            // Positions are independent: one fold uses every core.
+            self.aggregate
+                .par_iter_mut()
+                .zip(cts.par_iter())
+                .for_each(|(acc, c)| *acc = mul(acc, c));
         }
         self.contributors
             .insert(owner.to_string(), contribution_id.to_string());
