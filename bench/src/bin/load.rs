@@ -26,10 +26,38 @@ use dpca_common::protocol::Share;
 use dpca_common::study::{SpecDraft, StudyLayout, DEFAULT_FRAC_BITS};
 use dpca_proto::convert::{spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
-use dpca_shell::client::connect;
+use dpca_shell::client::{connect, transient, with_retries, ConnectError};
 use dpca_shell::tls::{write_dev_pki, Role, Transport};
 use dpca_shell::usage::Usage;
 use rand::rngs::OsRng;
+
+/// How long an owner keeps coming back while the proxy asks it to.
+const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Why one attempt of an owner failed.
+#[derive(Debug)]
+enum Attempt {
+    Connect(ConnectError),
+    Call(tonic::Status),
+}
+
+impl Attempt {
+    fn transient(&self) -> bool {
+        match self {
+            Attempt::Connect(e) => e.transient(),
+            Attempt::Call(s) => transient(s),
+        }
+    }
+}
+
+impl std::fmt::Display for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Attempt::Connect(e) => write!(f, "{e}"),
+            Attempt::Call(s) => write!(f, "{}", s.message()),
+        }
+    }
+}
 
 /// Many owners at once against one proxy.
 #[derive(Parser, Debug)]
@@ -118,7 +146,7 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
             row_norm_bound: 1.0,
         },
         max_rows: 1 << 16,
-        privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::Mask, 1.0, 1e-5)?,
+        privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::DpMean, 1.0, 1e-5)?,
         min_owners: owners as u32,
         quorum: owners as u32,
         deadline_unix_ms: now + 3_600_000,
@@ -163,7 +191,6 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
             let (url, study, cts, name) =
                 (url.clone(), study.clone(), Arc::clone(&cts), name.clone());
             tokio::spawn(async move {
-                let mut c = connect(&url, &transport).await.map_err(|e| e.to_string())?;
                 let chunks: Vec<v1::ContributionChunk> = cts
                     .chunks(CIPHERTEXTS_PER_CHUNK)
                     .enumerate()
@@ -183,10 +210,18 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
                         m
                     })
                     .collect();
-                c.contribute(tokio_stream::iter(chunks))
+                // As an owner does: the proxy takes a few handshakes per address at
+                // once and asks the rest to come back; only a refusal is final.
+                let attempt = || async {
+                    let mut c = connect(&url, &transport).await.map_err(Attempt::Connect)?;
+                    c.contribute(tokio_stream::iter(chunks.clone()))
+                        .await
+                        .map(|r| r.into_inner().newly_counted)
+                        .map_err(Attempt::Call)
+                };
+                with_retries(RETRY_FOR, Attempt::transient, attempt)
                     .await
-                    .map(|r| r.into_inner().newly_counted)
-                    .map_err(|s| s.message().to_string())
+                    .map_err(|e| e.to_string())
             })
         })
         .collect();
