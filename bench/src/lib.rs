@@ -25,6 +25,21 @@ pub fn built_programs(packages: &[&str]) -> anyhow::Result<PathBuf> {
     Ok(dir.to_path_buf())
 }
 
+/// As [`built_programs`], built without GMP (every role on num-bigint) into
+/// their own target folder, `target/num-bigint`: the old engine, for a bench to
+/// run beside the new one.
+pub fn built_programs_on_num_bigint(packages: &[&str]) -> anyhow::Result<PathBuf> {
+    let target = workspace_root().join("target").join("num-bigint");
+    let dir = target.join("release");
+    let target_arg = target.to_string_lossy().into_owned();
+    dpca_user::programs::build_programs_with(
+        &dir,
+        packages,
+        &["--no-default-features", "--target-dir", &target_arg],
+    )?;
+    Ok(dir)
+}
+
 /// The program `name` in `dir`.
 pub fn program(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX))

@@ -85,6 +85,12 @@ async fn read_listen_line(child: &mut Child) -> anyhow::Result<String> {
 /// Builds the named workspace packages' binaries into `dir` (a `target/<profile>`
 /// folder) with that folder's profile.
 pub fn build_programs(dir: &Path, packages: &[&str]) -> anyhow::Result<()> {
+    build_programs_with(dir, packages, &[])
+}
+
+/// [`build_programs`] with further cargo arguments (a bench builds the programs
+/// without GMP into their own target folder this way).
+pub fn build_programs_with(dir: &Path, packages: &[&str], extra: &[&str]) -> anyhow::Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     // Variables cargo sets for the running crate (under `cargo test` or `cargo run`)
@@ -114,6 +120,7 @@ pub fn build_programs(dir: &Path, packages: &[&str]) -> anyhow::Result<()> {
     for p in packages {
         cmd.args(["-p", p]);
     }
+    cmd.args(extra);
     match dir.file_name().and_then(|s| s.to_str()) {
         Some("release") => {
             cmd.arg("--release");

@@ -17,7 +17,9 @@
 //!   vector segment one re-randomization; one fixed-base table;
 //! - user: one CRT decryption per released ciphertext and one for N.
 
-use dpca_bench::{built_programs, program, raw_gmp_mulmod, time, workspace_root};
+use dpca_bench::{
+    built_programs, built_programs_on_num_bigint, program, raw_gmp_mulmod, time, workspace_root,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -57,6 +59,10 @@ struct Args {
     /// size); the flag alone skips it.
     #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "10,100,200")]
     memory_owners: Vec<usize>,
+    /// Scenarios also run, at every key size, on the programs built without GMP
+    /// (num-bigint, the old engine) beside the GMP run; the flag alone skips it.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1")]
+    num_bigint_scenarios: Vec<u32>,
     /// Working folder: scenario data, each study's outputs and `study-bench.json`.
     #[arg(long, default_value = "target/bench-study")]
     out: PathBuf,
@@ -478,6 +484,8 @@ struct Output {
     primitives: Vec<Primitives>,
     studies: Vec<Row>,
     speedups: Vec<serde_json::Value>,
+    /// num-bigint's CPU time over GMP's, per role, on the same study.
+    engines: Vec<serde_json::Value>,
     proxy_memory: Vec<serde_json::Value>,
 }
 
@@ -492,7 +500,16 @@ fn main() -> anyhow::Result<()> {
         primitives: Vec::new(),
         studies: Vec::new(),
         speedups: Vec::new(),
+        engines: Vec::new(),
         proxy_memory: Vec::new(),
+    };
+    let pure_bin = if args.num_bigint_scenarios.is_empty() {
+        None
+    } else {
+        Some(program(
+            &built_programs_on_num_bigint(&["user", "proxy", "owner"])?,
+            "user",
+        ))
     };
     for &bits in &args.key_bits {
         let mut keyed = Keyed::new(bits)?;
@@ -521,6 +538,24 @@ fn main() -> anyhow::Result<()> {
                 }));
                 out.studies.push(base_row);
             }
+            if let Some(pure_bin) = pure_bin
+                .as_ref()
+                .filter(|_| args.num_bigint_scenarios.contains(&sc.id))
+            {
+                let dir = args.out.join(format!("s{}-{bits}-num-bigint", sc.id));
+                let report = run_study(pure_bin, sc, bits, false, sc.owners, &dir)?;
+                let mut pure = measure(&mut keyed, sc, &report, sc.owners)?;
+                pure.name = format!("{} (num-bigint)", pure.name);
+                out.engines.push(serde_json::json!({
+                    "scenario": sc.id,
+                    "key_bits": bits,
+                    "owner_cpu": pure.owner_cpu / row.owner_cpu,
+                    "proxy_cpu": pure.proxy_cpu / row.proxy_cpu,
+                    "user_cpu": pure.user_cpu / row.user_cpu,
+                    "total_wall": pure.total_wall / row.total_wall,
+                }));
+                out.studies.push(pure);
+            }
             out.studies.push(row);
             print_table(&out.studies);
         }
@@ -544,6 +579,12 @@ fn main() -> anyhow::Result<()> {
     if !out.speedups.is_empty() {
         println!("\nspeedup of the product over the baseline (same run, same machine):");
         for s in &out.speedups {
+            println!("{s}");
+        }
+    }
+    if !out.engines.is_empty() {
+        println!("\nnum-bigint over GMP, CPU time per role (same study, same run):");
+        for s in &out.engines {
             println!("{s}");
         }
     }
