@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use dpca_common::linalg::centered_scatter;
 use dpca_common::paillier::SecretKey;
 use dpca_common::study::SpecDraft;
-use dpca_proto::v1;
 use dpca_shell::tls::{write_dev_pki, Role, Transport};
+use dpca_tests::sim::fetch_raw;
 use dpca_tests::{
     bin, describe, optdigits, optdigits_draft, preprocess, spawn_proxy, tls_args, try_spawn_proxy,
     write_slice, Proc,
@@ -46,25 +46,6 @@ fn kill_and_restart(proxy: &mut Proc, pki: &dpca_shell::tls::DevPki, state: &Pat
         assert!(attempt < 50, "proxy did not come back on {addr}");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// Every ciphertext of the release, as served.
-async fn fetch_raw(
-    client: &mut v1::proxy_client::ProxyClient<tonic::transport::Channel>,
-    study: &str,
-) -> Vec<Vec<u8>> {
-    let mut stream = client
-        .fetch_result(v1::FetchResultRequest {
-            study_id: study.to_string(),
-        })
-        .await
-        .expect("fetch after restart")
-        .into_inner();
-    let mut out = Vec::new();
-    while let Some(chunk) = stream.message().await.expect("result stream") {
-        out.extend(chunk.ciphertexts);
-    }
-    out
 }
 
 #[test]
@@ -180,7 +161,7 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
         let collected = dpca_user::session::collect(&mut c, &user, &sk, &spec, &study)
             .await
             .expect("collect after restarts");
-        (collected, fetch_raw(&mut c, &study).await)
+        (collected, fetch_raw(&mut c, &study).await.expect("fetch"))
     });
     while kills < KILLS {
         kill_and_restart(&mut proxy, &pki, &state, &addr);
@@ -189,7 +170,9 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
             let mut c = dpca_shell::client::connect(&url, &user)
                 .await
                 .expect("connect");
-            fetch_raw(&mut c, &study).await
+            fetch_raw(&mut c, &study)
+                .await
+                .expect("fetch after restart")
         });
         assert!(again == first, "the release changed across a restart");
     }
