@@ -14,6 +14,19 @@
 use num_bigint::BigUint;
 use num_traits::{One, Zero};
 
+/// A residue held in its ring's engine, converted once: a table of values that
+/// many products read (the randomizer's fixed-base windows) pays no conversion
+/// per use.
+#[derive(Clone)]
+pub struct Elem(ElemRepr);
+
+#[derive(Clone)]
+enum ElemRepr {
+    NumBigint(BigUint),
+    #[cfg(feature = "gmp")]
+    Gmp(rug::Integer),
+}
+
 /// Integers modulo `m`, on the fastest engine this build has.
 #[derive(Clone)]
 pub struct ModRing {
@@ -93,6 +106,33 @@ impl ModRing {
         }
     }
 
+    /// `x` held in this ring's engine.
+    pub fn elem(&self, x: &BigUint) -> Elem {
+        match &self.engine {
+            Engine::NumBigint => Elem(ElemRepr::NumBigint(x.clone())),
+            #[cfg(feature = "gmp")]
+            Engine::Gmp(_) => Elem(ElemRepr::Gmp(gmp::from_big(x))),
+        }
+    }
+
+    /// The product of `factors` mod m (1 for none), converted out once.
+    pub fn product<'a>(&self, factors: impl IntoIterator<Item = &'a Elem>) -> BigUint {
+        match &self.engine {
+            Engine::NumBigint => factors
+                .into_iter()
+                .fold(BigUint::one() % &self.m, |acc, f| {
+                    let f = match &f.0 {
+                        ElemRepr::NumBigint(x) => std::borrow::Cow::Borrowed(x),
+                        #[cfg(feature = "gmp")]
+                        ElemRepr::Gmp(x) => std::borrow::Cow::Owned(gmp::to_big(x)),
+                    };
+                    (acc * f.as_ref()) % &self.m
+                }),
+            #[cfg(feature = "gmp")]
+            Engine::Gmp(m) => gmp::product(factors.into_iter().map(|f| &f.0), m),
+        }
+    }
+
     /// base^exp mod m, in time that may depend on `exp` (a public exponent).
     pub fn pow(&self, base: &BigUint, exp: &BigUint) -> BigUint {
         match &self.engine {
@@ -130,8 +170,23 @@ mod gmp {
         Integer::from_digits(&x.to_u64_digits(), Order::Lsf)
     }
 
-    fn to_big(x: &Integer) -> BigUint {
+    pub(super) fn to_big(x: &Integer) -> BigUint {
         BigUint::new(x.to_digits::<u32>(Order::Lsf))
+    }
+
+    pub(super) fn product<'a>(
+        factors: impl Iterator<Item = &'a super::ElemRepr>,
+        m: &Integer,
+    ) -> BigUint {
+        let mut acc = Integer::from(1) % m;
+        for f in factors {
+            match f {
+                super::ElemRepr::Gmp(x) => acc *= x,
+                super::ElemRepr::NumBigint(x) => acc *= from_big(x),
+            }
+            acc %= m;
+        }
+        to_big(&acc)
     }
 
     pub(super) fn mul(a: &BigUint, b: &BigUint, m: &Integer) -> BigUint {
@@ -211,6 +266,10 @@ mod tests {
             prop_assert_eq!(fast.mul(&a, &b), pure.mul(&a, &b));
             prop_assert_eq!(fast.pow(&a, &e), pure.pow(&a, &e));
             prop_assert_eq!(fast.pow_secret(&a, &e), pure.pow_secret(&a, &e));
+            let elems = [fast.elem(&a), fast.elem(&b), fast.elem(&e)];
+            let expected = pure.mul(&pure.mul(&a, &b), &e);
+            prop_assert_eq!(fast.product(&elems), expected);
+            prop_assert_eq!(fast.product([]), BigUint::one() % pure.modulus());
         }
     }
 }

@@ -28,6 +28,7 @@ use num_traits::One;
 use rand::{CryptoRng, RngCore};
 use rayon::prelude::*;
 
+use crate::arith::Elem;
 use crate::paillier::{random_unit, Ciphertext, PaillierError, PublicKey};
 
 /// Bits of the short exponent a.
@@ -37,8 +38,8 @@ pub const EXPONENT_BITS: usize = 448;
 pub struct Randomizer {
     pk: PublicKey,
     window_bits: usize,
-    /// table[i][d] = h_s^(d 2^(w i)), d in 0..2^w.
-    table: Vec<Vec<BigUint>>,
+    /// table[i][d] = h_s^(d 2^(w i)), d in 0..2^w, held in the key's engine.
+    table: Vec<Vec<Elem>>,
 }
 
 impl std::fmt::Debug for Randomizer {
@@ -95,7 +96,7 @@ impl Randomizer {
                 let mut row = Vec::with_capacity(1 << w);
                 let mut cur = BigUint::one();
                 for _ in 0..(1usize << w) {
-                    row.push(cur.clone());
+                    row.push(ring.elem(&cur));
                     cur = ring.mul(&cur, g);
                 }
                 row
@@ -110,25 +111,17 @@ impl Randomizer {
 
     /// h_s^a mod n^2 for an exponent a < 2^EXPONENT_BITS (higher bits are ignored).
     pub fn power(&self, a: &BigUint) -> BigUint {
-        let ring = self.pk.ring();
         let w = self.window_bits;
-        let mut acc: Option<BigUint> = None;
-        for (i, row) in self.table.iter().enumerate() {
+        let digits = self.table.iter().enumerate().filter_map(|(i, row)| {
             let mut d = 0usize;
             for b in 0..w {
                 if a.bit((i * w + b) as u64) {
                     d |= 1 << b;
                 }
             }
-            if d == 0 {
-                continue;
-            }
-            acc = Some(match acc {
-                None => row[d].clone(),
-                Some(x) => ring.mul(&x, &row[d]),
-            });
-        }
-        acc.unwrap_or_else(BigUint::one)
+            (d != 0).then(|| &row[d])
+        });
+        self.pk.ring().product(digits)
     }
 
     /// A fresh randomizer h_s^a with a uniform a < 2^EXPONENT_BITS.
