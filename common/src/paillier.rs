@@ -62,11 +62,11 @@ pub struct Opening {
     pub root: BigUint,
 }
 
-/// A Paillier public key (the modulus n and its square, with the arithmetic mod n^2).
+/// A Paillier public key: the modulus n, and the arithmetic mod n^2 (which holds
+/// n^2).
 #[derive(Clone, PartialEq, Eq)]
 pub struct PublicKey {
     n: BigUint,
-    n2: BigUint,
     ring: ModRing,
 }
 
@@ -150,11 +150,9 @@ impl PublicKey {
     }
 
     fn of_modulus(n: BigUint) -> Self {
-        let n2 = &n * &n;
         Self {
-            ring: ModRing::new(n2.clone()),
+            ring: ModRing::new(&n * &n),
             n,
-            n2,
         }
     }
 
@@ -167,7 +165,7 @@ impl PublicKey {
     /// bench measures both engines in one run.
     pub fn on_num_bigint(&self) -> Self {
         Self {
-            ring: ModRing::num_bigint(self.n2.clone()),
+            ring: ModRing::num_bigint(self.n_squared().clone()),
             ..self.clone()
         }
     }
@@ -189,7 +187,7 @@ impl PublicKey {
 
     /// n^2, the ciphertext modulus.
     pub fn n_squared(&self) -> &BigUint {
-        &self.n2
+        self.ring.modulus()
     }
 
     /// Size of n in bits.
@@ -199,7 +197,7 @@ impl PublicKey {
 
     /// Bytes of one serialized ciphertext (fixed width, big-endian).
     pub fn ciphertext_bytes(&self) -> usize {
-        self.n2.bits().div_ceil(8) as usize
+        self.n_squared().bits().div_ceil(8) as usize
     }
 
     /// SHA-256 of the big-endian modulus, hex. Owners pin the user's key by this value,
@@ -224,7 +222,7 @@ impl PublicKey {
     /// The deterministic "encryption" 1 + m n of a plaintext residue m, with no
     /// randomness. Multiplying a ciphertext by it adds m; it is never sent alone.
     pub fn plaintext_term(&self, m: &BigUint) -> BigUint {
-        (BigUint::one() + (m % &self.n) * &self.n) % &self.n2
+        (BigUint::one() + (m % &self.n) * &self.n) % self.n_squared()
     }
 
     /// r^n mod n^2 for a fresh uniform r in Z*_n: the randomizer of one encryption.
@@ -290,7 +288,7 @@ impl PublicKey {
         let window = window.clamp(1, PowerTable::MAX_WINDOW);
         let mut powers = Vec::with_capacity(1 << window);
         powers.push(BigUint::one());
-        powers.push(&a.0 % &self.n2);
+        powers.push(&a.0 % self.n_squared());
         for d in 2..(1usize << window) {
             let next = self.ring.mul(&powers[d - 1], &powers[1]);
             powers.push(next);
@@ -426,7 +424,7 @@ impl PublicKey {
                 reason: "zero",
             });
         }
-        if c >= &self.n2 {
+        if c >= self.n_squared() {
             return Err(PaillierError::BadCiphertext {
                 index,
                 reason: "not below n^2",
