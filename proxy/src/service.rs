@@ -922,22 +922,28 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_noise_free_study_is_not_served_by_a_proxy_restarted_out_of_test_mode() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("state.redb");
+    /// Stores the test study `s1` (quorum 2, minimum 1) with this deadline at `path`,
+    /// as a proxy that held it would have.
+    fn store_study(path: &std::path::Path, deadline_unix_ms: u64, noise_free: bool) {
         let mut s = study(2, 1);
-        s.noise_free = true;
+        s.noise_free = noise_free;
         s.spec = SpecDraft {
-            deadline_unix_ms: u64::MAX,
+            deadline_unix_ms,
             ..s.spec.to_draft()
         }
         .validate()
         .expect("spec");
-        Store::open(&path)
+        Store::open(path)
             .expect("store")
             .save_with_budget(&s, None)
             .expect("save");
+    }
+
+    #[test]
+    fn a_noise_free_study_is_not_served_by_a_proxy_restarted_out_of_test_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        store_study(&path, u64::MAX, true);
         let phase = |svc: &ProxyService| {
             rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
                 .expect("study")
@@ -973,17 +979,7 @@ mod tests {
     fn a_deadline_passes_on_the_injected_clock_without_a_real_wait() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
-        let mut s = study(2, 1);
-        s.spec = SpecDraft {
-            deadline_unix_ms: 70_000,
-            ..s.spec.to_draft()
-        }
-        .validate()
-        .expect("spec");
-        Store::open(&path)
-            .expect("store")
-            .save_with_budget(&s, None)
-            .expect("save");
+        store_study(&path, 70_000, false);
         let clock = Arc::new(crate::world::ManualClock::at(10_000));
         let svc = ProxyService::new(ProxyConfig {
             clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
