@@ -186,11 +186,9 @@ fn pki() -> &'static DevPki {
     pki
 }
 
+/// The transport of the simulated user or owner `name`.
 fn transport(name: &str, role: Role) -> Transport {
-    let files = match role {
-        Role::Proxy => &pki().operator,
-        _ => pki().files(name).expect("a simulated party's certificate"),
-    };
+    let files = pki().files(name).expect("a simulated party's certificate");
     Transport::Tls(Arc::new(files.load(role).expect("certificate loads")))
 }
 
@@ -501,7 +499,15 @@ impl Sim {
     /// operator reads it, against the model's.
     fn check(&mut self) {
         let status = self.rt.block_on(async {
-            let mut op = self.client("operator", Role::Proxy).await;
+            // The proxy's operator: a `dpca-proxy` client certificate.
+            let operator = pki()
+                .operator
+                .load(Role::Proxy)
+                .expect("operator certificate");
+            let mut op =
+                dpca_shell::client::connect(&self.url(), &Transport::Tls(Arc::new(operator)))
+                    .await
+                    .expect("connect");
             op.status(v1::StatusRequest {})
                 .await
                 .expect("status")
