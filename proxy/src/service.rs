@@ -148,7 +148,9 @@ impl ProxyService {
             next.keep_signed_count(&up.owner, count.clone())
                 .map_err(Refusal::Internal)?;
         }
-        self.persist(&next, charged.as_ref().map(|b| (up.owner.as_str(), b)))?;
+        if outcome == ContributionOutcome::Counted {
+            self.persist_contribution(&next, &up.owner, cts, charged.as_ref())?;
+        }
         let owners_in = next.owners_in().len();
         *study = next;
         if let Some(b) = charged {
@@ -157,14 +159,27 @@ impl ProxyService {
         Ok((outcome, owners_in, budgets.get(&up.owner).cloned()))
     }
 
-    /// Writes a study's record (and an owner's budget, in the same transaction);
-    /// an error means the transition did not happen.
-    fn persist(&self, study: &Study, budget: Option<(&str, &OwnerBudget)>) -> Result<(), Refusal> {
+    /// Writes a study's record; an error means the transition did not happen.
+    fn persist(&self, study: &Study) -> Result<(), Refusal> {
         match &self.store {
-            Some(store) => store.save_with_budget(study, budget).map_err(|e| {
-                tracing::error!(study = %study.id, error = %e, "state not stored");
-                Refusal::Unavailable(format!("the proxy could not store the study: {e}"))
-            }),
+            Some(store) => store.save_study(study).map_err(|e| not_stored(study, e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a counted contribution with its owner's charged budget, in one
+    /// transaction; an error means it was not counted.
+    fn persist_contribution(
+        &self,
+        study: &Study,
+        owner: &str,
+        cts: &[Ciphertext],
+        budget: Option<&OwnerBudget>,
+    ) -> Result<(), Refusal> {
+        match &self.store {
+            Some(store) => store
+                .save_contribution(study, owner, cts, budget.map(|b| (owner, b)))
+                .map_err(|e| not_stored(study, e)),
             None => Ok(()),
         }
     }
@@ -183,7 +198,7 @@ impl ProxyService {
             study.tick(svc.config.clock.now_ms());
             let mut next = study.clone();
             let out = f(&mut next)?;
-            svc.persist(&next, None)?;
+            svc.persist(&next)?;
             *study = next;
             Ok(out)
         })
@@ -515,6 +530,11 @@ struct UploadSlot {
 }
 
 /// Runs CPU- or disk-bound work off the async runtime.
+fn not_stored(study: &Study, e: StoreError) -> Refusal {
+    tracing::error!(study = %study.id, error = %e, "state not stored");
+    Refusal::Unavailable(format!("the proxy could not store the study: {e}"))
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
 ) -> Result<T, Refusal> {
@@ -601,7 +621,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         study.opened_by = peer.map(|p| p.name);
         let svc = self.clone();
         blocking(move || {
-            svc.persist(&study, None)?;
+            svc.persist(&study)?;
             svc.table()?
                 .insert(study.id.clone(), Arc::new(AsyncMutex::new(study)));
             Ok(())
@@ -935,7 +955,7 @@ mod tests {
         .expect("spec");
         Store::open(path)
             .expect("store")
-            .save_with_budget(&s, None)
+            .save_study(&s)
             .expect("save");
     }
 

@@ -1,40 +1,73 @@
-//! The proxy's durable state: one redb database file holding one record per study
-//! (spec, who opened it, the owners counted with their contribution ids, the running
-//! aggregate, the phase and the release).
+//! The proxy's durable state: one redb database file. A study is a record (spec,
+//! who opened it, phase, release), one row per counted owner (its contribution id
+//! and signed count), and its aggregate: the running product as of the last
+//! checkpoint, plus the ciphertexts of the contributions counted since, each kept
+//! as it arrived until the next checkpoint multiplies it in.
 //!
 //! Every transition is written in one transaction and committed with
 //! `Durability::Immediate` (fsync) *before* the service answers, so an acknowledged
-//! contribution survives a SIGKILL at any moment, and the contributors and the
-//! aggregate are written together, so a contribution is never counted twice: after
-//! a restart its retry is recognised by its contribution id. A release is stored
-//! before it is served, so a restart serves the same noise rather than fresh noise
-//! (which would let the user average two releases). Deadline transitions are not
-//! stored: they follow from the stored contributors and the spec's deadline, and
-//! are re-applied on load.
+//! contribution survives a SIGKILL at any moment. A contribution's row, its
+//! ciphertexts and its owner's budget are written together, and a checkpoint writes
+//! the aggregate, marks the owners it holds and deletes their ciphertexts together,
+//! so after a restart each counted owner is in the aggregate exactly once and its
+//! retry is recognised by its contribution id.
+//!
+//! What one contribution writes stays near its own size, whatever the number of
+//! owners: its ciphertexts, or, every [`CHECKPOINT_EVERY`]th time (and when the
+//! study leaves collecting), the aggregate in their place, which is the same size;
+//! never the whole study. Values are cut into slices just under 64 KiB, because
+//! redb gives a value larger than a page a power-of-two run of pages: one value of
+//! a whole contribution would cost up to twice its size.
+//!
+//! A release is stored before it is served, so a restart serves the same noise
+//! rather than fresh noise (which would let the user average two releases).
+//! Deadline transitions are not stored: they follow from the stored contributors
+//! and the spec's deadline, and are re-applied on load.
 //!
 //! redb locks the file: a second proxy on the same state refuses to start.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use dpca_common::dp::Centering;
-use dpca_common::study::StudyLayout;
+use dpca_common::paillier::{Ciphertext, PublicKey};
+use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::convert::{spec_from_wire, spec_to_wire};
 use dpca_proto::v1;
 use prost::Message;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
 
 use crate::budget::OwnerBudget;
 use crate::study::{release_plan, Phase, Released, SignedCount, Study};
 
-/// Study id -> encoded [`v1::StoredStudy`].
+/// Study id -> encoded [`v1::StoredStudy`], rewritten when the phase changes.
 const STUDIES: TableDefinition<&str, &[u8]> = TableDefinition::new("studies");
+
+/// (study, owner) -> encoded [`v1::StoredContributor`], one per counted owner.
+const CONTRIBUTORS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("contributors");
+
+/// (study, owner, slice) -> ciphertexts of a contribution not yet in the checkpoint.
+const PENDING: TableDefinition<(&str, &str, u32), &[u8]> = TableDefinition::new("pending");
+
+/// (study, slice) -> the aggregate as of the study's last checkpoint.
+const AGGREGATES: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("aggregates");
 
 /// Owner id -> encoded [`v1::StoredBudget`].
 const BUDGETS: TableDefinition<&str, &[u8]> = TableDefinition::new("budgets");
 
 /// The record format this proxy writes and reads.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
+
+/// Contributions of a collecting study stored on their own before a checkpoint
+/// multiplies them into the stored aggregate: a restart re-multiplies at most this
+/// many less one, and the disk holds at most this many contributions per study.
+pub const CHECKPOINT_EVERY: usize = 8;
+
+/// Largest stored value: with its key and the page header it fits 64 KiB of pages.
+const SLICE_BYTES: usize = 63 * 1024;
 
 /// Why the state could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +96,9 @@ pub enum StoreError {
 pub struct Store {
     db: Database,
     path: PathBuf,
+    checkpoint_every: usize,
+    /// Study id -> owners whose ciphertexts are stored but not in the checkpoint.
+    pending: Mutex<HashMap<String, BTreeSet<String>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -74,16 +110,28 @@ impl std::fmt::Debug for Store {
 impl Store {
     /// Opens `path`, creating an empty database if it does not exist.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with(path, CHECKPOINT_EVERY)
+    }
+
+    /// [`Store::open`] with a checkpoint every `checkpoint_every` contributions.
+    pub fn open_with(path: &Path, checkpoint_every: usize) -> Result<Self, StoreError> {
         let db = Database::create(path).map_err(|e| db_error(path, e))?;
         let store = Self {
             db,
             path: path.to_path_buf(),
+            checkpoint_every: checkpoint_every.max(1),
+            pending: Mutex::default(),
         };
-        // Create the table up front so reads of a fresh file find it.
+        // Create the tables up front so reads of a fresh file find them.
         let txn = store.db.begin_write().map_err(|e| store.err(e))?;
         txn.open_table(STUDIES).map_err(|e| store.err(e))?;
+        txn.open_table(CONTRIBUTORS).map_err(|e| store.err(e))?;
+        txn.open_table(PENDING).map_err(|e| store.err(e))?;
+        txn.open_table(AGGREGATES).map_err(|e| store.err(e))?;
         txn.open_table(BUDGETS).map_err(|e| store.err(e))?;
         txn.commit().map_err(|e| store.err(e))?;
+        let pending = store.read_pending_owners()?;
+        *store.lock_pending() = pending;
         Ok(store)
     }
 
@@ -91,21 +139,74 @@ impl Store {
         db_error(&self.path, e)
     }
 
-    /// Writes `study`'s record and, in the same transaction, an owner's budget,
-    /// and waits until both are on disk: a contribution and its charge are stored
-    /// together or not at all.
-    pub fn save_with_budget(
+    fn record_error(&self, key: &str, reason: String) -> StoreError {
+        StoreError::Record {
+            path: self.path.clone(),
+            key: key.to_string(),
+            reason,
+        }
+    }
+
+    /// The pending map; a panic elsewhere while it was held leaves it as the last
+    /// commit left it (it is changed only after a commit), so it is still true.
+    fn lock_pending(&self) -> MutexGuard<'_, HashMap<String, BTreeSet<String>>> {
+        self.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Writes `study`'s record after a transition other than a contribution
+    /// (opened, sealed or aborted by its deadline, released). Leaving collecting,
+    /// it also checkpoints the aggregate: no contribution can follow.
+    pub fn save_study(&self, study: &Study) -> Result<(), StoreError> {
+        let mut pending = self.lock_pending();
+        let waiting = pending.get(&study.id).cloned().unwrap_or_default();
+        let checkpoint = !matches!(study.phase, Phase::Collecting);
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        self.write_record(&txn, study)?;
+        if checkpoint {
+            self.write_checkpoint(&txn, study, &waiting)?;
+        }
+        txn.commit().map_err(|e| self.err(e))?;
+        if checkpoint {
+            pending.remove(&study.id);
+        }
+        Ok(())
+    }
+
+    /// Stores a counted contribution: `study` as it is with `owner` counted (its
+    /// aggregate multiplied by `cts`), and, in the same transaction, the owner's
+    /// charged budget; waits until all of it is on disk. A contribution and its
+    /// charge are stored together or not at all.
+    pub fn save_contribution(
         &self,
         study: &Study,
+        owner: &str,
+        cts: &[Ciphertext],
         budget: Option<(&str, &OwnerBudget)>,
     ) -> Result<(), StoreError> {
-        let bytes = to_record(study).encode_to_vec();
+        let mut pending = self.lock_pending();
+        let waiting = pending.get(&study.id).cloned().unwrap_or_default();
+        let checkpoint =
+            waiting.len() + 1 >= self.checkpoint_every || !matches!(study.phase, Phase::Collecting);
+        let id = study.id.as_str();
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         {
-            let mut table = txn.open_table(STUDIES).map_err(|e| self.err(e))?;
-            table
-                .insert(study.id.as_str(), bytes.as_slice())
+            let mut rows = txn.open_table(CONTRIBUTORS).map_err(|e| self.err(e))?;
+            let row = contributor_row(study, owner, !checkpoint).encode_to_vec();
+            rows.insert((id, owner), row.as_slice())
                 .map_err(|e| self.err(e))?;
+        }
+        if checkpoint {
+            self.write_record(&txn, study)?;
+            self.write_checkpoint(&txn, study, &waiting)?;
+        } else {
+            let mut table = txn.open_table(PENDING).map_err(|e| self.err(e))?;
+            for (i, slice) in slices(&study.spec.public_key, cts).iter().enumerate() {
+                table
+                    .insert((id, owner, i as u32), slice.as_slice())
+                    .map_err(|e| self.err(e))?;
+            }
         }
         if let Some((owner, b)) = budget {
             let rec = budget_to_record(b).encode_to_vec();
@@ -114,51 +215,206 @@ impl Store {
                 .insert(owner, rec.as_slice())
                 .map_err(|e| self.err(e))?;
         }
-        txn.commit().map_err(|e| self.err(e))
+        txn.commit().map_err(|e| self.err(e))?;
+        if checkpoint {
+            pending.remove(id);
+        } else {
+            pending
+                .entry(id.to_string())
+                .or_default()
+                .insert(owner.to_string());
+        }
+        Ok(())
+    }
+
+    fn write_record(&self, txn: &WriteTransaction, study: &Study) -> Result<(), StoreError> {
+        let bytes = to_record(study).encode_to_vec();
+        let mut table = txn.open_table(STUDIES).map_err(|e| self.err(e))?;
+        table
+            .insert(study.id.as_str(), bytes.as_slice())
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Replaces the stored aggregate by `study`'s, which holds the `waiting`
+    /// owners' contributions: their rows are marked folded and their ciphertexts
+    /// deleted, in the caller's transaction.
+    fn write_checkpoint(
+        &self,
+        txn: &WriteTransaction,
+        study: &Study,
+        waiting: &BTreeSet<String>,
+    ) -> Result<(), StoreError> {
+        let id = study.id.as_str();
+        let mut aggregates = txn.open_table(AGGREGATES).map_err(|e| self.err(e))?;
+        aggregates
+            .retain_in((id, 0)..=(id, u32::MAX), |_, _| false)
+            .map_err(|e| self.err(e))?;
+        for (i, slice) in slices(&study.spec.public_key, study.aggregate())
+            .iter()
+            .enumerate()
+        {
+            aggregates
+                .insert((id, i as u32), slice.as_slice())
+                .map_err(|e| self.err(e))?;
+        }
+        let mut pending = txn.open_table(PENDING).map_err(|e| self.err(e))?;
+        let mut rows = txn.open_table(CONTRIBUTORS).map_err(|e| self.err(e))?;
+        for owner in waiting {
+            let o = owner.as_str();
+            pending
+                .retain_in((id, o, 0)..=(id, o, u32::MAX), |_, _| false)
+                .map_err(|e| self.err(e))?;
+            let row = contributor_row(study, owner, false).encode_to_vec();
+            rows.insert((id, o), row.as_slice())
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(())
     }
 
     /// Every owner's stored budget.
     pub fn load_budgets(&self) -> Result<HashMap<String, OwnerBudget>, StoreError> {
-        Ok(self
-            .read_table(BUDGETS, |_, bytes| {
-                v1::StoredBudget::decode(bytes)
-                    .map(budget_from_record)
-                    .map_err(|e| format!("undecodable budget record: {e}"))
-            })?
-            .into_iter()
-            .collect())
-    }
-
-    /// Every stored study, validated as on first arrival.
-    pub fn load_all(&self) -> Result<Vec<Study>, StoreError> {
-        Ok(self
-            .read_table(STUDIES, from_record)?
-            .into_iter()
-            .map(|(_, study)| study)
-            .collect())
-    }
-
-    /// Every entry of `def`, decoded by `decode(key, bytes)`; the first record that
-    /// does not decode stops the load, named by its key.
-    fn read_table<T>(
-        &self,
-        def: TableDefinition<&str, &[u8]>,
-        decode: impl Fn(&str, &[u8]) -> Result<T, String>,
-    ) -> Result<Vec<(String, T)>, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
-        let table = txn.open_table(def).map_err(|e| self.err(e))?;
+        let table = txn.open_table(BUDGETS).map_err(|e| self.err(e))?;
+        let mut out = HashMap::new();
+        for entry in table.iter().map_err(|e| self.err(e))? {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            let key = key.value().to_string();
+            let rec = v1::StoredBudget::decode(value.value())
+                .map_err(|e| self.record_error(&key, format!("undecodable budget record: {e}")))?;
+            out.insert(key, budget_from_record(rec));
+        }
+        Ok(out)
+    }
+
+    /// Every stored study, validated as on first arrival, its aggregate rebuilt
+    /// from the checkpoint and the contributions stored since.
+    pub fn load_all(&self) -> Result<Vec<Study>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(STUDIES).map_err(|e| self.err(e))?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(|e| self.err(e))? {
             let (key, value) = entry.map_err(|e| self.err(e))?;
             let key = key.value().to_string();
-            let item = decode(&key, value.value()).map_err(|reason| StoreError::Record {
-                path: self.path.clone(),
-                key: key.clone(),
-                reason,
-            })?;
-            out.push((key, item));
+            let parts = self.read_parts(&txn, &key)?;
+            let study = from_record(&key, value.value(), parts)
+                .map_err(|reason| self.record_error(&key, reason))?;
+            out.push(study);
         }
         Ok(out)
+    }
+
+    /// A study's rows besides its record, as stored.
+    fn read_parts(&self, txn: &ReadTransaction, id: &str) -> Result<StoredParts, StoreError> {
+        let rows = txn.open_table(CONTRIBUTORS).map_err(|e| self.err(e))?;
+        let mut contributors = Vec::new();
+        for entry in rows.range((id, "")..).map_err(|e| self.err(e))? {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            if key.value().0 != id {
+                break;
+            }
+            let row = v1::StoredContributor::decode(value.value())
+                .map_err(|e| self.record_error(id, format!("undecodable contributor row: {e}")))?;
+            contributors.push(row);
+        }
+        let aggregates = txn.open_table(AGGREGATES).map_err(|e| self.err(e))?;
+        let mut checkpoint = Vec::new();
+        for entry in aggregates
+            .range((id, 0)..=(id, u32::MAX))
+            .map_err(|e| self.err(e))?
+        {
+            checkpoint.extend_from_slice(entry.map_err(|e| self.err(e))?.1.value());
+        }
+        let table = txn.open_table(PENDING).map_err(|e| self.err(e))?;
+        let mut pending = BTreeMap::new();
+        for row in contributors.iter().filter(|r| r.pending) {
+            let o = row.owner_id.as_str();
+            let mut bytes = Vec::new();
+            for entry in table
+                .range((id, o, 0)..=(id, o, u32::MAX))
+                .map_err(|e| self.err(e))?
+            {
+                bytes.extend_from_slice(entry.map_err(|e| self.err(e))?.1.value());
+            }
+            pending.insert(row.owner_id.clone(), bytes);
+        }
+        Ok(StoredParts {
+            contributors,
+            checkpoint,
+            pending,
+        })
+    }
+
+    /// Study id -> owners whose rows say their ciphertexts are pending.
+    fn read_pending_owners(&self) -> Result<HashMap<String, BTreeSet<String>>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let rows = txn.open_table(CONTRIBUTORS).map_err(|e| self.err(e))?;
+        let mut out: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for entry in rows.iter().map_err(|e| self.err(e))? {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            let (study, owner) = key.value();
+            let row = v1::StoredContributor::decode(value.value()).map_err(|e| {
+                self.record_error(study, format!("undecodable contributor row: {e}"))
+            })?;
+            if row.pending {
+                out.entry(study.to_string())
+                    .or_default()
+                    .insert(owner.to_string());
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A study's stored rows besides its record: what [`from_record`] rebuilds it from.
+#[derive(Debug, Default)]
+pub struct StoredParts {
+    /// One row per counted owner.
+    pub contributors: Vec<v1::StoredContributor>,
+    /// The checkpointed aggregate, its slices concatenated (empty before the first).
+    pub checkpoint: Vec<u8>,
+    /// Owner -> its pending contribution, slices concatenated.
+    pub pending: BTreeMap<String, Vec<u8>>,
+}
+
+/// `cts` as fixed-width bytes, cut into values of at most [`SLICE_BYTES`].
+fn slices(pk: &PublicKey, cts: &[Ciphertext]) -> Vec<Vec<u8>> {
+    let width = pk.ciphertext_bytes();
+    let per_slice = (SLICE_BYTES / width).max(1);
+    cts.chunks(per_slice)
+        .map(|part| {
+            let mut bytes = Vec::with_capacity(part.len() * width);
+            for c in part {
+                bytes.extend_from_slice(&pk.ciphertext_to_bytes(c));
+            }
+            bytes
+        })
+        .collect()
+}
+
+/// Ciphertexts stored by [`slices`], each checked to be in Z*_(n^2).
+fn from_slices(pk: &PublicKey, bytes: &[u8], what: &str) -> Result<Vec<Ciphertext>, String> {
+    let width = pk.ciphertext_bytes();
+    if !bytes.len().is_multiple_of(width) {
+        return Err(format!(
+            "{what}: {} bytes, not a whole number of {width}-byte ciphertexts",
+            bytes.len()
+        ));
+    }
+    let each: Vec<&[u8]> = bytes.chunks(width).collect();
+    pk.ciphertexts_from_bytes(&each, 0)
+        .map_err(|e| format!("{what}: {e}"))
+}
+
+fn contributor_row(study: &Study, owner: &str, pending: bool) -> v1::StoredContributor {
+    v1::StoredContributor {
+        owner_id: owner.to_string(),
+        contribution_id: study.contributors().get(owner).cloned().unwrap_or_default(),
+        count: study
+            .signed_counts()
+            .get(owner)
+            .map(|sc| signed_count_to_wire(owner, sc)),
+        pending,
     }
 }
 
@@ -189,31 +445,15 @@ fn budget_from_record(rec: v1::StoredBudget) -> OwnerBudget {
     }
 }
 
-/// The durable record of a study.
+/// The durable record of a study (its rows and aggregate are stored on their own).
 pub fn to_record(study: &Study) -> v1::StoredStudy {
     let pk = &study.spec.public_key;
-    let bytes = |cts: &[dpca_common::paillier::Ciphertext]| {
-        cts.iter().map(|c| pk.ciphertext_to_bytes(c)).collect()
-    };
     let mut rec = v1::StoredStudy {
         format: FORMAT,
         study_id: study.id.clone(),
         spec: Some(spec_to_wire(&study.spec)),
         noise_free: study.noise_free,
         opened_by: study.opened_by.clone().unwrap_or_default(),
-        contributors: study
-            .contributors()
-            .iter()
-            .map(|(o, c)| v1::StoredContributor {
-                owner_id: o.clone(),
-                contribution_id: c.clone(),
-                count: study
-                    .signed_counts()
-                    .get(o)
-                    .map(|sc| signed_count_to_wire(o, sc)),
-            })
-            .collect(),
-        aggregate: bytes(study.aggregate()),
         phase: study.phase.name().to_string(),
         ..Default::default()
     };
@@ -221,7 +461,11 @@ pub fn to_record(study: &Study) -> v1::StoredStudy {
         Phase::Aborted(reason) => rec.abort_reason = reason.clone(),
         Phase::Released(r) => {
             rec.released_n_rows = r.n_rows.unwrap_or(0);
-            rec.released = bytes(&r.ciphertexts);
+            rec.released = r
+                .ciphertexts
+                .iter()
+                .map(|c| pk.ciphertext_to_bytes(c))
+                .collect();
         }
         Phase::Collecting | Phase::Sealed => {}
     }
@@ -246,13 +490,16 @@ fn signed_count_from_wire(c: &v1::SignedCount) -> SignedCount {
     }
 }
 
-/// A study from its record, checked as the wire edge checks what arrives: the spec
-/// is validated, every ciphertext is in Z*_(n^2), sizes fit the layout.
-pub fn from_record(key: &str, bytes: &[u8]) -> Result<Study, String> {
+/// A study from its record and rows, checked as the wire edge checks what arrives:
+/// the spec is validated, every ciphertext is in Z*_(n^2), sizes fit the layout,
+/// and every counted owner is in the aggregate exactly once (folded at a checkpoint
+/// or pending, never both).
+pub fn from_record(key: &str, bytes: &[u8], parts: StoredParts) -> Result<Study, String> {
     let rec = v1::StoredStudy::decode(bytes).map_err(|e| format!("undecodable record: {e}"))?;
     if rec.format != FORMAT {
         return Err(format!(
-            "record format {} (this proxy reads {FORMAT})",
+            "record format {} (this proxy reads {FORMAT}; finish this study with the \
+             proxy version that opened it)",
             rec.format
         ));
     }
@@ -262,12 +509,8 @@ pub fn from_record(key: &str, bytes: &[u8]) -> Result<Study, String> {
     let wire = rec.spec.as_ref().ok_or("record without a spec")?;
     let spec = spec_from_wire(wire).map_err(|e| format!("spec: {e}"))?;
     let layout = StudyLayout::new(&spec).map_err(|e| format!("layout: {e}"))?;
-    let pk = spec.public_key.clone();
-    let aggregate = pk
-        .ciphertexts_from_bytes(&rec.aggregate, 0)
-        .map_err(|e| format!("aggregate: {e}"))?;
     let mut contributors = BTreeMap::new();
-    for c in &rec.contributors {
+    for c in &parts.contributors {
         if contributors
             .insert(c.owner_id.clone(), c.contribution_id.clone())
             .is_some()
@@ -275,32 +518,8 @@ pub fn from_record(key: &str, bytes: &[u8]) -> Result<Study, String> {
             return Err(format!("owner `{}` stored twice", c.owner_id));
         }
     }
-    let phase = match rec.phase.as_str() {
-        "collecting" => Phase::Collecting,
-        "sealed" => Phase::Sealed,
-        "aborted" => Phase::Aborted(rec.abort_reason.clone()),
-        "released" => {
-            let ciphertexts = pk
-                .ciphertexts_from_bytes(&rec.released, 0)
-                .map_err(|e| format!("release: {e}"))?;
-            // N is stored exactly where the noise was calibrated to it (`mask`).
-            // (Records written before N stayed with the user hold it for `dp-mean`
-            // too: nothing of that release depends on it, so it is dropped.)
-            let n_rows = match spec.privacy.centering {
-                Centering::Mask if rec.released_n_rows > 0 => Some(rec.released_n_rows),
-                Centering::Mask => return Err("a mask release without its N".into()),
-                Centering::DpMean => None,
-            };
-            Phase::Released(Box::new(Released {
-                n_rows,
-                // A function of the spec and N: recomputed, not stored.
-                plan: release_plan(&spec, rec.noise_free, n_rows),
-                ciphertexts,
-                owners: contributors.keys().cloned().collect(),
-            }))
-        }
-        other => return Err(format!("unknown phase `{other}`")),
-    };
+    let phase = phase_from_record(&rec, &spec, &contributors)?;
+    let aggregate = rebuild_aggregate(&spec, &layout, &phase, &parts)?;
     let opened_by = (!rec.opened_by.is_empty()).then(|| rec.opened_by.clone());
     let mut study = Study::restore(
         rec.study_id,
@@ -312,12 +531,91 @@ pub fn from_record(key: &str, bytes: &[u8]) -> Result<Study, String> {
         aggregate,
         phase,
     )?;
-    for c in &rec.contributors {
+    for c in &parts.contributors {
         if let Some(sc) = &c.count {
             study.keep_signed_count(&c.owner_id, signed_count_from_wire(sc))?;
         }
     }
     Ok(study)
+}
+
+fn phase_from_record(
+    rec: &v1::StoredStudy,
+    spec: &StudySpec,
+    contributors: &BTreeMap<String, String>,
+) -> Result<Phase, String> {
+    Ok(match rec.phase.as_str() {
+        "collecting" => Phase::Collecting,
+        "sealed" => Phase::Sealed,
+        "aborted" => Phase::Aborted(rec.abort_reason.clone()),
+        "released" => {
+            let ciphertexts = spec
+                .public_key
+                .ciphertexts_from_bytes(&rec.released, 0)
+                .map_err(|e| format!("release: {e}"))?;
+            // N is stored exactly where the noise was calibrated to it (`mask`).
+            let n_rows = match spec.privacy.centering {
+                Centering::Mask if rec.released_n_rows > 0 => Some(rec.released_n_rows),
+                Centering::Mask => return Err("a mask release without its N".into()),
+                Centering::DpMean => None,
+            };
+            Phase::Released(Box::new(Released {
+                n_rows,
+                // A function of the spec and N: recomputed, not stored.
+                plan: release_plan(spec, rec.noise_free, n_rows),
+                ciphertexts,
+                owners: contributors.keys().cloned().collect(),
+            }))
+        }
+        other => return Err(format!("unknown phase `{other}`")),
+    })
+}
+
+/// The aggregate: the checkpoint (the identity before the first) times every
+/// pending contribution. Pending ciphertexts exist exactly for the rows that say
+/// so, and a study past collecting has none (it checkpointed when it left).
+fn rebuild_aggregate(
+    spec: &StudySpec,
+    layout: &StudyLayout,
+    phase: &Phase,
+    parts: &StoredParts,
+) -> Result<Vec<Ciphertext>, String> {
+    let pk = &spec.public_key;
+    let folded = parts.contributors.iter().filter(|c| !c.pending).count();
+    let mut aggregate = if parts.checkpoint.is_empty() {
+        if folded > 0 {
+            return Err(format!("{folded} owners folded but no stored aggregate"));
+        }
+        Study::identity_aggregate(layout)
+    } else {
+        from_slices(pk, &parts.checkpoint, "aggregate")?
+    };
+    let waiting: Vec<&str> = parts
+        .contributors
+        .iter()
+        .filter(|c| c.pending)
+        .map(|c| c.owner_id.as_str())
+        .collect();
+    if !waiting.is_empty() && !matches!(phase, Phase::Collecting) {
+        return Err(format!(
+            "{} pending contributions past collecting",
+            waiting.len()
+        ));
+    }
+    for (owner, bytes) in &parts.pending {
+        let cts = from_slices(pk, bytes, &format!("pending contribution of `{owner}`"))?;
+        if cts.len() != aggregate.len() {
+            return Err(format!(
+                "pending contribution of `{owner}`: {} ciphertexts, the aggregate has {}",
+                cts.len(),
+                aggregate.len()
+            ));
+        }
+        for (acc, c) in aggregate.iter_mut().zip(&cts) {
+            *acc = pk.add(acc, c);
+        }
+    }
+    Ok(aggregate)
 }
 
 #[cfg(test)]
@@ -339,11 +637,36 @@ mod tests {
             .collect()
     }
 
+    /// Counts `owner` in `s` and stores it as the service does.
+    fn count(store: &Store, s: &mut Study, owner: &str, seed: u64) {
+        let pk = key().public().clone();
+        let cts = contribution(s, seed);
+        s.contribute(owner, owner, &cts, |x, y| pk.add(x, y))
+            .expect("contribute");
+        let signed = SignedCount {
+            ciphertext: pk.ciphertext_to_bytes(&cts[cts.len() - 1]),
+            signature: vec![seed as u8; 70],
+            certificate: vec![seed as u8 + 1; 300],
+        };
+        s.keep_signed_count(owner, signed).expect("counted owner");
+        let b =
+            crate::budget::charge(owner, None, (2.0, 1e-4), &s.id, (1.0, 1e-5)).expect("charge");
+        store
+            .save_contribution(s, owner, &cts, Some((owner, &b)))
+            .expect("save contribution");
+    }
+
+    fn pending_rows(path: &Path) -> usize {
+        let store = Store::open(path).expect("open");
+        let txn = store.db.begin_read().expect("read");
+        let table = txn.open_table(PENDING).expect("pending");
+        table.iter().expect("iter").count()
+    }
+
     #[test]
     fn a_reopened_store_holds_every_transition_it_acknowledged() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
-        let pk = key().public().clone();
         let mut s = study(2, 2);
         s.opened_by = Some("alice".into());
         let (stored, released) = {
@@ -351,27 +674,13 @@ mod tests {
             // A second proxy on the same file is refused while this one runs.
             let err = Store::open(&path).expect_err("second open");
             assert!(err.to_string().contains("state.redb"), "{err}");
-            store.save_with_budget(&s, None).expect("save opened");
-            for (owner, seed) in [("a", 1), ("b", 2)] {
-                let cts = contribution(&s, seed);
-                s.contribute(owner, owner, &cts, |x, y| pk.add(x, y))
-                    .expect("contribute");
-                let signed = SignedCount {
-                    ciphertext: pk.ciphertext_to_bytes(&cts[cts.len() - 1]),
-                    signature: vec![seed as u8; 70],
-                    certificate: vec![seed as u8 + 1; 300],
-                };
-                s.keep_signed_count(owner, signed).expect("counted owner");
-                let b = crate::budget::charge(owner, None, (2.0, 1e-4), "s1", (1.0, 1e-5))
-                    .expect("charge");
-                store
-                    .save_with_budget(&s, Some((owner, &b)))
-                    .expect("save contribution");
-            }
+            store.save_study(&s).expect("save opened");
+            count(&store, &mut s, "a", 1);
+            count(&store, &mut s, "b", 2);
             let mut rng = ChaCha20Rng::seed_from_u64(9);
             let released = s.compute_release(Some(10), &mut rng).expect("release");
             s.commit_release(released.clone()).expect("commit");
-            store.save_with_budget(&s, None).expect("save release");
+            store.save_study(&s).expect("save release");
             (s.clone(), released)
         };
         let store = Store::open(&path).expect("reopen");
@@ -395,29 +704,135 @@ mod tests {
         assert_eq!(r.n_rows, Some(10));
         assert_eq!(r.plan.matrix.std_dev(), released.plan.matrix.std_dev());
         assert_eq!(r.owners, vec!["a".to_string(), "b".to_string()]);
+        drop(store);
+        assert_eq!(
+            pending_rows(&path),
+            0,
+            "a released study keeps no contribution"
+        );
+    }
+
+    /// Whatever the checkpoint interval and wherever the proxy restarts, the
+    /// reloaded aggregate holds every acknowledged contribution exactly once, and
+    /// the disk holds fewer than a checkpoint's worth of contributions.
+    #[test]
+    fn each_acknowledged_owner_is_in_the_reloaded_aggregate_exactly_once() {
+        for every in 1..=4 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("state.redb");
+            let mut s = study(7, 1);
+            Store::open_with(&path, every)
+                .expect("open")
+                .save_study(&s)
+                .expect("save opened");
+            for (i, owner) in ["a", "b", "c", "d", "e", "f", "g"].iter().enumerate() {
+                let store = Store::open_with(&path, every).expect("reopen");
+                let loaded = store.load_all().expect("load");
+                assert_eq!(
+                    loaded[0].aggregate(),
+                    s.aggregate(),
+                    "every {every}, before {owner}"
+                );
+                assert_eq!(loaded[0].contributors(), s.contributors());
+                count(&store, &mut s, owner, i as u64 + 1);
+                drop(store);
+                let slices_each = slices(key().public(), s.aggregate()).len();
+                let waiting = pending_rows(&path) / slices_each;
+                assert!(
+                    waiting < every,
+                    "every {every}: {waiting} contributions pending"
+                );
+            }
+            let loaded = Store::open_with(&path, every)
+                .expect("reopen")
+                .load_all()
+                .expect("load");
+            assert_eq!(loaded[0].phase.name(), "sealed");
+            assert_eq!(
+                loaded[0].aggregate(),
+                s.aggregate(),
+                "every {every}, at the end"
+            );
+            assert_eq!(
+                pending_rows(&path),
+                0,
+                "sealed: everything in the checkpoint"
+            );
+        }
+    }
+
+    #[test]
+    fn stored_values_fit_under_64_kib_and_read_back() {
+        let pk = key().public();
+        let s = study(2, 2);
+        let cts = contribution(&s, 3);
+        let many: Vec<Ciphertext> = cts.iter().cycle().take(300).cloned().collect();
+        let cut = slices(pk, &many);
+        assert!(cut.len() > 1, "300 ciphertexts in one value");
+        assert!(cut.iter().all(|v| v.len() <= SLICE_BYTES));
+        let joined: Vec<u8> = cut.concat();
+        assert_eq!(from_slices(pk, &joined, "x").expect("read back"), many);
+        let err = from_slices(pk, &joined[1..], "aggregate").expect_err("cut short");
+        assert!(err.contains("aggregate"), "{err}");
     }
 
     #[test]
     fn records_that_do_not_fit_their_spec_are_refused_by_name() {
-        let s = study(2, 2);
-        let good = to_record(&s);
-        assert!(from_record("s1", &good.encode_to_vec()).is_ok());
-        let mut short = good.clone();
-        short.aggregate.pop();
-        let err = from_record("s1", &short.encode_to_vec()).expect_err("short aggregate");
+        let pk = key().public().clone();
+        let mut s = study(3, 3);
+        let cts = contribution(&s, 1);
+        s.contribute("a", "a", &cts, |x, y| pk.add(x, y))
+            .expect("contribute");
+        let good = to_record(&s).encode_to_vec();
+        let row = |pending| contributor_row(&s, "a", pending);
+        let folded = || StoredParts {
+            contributors: vec![row(false)],
+            checkpoint: slices(&pk, s.aggregate()).concat(),
+            ..Default::default()
+        };
+        let pending = || StoredParts {
+            contributors: vec![row(true)],
+            pending: [("a".to_string(), slices(&pk, &cts).concat())].into(),
+            ..Default::default()
+        };
+        for parts in [folded(), pending()] {
+            let l = from_record("s1", &good, parts).expect("a good record");
+            assert_eq!(l.aggregate(), s.aggregate());
+        }
+        let mut short = folded();
+        short
+            .checkpoint
+            .truncate(short.checkpoint.len() - pk.ciphertext_bytes());
+        let err = from_record("s1", &good, short).expect_err("short aggregate");
         assert!(err.contains("aggregate"), "{err}");
-        let mut phase = good.clone();
+        let mut lost = folded();
+        lost.checkpoint.clear();
+        let err = from_record("s1", &good, lost).expect_err("no aggregate");
+        assert!(err.contains("no stored aggregate"), "{err}");
+        let mut twice = folded();
+        twice.contributors.push(row(true));
+        let err = from_record("s1", &good, twice).expect_err("owner twice");
+        assert!(err.contains("twice"), "{err}");
+        let mut bad_ct = pending();
+        if let Some(bytes) = bad_ct.pending.get_mut("a") {
+            bytes[..pk.ciphertext_bytes()].fill(0);
+        }
+        let err = from_record("s1", &good, bad_ct).expect_err("zero ciphertext");
+        assert!(err.contains("`a`"), "{err}");
+        let mut sealed = to_record(&s);
+        sealed.phase = "sealed".into();
+        let err = from_record("s1", &sealed.encode_to_vec(), pending()).expect_err("sealed");
+        assert!(err.contains("past collecting"), "{err}");
+        let mut phase = to_record(&s);
         phase.phase = "finished".into();
-        let err = from_record("s1", &phase.encode_to_vec()).expect_err("phase");
+        let err = from_record("s1", &phase.encode_to_vec(), folded()).expect_err("phase");
         assert!(err.contains("finished"), "{err}");
-        let err = from_record("s2", &good.encode_to_vec()).expect_err("key");
+        let err = from_record("s2", &good, folded()).expect_err("key");
         assert!(err.contains("s1"), "{err}");
-        let mut bad_ct = good.clone();
-        bad_ct.aggregate[0] = vec![0u8; bad_ct.aggregate[0].len()];
-        assert!(from_record("s1", &bad_ct.encode_to_vec()).is_err());
-        let mut format = good;
-        format.format = 2;
-        assert!(from_record("s1", &format.encode_to_vec()).is_err());
-        assert!(from_record("s1", b"\xff\xff not a record").is_err());
+        let mut format = to_record(&s);
+        format.format = 1;
+        let err = from_record("s1", &format.encode_to_vec(), folded()).expect_err("format");
+        assert!(err.contains("format 1"), "{err}");
+        assert!(from_record("s1", b"\xff\xff not a record", folded()).is_err());
     }
 }

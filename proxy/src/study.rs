@@ -213,8 +213,7 @@ pub struct Study {
 impl Study {
     /// A new study in `Collecting`.
     pub fn new(id: String, spec: StudySpec, layout: StudyLayout, noise_free: bool) -> Self {
-        // The identity ciphertext 1 = E[0; r = 1]; it is never sent as such.
-        let aggregate = vec![Ciphertext(BigUint::one()); layout.owner_ciphertexts()];
+        let aggregate = Self::identity_aggregate(&layout);
         Self {
             id,
             spec,
@@ -226,6 +225,12 @@ impl Study {
             phase: Phase::Collecting,
             signed_counts: BTreeMap::new(),
         }
+    }
+
+    /// The aggregate of no contribution: the identity ciphertext 1 = E[0; r = 1]
+    /// at every position (it is never sent as such).
+    pub fn identity_aggregate(layout: &StudyLayout) -> Vec<Ciphertext> {
+        vec![Ciphertext(BigUint::one()); layout.owner_ciphertexts()]
     }
 
     /// A study as its durable record describes it; refuses a record whose

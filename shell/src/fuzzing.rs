@@ -87,17 +87,19 @@ pub fn peer_certificate(data: &[u8]) {
     let _ = crate::tls::peer_of(data);
 }
 
-/// A record of the proxy's state database: decoded, its spec validated and its
-/// ciphertexts checked, as `dpca_proxy::store::from_record` does before the
-/// layout checks.
+/// Records of the proxy's state database: a study record decoded, its spec
+/// validated and its release checked, as `dpca_proxy::store` does before the layout
+/// checks; a contributor row decoded; a stored slice of ciphertexts split and checked.
 pub fn stored_study(data: &[u8]) {
     if let Ok(rec) = v1::StoredStudy::decode(data) {
         if let Some(spec) = rec.spec {
             let _ = spec_from_wire(&spec);
         }
-        let _ = fuzz_key().ciphertexts_from_bytes(&rec.aggregate, 0);
         let _ = fuzz_key().ciphertexts_from_bytes(&rec.released, 0);
     }
+    let _ = v1::StoredContributor::decode(data);
+    let key = fuzz_key();
+    let _ = key.ciphertexts_from_bytes(&data.chunks(key.ciphertext_bytes()).collect::<Vec<_>>(), 0);
 }
 
 /// A fuzz target: its name (the folder of its corpus) and its entry point.
