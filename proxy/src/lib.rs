@@ -12,6 +12,7 @@
 
 pub mod access;
 pub mod budget;
+pub mod cell;
 pub mod limits;
 pub mod listener;
 pub mod metrics;

@@ -14,7 +14,7 @@ use dpca_proto::v1;
 use dpca_shell::signed_count;
 use dpca_shell::signed_count::signing_identity;
 use rand::RngCore;
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -22,6 +22,7 @@ use dpca_shell::tls::{peer_of, Peer, Transport};
 
 use crate::access::{permit, Action};
 use crate::budget::{charge, OwnerBudget};
+use crate::cell::{Locked, StudyCell};
 use crate::per_key::{Held, PerKey};
 use crate::refusal::Refusal;
 use crate::store::{signed_count_to_wire, Store, StoreError};
@@ -31,9 +32,8 @@ use crate::ProxyConfig;
 /// How often deadlines are checked and how often a waiting user re-checks.
 const POLL: Duration = Duration::from_millis(50);
 
-/// One study, locked on its own: a fold or a release of one study never holds up
-/// a call on another.
-type SharedStudy = Arc<AsyncMutex<Study>>;
+/// One study, locked on its own, with its view (`crate::cell`).
+type SharedStudy = Arc<StudyCell>;
 
 /// The proxy's gRPC service.
 #[derive(Clone)]
@@ -78,7 +78,7 @@ impl ProxyService {
                         owners_in = study.owners_in().len(),
                         "study restored"
                     );
-                    studies.insert(study.id.clone(), Arc::new(AsyncMutex::new(study)));
+                    studies.insert(study.id.clone(), StudyCell::new(study));
                 }
                 Some(Arc::new(store))
             }
@@ -119,7 +119,7 @@ impl ProxyService {
 
     fn fold(
         &self,
-        mut study: OwnedMutexGuard<Study>,
+        mut study: Locked,
         up: &Upload,
         cts: &[Ciphertext],
     ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Refusal> {
@@ -152,7 +152,7 @@ impl ProxyService {
             self.persist_contribution(&next, &up.owner, cts, charged.as_ref())?;
         }
         let owners_in = next.owners_in().len();
-        *study = next;
+        study.set(next);
         if let Some(b) = charged {
             budgets.insert(up.owner.clone(), b);
         }
@@ -199,7 +199,7 @@ impl ProxyService {
             let mut next = study.clone();
             let out = f(&mut next)?;
             svc.persist(&next)?;
-            *study = next;
+            study.set(next);
             Ok(out)
         })
         .await
@@ -211,11 +211,13 @@ impl ProxyService {
             .map_err(|_| Refusal::Internal("study table poisoned".into()))
     }
 
-    /// Who opened each study that is open now (collecting or sealed).
-    async fn open_studies(&self) -> Result<Vec<Option<String>>, Refusal> {
+    /// Who opened each study that is open now (collecting or sealed), from the
+    /// studies' views: no wait behind a fold.
+    fn open_studies(&self) -> Result<Vec<Option<String>>, Refusal> {
+        let now = self.config.clock.now_ms();
         let mut open = Vec::new();
         for shared in self.all_studies()? {
-            let s = shared.lock().await;
+            let s = shared.view(now);
             if matches!(s.phase, Phase::Collecting | Phase::Sealed) {
                 open.push(s.opened_by.clone());
             }
@@ -228,13 +230,13 @@ impl ProxyService {
         Ok(self.table()?.values().cloned().collect())
     }
 
-    async fn lock_study(&self, id: &str) -> Result<OwnedMutexGuard<Study>, Refusal> {
+    async fn lock_study(&self, id: &str) -> Result<Locked, Refusal> {
         let shared = self
             .table()?
             .get(id)
             .cloned()
             .ok_or_else(|| Refusal::UnknownStudy(id.to_string()))?;
-        Ok(shared.lock_owned().await)
+        Ok(shared.lock().await)
     }
 
     /// Applies deadlines in the background. A study busy with a fold or a release
@@ -254,7 +256,7 @@ impl ProxyService {
                 let now = clock.now_ms();
                 let mut phases = Vec::with_capacity(all.len());
                 for shared in all {
-                    if let Ok(mut s) = shared.try_lock() {
+                    if let Some(mut s) = shared.try_lock() {
                         s.tick(now);
                         phases.push(s.phase.name());
                     }
@@ -610,7 +612,7 @@ impl v1::proxy_server::Proxy for ProxyService {
             .map_err(|e| Refusal::Invalid(e.to_string()))?;
         let opener = peer.as_ref().map(|p| p.name.clone());
         limits
-            .check_open(&self.open_studies().await?, opener.as_deref())
+            .check_open(&self.open_studies()?, opener.as_deref())
             .map_err(|e| Refusal::OverLimit(e.to_string()))?;
         let mut id_bytes = [0u8; 16];
         self.config.entropy.rng().fill_bytes(&mut id_bytes);
@@ -622,8 +624,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         let svc = self.clone();
         blocking(move || {
             svc.persist(&study)?;
-            svc.table()?
-                .insert(study.id.clone(), Arc::new(AsyncMutex::new(study)));
+            svc.table()?.insert(study.id.clone(), StudyCell::new(study));
             Ok(())
         })
         .await?;
@@ -830,12 +831,12 @@ impl v1::proxy_server::Proxy for ProxyService {
             .map(|p| p.name.clone());
         let now = self.config.clock.now_ms();
         let mut studies = Vec::new();
+        // From the studies' views: a status never waits behind a fold.
         for shared in self.all_studies()? {
-            let mut s = shared.lock().await;
+            let s = shared.view(now);
             if only.is_some() && s.opened_by != only {
                 continue;
             }
-            s.tick(now);
             studies.push(v1::StudySummary {
                 study_id: s.id.clone(),
                 state: s.phase.name().to_string(),
@@ -1015,5 +1016,39 @@ mod tests {
         assert_eq!(phase(), "collecting");
         clock.advance(Duration::from_secs(2));
         assert_eq!(phase(), "aborted");
+    }
+
+    /// `status` reads the studies' views: it answers while a study is held by a
+    /// fold or a release (which at M = 1000 take seconds), and shows the deadline.
+    #[test]
+    fn status_answers_while_a_study_is_busy() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        store_study(&path, 70_000, false);
+        let clock = Arc::new(crate::world::ManualClock::at(10_000));
+        let svc = ProxyService::new(ProxyConfig {
+            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
+            ..config(&path, false)
+        })
+        .expect("service");
+        async fn state(svc: &ProxyService) -> String {
+            use v1::proxy_server::Proxy;
+            let call = svc.status(Request::new(v1::StatusRequest::default()));
+            let status = tokio::time::timeout(Duration::from_secs(5), call)
+                .await
+                .expect("status waited for the busy study")
+                .expect("status");
+            status.into_inner().studies[0].state.clone()
+        }
+        rt().block_on(async {
+            let _busy = svc.lock_study("s1").await.expect("lock");
+            assert_eq!(state(&svc).await, "collecting");
+            clock.advance(Duration::from_secs(60));
+            assert_eq!(
+                state(&svc).await,
+                "aborted",
+                "the deadline, applied to the view"
+            );
+        });
     }
 }

@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use dpca_common::dp::Centering;
 use dpca_common::paillier::{Ciphertext, PublicKey};
@@ -559,7 +559,7 @@ fn phase_from_record(
                 Centering::Mask => return Err("a mask release without its N".into()),
                 Centering::DpMean => None,
             };
-            Phase::Released(Box::new(Released {
+            Phase::Released(Arc::new(Released {
                 n_rows,
                 // A function of the spec and N: recomputed, not stored.
                 plan: release_plan(spec, rec.noise_free, n_rows),

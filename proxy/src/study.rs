@@ -12,6 +12,7 @@
 //! a repeated fetch cannot be used to average the noise away.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use dpca_common::dp::{Centering, NoisePlan, NoiseScale};
 use dpca_common::paillier::{Ciphertext, Opening};
@@ -146,7 +147,7 @@ pub enum Phase {
     /// Contributions closed; waiting for the user to reveal N.
     Sealed,
     /// The noised, masked aggregate is ready.
-    Released(Box<Released>),
+    Released(Arc<Released>),
     /// Ended without a result.
     Aborted(String),
 }
@@ -202,8 +203,10 @@ pub struct Study {
     /// Owner id -> contribution id of each counted contribution.
     contributors: BTreeMap<String, String>,
     /// Running ciphertext product of all counted contributions. Its size is the
-    /// layout's, whatever the number of owners; once released, only E[N].
-    aggregate: Vec<Ciphertext>,
+    /// layout's, whatever the number of owners; once released, only E[N]. Shared,
+    /// so a copy of the study (the service's view for `status`, the copy a
+    /// transition is tried on) costs no copy of the aggregate.
+    aggregate: Arc<Vec<Ciphertext>>,
     /// Current phase.
     pub phase: Phase,
     /// Owner id -> its signed E[N_i], for the owners counted (`mask` over TLS).
@@ -213,7 +216,7 @@ pub struct Study {
 impl Study {
     /// A new study in `Collecting`.
     pub fn new(id: String, spec: StudySpec, layout: StudyLayout, noise_free: bool) -> Self {
-        let aggregate = Self::identity_aggregate(&layout);
+        let aggregate = Arc::new(Self::identity_aggregate(&layout));
         Self {
             id,
             spec,
@@ -276,7 +279,7 @@ impl Study {
             noise_free,
             opened_by,
             contributors,
-            aggregate,
+            aggregate: Arc::new(aggregate),
             phase,
             signed_counts: BTreeMap::new(),
         })
@@ -387,18 +390,22 @@ impl Study {
                 got: cts.len(),
             });
         }
-        if self.layout.baseline {
+        let folded = if self.layout.baseline {
             // The paper's way runs on one thread.
-            for (acc, c) in self.aggregate.iter_mut().zip(cts) {
-                *acc = mul(acc, c);
-            }
+            self.aggregate
+                .iter()
+                .zip(cts)
+                .map(|(a, c)| mul(a, c))
+                .collect()
         } else {
             // Positions are independent: one fold uses every core.
             self.aggregate
-                .par_iter_mut()
+                .par_iter()
                 .zip(cts.par_iter())
-                .for_each(|(acc, c)| *acc = mul(acc, c));
-        }
+                .map(|(a, c)| mul(a, c))
+                .collect()
+        };
+        self.aggregate = Arc::new(folded);
         self.contributors
             .insert(owner.to_string(), contribution_id.to_string());
         if self.contributors.len() >= self.spec.quorum as usize {
@@ -540,12 +547,12 @@ impl Study {
                 action: "releasing",
             });
         }
-        self.phase = Phase::Released(Box::new(released));
+        self.phase = Phase::Released(Arc::new(released));
         // The exact aggregate is not needed past the noised release: only E[N] is
         // kept (a user's retried AwaitSeal reads it), so whoever later holds the
         // state file and the user's key cannot read the exact R and v.
-        let count = self.aggregate.pop();
-        self.aggregate = count.into_iter().collect();
+        let count = self.aggregate.last().cloned();
+        self.aggregate = Arc::new(count.into_iter().collect());
         Ok(())
     }
 }

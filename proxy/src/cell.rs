@@ -1,0 +1,92 @@
+//! One study as the service holds it: under its own lock, so a fold or a release of
+//! one study never holds up a call on another, and beside it its view, the study
+//! as of its last transition, which `status` and the count of open studies read
+//! without waiting behind a fold. The view shares the aggregate (an `Arc`), so it
+//! costs no copy of it.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+
+use crate::study::Study;
+
+/// A study and its view.
+pub struct StudyCell {
+    study: Arc<AsyncMutex<Study>>,
+    view: Mutex<Study>,
+}
+
+impl StudyCell {
+    /// A cell holding `study`.
+    pub fn new(study: Study) -> Arc<Self> {
+        Arc::new(Self {
+            view: Mutex::new(study.clone()),
+            study: Arc::new(AsyncMutex::new(study)),
+        })
+    }
+
+    /// The study as of its last transition, its deadline applied at `now_ms`;
+    /// never waits for a fold or a release.
+    pub fn view(&self, now_ms: u64) -> Study {
+        // A panic while the view was being replaced leaves the previous view,
+        // still a true one.
+        let mut s = self
+            .view
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        s.tick(now_ms);
+        s
+    }
+
+    /// The study under its lock, waiting for the fold or release that holds it.
+    pub async fn lock(self: &Arc<Self>) -> Locked {
+        Locked {
+            guard: Arc::clone(&self.study).lock_owned().await,
+            cell: Arc::clone(self),
+        }
+    }
+
+    /// The study under its lock if nothing holds it now.
+    pub fn try_lock(self: &Arc<Self>) -> Option<Locked> {
+        Some(Locked {
+            guard: Arc::clone(&self.study).try_lock_owned().ok()?,
+            cell: Arc::clone(self),
+        })
+    }
+}
+
+/// A study under its lock. A transition is made with [`Locked::set`], which also
+/// moves the view; changing it in place (`DerefMut`) is for what the view need not
+/// show, the deadline, which every reader of the view applies itself.
+pub struct Locked {
+    guard: OwnedMutexGuard<Study>,
+    cell: Arc<StudyCell>,
+}
+
+impl Locked {
+    /// Makes `next` the study and its view.
+    pub fn set(&mut self, next: Study) {
+        *self
+            .cell
+            .view
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = next.clone();
+        *self.guard = next;
+    }
+}
+
+impl Deref for Locked {
+    type Target = Study;
+
+    fn deref(&self) -> &Study {
+        &self.guard
+    }
+}
+
+impl DerefMut for Locked {
+    fn deref_mut(&mut self) -> &mut Study {
+        &mut self.guard
+    }
+}
