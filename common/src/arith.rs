@@ -133,6 +133,26 @@ impl ModRing {
         }
     }
 
+    /// The product of `values` mod m (1 for none); the values need not be reduced.
+    pub fn product_of<'a>(&self, values: impl IntoIterator<Item = &'a BigUint>) -> BigUint {
+        match &self.engine {
+            Engine::NumBigint => values.into_iter().fold(BigUint::one() % &self.m, |acc, v| {
+                (acc * (v % &self.m)) % &self.m
+            }),
+            #[cfg(feature = "gmp")]
+            Engine::Gmp(m) => gmp::product_of(values, m),
+        }
+    }
+
+    /// Whether gcd(x, m) = 1.
+    pub fn is_unit(&self, x: &BigUint) -> bool {
+        match &self.engine {
+            Engine::NumBigint => num_integer::Integer::gcd(x, &self.m).is_one(),
+            #[cfg(feature = "gmp")]
+            Engine::Gmp(m) => gmp::from_big(x).gcd(m) == 1,
+        }
+    }
+
     /// base^exp mod m, in time that may depend on `exp` (a public exponent).
     pub fn pow(&self, base: &BigUint, exp: &BigUint) -> BigUint {
         match &self.engine {
@@ -184,6 +204,18 @@ mod gmp {
                 super::ElemRepr::Gmp(x) => acc *= x,
                 super::ElemRepr::NumBigint(x) => acc *= from_big(x),
             }
+            acc %= m;
+        }
+        to_big(&acc)
+    }
+
+    pub(super) fn product_of<'a>(
+        values: impl IntoIterator<Item = &'a BigUint>,
+        m: &Integer,
+    ) -> BigUint {
+        let mut acc = Integer::from(1) % m;
+        for v in values {
+            acc *= from_big(v);
             acc %= m;
         }
         to_big(&acc)
@@ -270,6 +302,14 @@ mod tests {
             let expected = pure.mul(&pure.mul(&a, &b), &e);
             prop_assert_eq!(fast.product(&elems), expected);
             prop_assert_eq!(fast.product([]), BigUint::one() % pure.modulus());
+            // Unreduced values (a ciphertext below n^2 taken mod n).
+            let big_a = &a * &a * &b + &e;
+            let want = (&big_a % pure.modulus()) * (&b % pure.modulus()) % pure.modulus();
+            prop_assert_eq!(fast.product_of([&big_a, &b]), want.clone());
+            prop_assert_eq!(pure.product_of([&big_a, &b]), want);
+            prop_assert_eq!(fast.is_unit(&a), pure.is_unit(&a));
+            // m > 1 divides a m: never a unit.
+            prop_assert!(!fast.is_unit(&(&a * pure.modulus())));
         }
     }
 }

@@ -63,11 +63,12 @@ pub struct Opening {
 }
 
 /// A Paillier public key: the modulus n, and the arithmetic mod n^2 (which holds
-/// n^2).
+/// n^2) and mod n (where received ciphertexts are checked to be units).
 #[derive(Clone, PartialEq, Eq)]
 pub struct PublicKey {
     n: BigUint,
     ring: ModRing,
+    n_ring: ModRing,
 }
 
 impl std::fmt::Debug for PublicKey {
@@ -152,6 +153,7 @@ impl PublicKey {
     fn of_modulus(n: BigUint) -> Self {
         Self {
             ring: ModRing::new(&n * &n),
+            n_ring: ModRing::new(n.clone()),
             n,
         }
     }
@@ -166,6 +168,7 @@ impl PublicKey {
     pub fn on_num_bigint(&self) -> Self {
         Self {
             ring: ModRing::num_bigint(self.n_squared().clone()),
+            n_ring: ModRing::num_bigint(self.n.clone()),
             ..self.clone()
         }
     }
@@ -389,13 +392,12 @@ impl PublicKey {
         first_index: usize,
     ) -> Result<Vec<Ciphertext>, PaillierError> {
         let mut out = Vec::with_capacity(batch.len());
-        let mut product = BigUint::one();
         for (k, bytes) in batch.iter().enumerate() {
             let c = self.parse_in_range(bytes.as_ref(), first_index + k)?;
-            product = (product * (&c % &self.n)) % &self.n;
             out.push(Ciphertext(c));
         }
-        if !product.gcd(&self.n).is_one() {
+        let product = self.n_ring.product_of(out.iter().map(|c| &c.0));
+        if !self.n_ring.is_unit(&product) {
             for (k, c) in out.iter().enumerate() {
                 self.check_coprime(&c.0, first_index + k)?;
             }
@@ -440,7 +442,7 @@ impl PublicKey {
     }
 
     fn check_coprime(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
-        if !c.gcd(&self.n).is_one() {
+        if !self.n_ring.is_unit(c) {
             return Err(PaillierError::BadCiphertext {
                 index,
                 reason: "not coprime to n",

@@ -161,6 +161,17 @@ pub async fn connect(
     url: &str,
     transport: &Transport,
 ) -> Result<ProxyClient<Channel>, ConnectError> {
+    connect_from(url, transport, None).await
+}
+
+/// [`connect`] from a chosen local address (`None`: the system's choice). A load
+/// test gives each simulated party its own loopback address, as real parties have
+/// their own, so the proxy's per-address limits see them apart.
+pub async fn connect_from(
+    url: &str,
+    transport: &Transport,
+    local: Option<std::net::IpAddr>,
+) -> Result<ProxyClient<Channel>, ConnectError> {
     let bad_url = |reason: String| ConnectError::Url {
         url: url.to_string(),
         reason,
@@ -180,7 +191,7 @@ pub async fn connect(
             .tls_config(tls.client_config())
             .map_err(|e| bad_url(error_chain(&e)))?;
     }
-    let channel = endpoint.connect().await.map_err(|e| {
+    let channel = endpoint.local_address(local).connect().await.map_err(|e| {
         let (url, reason) = (url.to_string(), error_chain(&e));
         if tls_failure(&e) {
             ConnectError::Tls { url, reason }

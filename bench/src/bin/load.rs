@@ -1,39 +1,48 @@
 //! Load on one proxy: many owners submitting at once over loopback, each on its own
-//! mutual-TLS connection with its own certificate, to the real `proxy` program with
-//! its state database. One contribution of scenario 1 (optdigits, M = 64, ten rows)
-//! is encrypted once and sent by every owner under its own id, so the run measures
-//! the proxy (validation, aggregation, durable commits), not the owners' encryption.
+//! mutual-TLS connection with its own certificate and its own source address (as
+//! real owners have), to the real `proxy` program with its state database. One
+//! contribution of M random features is encrypted once and sent by every owner
+//! under its own id, so the run measures the proxy (validation, aggregation,
+//! durable commits), not the owners' encryption. Meanwhile the user polls the
+//! proxy's status, as an operator watching the study would.
 //!
-//! Prints, per owner count: wall time until every owner was acknowledged,
-//! contributions and megabytes per second, the proxy's peak memory and CPU time,
-//! refusals, and the study's state; then the proxy's peak memory at the largest
-//! count over the smallest (flat memory: close to 1).
+//! Prints, per run (M features x owners): wall time until every owner was
+//! acknowledged, contributions per second, ciphertexts folded per second per core
+//! and that rate's distance from the floor (cores over GMP's multiplication mod
+//! n^2, measured in this run), bytes the proxy wrote to its disk per contribution
+//! over the contribution's size, its peak memory, and the status call's latency.
 
-use dpca_bench::{built_programs, program, workspace_root};
+use dpca_bench::{built_programs, program, raw_gmp_mulmod};
 use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use dpca_common::data::read_csv;
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
-use dpca_common::paillier::SecretKey;
+use dpca_common::paillier::{PublicKey, SecretKey};
 use dpca_common::protocol::Share;
-use dpca_common::study::{SpecDraft, StudyLayout, DEFAULT_FRAC_BITS};
+use dpca_common::randomizer::Randomizer;
+use dpca_common::study::{SpecDraft, StudyLayout, StudySpec, DEFAULT_FRAC_BITS};
 use dpca_proto::convert::{spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
-use dpca_shell::client::{connect, transient, with_retries, ConnectError};
-use dpca_shell::tls::{write_dev_pki, Role, Transport};
+use dpca_shell::client::{connect, connect_from, transient, with_retries, ConnectError};
+use dpca_shell::tls::{write_dev_pki, DevPki, Role, Transport};
 use dpca_shell::usage::Usage;
 use rand::rngs::OsRng;
+use rand::{Rng, SeedableRng};
+use rayon::prelude::*;
 
 /// How long an owner keeps coming back while the proxy asks it to.
-const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+const RETRY_FOR: Duration = Duration::from_secs(600);
 
+/// How often the user asks for the proxy's status during a run.
+const STATUS_EVERY: Duration = Duration::from_millis(25);
 /// Why one attempt of an owner failed.
 #[derive(Debug)]
 enum Attempt {
@@ -63,20 +72,52 @@ impl std::fmt::Display for Attempt {
 #[derive(Parser, Debug)]
 #[command(name = "load", about)]
 struct Args {
-    /// Owner counts, one fresh proxy each.
-    #[arg(long, value_delimiter = ',', default_value = "50,200")]
-    owners: Vec<usize>,
+    /// Runs, each `MxOWNERS` (features x owners at once), one fresh proxy each.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "64x20,64x100,64x400,256x20,256x100,1000x20"
+    )]
+    runs: Vec<String>,
     /// Paillier modulus bits.
     #[arg(long, default_value_t = 2048)]
     key_bits: u64,
 }
 
+/// One run's plan.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    features: usize,
+    owners: usize,
+}
+
+fn parse_plan(text: &str) -> anyhow::Result<Plan> {
+    let (m, o) = text
+        .split_once('x')
+        .with_context(|| format!("run `{text}`: expected FEATURESxOWNERS, as 64x20"))?;
+    let plan = Plan {
+        features: m
+            .parse()
+            .with_context(|| format!("run `{text}`: features"))?,
+        owners: o.parse().with_context(|| format!("run `{text}`: owners"))?,
+    };
+    if plan.features < 2 || plan.owners == 0 || plan.owners > 60_000 {
+        bail!("run `{text}`: at least 2 features and 1 to 60000 owners");
+    }
+    Ok(plan)
+}
+
 /// One run's figures.
 struct Row {
-    owners: usize,
+    plan: Plan,
+    ciphertexts: usize,
+    contribution_bytes: usize,
     wall: f64,
-    bytes: usize,
+    written: u64,
+    /// The proxy's CPU seconds during the load.
+    cpu: f64,
     proxy: Usage,
+    status_ms: Vec<f64>,
     refused: usize,
     state: String,
     owners_in: u32,
@@ -118,9 +159,144 @@ fn start_proxy(
     Ok((child, addr))
 }
 
-async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow::Result<Row> {
+/// The study of a run: M features in [0, 1], every owner needed.
+fn load_spec(pk: &PublicKey, plan: Plan) -> anyhow::Result<StudySpec> {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+    Ok(SpecDraft {
+        features: (0..plan.features).map(|j| format!("x{j}")).collect(),
+        bounds: vec![(0.0, 1.0); plan.features],
+        fixed: FixedPoint {
+            frac_bits: DEFAULT_FRAC_BITS,
+            row_norm_bound: 1.0,
+        },
+        max_rows: 1 << 16,
+        privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::DpMean, 1.0, 1e-5)?,
+        min_owners: plan.owners as u32,
+        quorum: plan.owners as u32,
+        deadline_unix_ms: now + 3_600_000,
+        ..dpca_common::testing::test_draft(pk, 0)
+    }
+    .validate()?)
+}
+
+/// One owner's contribution (ten random rows), encrypted once on every core.
+fn encrypted_contribution(spec: &StudySpec) -> anyhow::Result<Vec<Vec<u8>>> {
+    let layout = StudyLayout::new(spec)?;
+    let pk = &spec.public_key;
+    let mut rng = rand_chacha::ChaCha20Rng::from_entropy();
+    let rows: Vec<Vec<f64>> = (0..10)
+        .map(|_| (0..spec.dim()).map(|_| rng.gen::<f64>()).collect())
+        .collect();
+    let (share, _) = Share::from_raw_rows(&rows, &spec.bounds, &spec.fixed, None, None);
+    let plaintexts = share.plaintexts(&layout, pk)?;
+    // Short-exponent masks from a fixed base, as owners encrypt.
+    let masks = Randomizer::new(pk, Randomizer::window_for(plaintexts.len()), &mut OsRng);
+    plaintexts
+        .par_iter()
+        .map(|m| Ok(pk.ciphertext_to_bytes(&masks.encrypt(m, &mut OsRng)?)))
+        .collect()
+}
+
+/// The stream an owner sends: the header in the first chunk.
+fn owner_chunks(study: &str, owner: &str, cts: &[Vec<u8>]) -> Vec<v1::ContributionChunk> {
+    cts.chunks(CIPHERTEXTS_PER_CHUNK)
+        .enumerate()
+        .map(|(i, part)| {
+            let mut m = v1::ContributionChunk {
+                ciphertexts: part.to_vec(),
+                ..Default::default()
+            };
+            if i == 0 {
+                m.study_id = study.to_string();
+                m.owner_id = owner.to_string();
+                m.contribution_id = format!("load-{owner}");
+                m.total_ciphertexts = cts.len() as u32;
+                m.cap_epsilon = 1.0;
+                m.cap_delta = 1e-5;
+            }
+            m
+        })
+        .collect()
+}
+
+/// Owner `i`'s own loopback address (127.0.1.1, 127.0.1.2, ...): the proxy takes
+/// a few handshakes per address at once, as it should from one real party.
+fn owner_address(i: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(
+        127,
+        0,
+        1 + (i / 250) as u8,
+        (i % 250) as u8 + 1,
+    ))
+}
+
+/// Sends one owner's contribution as an owner does, coming back while the proxy
+/// asks it to: whether it was counted now, or why it failed.
+async fn send(
+    url: String,
+    transport: Transport,
+    local: IpAddr,
+    chunks: Vec<v1::ContributionChunk>,
+) -> Result<bool, String> {
+    let attempt = || async {
+        let mut c = connect_from(&url, &transport, Some(local))
+            .await
+            .map_err(Attempt::Connect)?;
+        c.contribute(tokio_stream::iter(chunks.clone()))
+            .await
+            .map(|r| r.into_inner().newly_counted)
+            .map_err(Attempt::Call)
+    };
+    with_retries(RETRY_FOR, Attempt::transient, attempt)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// `proxy status` as an operator runs it (a fresh connection each time), over and
+/// over until `done`: the milliseconds of each call.
+async fn poll_status(
+    url: String,
+    user: Transport,
+    done: Arc<AtomicBool>,
+) -> anyhow::Result<Vec<f64>> {
+    let mut latencies = Vec::new();
+    while !done.load(Ordering::Relaxed) {
+        let t = Instant::now();
+        let mut client = connect(&url, &user).await?;
+        client
+            .status(v1::StatusRequest::default())
+            .await
+            .map_err(|s| anyhow::anyhow!("status: {}", s.message()))?;
+        latencies.push(t.elapsed().as_secs_f64() * 1e3);
+        tokio::time::sleep(STATUS_EVERY).await;
+    }
+    Ok(latencies)
+}
+
+/// Bytes a process has caused to be written to storage (`/proc/PID/io`).
+fn written_bytes(pid: u32) -> anyhow::Result<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).context("/proc/PID/io")?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("write_bytes in /proc/PID/io")
+}
+
+/// The proxy, its PKI and the study of one run, ready for the owners.
+struct Setup {
+    _dir: tempfile::TempDir,
+    pki: DevPki,
+    names: Vec<String>,
+    proxy: ProxyProc,
+    url: String,
+    user: Transport,
+    study: String,
+    cts: Arc<Vec<Vec<u8>>>,
+}
+
+async fn set_up(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Setup> {
     let dir = tempfile::tempdir()?;
-    let names: Vec<String> = (1..=owners).map(|i| format!("owner-{i:03}")).collect();
+    let names: Vec<String> = (1..=plan.owners).map(|i| format!("owner-{i:05}")).collect();
     let pki = write_dev_pki(
         &dir.path().join("pki"),
         &["127.0.0.1".to_string()],
@@ -132,30 +308,10 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
     let user = Transport::Tls(Arc::new(
         pki.files("user").context("user files")?.load(Role::User)?,
     ));
-
-    let path = root.join("data/optdigits.csv");
-    let table = read_csv(std::fs::File::open(&path)?, "optdigits.csv", Some("label"))?;
     let sk = SecretKey::generate(bits, &mut OsRng)?;
-    let pk = sk.public().clone();
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
-    let spec = SpecDraft {
-        bounds: vec![(0.0, 16.0); table.features.len()],
-        features: table.features.clone(),
-        fixed: FixedPoint {
-            frac_bits: DEFAULT_FRAC_BITS,
-            row_norm_bound: 1.0,
-        },
-        max_rows: 1 << 16,
-        privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::DpMean, 1.0, 1e-5)?,
-        min_owners: owners as u32,
-        quorum: owners as u32,
-        deadline_unix_ms: now + 3_600_000,
-        ..dpca_common::testing::test_draft(&pk, 0)
-    }
-    .validate()?;
-    let layout = StudyLayout::new(&spec)?;
-    let mut client = connect(&url, &user).await?;
-    let study = client
+    let spec = load_spec(sk.public(), plan)?;
+    let study = connect(&url, &user)
+        .await?
         .open_study(v1::OpenStudyRequest {
             spec: Some(spec_to_wire(&spec)),
             noise_free_for_testing: false,
@@ -164,91 +320,96 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
         .map_err(|s| anyhow::anyhow!("open study: {}", s.message()))?
         .into_inner()
         .study_id;
+    let cts = Arc::new(encrypted_contribution(&spec)?);
+    Ok(Setup {
+        _dir: dir,
+        pki,
+        names,
+        proxy,
+        url,
+        user,
+        study,
+        cts,
+    })
+}
 
-    let (share, _) = Share::from_raw_rows(&table.rows[..10], &spec.bounds, &spec.fixed, None, None);
-    let cts: Vec<Vec<u8>> = share
-        .plaintexts(&layout, &pk)?
-        .iter()
-        .map(|m| Ok(pk.ciphertext_to_bytes(&pk.encrypt(m, &mut OsRng)?)))
-        .collect::<anyhow::Result<_>>()?;
-    let cts = Arc::new(cts);
-    let bytes_each: usize = cts.iter().map(Vec::len).sum();
-
-    // Every owner's TLS files are read before the clock starts.
-    let transports = names
+/// Every owner at once, each from its own address; the refusals, counted.
+async fn send_all(s: &Setup) -> anyhow::Result<usize> {
+    // Every owner's TLS files are read before the owners start.
+    let transports = s
+        .names
         .iter()
         .map(|n| {
             Ok(Transport::Tls(Arc::new(
-                pki.files(n).context("owner files")?.load(Role::Owner)?,
+                s.pki.files(n).context("owner files")?.load(Role::Owner)?,
             )))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let start = Instant::now();
-    let tasks: Vec<_> = names
+    let tasks: Vec<_> = s
+        .names
         .iter()
         .zip(transports)
-        .map(|(name, transport)| {
-            let (url, study, cts, name) =
-                (url.clone(), study.clone(), Arc::clone(&cts), name.clone());
-            tokio::spawn(async move {
-                let chunks: Vec<v1::ContributionChunk> = cts
-                    .chunks(CIPHERTEXTS_PER_CHUNK)
-                    .enumerate()
-                    .map(|(i, part)| {
-                        let mut m = v1::ContributionChunk {
-                            ciphertexts: part.to_vec(),
-                            ..Default::default()
-                        };
-                        if i == 0 {
-                            m.study_id = study.clone();
-                            m.owner_id = name.clone();
-                            m.contribution_id = format!("load-{name}");
-                            m.total_ciphertexts = cts.len() as u32;
-                            m.cap_epsilon = 1.0;
-                            m.cap_delta = 1e-5;
-                        }
-                        m
-                    })
-                    .collect();
-                // As an owner does: the proxy takes a few handshakes per address at
-                // once and asks the rest to come back; only a refusal is final.
-                let attempt = || async {
-                    let mut c = connect(&url, &transport).await.map_err(Attempt::Connect)?;
-                    c.contribute(tokio_stream::iter(chunks.clone()))
-                        .await
-                        .map(|r| r.into_inner().newly_counted)
-                        .map_err(Attempt::Call)
-                };
-                with_retries(RETRY_FOR, Attempt::transient, attempt)
-                    .await
-                    .map_err(|e| e.to_string())
-            })
+        .enumerate()
+        .map(|(i, (name, transport))| {
+            let chunks = owner_chunks(&s.study, name, &s.cts);
+            tokio::spawn(send(s.url.clone(), transport, owner_address(i), chunks))
         })
         .collect();
     let mut refused = 0;
     for t in tasks {
         match t.await? {
             Ok(true) => {}
-            Ok(false) => refused += 1,
+            Ok(false) => {
+                eprintln!("refused: counted before");
+                refused += 1;
+            }
             Err(e) => {
                 eprintln!("refused: {e}");
                 refused += 1;
             }
         }
     }
+    Ok(refused)
+}
+
+async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
+    let s = set_up(proxy_bin, plan, bits).await?;
+    let pid = s.proxy.0.id();
+    let written_before = written_bytes(pid)?;
+    let cpu_before = Usage::of_pid(pid)
+        .context("proxy usage from /proc")?
+        .cpu_seconds;
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = tokio::spawn(poll_status(
+        s.url.clone(),
+        s.user.clone(),
+        Arc::clone(&done),
+    ));
+    let start = Instant::now();
+    let refused = send_all(&s).await?;
     let wall = start.elapsed().as_secs_f64();
-    let proxy_usage = Usage::of_pid(proxy.0.id()).context("proxy usage from /proc")?;
-    let info = client
-        .get_study(v1::GetStudyRequest { study_id: study })
+    done.store(true, Ordering::Relaxed);
+    let status_ms = poller.await??;
+    let written = written_bytes(pid)? - written_before;
+    let proxy = Usage::of_pid(pid).context("proxy usage from /proc")?;
+    let cpu = proxy.cpu_seconds - cpu_before;
+    let info = connect(&s.url, &s.user)
+        .await?
+        .get_study(v1::GetStudyRequest {
+            study_id: s.study.clone(),
+        })
         .await
-        .map_err(|s| anyhow::anyhow!("get study: {}", s.message()))?
+        .map_err(|e| anyhow::anyhow!("get study: {}", e.message()))?
         .into_inner();
-    drop(proxy);
     Ok(Row {
-        owners,
+        plan,
+        ciphertexts: s.cts.len(),
+        contribution_bytes: s.cts.iter().map(Vec::len).sum(),
         wall,
-        bytes: bytes_each * owners,
-        proxy: proxy_usage,
+        written,
+        cpu,
+        proxy,
+        status_ms,
         refused,
         state: info.state,
         owners_in: info.owners_in,
@@ -257,52 +418,82 @@ async fn run(proxy_bin: &Path, owners: usize, bits: u64, root: &Path) -> anyhow:
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if args.owners.is_empty() {
-        bail!("--owners needs at least one count");
+    let plans = args
+        .runs
+        .iter()
+        .map(|r| parse_plan(r))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if plans.is_empty() {
+        bail!("--runs needs at least one run");
     }
-    let root = workspace_root();
     let proxy_bin = program(&built_programs(&["proxy"])?, "proxy");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pk = SecretKey::generate(args.key_bits, &mut OsRng)?
+        .public()
+        .clone();
+    let mul = raw_gmp_mulmod(&pk, &mut OsRng);
     let rt = tokio::runtime::Runtime::new()?;
     let mut rows = Vec::new();
-    for &owners in &args.owners {
-        eprintln!("== {owners} owners at once, {} bits", args.key_bits);
-        rows.push(rt.block_on(run(&proxy_bin, owners, args.key_bits, &root))?);
+    for plan in plans {
+        eprintln!(
+            "== M = {}, {} owners at once, {} bits",
+            plan.features, plan.owners, args.key_bits
+        );
+        rows.push(rt.block_on(run(&proxy_bin, plan, args.key_bits))?);
         // Let the sockets of the last run close before the next.
         std::thread::sleep(Duration::from_millis(200));
     }
-    println!(
-        "\n| owners at once | wall s | contributions/s | MB/s in | proxy peak MiB | proxy CPU s | refused | state | owners in |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    for r in &rows {
-        println!(
-            "| {} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {} | {} |",
-            r.owners,
-            r.wall,
-            r.owners as f64 / r.wall,
-            r.bytes as f64 / 1e6 / r.wall,
-            mib(r.proxy.peak_rss_bytes),
-            r.proxy.cpu_seconds,
-            r.refused,
-            r.state,
-            r.owners_in
-        );
-    }
-    if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
-        println!(
-            "\nproxy peak memory, {} owners over {}: {:.2}",
-            last.owners,
-            first.owners,
-            last.proxy.peak_rss_bytes as f64 / first.proxy.peak_rss_bytes.max(1) as f64
-        );
-    }
+    print_table(&rows, cores, mul, args.key_bits);
     let bad = rows
         .iter()
-        .filter(|r| r.refused > 0 || r.owners_in as usize != r.owners)
+        .filter(|r| r.refused > 0 || r.owners_in as usize != r.plan.owners)
         .count();
     if bad > 0 {
         bail!("{bad} runs had refusals or lost owners");
     }
     Ok(())
+}
+
+fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
+    println!(
+        "\n{cores} cores; GMP multiplication mod n^2 at {bits} bits: {:.2} us, so the \
+         fold's floor is {:.0} ciphertexts/s per core",
+        mul * 1e6,
+        1.0 / mul
+    );
+    println!(
+        "\n| M | owners | ciphertexts each | wall s | contributions/s | folded/s per core | \
+         floor / folded | proxy CPU s | floor / folded per CPU s | written / contributed | \
+         proxy peak MiB | status median ms | \
+         status max ms | status calls | refused | state (owners in) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let owners = r.plan.owners as f64;
+        let folded = owners * r.ciphertexts as f64 / r.wall / cores as f64;
+        let mut ms = r.status_ms.clone();
+        ms.sort_by(f64::total_cmp);
+        let median = ms.get(ms.len() / 2).copied().unwrap_or(f64::NAN);
+        let max = ms.last().copied().unwrap_or(f64::NAN);
+        println!(
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} | {:.1} | {} | {} | {} ({}) |",
+            r.plan.features,
+            r.plan.owners,
+            r.ciphertexts,
+            r.wall,
+            owners / r.wall,
+            folded,
+            (1.0 / mul) / folded,
+            r.cpu,
+            r.cpu / (mul * owners * r.ciphertexts as f64),
+            r.written as f64 / (owners * r.contribution_bytes as f64),
+            r.proxy.peak_rss_bytes as f64 / (1024.0 * 1024.0),
+            median,
+            max,
+            ms.len(),
+            r.refused,
+            r.state,
+            r.owners_in
+        );
+    }
 }
