@@ -6,19 +6,51 @@
 //! other); [`ModRing::num_bigint`] keeps the pure engine reachable in a GMP build,
 //! so the benches measure both in one run.
 //!
-//! Values cross this interface as `BigUint`. Converting costs a copy of the limbs
-//! per operand, which is small beside a multiplication of this size but not
-//! nothing: callers with long chains of operations on one value (the proxy's fold)
-//! are the next to keep GMP integers across calls.
+//! Values cross this interface as `BigUint`, or as [`Elem`]s held in the engine.
+//! Converting costs a copy of the limbs and an allocation per operand, which at
+//! these sizes is as much as a third of a multiplication in a loop that streams
+//! through memory: the proxy's fold keeps its aggregate as `Elem`s and reads what
+//! owners send straight into them ([`ModRing::elem_from_be_bytes`]).
 
 use num_bigint::BigUint;
 use num_traits::{One, Zero};
 
 /// A residue held in its ring's engine, converted once: a table of values that
-/// many products read (the randomizer's fixed-base windows) pays no conversion
-/// per use.
+/// many products read (the randomizer's fixed-base windows) and the proxy's
+/// running aggregate pay no conversion per use.
 #[derive(Clone)]
 pub struct Elem(ElemRepr);
+
+impl Elem {
+    /// The value as a `BigUint` (a copy).
+    pub fn to_big(&self) -> BigUint {
+        match &self.0 {
+            ElemRepr::NumBigint(x) => x.clone(),
+            #[cfg(feature = "gmp")]
+            ElemRepr::Gmp(x) => gmp::to_big(x),
+        }
+    }
+}
+
+impl PartialEq for Elem {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (ElemRepr::NumBigint(a), ElemRepr::NumBigint(b)) => a == b,
+            #[cfg(feature = "gmp")]
+            (ElemRepr::Gmp(a), ElemRepr::Gmp(b)) => a == b,
+            #[cfg(feature = "gmp")]
+            _ => self.to_big() == other.to_big(),
+        }
+    }
+}
+
+impl Eq for Elem {}
+
+impl std::fmt::Debug for Elem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Elem({:x})", self.to_big())
+    }
+}
 
 #[derive(Clone)]
 enum ElemRepr {
@@ -115,7 +147,8 @@ impl ModRing {
         }
     }
 
-    /// The product of `factors` mod m (1 for none), converted out once.
+    /// The product of `factors` mod m (1 for none), converted out once; the
+    /// factors need not be reduced.
     pub fn product<'a>(&self, factors: impl IntoIterator<Item = &'a Elem>) -> BigUint {
         match &self.engine {
             Engine::NumBigint => factors
@@ -133,23 +166,64 @@ impl ModRing {
         }
     }
 
-    /// The product of `values` mod m (1 for none); the values need not be reduced.
-    pub fn product_of<'a>(&self, values: impl IntoIterator<Item = &'a BigUint>) -> BigUint {
+    /// A big-endian number held in this ring's engine, read in one pass (not
+    /// reduced: [`ModRing::is_residue`] says whether it is below m).
+    pub fn elem_from_be_bytes(&self, bytes: &[u8]) -> Elem {
         match &self.engine {
-            Engine::NumBigint => values.into_iter().fold(BigUint::one() % &self.m, |acc, v| {
-                (acc * (v % &self.m)) % &self.m
-            }),
+            Engine::NumBigint => Elem(ElemRepr::NumBigint(BigUint::from_bytes_be(bytes))),
             #[cfg(feature = "gmp")]
-            Engine::Gmp(m) => gmp::product_of(values, m),
+            Engine::Gmp(_) => Elem(ElemRepr::Gmp(gmp::from_be_bytes(bytes))),
         }
     }
 
-    /// Whether gcd(x, m) = 1.
-    pub fn is_unit(&self, x: &BigUint) -> bool {
-        match &self.engine {
-            Engine::NumBigint => num_integer::Integer::gcd(x, &self.m).is_one(),
+    /// `x` as big-endian bytes, left-padded with zeros to `width` (or longer if
+    /// `x` needs more).
+    pub fn to_be_bytes(&self, x: &Elem, width: usize) -> Vec<u8> {
+        match &x.0 {
+            ElemRepr::NumBigint(v) => {
+                let raw = v.to_bytes_be();
+                let mut out = vec![0u8; width.saturating_sub(raw.len())];
+                out.extend_from_slice(&raw);
+                out
+            }
             #[cfg(feature = "gmp")]
-            Engine::Gmp(m) => gmp::from_big(x).gcd(m) == 1,
+            ElemRepr::Gmp(v) => gmp::to_be_bytes(v, width),
+        }
+    }
+
+    /// Whether m divides x.
+    pub fn divides(&self, x: &Elem) -> bool {
+        match (&self.engine, &x.0) {
+            #[cfg(feature = "gmp")]
+            (Engine::Gmp(m), ElemRepr::Gmp(v)) => v.is_divisible(m),
+            _ => (x.to_big() % &self.m).is_zero(),
+        }
+    }
+
+    /// Whether 0 < x < m.
+    pub fn is_residue(&self, x: &Elem) -> bool {
+        match (&self.engine, &x.0) {
+            (_, ElemRepr::NumBigint(v)) => !v.is_zero() && v < &self.m,
+            #[cfg(feature = "gmp")]
+            (Engine::Gmp(m), ElemRepr::Gmp(v)) => *v > 0 && v < m,
+            #[cfg(feature = "gmp")]
+            (Engine::NumBigint, ElemRepr::Gmp(v)) => {
+                let v = gmp::to_big(v);
+                !v.is_zero() && v < self.m
+            }
+        }
+    }
+
+    /// a b mod m, on elements held in the engine: no conversion.
+    pub fn mul_elem(&self, a: &Elem, b: &Elem) -> Elem {
+        match (&self.engine, &a.0, &b.0) {
+            #[cfg(feature = "gmp")]
+            (Engine::Gmp(m), ElemRepr::Gmp(x), ElemRepr::Gmp(y)) => {
+                let mut p = rug::Integer::from(x * y);
+                p %= m;
+                Elem(ElemRepr::Gmp(p))
+            }
+            _ => self.elem(&self.mul(&a.to_big(), &b.to_big())),
         }
     }
 
@@ -184,10 +258,36 @@ impl ModRing {
 mod gmp {
     use num_bigint::BigUint;
     use rug::integer::Order;
-    use rug::Integer;
+    use rug::{Assign, Integer};
 
     pub(super) fn from_big(x: &BigUint) -> Integer {
         Integer::from_digits(&x.to_u64_digits(), Order::Lsf)
+    }
+
+    /// Big-endian bytes read a 64-bit word at a time (GMP's byte-wise import is
+    /// five times slower).
+    pub(super) fn from_be_bytes(bytes: &[u8]) -> Integer {
+        let (head, body) = bytes.split_at(bytes.len() % 8);
+        let mut words = Vec::with_capacity(bytes.len() / 8 + 1);
+        let mut first = [0u8; 8];
+        first[8 - head.len()..].copy_from_slice(head);
+        words.push(u64::from_be_bytes(first));
+        for chunk in body.chunks_exact(8) {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            words.push(u64::from_be_bytes(w));
+        }
+        Integer::from_digits(&words, Order::Msf)
+    }
+
+    /// Big-endian bytes, left-padded to `width`, written a word at a time.
+    pub(super) fn to_be_bytes(x: &Integer, width: usize) -> Vec<u8> {
+        let words = x.to_digits::<u64>(Order::Msf);
+        let raw: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
+        let significant = &raw[raw.iter().take_while(|&&b| b == 0).count()..];
+        let mut out = vec![0u8; width.saturating_sub(significant.len())];
+        out.extend_from_slice(significant);
+        out
     }
 
     pub(super) fn to_big(x: &Integer) -> BigUint {
@@ -199,23 +299,18 @@ mod gmp {
         m: &Integer,
     ) -> BigUint {
         let mut acc = Integer::from(1) % m;
+        let mut reduced = Integer::new();
         for f in factors {
             match f {
+                // Reduced first when larger than m (a ciphertext taken mod n): two
+                // short divisions cost less than one long one.
+                super::ElemRepr::Gmp(x) if x.significant_bits() > m.significant_bits() => {
+                    reduced.assign(x % m);
+                    acc *= &reduced;
+                }
                 super::ElemRepr::Gmp(x) => acc *= x,
                 super::ElemRepr::NumBigint(x) => acc *= from_big(x),
             }
-            acc %= m;
-        }
-        to_big(&acc)
-    }
-
-    pub(super) fn product_of<'a>(
-        values: impl IntoIterator<Item = &'a BigUint>,
-        m: &Integer,
-    ) -> BigUint {
-        let mut acc = Integer::from(1) % m;
-        for v in values {
-            acc *= from_big(v);
             acc %= m;
         }
         to_big(&acc)
@@ -302,14 +397,26 @@ mod tests {
             let expected = pure.mul(&pure.mul(&a, &b), &e);
             prop_assert_eq!(fast.product(&elems), expected);
             prop_assert_eq!(fast.product([]), BigUint::one() % pure.modulus());
-            // Unreduced values (a ciphertext below n^2 taken mod n).
+            // Unreduced factors (a ciphertext below n^2 taken mod n), read from bytes.
             let big_a = &a * &a * &b + &e;
             let want = (&big_a % pure.modulus()) * (&b % pure.modulus()) % pure.modulus();
-            prop_assert_eq!(fast.product_of([&big_a, &b]), want.clone());
-            prop_assert_eq!(pure.product_of([&big_a, &b]), want);
-            prop_assert_eq!(fast.is_unit(&a), pure.is_unit(&a));
-            // m > 1 divides a m: never a unit.
-            prop_assert!(!fast.is_unit(&(&a * pure.modulus())));
+            for ring in [&fast, &pure] {
+                let read = ring.elem_from_be_bytes(&big_a.to_bytes_be());
+                prop_assert_eq!(read.to_big(), big_a.clone());
+                prop_assert_eq!(ring.product([&read, &ring.elem(&b)]), want.clone());
+                let width = big_a.to_bytes_be().len() + 3;
+                let mut padded = vec![0u8; 3];
+                padded.extend_from_slice(&big_a.to_bytes_be());
+                prop_assert_eq!(ring.to_be_bytes(&read, width), padded);
+                prop_assert_eq!(ring.divides(&read), (&big_a % ring.modulus()).is_zero());
+                prop_assert!(ring.divides(&ring.elem(&(&b * ring.modulus()))));
+                prop_assert_eq!(
+                    ring.is_residue(&read),
+                    !big_a.is_zero() && &big_a < ring.modulus()
+                );
+            }
+            let (x, y) = (fast.elem(&(&a % pure.modulus())), fast.elem(&(&b % pure.modulus())));
+            prop_assert_eq!(fast.mul_elem(&x, &y).to_big(), pure.mul(&a, &b));
         }
     }
 }

@@ -15,7 +15,7 @@ use num_traits::{One, Zero};
 use rand::{CryptoRng, RngCore};
 use sha2::{Digest, Sha256};
 
-use crate::arith::ModRing;
+use crate::arith::{Elem, ModRing};
 
 /// Smallest modulus size accepted (bits). Below it factoring is within reach.
 pub const MIN_KEY_BITS: u64 = 2048;
@@ -368,87 +368,69 @@ impl PublicKey {
     }
 
     /// Parses and validates a ciphertext received from an untrusted party: it must
-    /// lie in [1, n^2) and be coprime to n. A ciphertext sharing a factor with n
-    /// would be a factorization of n, and one outside the group would corrupt the
-    /// aggregate of every honest owner.
+    /// lie in [1, n^2) and not be a multiple of n, which makes it a unit of
+    /// Z_(n^2) for anyone who cannot factor n (a non-unit that is not a multiple
+    /// of n shares exactly one prime with n: whoever can make one has factored
+    /// n). A multiple of n, which anyone can make, would zero the aggregate of
+    /// every honest owner mod n; one outside the range would not be a residue.
     pub fn ciphertext_from_bytes(
         &self,
         bytes: &[u8],
         index: usize,
     ) -> Result<Ciphertext, PaillierError> {
-        let c = self.parse_in_range(bytes, index)?;
-        self.check_coprime(&c, index)?;
-        Ok(Ciphertext(c))
+        let c = self.elems_from_bytes(&[bytes], index)?;
+        Ok(Ciphertext(c.first().map(Elem::to_big).unwrap_or_default()))
     }
 
     /// Parses and validates a batch of ciphertexts (indices from `first_index`), as
-    /// [`PublicKey::ciphertext_from_bytes`] does one, but with a single gcd: all of
-    /// them are coprime to n exactly when their product mod n is, and a
-    /// multiplication mod n costs a small fraction of a gcd. Only a batch that fails
-    /// is checked one by one, to name the bad ciphertext.
+    /// [`PublicKey::ciphertext_from_bytes`] does one; the first bad one is named.
     pub fn ciphertexts_from_bytes<B: AsRef<[u8]>>(
         &self,
         batch: &[B],
         first_index: usize,
     ) -> Result<Vec<Ciphertext>, PaillierError> {
+        Ok(self
+            .elems_from_bytes(batch, first_index)?
+            .iter()
+            .map(|c| Ciphertext(c.to_big()))
+            .collect())
+    }
+
+    /// [`PublicKey::ciphertexts_from_bytes`], the ciphertexts held in the key's
+    /// ring ([`PublicKey::ring`]) for a caller that multiplies them there (the
+    /// proxy's fold): read in one pass, no conversion. The check per ciphertext
+    /// is a divisibility test, a sixth of a multiplication mod n^2: an exact
+    /// test of the gcd with n (even batched, as a product mod n) costs more than
+    /// half of one, and guards against nothing more (see
+    /// [`PublicKey::ciphertext_from_bytes`]).
+    pub fn elems_from_bytes<B: AsRef<[u8]>>(
+        &self,
+        batch: &[B],
+        first_index: usize,
+    ) -> Result<Vec<Elem>, PaillierError> {
+        let bad = |index, reason| PaillierError::BadCiphertext { index, reason };
         let mut out = Vec::with_capacity(batch.len());
         for (k, bytes) in batch.iter().enumerate() {
-            let c = self.parse_in_range(bytes.as_ref(), first_index + k)?;
-            out.push(Ciphertext(c));
-        }
-        let product = self.n_ring.product_of(out.iter().map(|c| &c.0));
-        if !self.n_ring.is_unit(&product) {
-            for (k, c) in out.iter().enumerate() {
-                self.check_coprime(&c.0, first_index + k)?;
+            let (bytes, index) = (bytes.as_ref(), first_index + k);
+            if bytes.len() > self.ciphertext_bytes() {
+                return Err(bad(index, "longer than n^2"));
             }
+            let c = self.ring.elem_from_be_bytes(bytes);
+            if !self.ring.is_residue(&c) {
+                let zero = bytes.iter().all(|&b| b == 0);
+                return Err(bad(index, if zero { "zero" } else { "not below n^2" }));
+            }
+            if self.n_ring.divides(&c) {
+                return Err(bad(index, "a multiple of n"));
+            }
+            out.push(c);
         }
         Ok(out)
     }
 
-    /// Reads a big-endian ciphertext and checks it lies in [1, n^2); the gcd is the
-    /// callers' (one per ciphertext or one per batch).
-    fn parse_in_range(&self, bytes: &[u8], index: usize) -> Result<BigUint, PaillierError> {
-        if bytes.len() > self.ciphertext_bytes() {
-            return Err(PaillierError::BadCiphertext {
-                index,
-                reason: "longer than n^2",
-            });
-        }
-        let c = BigUint::from_bytes_be(bytes);
-        self.check_range(&c, index)?;
-        Ok(c)
-    }
-
-    fn check_range(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
-        if c.is_zero() {
-            return Err(PaillierError::BadCiphertext {
-                index,
-                reason: "zero",
-            });
-        }
-        if c >= self.n_squared() {
-            return Err(PaillierError::BadCiphertext {
-                index,
-                reason: "not below n^2",
-            });
-        }
-        Ok(())
-    }
-
-    /// Checks that c is in [1, n^2) and coprime to n.
-    pub fn validate(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
-        self.check_range(c, index)?;
-        self.check_coprime(c, index)
-    }
-
-    fn check_coprime(&self, c: &BigUint, index: usize) -> Result<(), PaillierError> {
-        if !self.n_ring.is_unit(c) {
-            return Err(PaillierError::BadCiphertext {
-                index,
-                reason: "not coprime to n",
-            });
-        }
-        Ok(())
+    /// Fixed-width big-endian serialization of a ciphertext held in the key's ring.
+    pub fn elem_to_bytes(&self, c: &Elem) -> Vec<u8> {
+        self.ring.to_be_bytes(c, self.ciphertext_bytes())
     }
 
     /// Fixed-width big-endian serialization of a ciphertext.
@@ -760,13 +742,13 @@ mod tests {
         assert!(pk.ciphertext_from_bytes(&[0u8; 4], 0).is_err());
         let n2 = pk.n_squared().to_bytes_be();
         assert!(pk.ciphertext_from_bytes(&n2, 1).is_err());
-        // A multiple of p is not coprime to n.
-        let bad = test_key().p.to_bytes_be();
+        // A multiple of n, the one non-unit anyone can make, is refused.
+        let bad = (pk.n() * 7u32).to_bytes_be();
         assert_eq!(
             pk.ciphertext_from_bytes(&bad, 2).err(),
             Some(PaillierError::BadCiphertext {
                 index: 2,
-                reason: "not coprime to n"
+                reason: "a multiple of n"
             })
         );
         let too_long = vec![1u8; pk.ciphertext_bytes() + 1];
@@ -784,12 +766,30 @@ mod tests {
         for (c, b) in parsed.iter().zip(&good) {
             assert_eq!(&pk.ciphertext_to_bytes(c), b);
         }
-        for (at, bad_bytes) in [(3usize, bad.clone()), (0, vec![0u8; 1]), (4, n2.clone())] {
-            let mut batch = good.clone();
-            batch[at] = bad_bytes;
-            match pk.ciphertexts_from_bytes(&batch, 10) {
-                Err(PaillierError::BadCiphertext { index, .. }) => assert_eq!(index, 10 + at),
-                other => panic!("expected a bad ciphertext at {}, got {other:?}", 10 + at),
+        let cases = [
+            (3usize, bad.clone(), "a multiple of n"),
+            (0, vec![0u8; 1], "zero"),
+            (4, n2.clone(), "not below n^2"),
+            (1, too_long, "longer than n^2"),
+        ];
+        // Both engines read and check alike.
+        for key in [pk.clone(), pk.on_num_bigint()] {
+            assert_eq!(
+                key.ciphertexts_from_bytes(&good, 10).expect("valid"),
+                parsed
+            );
+            for (at, bad_bytes, why) in &cases {
+                let mut batch = good.clone();
+                batch[*at] = bad_bytes.clone();
+                assert_eq!(
+                    key.elems_from_bytes(&batch, 10).err(),
+                    Some(PaillierError::BadCiphertext {
+                        index: 10 + at,
+                        reason: why
+                    }),
+                    "{}",
+                    key.ring().engine()
+                );
             }
         }
     }

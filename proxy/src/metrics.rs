@@ -9,6 +9,8 @@
 //! - `dpca_contributions_total{outcome="counted"|"repeated"}` and
 //!   `dpca_contribution_bytes_total` (ciphertext bytes counted);
 //! - `dpca_release_seconds` (summary): mask, noise and re-randomization time;
+//! - `dpca_fold_microseconds_total`, `dpca_store_microseconds_total`: wall time spent
+//!   multiplying contributions into aggregates (on every core) and storing them;
 //! - `dpca_studies{phase}`: studies per phase, refreshed every second.
 
 use std::future::Future;
@@ -36,6 +38,14 @@ pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
         "ciphertext bytes of counted contributions"
     );
     metrics::describe_histogram!("dpca_release_seconds", "seconds to compute a release");
+    metrics::describe_counter!(
+        "dpca_fold_microseconds_total",
+        "microseconds spent multiplying contributions into aggregates"
+    );
+    metrics::describe_counter!(
+        "dpca_store_microseconds_total",
+        "microseconds spent storing contributions durably"
+    );
     metrics::describe_gauge!("dpca_studies", "studies by phase");
     Ok(())
 }
@@ -52,6 +62,13 @@ pub fn contribution(counted: bool, bytes: usize) {
     if counted {
         counter!("dpca_contribution_bytes_total").increment(bytes as u64);
     }
+}
+
+/// A contribution was multiplied in (taking `fold`) and stored (taking `store`).
+pub fn fold(fold: std::time::Duration, store: std::time::Duration) {
+    let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    counter!("dpca_fold_microseconds_total").increment(micros(fold));
+    counter!("dpca_store_microseconds_total").increment(micros(store));
 }
 
 /// A release was computed in `seconds`.

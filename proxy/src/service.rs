@@ -6,8 +6,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use dpca_common::arith::Elem;
 use dpca_common::dp::Centering;
-use dpca_common::paillier::{Ciphertext, Opening, PublicKey};
+use dpca_common::paillier::{Opening, PublicKey};
 use dpca_common::study::StudyLayout;
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
@@ -110,7 +111,7 @@ impl ProxyService {
     async fn commit_contribution(
         &self,
         upload: Upload,
-        cts: Vec<Ciphertext>,
+        cts: Vec<Elem>,
     ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Refusal> {
         let guard = self.lock_study(&upload.study_id).await?;
         let svc = self.clone();
@@ -121,12 +122,14 @@ impl ProxyService {
         &self,
         mut study: Locked,
         up: &Upload,
-        cts: &[Ciphertext],
+        cts: &[Elem],
     ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Refusal> {
         study.tick(self.config.clock.now_ms());
         let mut next = study.clone();
         let pk = next.spec.public_key.clone();
-        let outcome = next.contribute(&up.owner, &up.cid, cts, |a, b| pk.add(a, b))?;
+        let started = std::time::Instant::now();
+        let outcome = next.contribute(&up.owner, &up.cid, cts, |a, b| pk.ring().mul_elem(a, b))?;
+        let folded = started.elapsed();
         let mut budgets = self.lock_budgets()?;
         let charged = match outcome {
             ContributionOutcome::Counted => {
@@ -149,7 +152,9 @@ impl ProxyService {
                 .map_err(Refusal::Internal)?;
         }
         if outcome == ContributionOutcome::Counted {
+            let started = std::time::Instant::now();
             self.persist_contribution(&next, &up.owner, cts, charged.as_ref())?;
+            crate::metrics::fold(folded, started.elapsed());
         }
         let owners_in = next.owners_in().len();
         study.set(next);
@@ -173,7 +178,7 @@ impl ProxyService {
         &self,
         study: &Study,
         owner: &str,
-        cts: &[Ciphertext],
+        cts: &[Elem],
         budget: Option<&OwnerBudget>,
     ) -> Result<(), Refusal> {
         match &self.store {
@@ -341,7 +346,7 @@ impl ProxyService {
         &self,
         up: &Upload,
         pk: &PublicKey,
-        cts: &[Ciphertext],
+        cts: &[Elem],
         signature: Vec<u8>,
         leaf: Option<Vec<u8>>,
     ) -> Result<SignedCount, Refusal> {
@@ -355,7 +360,7 @@ impl ProxyService {
         let count = cts
             .last()
             .ok_or_else(|| Refusal::Invalid("a contribution without E[N_i]".into()))?;
-        let ciphertext = pk.ciphertext_to_bytes(count);
+        let ciphertext = pk.elem_to_bytes(count);
         if signature.is_empty() {
             return Err(Refusal::Invalid(format!(
                 "a mask study needs owner `{}` to sign its row count (count_signature)",
@@ -439,8 +444,8 @@ async fn read_ciphertexts(
     pk: &PublicKey,
     expected: usize,
     owner: &str,
-) -> Result<Vec<Ciphertext>, Refusal> {
-    let mut cts: Vec<Ciphertext> = Vec::with_capacity(expected);
+) -> Result<Vec<Elem>, Refusal> {
+    let mut cts: Vec<Elem> = Vec::with_capacity(expected);
     let mut chunk = Some(first);
     while let Some(c) = chunk {
         if cts.len() + c.ciphertexts.len() > expected {
@@ -450,7 +455,7 @@ async fn read_ciphertexts(
         }
         let want = CIPHERTEXTS_PER_CHUNK.min(expected - cts.len());
         let parsed = pk
-            .ciphertexts_from_bytes(&c.ciphertexts, cts.len())
+            .elems_from_bytes(&c.ciphertexts, cts.len())
             .map_err(|e| Refusal::Invalid(format!("owner `{owner}`: {e}")))?;
         if parsed.len() != want {
             return Err(Refusal::Invalid(format!(
@@ -749,7 +754,7 @@ impl v1::proxy_server::Proxy for ProxyService {
                         // against this very ciphertext, and the key holder could strip
                         // any re-randomization anyway.
                         Ok(Some(v1::SealedStudy {
-                            encrypted_count: s.spec.public_key.ciphertext_to_bytes(count),
+                            encrypted_count: s.spec.public_key.ciphertext_to_bytes(&count),
                             owners_in: s.owners_in(),
                             owners_missing: s.owners_missing(),
                             needs_count: s.spec.privacy.centering == Centering::Mask,

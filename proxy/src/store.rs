@@ -30,8 +30,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use dpca_common::arith::Elem;
 use dpca_common::dp::Centering;
-use dpca_common::paillier::{Ciphertext, PublicKey};
+use dpca_common::paillier::PublicKey;
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_proto::convert::{spec_from_wire, spec_to_wire};
 use dpca_proto::v1;
@@ -182,7 +183,7 @@ impl Store {
         &self,
         study: &Study,
         owner: &str,
-        cts: &[Ciphertext],
+        cts: &[Elem],
         budget: Option<(&str, &OwnerBudget)>,
     ) -> Result<(), StoreError> {
         let mut pending = self.lock_pending();
@@ -378,14 +379,14 @@ pub struct StoredParts {
 }
 
 /// `cts` as fixed-width bytes, cut into values of at most [`SLICE_BYTES`].
-fn slices(pk: &PublicKey, cts: &[Ciphertext]) -> Vec<Vec<u8>> {
+fn slices(pk: &PublicKey, cts: &[Elem]) -> Vec<Vec<u8>> {
     let width = pk.ciphertext_bytes();
     let per_slice = (SLICE_BYTES / width).max(1);
     cts.chunks(per_slice)
         .map(|part| {
             let mut bytes = Vec::with_capacity(part.len() * width);
             for c in part {
-                bytes.extend_from_slice(&pk.ciphertext_to_bytes(c));
+                bytes.extend_from_slice(&pk.elem_to_bytes(c));
             }
             bytes
         })
@@ -393,7 +394,7 @@ fn slices(pk: &PublicKey, cts: &[Ciphertext]) -> Vec<Vec<u8>> {
 }
 
 /// Ciphertexts stored by [`slices`], each checked to be in Z*_(n^2).
-fn from_slices(pk: &PublicKey, bytes: &[u8], what: &str) -> Result<Vec<Ciphertext>, String> {
+fn from_slices(pk: &PublicKey, bytes: &[u8], what: &str) -> Result<Vec<Elem>, String> {
     let width = pk.ciphertext_bytes();
     if !bytes.len().is_multiple_of(width) {
         return Err(format!(
@@ -402,7 +403,7 @@ fn from_slices(pk: &PublicKey, bytes: &[u8], what: &str) -> Result<Vec<Ciphertex
         ));
     }
     let each: Vec<&[u8]> = bytes.chunks(width).collect();
-    pk.ciphertexts_from_bytes(&each, 0)
+    pk.elems_from_bytes(&each, 0)
         .map_err(|e| format!("{what}: {e}"))
 }
 
@@ -579,14 +580,14 @@ fn rebuild_aggregate(
     layout: &StudyLayout,
     phase: &Phase,
     parts: &StoredParts,
-) -> Result<Vec<Ciphertext>, String> {
+) -> Result<Vec<Elem>, String> {
     let pk = &spec.public_key;
     let folded = parts.contributors.iter().filter(|c| !c.pending).count();
     let mut aggregate = if parts.checkpoint.is_empty() {
         if folded > 0 {
             return Err(format!("{folded} owners folded but no stored aggregate"));
         }
-        Study::identity_aggregate(layout)
+        Study::identity_aggregate(pk, layout)
     } else {
         from_slices(pk, &parts.checkpoint, "aggregate")?
     };
@@ -612,7 +613,7 @@ fn rebuild_aggregate(
             ));
         }
         for (acc, c) in aggregate.iter_mut().zip(&cts) {
-            *acc = pk.add(acc, c);
+            *acc = pk.ring().mul_elem(acc, c);
         }
     }
     Ok(aggregate)
@@ -622,17 +623,18 @@ fn rebuild_aggregate(
 mod tests {
     use super::*;
     use crate::study::tests::{key, study};
-    use dpca_common::paillier::Ciphertext;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
 
-    fn contribution(s: &Study, seed: u64) -> Vec<Ciphertext> {
+    fn contribution(s: &Study, seed: u64) -> Vec<Elem> {
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
         let pk = key().public();
         (0..s.layout.owner_ciphertexts())
             .map(|i| {
-                pk.encrypt(&num_bigint::BigUint::from(i as u64 + seed), &mut rng)
-                    .expect("encrypt")
+                let c = pk
+                    .encrypt(&num_bigint::BigUint::from(i as u64 + seed), &mut rng)
+                    .expect("encrypt");
+                pk.ring().elem(&c.0)
             })
             .collect()
     }
@@ -641,10 +643,10 @@ mod tests {
     fn count(store: &Store, s: &mut Study, owner: &str, seed: u64) {
         let pk = key().public().clone();
         let cts = contribution(s, seed);
-        s.contribute(owner, owner, &cts, |x, y| pk.add(x, y))
+        s.contribute(owner, owner, &cts, |x, y| pk.ring().mul_elem(x, y))
             .expect("contribute");
         let signed = SignedCount {
-            ciphertext: pk.ciphertext_to_bytes(&cts[cts.len() - 1]),
+            ciphertext: pk.elem_to_bytes(&cts[cts.len() - 1]),
             signature: vec![seed as u8; 70],
             certificate: vec![seed as u8 + 1; 300],
         };
@@ -766,7 +768,7 @@ mod tests {
         let pk = key().public();
         let s = study(2, 2);
         let cts = contribution(&s, 3);
-        let many: Vec<Ciphertext> = cts.iter().cycle().take(300).cloned().collect();
+        let many: Vec<Elem> = cts.iter().cycle().take(300).cloned().collect();
         let cut = slices(pk, &many);
         assert!(cut.len() > 1, "300 ciphertexts in one value");
         assert!(cut.iter().all(|v| v.len() <= SLICE_BYTES));
@@ -781,7 +783,7 @@ mod tests {
         let pk = key().public().clone();
         let mut s = study(3, 3);
         let cts = contribution(&s, 1);
-        s.contribute("a", "a", &cts, |x, y| pk.add(x, y))
+        s.contribute("a", "a", &cts, |x, y| pk.ring().mul_elem(x, y))
             .expect("contribute");
         let good = to_record(&s).encode_to_vec();
         let row = |pending| contributor_row(&s, "a", pending);

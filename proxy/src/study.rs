@@ -14,8 +14,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use dpca_common::arith::Elem;
 use dpca_common::dp::{Centering, NoisePlan, NoiseScale};
-use dpca_common::paillier::{Ciphertext, Opening};
+use dpca_common::paillier::{Ciphertext, Opening, PublicKey};
 use dpca_common::protocol::{release, ProtocolError, ReleaseSecrets};
 use dpca_common::randomizer::{Randomizer, Randomness};
 use dpca_common::study::{StudyLayout, StudySpec};
@@ -202,11 +203,12 @@ pub struct Study {
     pub opened_by: Option<String>,
     /// Owner id -> contribution id of each counted contribution.
     contributors: BTreeMap<String, String>,
-    /// Running ciphertext product of all counted contributions. Its size is the
-    /// layout's, whatever the number of owners; once released, only E[N]. Shared,
-    /// so a copy of the study (the service's view for `status`, the copy a
-    /// transition is tried on) costs no copy of the aggregate.
-    aggregate: Arc<Vec<Ciphertext>>,
+    /// Running ciphertext product of all counted contributions, held in the key's
+    /// ring (no conversion per multiplication). Its size is the layout's, whatever
+    /// the number of owners; once released, only E[N]. Shared, so a copy of the
+    /// study (the service's view for `status`, the copy a transition is tried on)
+    /// costs no copy of the aggregate.
+    aggregate: Arc<Vec<Elem>>,
     /// Current phase.
     pub phase: Phase,
     /// Owner id -> its signed E[N_i], for the owners counted (`mask` over TLS).
@@ -216,7 +218,7 @@ pub struct Study {
 impl Study {
     /// A new study in `Collecting`.
     pub fn new(id: String, spec: StudySpec, layout: StudyLayout, noise_free: bool) -> Self {
-        let aggregate = Arc::new(Self::identity_aggregate(&layout));
+        let aggregate = Arc::new(Self::identity_aggregate(&spec.public_key, &layout));
         Self {
             id,
             spec,
@@ -232,8 +234,8 @@ impl Study {
 
     /// The aggregate of no contribution: the identity ciphertext 1 = E[0; r = 1]
     /// at every position (it is never sent as such).
-    pub fn identity_aggregate(layout: &StudyLayout) -> Vec<Ciphertext> {
-        vec![Ciphertext(BigUint::one()); layout.owner_ciphertexts()]
+    pub fn identity_aggregate(pk: &PublicKey, layout: &StudyLayout) -> Vec<Elem> {
+        vec![pk.ring().elem(&BigUint::one()); layout.owner_ciphertexts()]
     }
 
     /// A study as its durable record describes it; refuses a record whose
@@ -246,7 +248,7 @@ impl Study {
         noise_free: bool,
         opened_by: Option<String>,
         contributors: BTreeMap<String, String>,
-        aggregate: Vec<Ciphertext>,
+        aggregate: Vec<Elem>,
         phase: Phase,
     ) -> Result<Self, String> {
         // A released study keeps only E[N] of its aggregate.
@@ -305,7 +307,7 @@ impl Study {
     }
 
     /// The running aggregate, one ciphertext per layout position.
-    pub fn aggregate(&self) -> &[Ciphertext] {
+    pub fn aggregate(&self) -> &[Elem] {
         &self.aggregate
     }
 
@@ -330,8 +332,8 @@ impl Study {
     }
 
     /// The encrypted pooled row count (last aggregate ciphertext).
-    pub fn encrypted_count(&self) -> Option<&Ciphertext> {
-        self.aggregate.last()
+    pub fn encrypted_count(&self) -> Option<Ciphertext> {
+        self.aggregate.last().map(|c| Ciphertext(c.to_big()))
     }
 
     /// Checks whether an owner may contribute, before its stream is read.
@@ -377,8 +379,8 @@ impl Study {
         &mut self,
         owner: &str,
         contribution_id: &str,
-        cts: &[Ciphertext],
-        mul: impl Fn(&Ciphertext, &Ciphertext) -> Ciphertext + Sync,
+        cts: &[Elem],
+        mul: impl Fn(&Elem, &Elem) -> Elem + Sync,
     ) -> Result<ContributionOutcome, StudyError> {
         if let Some(outcome) = self.check_can_contribute(owner, contribution_id)? {
             return Ok(outcome);
@@ -459,7 +461,7 @@ impl Study {
         let n = u64::try_from(&opening.plaintext).unwrap_or(u64::MAX);
         let proven = self
             .encrypted_count()
-            .is_some_and(|c| self.spec.public_key.verify_opening(c, opening));
+            .is_some_and(|c| self.spec.public_key.verify_opening(&c, opening));
         if !proven {
             return Err(StudyError::BadOpening { study, n });
         }
@@ -519,10 +521,16 @@ impl Study {
             );
             Randomness::FixedBase(&table)
         };
+        // Converted once: the release's exponentiations take the aggregate as it is.
+        let aggregate: Vec<Ciphertext> = self
+            .aggregate
+            .iter()
+            .map(|c| Ciphertext(c.to_big()))
+            .collect();
         let ciphertexts = release(
             &self.layout,
             spec.privacy.centering,
-            &self.aggregate,
+            &aggregate,
             n_rows.unwrap_or(0),
             &secrets,
             randomness,
@@ -611,11 +619,12 @@ pub(crate) mod tests {
     }
 
     /// Ciphertext "multiplication" as integer addition, so aggregates are countable.
-    fn fake_cts(study: &Study, value: u64) -> Vec<Ciphertext> {
-        vec![Ciphertext(BigUint::from(value)); study.layout.owner_ciphertexts()]
+    fn fake_cts(study: &Study, value: u64) -> Vec<Elem> {
+        let v = key().public().ring().elem(&BigUint::from(value));
+        vec![v; study.layout.owner_ciphertexts()]
     }
-    fn add(a: &Ciphertext, b: &Ciphertext) -> Ciphertext {
-        Ciphertext(&a.0 + &b.0)
+    fn add(a: &Elem, b: &Elem) -> Elem {
+        key().public().ring().elem(&(a.to_big() + b.to_big()))
     }
 
     #[derive(Clone, Debug)]
@@ -660,7 +669,7 @@ pub(crate) mod tests {
                 let expected: u64 = 1 + counted.iter().map(|(o, &c)| {
                     1 + 10 * o[1..].parse::<u64>().unwrap_or(0) + c as u64
                 }).sum::<u64>();
-                prop_assert_eq!(&s.aggregate[0].0, &BigUint::from(expected));
+                prop_assert_eq!(s.aggregate[0].to_big(), BigUint::from(expected));
                 prop_assert!(s.owners_in().len() <= 4);
                 if s.owners_in().len() == 4 { prop_assert_eq!(s.phase.name(), "sealed"); }
             }
@@ -691,25 +700,28 @@ pub(crate) mod tests {
     #[test]
     fn wrong_count_changes_nothing() {
         let mut s = study(2, 1);
-        let res = s.contribute("a", "1", &[Ciphertext(BigUint::from(3u32))], add);
+        let res = s.contribute("a", "1", &fake_cts(&s, 3)[..1], add);
         assert!(matches!(res, Err(StudyError::WrongCount { .. })));
         assert!(s.owners_in().is_empty());
-        assert_eq!(s.aggregate[0].0, BigUint::one());
+        assert_eq!(s.aggregate[0].to_big(), BigUint::one());
     }
 
     /// Every owner's ciphertexts encrypt `value`, so N is owners x value.
     fn contribute_value(s: &mut Study, owner: &str, value: u32, rng: &mut ChaCha20Rng) {
         let pk = key().public().clone();
-        let cts: Vec<Ciphertext> = (0..s.layout.owner_ciphertexts())
-            .map(|_| pk.encrypt(&BigUint::from(value), rng).expect("enc"))
+        let cts: Vec<Elem> = (0..s.layout.owner_ciphertexts())
+            .map(|_| {
+                pk.ring()
+                    .elem(&pk.encrypt(&BigUint::from(value), rng).expect("enc").0)
+            })
             .collect();
-        s.contribute(owner, "1", &cts, |x, y| pk.add(x, y))
+        s.contribute(owner, "1", &cts, |x, y| pk.ring().mul_elem(x, y))
             .expect("counted");
     }
 
     fn opening(s: &Study) -> Opening {
         key()
-            .open(s.encrypted_count().expect("aggregate"))
+            .open(&s.encrypted_count().expect("aggregate"))
             .expect("open")
     }
 
@@ -748,11 +760,11 @@ pub(crate) mod tests {
             ));
             assert_eq!(s.phase.name(), "sealed");
         }
-        let count = s.encrypted_count().cloned();
+        let count = s.encrypted_count();
         s.release(Some(&honest), &mut rng).expect("release");
         // The exact aggregate is gone; E[N] stays for a retried AwaitSeal.
         assert_eq!(s.aggregate().len(), 1);
-        assert_eq!(s.encrypted_count().cloned(), count);
+        assert_eq!(s.encrypted_count(), count);
         let first = match &s.phase {
             Phase::Released(r) => {
                 assert_eq!(r.n_rows, Some(2));

@@ -109,10 +109,15 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
         .expect("layout")
         .owner_ciphertexts();
     let n2 = f.spec.public_key.n_squared().to_bytes_be();
+    let three_n = (f.spec.public_key.n() * 3u32).to_bytes_be();
     rt().block_on(async {
         let mut c = f.client("mallory").await;
-        // c = n^2 (out of range) and c = 0 (not a unit), each at index 1.
-        for bad in [n2.clone(), vec![0u8; n_bytes]] {
+        // c = n^2 (out of range), c = 0 and c = 3 n (not units), each at index 1.
+        for (bad, why) in [
+            (n2.clone(), "not below n^2"),
+            (vec![0u8; n_bytes], "zero"),
+            (three_n, "a multiple of n"),
+        ] {
             let mut cts = vec![vec![0u8; n_bytes]; 2];
             cts[0] = {
                 let mut one = vec![0u8; n_bytes];
@@ -136,6 +141,7 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
                 .expect_err("invalid ciphertext accepted");
             assert_eq!(err.code(), tonic::Code::InvalidArgument);
             assert!(err.message().contains("ciphertext 1"), "{}", err.message());
+            assert!(err.message().contains(why), "{}", err.message());
         }
 
         // Specs the user's own checks would stop, sent raw: the proxy checks too.

@@ -14,7 +14,7 @@
 
 use dpca_bench::{built_programs, program, raw_gmp_mulmod};
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,6 +116,9 @@ struct Row {
     written: u64,
     /// The proxy's CPU seconds during the load.
     cpu: f64,
+    /// Seconds the proxy spent folding (on every core) and storing.
+    fold: f64,
+    store: f64,
     proxy: Usage,
     status_ms: Vec<f64>,
     refused: usize,
@@ -137,11 +140,14 @@ fn start_proxy(
     bin: &Path,
     pki: &dpca_shell::tls::DevPki,
     state: &Path,
+    metrics: SocketAddr,
 ) -> anyhow::Result<(ProxyProc, String)> {
     let mut child = ProxyProc(
         Command::new(bin)
             .args(["--listen", "127.0.0.1:0", "--state"])
             .arg(state)
+            .arg("--metrics-listen")
+            .arg(metrics.to_string())
             .args(pki.proxy.args())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -273,6 +279,25 @@ async fn poll_status(
     Ok(latencies)
 }
 
+/// A free loopback port for the proxy's metrics (taken and let go: the proxy
+/// binds it a moment later).
+fn free_port() -> anyhow::Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// The proxy's counter `name` from its `/metrics` page.
+fn scrape(metrics: SocketAddr, name: &str) -> anyhow::Result<f64> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(metrics)?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut page = String::new();
+    conn.read_to_string(&mut page)?;
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("{name} on the metrics page"))
+}
+
 /// Bytes a process has caused to be written to storage (`/proc/PID/io`).
 fn written_bytes(pid: u32) -> anyhow::Result<u64> {
     let io = std::fs::read_to_string(format!("/proc/{pid}/io")).context("/proc/PID/io")?;
@@ -288,6 +313,7 @@ struct Setup {
     pki: DevPki,
     names: Vec<String>,
     proxy: ProxyProc,
+    metrics: SocketAddr,
     url: String,
     user: Transport,
     study: String,
@@ -303,7 +329,8 @@ async fn set_up(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Setup
         &["user".to_string()],
         &names,
     )?;
-    let (proxy, addr) = start_proxy(proxy_bin, &pki, &dir.path().join("proxy.redb"))?;
+    let metrics = free_port()?;
+    let (proxy, addr) = start_proxy(proxy_bin, &pki, &dir.path().join("proxy.redb"), metrics)?;
     let url = format!("https://{addr}");
     let user = Transport::Tls(Arc::new(
         pki.files("user").context("user files")?.load(Role::User)?,
@@ -326,6 +353,7 @@ async fn set_up(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Setup
         pki,
         names,
         proxy,
+        metrics,
         url,
         user,
         study,
@@ -393,6 +421,8 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
     let written = written_bytes(pid)? - written_before;
     let proxy = Usage::of_pid(pid).context("proxy usage from /proc")?;
     let cpu = proxy.cpu_seconds - cpu_before;
+    let fold = scrape(s.metrics, "dpca_fold_microseconds_total")? / 1e6;
+    let store = scrape(s.metrics, "dpca_store_microseconds_total")? / 1e6;
     let info = connect(&s.url, &s.user)
         .await?
         .get_study(v1::GetStudyRequest {
@@ -408,6 +438,8 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         wall,
         written,
         cpu,
+        fold,
+        store,
         proxy,
         status_ms,
         refused,
@@ -463,29 +495,33 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
     );
     println!(
         "\n| M | owners | ciphertexts each | wall s | contributions/s | folded/s per core | \
-         floor / folded | proxy CPU s | floor / folded per CPU s | written / contributed | \
-         proxy peak MiB | status median ms | \
-         status max ms | status calls | refused | state (owners in) |"
+         floor / folded | fold s | floor / fold | store s | proxy CPU s | \
+         proxy CPU per ciphertext / mul | written / contributed | proxy peak MiB | \
+         status median ms | status max ms | status calls | refused | state (owners in) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|{}", "---|".repeat(19));
     for r in rows {
         let owners = r.plan.owners as f64;
-        let folded = owners * r.ciphertexts as f64 / r.wall / cores as f64;
+        let total = owners * r.ciphertexts as f64;
+        let per_core = |seconds: f64| total / seconds / cores as f64;
         let mut ms = r.status_ms.clone();
         ms.sort_by(f64::total_cmp);
         let median = ms.get(ms.len() / 2).copied().unwrap_or(f64::NAN);
         let max = ms.last().copied().unwrap_or(f64::NAN);
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} | {:.1} | {} | {} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} | {:.1} | {} | {} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
             r.wall,
             owners / r.wall,
-            folded,
-            (1.0 / mul) / folded,
+            per_core(r.wall),
+            (1.0 / mul) / per_core(r.wall),
+            r.fold,
+            (1.0 / mul) / per_core(r.fold),
+            r.store,
             r.cpu,
-            r.cpu / (mul * owners * r.ciphertexts as f64),
+            r.cpu / (mul * total),
             r.written as f64 / (owners * r.contribution_bytes as f64),
             r.proxy.peak_rss_bytes as f64 / (1024.0 * 1024.0),
             median,
