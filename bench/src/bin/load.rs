@@ -42,7 +42,7 @@ use rayon::prelude::*;
 const RETRY_FOR: Duration = Duration::from_secs(600);
 
 /// How often the user asks for the proxy's status during a run.
-const STATUS_EVERY: Duration = Duration::from_millis(25);
+const STATUS_EVERY: Duration = Duration::from_millis(50);
 /// Why one attempt of an owner failed.
 #[derive(Debug)]
 enum Attempt {
@@ -120,7 +120,9 @@ struct Row {
     fold: f64,
     store: f64,
     proxy: Usage,
+    /// `proxy status` latencies: fresh connections, and one kept open.
     status_ms: Vec<f64>,
+    kept_ms: Vec<f64>,
     refused: usize,
     state: String,
     owners_in: u32,
@@ -258,17 +260,24 @@ async fn send(
         .map_err(|e| e.to_string())
 }
 
-/// `proxy status` as an operator runs it (a fresh connection each time), over and
-/// over until `done`: the milliseconds of each call.
+/// `proxy status` over and over until `done`, on a fresh connection each time as
+/// the `proxy status` command makes one (`fresh`), or on one kept open (the
+/// service's own answer, without the handshake): the milliseconds of each call.
 async fn poll_status(
     url: String,
     user: Transport,
+    fresh: bool,
     done: Arc<AtomicBool>,
 ) -> anyhow::Result<Vec<f64>> {
     let mut latencies = Vec::new();
+    let mut kept = connect(&url, &user).await?;
     while !done.load(Ordering::Relaxed) {
         let t = Instant::now();
-        let mut client = connect(&url, &user).await?;
+        let mut client = if fresh {
+            connect(&url, &user).await?
+        } else {
+            kept.clone()
+        };
         client
             .status(v1::StatusRequest::default())
             .await
@@ -276,6 +285,7 @@ async fn poll_status(
         latencies.push(t.elapsed().as_secs_f64() * 1e3);
         tokio::time::sleep(STATUS_EVERY).await;
     }
+    kept.status(v1::StatusRequest::default()).await.ok();
     Ok(latencies)
 }
 
@@ -408,16 +418,21 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         .context("proxy usage from /proc")?
         .cpu_seconds;
     let done = Arc::new(AtomicBool::new(false));
-    let poller = tokio::spawn(poll_status(
-        s.url.clone(),
-        s.user.clone(),
-        Arc::clone(&done),
-    ));
+    let poll = |fresh| {
+        tokio::spawn(poll_status(
+            s.url.clone(),
+            s.user.clone(),
+            fresh,
+            Arc::clone(&done),
+        ))
+    };
+    let (fresh, kept) = (poll(true), poll(false));
     let start = Instant::now();
     let refused = send_all(&s).await?;
     let wall = start.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
-    let status_ms = poller.await??;
+    let status_ms = fresh.await??;
+    let kept_ms = kept.await??;
     let written = written_bytes(pid)? - written_before;
     let proxy = Usage::of_pid(pid).context("proxy usage from /proc")?;
     let cpu = proxy.cpu_seconds - cpu_before;
@@ -442,6 +457,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         store,
         proxy,
         status_ms,
+        kept_ms,
         refused,
         state: info.state,
         owners_in: info.owners_in,
@@ -486,6 +502,14 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Median and largest of `ms`.
+fn median_max(ms: &[f64]) -> (f64, f64) {
+    let mut ms = ms.to_vec();
+    ms.sort_by(f64::total_cmp);
+    let median = ms.get(ms.len() / 2).copied().unwrap_or(f64::NAN);
+    (median, ms.last().copied().unwrap_or(f64::NAN))
+}
+
 fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
     println!(
         "\n{cores} cores; GMP multiplication mod n^2 at {bits} bits: {:.2} us, so the \
@@ -497,19 +521,18 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
         "\n| M | owners | ciphertexts each | wall s | contributions/s | folded/s per core | \
          floor / folded | fold s | floor / fold | store s | proxy CPU s | \
          proxy CPU per ciphertext / mul | written / contributed | proxy peak MiB | \
-         status median ms | status max ms | status calls | refused | state (owners in) |"
+         status ms, fresh connection: median / max (calls) | status ms, open connection: \
+         median / max (calls) | refused | state (owners in) |"
     );
-    println!("|{}", "---|".repeat(19));
+    println!("|{}", "---|".repeat(18));
     for r in rows {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
         let per_core = |seconds: f64| total / seconds / cores as f64;
-        let mut ms = r.status_ms.clone();
-        ms.sort_by(f64::total_cmp);
-        let median = ms.get(ms.len() / 2).copied().unwrap_or(f64::NAN);
-        let max = ms.last().copied().unwrap_or(f64::NAN);
+        let (fresh, fresh_max) = median_max(&r.status_ms);
+        let (kept, kept_max) = median_max(&r.kept_ms);
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} | {:.1} | {} | {} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}) | {:.1} / {:.1} ({}) | {} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
@@ -524,9 +547,12 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
             r.cpu / (mul * total),
             r.written as f64 / (owners * r.contribution_bytes as f64),
             r.proxy.peak_rss_bytes as f64 / (1024.0 * 1024.0),
-            median,
-            max,
-            ms.len(),
+            fresh,
+            fresh_max,
+            r.status_ms.len(),
+            kept,
+            kept_max,
+            r.kept_ms.len(),
             r.refused,
             r.state,
             r.owners_in
