@@ -216,18 +216,25 @@ impl ProxyService {
             .map_err(|_| Refusal::Internal("study table poisoned".into()))
     }
 
-    /// Who opened each study that is open now (collecting or sealed), from the
-    /// studies' views: no wait behind a fold.
-    fn open_studies(&self) -> Result<Vec<Option<String>>, Refusal> {
+    /// Counts the studies open now (collecting or sealed, from their views) and,
+    /// within the limits, puts `study` among them, all under the table's lock: opens
+    /// sent at once cannot all pass one count. The caller removes it again if it
+    /// cannot be stored.
+    fn reserve(&self, study: &Study) -> Result<(), Refusal> {
         let now = self.config.clock.now_ms();
-        let mut open = Vec::new();
-        for shared in self.all_studies()? {
-            let s = shared.view(now);
-            if matches!(s.phase, Phase::Collecting | Phase::Sealed) {
-                open.push(s.opened_by.clone());
-            }
-        }
-        Ok(open)
+        let mut table = self.table()?;
+        let open: Vec<Option<String>> = table
+            .values()
+            .map(|cell| cell.view(now))
+            .filter(|s| matches!(s.phase, Phase::Collecting | Phase::Sealed))
+            .map(|s| s.opened_by)
+            .collect();
+        self.config
+            .limits
+            .check_open(&open, study.opened_by.as_deref())
+            .map_err(|e| Refusal::OverLimit(e.to_string()))?;
+        table.insert(study.id.clone(), StudyCell::new(study.clone()));
+        Ok(())
     }
 
     /// Every study, to visit one at a time (the table is not held meanwhile).
@@ -247,28 +254,47 @@ impl ProxyService {
     /// Applies deadlines in the background. A study busy with a fold or a release
     /// is left for the next round (every call ticks the study it uses anyway).
     pub fn spawn_deadline_ticker(&self) {
-        let studies = Arc::clone(&self.studies);
-        let clock = Arc::clone(&self.config.clock);
+        let svc = self.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(POLL).await;
-                let Ok(all) = studies
-                    .lock()
-                    .map(|m| m.values().cloned().collect::<Vec<_>>())
-                else {
+                let Ok(all) = svc.all_studies() else {
                     return;
                 };
-                let now = clock.now_ms();
+                let now = svc.config.clock.now_ms();
                 let mut phases = Vec::with_capacity(all.len());
+                let mut closed = Vec::new();
                 for shared in all {
                     if let Some(mut s) = shared.try_lock() {
                         s.tick(now);
                         phases.push(s.phase.name());
+                        if svc.holds_pending(&s) {
+                            closed.push(s.id.clone());
+                        }
                     }
                 }
                 crate::metrics::phases(phases.into_iter());
+                for id in closed {
+                    svc.store_deadline_transition(&id).await;
+                }
             }
         });
+    }
+
+    /// Whether `s` has left collecting while the state file still holds some of
+    /// its contributions one by one (a deadline transition is not stored by itself).
+    fn holds_pending(&self, s: &Study) -> bool {
+        !matches!(s.phase, Phase::Collecting)
+            && self.store.as_ref().is_some_and(|st| st.has_pending(&s.id))
+    }
+
+    /// Stores a study that its deadline sealed or aborted, so its contributions
+    /// kept one by one are multiplied into the stored aggregate and deleted: no
+    /// single owner's ciphertexts stay in the file of a study nobody will finish.
+    async fn store_deadline_transition(&self, id: &str) {
+        if let Err(e) = self.update_study(id, |_| Ok(())).await {
+            tracing::warn!(study = %id, error = %Status::from(e).message(), "deadline transition not stored");
+        }
     }
 
     /// Takes this owner's upload slot and one of the proxy's; both are released
@@ -538,8 +564,12 @@ struct UploadSlot {
 
 /// Runs CPU- or disk-bound work off the async runtime.
 fn not_stored(study: &Study, e: StoreError) -> Refusal {
+    // The details (the state file's path, the database's error) are the
+    // operator's: they go to the log, not to the caller.
     tracing::error!(study = %study.id, error = %e, "state not stored");
-    Refusal::Unavailable(format!("the proxy could not store the study: {e}"))
+    Refusal::Unavailable(
+        "the proxy could not store the study; nothing changed (its operator's log says why)".into(),
+    )
 }
 
 async fn blocking<T: Send + 'static>(
@@ -615,24 +645,21 @@ impl v1::proxy_server::Proxy for ProxyService {
         limits
             .check_layout(&layout)
             .map_err(|e| Refusal::Invalid(e.to_string()))?;
-        let opener = peer.as_ref().map(|p| p.name.clone());
-        limits
-            .check_open(&self.open_studies()?, opener.as_deref())
-            .map_err(|e| Refusal::OverLimit(e.to_string()))?;
         let mut id_bytes = [0u8; 16];
         self.config.entropy.rng().fill_bytes(&mut id_bytes);
         let id = hex::encode(id_bytes);
-        crate::metrics::study_opened();
-        tracing::info!(study = %id, features = spec.dim(), quorum = spec.quorum, "study opened");
+        let (features, quorum) = (spec.dim(), spec.quorum);
         let mut study = Study::new(id.clone(), spec, layout, req.noise_free_for_testing);
         study.opened_by = peer.map(|p| p.name);
+        self.reserve(&study)?;
         let svc = self.clone();
-        blocking(move || {
-            svc.persist(&study)?;
-            svc.table()?.insert(study.id.clone(), StudyCell::new(study));
-            Ok(())
-        })
-        .await?;
+        if let Err(e) = blocking(move || svc.persist(&study)).await {
+            // Not stored: not opened.
+            self.table()?.remove(&id);
+            return Err(e.into());
+        }
+        crate::metrics::study_opened();
+        tracing::info!(study = %id, features, quorum, "study opened");
         Ok(Response::new(v1::OpenStudyResponse { study_id: id }))
     }
 
@@ -999,10 +1026,12 @@ mod tests {
         assert_eq!(status.message(), "unknown study `nope`");
     }
 
-    /// Deadlines are read on the injected clock: a study is aborted the moment
-    /// the clock passes its deadline with no owner in, without a real wait.
-    #[test]
-    fn a_deadline_passes_on_the_injected_clock_without_a_real_wait() {
+    /// A service on a manual clock at 10 s, holding `s1` with its deadline at 70 s.
+    fn on_manual_clock() -> (
+        tempfile::TempDir,
+        Arc<crate::world::ManualClock>,
+        ProxyService,
+    ) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
         store_study(&path, 70_000, false);
@@ -1012,6 +1041,14 @@ mod tests {
             ..config(&path, false)
         })
         .expect("service");
+        (dir, clock, svc)
+    }
+
+    /// Deadlines are read on the injected clock: a study is aborted the moment
+    /// the clock passes its deadline with no owner in, without a real wait.
+    #[test]
+    fn a_deadline_passes_on_the_injected_clock_without_a_real_wait() {
+        let (_dir, clock, svc) = on_manual_clock();
         let phase = || {
             rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
                 .expect("study")
@@ -1027,15 +1064,7 @@ mod tests {
     /// fold or a release (which at M = 1000 take seconds), and shows the deadline.
     #[test]
     fn status_answers_while_a_study_is_busy() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("state.redb");
-        store_study(&path, 70_000, false);
-        let clock = Arc::new(crate::world::ManualClock::at(10_000));
-        let svc = ProxyService::new(ProxyConfig {
-            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
-            ..config(&path, false)
-        })
-        .expect("service");
+        let (_dir, clock, svc) = on_manual_clock();
         async fn state(svc: &ProxyService) -> String {
             use v1::proxy_server::Proxy;
             let call = svc.status(Request::new(v1::StatusRequest::default()));
@@ -1055,5 +1084,114 @@ mod tests {
                 "the deadline, applied to the view"
             );
         });
+    }
+
+    /// A study its deadline closes keeps no owner's ciphertexts one by one: the
+    /// deadline ticker stores the transition, which multiplies the contributions
+    /// stored on their own into the stored aggregate and deletes them.
+    #[test]
+    fn a_deadline_folds_away_the_contributions_stored_one_by_one() {
+        use dpca_common::arith::Elem;
+        use rand::SeedableRng;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let mut s = study(2, 1);
+        s.spec = SpecDraft {
+            deadline_unix_ms: 70_000,
+            ..s.spec.to_draft()
+        }
+        .validate()
+        .expect("spec");
+        let pk = s.spec.public_key.clone();
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(5);
+        let cts: Vec<Elem> = (0..s.layout.owner_ciphertexts())
+            .map(|i| {
+                let c = pk.encrypt(&(i as u64).into(), &mut rng).expect("enc");
+                pk.ring().elem(&c.0)
+            })
+            .collect();
+        {
+            let store = Store::open(&path).expect("store");
+            store.save_study(&s).expect("save");
+            s.contribute("a", "a", &cts, |x, y| pk.ring().mul_elem(x, y))
+                .expect("contribute");
+            store
+                .save_contribution(&s, "a", &cts, None)
+                .expect("save contribution");
+            assert!(
+                store.has_pending("s1"),
+                "one owner's ciphertexts on their own"
+            );
+        }
+        let clock = Arc::new(crate::world::ManualClock::at(10_000));
+        let svc = ProxyService::new(ProxyConfig {
+            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
+            ..config(&path, false)
+        })
+        .expect("service");
+        let store = svc.store.clone().expect("a store");
+        rt().block_on(async {
+            svc.spawn_deadline_ticker();
+            clock.advance(Duration::from_secs(61));
+            for _ in 0..100 {
+                tokio::time::sleep(POLL).await;
+                if !store.has_pending("s1") {
+                    break;
+                }
+            }
+        });
+        assert!(!store.has_pending("s1"), "ciphertexts left one by one");
+        drop((svc, store));
+        let loaded = Store::open(&path)
+            .expect("reopen")
+            .load_all()
+            .expect("load");
+        assert_eq!(loaded[0].phase.name(), "sealed");
+        assert_eq!(loaded[0].aggregate(), s.aggregate());
+    }
+
+    /// Opens sent at once cannot all pass the count of open studies: the count
+    /// and the insertion are one step. The writes are held back until every call
+    /// has been counted, as a slow disk would.
+    #[test]
+    fn opens_sent_at_once_do_not_pass_the_open_study_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let svc = ProxyService::new(ProxyConfig {
+            limits: crate::limits::Limits {
+                max_open_studies: 2,
+                ..crate::limits::Limits::default()
+            },
+            ..config(&dir.path().join("state.redb"), false)
+        })
+        .expect("service");
+        let s = study(2, 1);
+        let spec = SpecDraft {
+            deadline_unix_ms: crate::world::Clock::now_ms(&crate::world::SystemClock) + 3_600_000,
+            ..s.spec.to_draft()
+        }
+        .validate()
+        .expect("spec");
+        let wire = spec_to_wire(&spec);
+        let store = svc.store.clone().expect("a store");
+        let opened = rt().block_on(async {
+            let held = store.hold_writes();
+            let mut calls = tokio::task::JoinSet::new();
+            for _ in 0..6 {
+                let (svc, wire) = (svc.clone(), wire.clone());
+                calls.spawn(async move {
+                    use v1::proxy_server::Proxy;
+                    svc.open_study(Request::new(v1::OpenStudyRequest {
+                        spec: Some(wire),
+                        noise_free_for_testing: false,
+                    }))
+                    .await
+                    .is_ok()
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(held);
+            calls.join_all().await.into_iter().filter(|ok| *ok).count()
+        });
+        assert_eq!(opened, 2, "opened past the limit of 2");
     }
 }

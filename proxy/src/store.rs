@@ -21,8 +21,13 @@
 //!
 //! A release is stored before it is served, so a restart serves the same noise
 //! rather than fresh noise (which would let the user average two releases).
-//! Deadline transitions are not stored: they follow from the stored contributors
-//! and the spec's deadline, and are re-applied on load.
+//! Deadline transitions follow from the stored contributors and the spec's
+//! deadline and are re-applied on load; they are stored only where a study its
+//! deadline closed still has contributions stored one by one (the service's
+//! deadline ticker does it), so those are multiplied into its aggregate and
+//! deleted: single owners' ciphertexts stay in the file only while a study
+//! collects, at most [`CHECKPOINT_EVERY`] less one of them. (Deleted values
+//! stay in pages redb has freed until it reuses them, as old aggregates did.)
 //!
 //! redb locks the file: a second proxy on the same state refuses to start.
 
@@ -44,7 +49,8 @@ use redb::{
 use crate::budget::OwnerBudget;
 use crate::study::{release_plan, Phase, Released, SignedCount, Study};
 
-/// Study id -> encoded [`v1::StoredStudy`], rewritten when the phase changes.
+/// Study id -> encoded [`v1::StoredStudy`], rewritten when the phase changes and
+/// at each checkpoint.
 const STUDIES: TableDefinition<&str, &[u8]> = TableDefinition::new("studies");
 
 /// (study, owner) -> encoded [`v1::StoredContributor`], one per counted owner.
@@ -131,9 +137,75 @@ impl Store {
         txn.open_table(AGGREGATES).map_err(|e| store.err(e))?;
         txn.open_table(BUDGETS).map_err(|e| store.err(e))?;
         txn.commit().map_err(|e| store.err(e))?;
+        store.migrate_format_1()?;
         let pending = store.read_pending_owners()?;
         *store.lock_pending() = pending;
         Ok(store)
+    }
+
+    /// Moves the contributors and aggregate of every format-1 record (one record
+    /// per study, rewritten whole at each contribution) into rows of their own,
+    /// in one transaction: a proxy upgraded mid-study carries on, and the owners'
+    /// budgets, stored alike in both formats, are kept. The moved ciphertexts are
+    /// checked when the study is loaded, as any stored ones.
+    fn migrate_format_1(&self) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        let mut moved = 0;
+        {
+            let mut studies = txn.open_table(STUDIES).map_err(|e| self.err(e))?;
+            let mut old = Vec::new();
+            for entry in studies.iter().map_err(|e| self.err(e))? {
+                let (key, value) = entry.map_err(|e| self.err(e))?;
+                let key = key.value().to_string();
+                let rec = v1::StoredStudy::decode(value.value())
+                    .map_err(|e| self.record_error(&key, format!("undecodable record: {e}")))?;
+                if rec.format == 1 {
+                    old.push((key, rec));
+                }
+            }
+            let mut rows = txn.open_table(CONTRIBUTORS).map_err(|e| self.err(e))?;
+            let mut aggregates = txn.open_table(AGGREGATES).map_err(|e| self.err(e))?;
+            for (key, mut rec) in old {
+                for row in std::mem::take(&mut rec.legacy_contributors) {
+                    let bytes = row.encode_to_vec();
+                    rows.insert((key.as_str(), row.owner_id.as_str()), bytes.as_slice())
+                        .map_err(|e| self.err(e))?;
+                }
+                let aggregate = std::mem::take(&mut rec.legacy_aggregate);
+                let spec = rec
+                    .spec
+                    .as_ref()
+                    .ok_or_else(|| self.record_error(&key, "record without a spec".into()))?;
+                let width = spec_from_wire(spec)
+                    .map_err(|e| self.record_error(&key, format!("spec: {e}")))?
+                    .public_key
+                    .ciphertext_bytes();
+                let per_slice = (SLICE_BYTES / width).max(1);
+                for (i, part) in aggregate.chunks(per_slice).enumerate() {
+                    let mut slice = Vec::with_capacity(part.len() * width);
+                    for c in part {
+                        // Fixed width, as format 1 wrote them (left-padded if not;
+                        // one too long is refused when the study is loaded).
+                        slice.resize(slice.len() + width.saturating_sub(c.len()), 0);
+                        slice.extend_from_slice(c);
+                    }
+                    aggregates
+                        .insert((key.as_str(), i as u32), slice.as_slice())
+                        .map_err(|e| self.err(e))?;
+                }
+                rec.format = FORMAT;
+                let bytes = rec.encode_to_vec();
+                studies
+                    .insert(key.as_str(), bytes.as_slice())
+                    .map_err(|e| self.err(e))?;
+                moved += 1;
+            }
+        }
+        txn.commit().map_err(|e| self.err(e))?;
+        if moved > 0 {
+            tracing::info!(studies = moved, "state records moved to format {FORMAT}");
+        }
+        Ok(())
     }
 
     fn err(&self, e: impl Into<redb::Error>) -> StoreError {
@@ -157,8 +229,9 @@ impl Store {
     }
 
     /// Writes `study`'s record after a transition other than a contribution
-    /// (opened, sealed or aborted by its deadline, released). Leaving collecting,
-    /// it also checkpoints the aggregate: no contribution can follow.
+    /// (opened, released, or found sealed or aborted by its deadline with
+    /// contributions still stored one by one). Past collecting, it also
+    /// checkpoints the aggregate, deleting those: no contribution can follow.
     pub fn save_study(&self, study: &Study) -> Result<(), StoreError> {
         let mut pending = self.lock_pending();
         let waiting = pending.get(&study.id).cloned().unwrap_or_default();
@@ -226,6 +299,19 @@ impl Store {
                 .insert(owner.to_string());
         }
         Ok(())
+    }
+
+    /// Holds every write back while the guard lives (a write takes this lock
+    /// first): lets a test line calls up behind a slow commit.
+    #[cfg(test)]
+    pub(crate) fn hold_writes(&self) -> MutexGuard<'_, HashMap<String, BTreeSet<String>>> {
+        self.lock_pending()
+    }
+
+    /// Whether some contributions of study `id` are stored one by one, not yet in
+    /// its stored aggregate.
+    pub fn has_pending(&self, id: &str) -> bool {
+        self.lock_pending().get(id).is_some_and(|w| !w.is_empty())
     }
 
     fn write_record(&self, txn: &WriteTransaction, study: &Study) -> Result<(), StoreError> {
@@ -499,8 +585,7 @@ pub fn from_record(key: &str, bytes: &[u8], parts: StoredParts) -> Result<Study,
     let rec = v1::StoredStudy::decode(bytes).map_err(|e| format!("undecodable record: {e}"))?;
     if rec.format != FORMAT {
         return Err(format!(
-            "record format {} (this proxy reads {FORMAT}; finish this study with the \
-             proxy version that opened it)",
+            "record format {} (this proxy reads {FORMAT})",
             rec.format
         ));
     }
@@ -714,9 +799,11 @@ mod tests {
         );
     }
 
-    /// Whatever the checkpoint interval and wherever the proxy restarts, the
-    /// reloaded aggregate holds every acknowledged contribution exactly once, and
-    /// the disk holds fewer than a checkpoint's worth of contributions.
+    /// Whatever the checkpoint interval, with the file reopened before and after
+    /// every contribution, the reloaded aggregate holds every acknowledged
+    /// contribution exactly once, and the disk holds fewer than a checkpoint's
+    /// worth of contributions. (Kills in the middle of a commit are the crash
+    /// test's; restarts among several owners and deadlines, the simulation's.)
     #[test]
     fn each_acknowledged_owner_is_in_the_reloaded_aggregate_exactly_once() {
         for every in 1..=4 {
@@ -836,5 +923,55 @@ mod tests {
         let err = from_record("s1", &format.encode_to_vec(), folded()).expect_err("format");
         assert!(err.contains("format 1"), "{err}");
         assert!(from_record("s1", b"\xff\xff not a record", folded()).is_err());
+    }
+
+    /// A file written by a format-1 proxy (one record per study holding its
+    /// contributors and aggregate) is moved to rows when opened: the study and
+    /// the owners' budgets carry on.
+    #[test]
+    fn a_format_1_file_is_moved_to_rows_keeping_studies_and_budgets() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let pk = key().public().clone();
+        let mut s = study(3, 3);
+        let cts = contribution(&s, 1);
+        s.contribute("a", "a", &cts, |x, y| pk.ring().mul_elem(x, y))
+            .expect("contribute");
+        let mut rec = to_record(&s);
+        rec.format = 1;
+        rec.legacy_contributors = vec![contributor_row(&s, "a", false)];
+        rec.legacy_aggregate = s.aggregate().iter().map(|c| pk.elem_to_bytes(c)).collect();
+        let budget =
+            crate::budget::charge("a", None, (2.0, 1e-4), "s1", (1.0, 1e-5)).expect("charge");
+        {
+            let db = Database::create(&path).expect("db");
+            let txn = db.begin_write().expect("write");
+            {
+                let mut studies = txn.open_table(STUDIES).expect("studies");
+                studies
+                    .insert("s1", rec.encode_to_vec().as_slice())
+                    .expect("record");
+                let mut budgets = txn.open_table(BUDGETS).expect("budgets");
+                budgets
+                    .insert("a", budget_to_record(&budget).encode_to_vec().as_slice())
+                    .expect("budget");
+            }
+            txn.commit().expect("commit");
+        }
+        let store = Store::open(&path).expect("open a format-1 file");
+        let loaded = store.load_all().expect("load");
+        assert_eq!(loaded[0].contributors(), s.contributors());
+        assert_eq!(loaded[0].aggregate(), s.aggregate());
+        assert_eq!(
+            store.load_budgets().expect("budgets")["a"].spent_epsilon,
+            1.0
+        );
+        // Moved once: a second open finds format 2 only.
+        drop(store);
+        let again = Store::open(&path)
+            .expect("reopen")
+            .load_all()
+            .expect("load");
+        assert_eq!(again[0].aggregate(), s.aggregate());
     }
 }
