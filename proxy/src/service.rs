@@ -1154,6 +1154,8 @@ mod tests {
     /// and the insertion are one step. The writes are held back until every call
     /// has been counted, as a slow disk would.
     #[test]
+    // The held lock is the point: the opens' writes wait on it on other threads.
+    #[allow(clippy::await_holding_lock)]
     fn opens_sent_at_once_do_not_pass_the_open_study_limit() {
         let dir = tempfile::tempdir().expect("tempdir");
         let svc = ProxyService::new(ProxyConfig {
