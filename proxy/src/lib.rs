@@ -13,6 +13,7 @@
 pub mod access;
 pub mod budget;
 pub mod cell;
+pub mod group_commit;
 pub mod limits;
 pub mod listener;
 pub mod metrics;

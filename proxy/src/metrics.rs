@@ -9,8 +9,12 @@
 //! - `dpca_contributions_total{outcome="counted"|"repeated"}` and
 //!   `dpca_contribution_bytes_total` (ciphertext bytes counted);
 //! - `dpca_release_seconds` (summary): mask, noise and re-randomization time;
-//! - `dpca_fold_microseconds_total`, `dpca_store_microseconds_total`: wall time spent
-//!   multiplying contributions into aggregates (on every core) and storing them;
+//! - `dpca_fold_microseconds_total`: wall time spent multiplying contributions into
+//!   aggregates (summed over the studies, which fold in parallel);
+//! - `dpca_store_microseconds_total`, `dpca_store_commits_total`,
+//!   `dpca_store_writes_total`: wall time spent writing and committing the state
+//!   file, the commits, and the writes they held (writes queued behind a commit
+//!   share the next);
 //! - `dpca_studies{phase}`: studies per phase, refreshed every second.
 
 use std::future::Future;
@@ -38,6 +42,11 @@ pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
         "ciphertext bytes of counted contributions"
     );
     metrics::describe_histogram!("dpca_release_seconds", "seconds to compute a release");
+    metrics::describe_counter!("dpca_store_commits_total", "commits of the state file");
+    metrics::describe_counter!(
+        "dpca_store_writes_total",
+        "writes held by those commits (queued writes share a commit)"
+    );
     metrics::describe_counter!(
         "dpca_fold_microseconds_total",
         "microseconds spent multiplying contributions into aggregates"
@@ -64,11 +73,21 @@ pub fn contribution(counted: bool, bytes: usize) {
     }
 }
 
-/// A contribution was multiplied in (taking `fold`) and stored (taking `store`).
-pub fn fold(fold: std::time::Duration, store: std::time::Duration) {
-    let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+/// A contribution was multiplied in, taking `fold`.
+pub fn fold(fold: std::time::Duration) {
     counter!("dpca_fold_microseconds_total").increment(micros(fold));
-    counter!("dpca_store_microseconds_total").increment(micros(store));
+}
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A commit of the state file held `writes` writes and took `took`, writing
+/// included.
+pub fn store_commit(writes: usize, took: std::time::Duration) {
+    counter!("dpca_store_microseconds_total").increment(micros(took));
+    counter!("dpca_store_commits_total").increment(1);
+    counter!("dpca_store_writes_total").increment(writes as u64);
 }
 
 /// A release was computed in `seconds`.

@@ -26,7 +26,7 @@ use crate::budget::{charge, OwnerBudget};
 use crate::cell::{Locked, StudyCell};
 use crate::per_key::{Held, PerKey};
 use crate::refusal::Refusal;
-use crate::store::{signed_count_to_wire, Store, StoreError};
+use crate::store::{signed_count_to_wire, Announced, Store, StoreError, Ticket};
 use crate::study::{ContributionOutcome, Phase, SignedCount, Study};
 use crate::ProxyConfig;
 
@@ -35,6 +35,10 @@ const POLL: Duration = Duration::from_millis(50);
 
 /// One study, locked on its own, with its view (`crate::cell`).
 type SharedStudy = Arc<StudyCell>;
+
+/// What a contribution's answer reports: counted or a retry, the owners counted
+/// now, and the owner's budget.
+type FoldOutcome = (ContributionOutcome, usize, Option<OwnerBudget>);
 
 /// The proxy's gRPC service.
 #[derive(Clone)]
@@ -106,29 +110,43 @@ impl ProxyService {
     }
 
     /// Counts a read and validated contribution and charges the owner's budget:
-    /// both on a copy, stored in one transaction, then made current. The fold and
-    /// the write run on a blocking thread under this study's lock only.
+    /// both on a copy, queued for the state file in one write, then made current.
+    /// The answer waits, with no lock held, until that write (or, for a retry,
+    /// every write before it) is on disk, so contributions arriving meanwhile are
+    /// folded and share the next commit. Runs on a blocking thread.
     async fn commit_contribution(
         &self,
         upload: Upload,
         cts: Vec<Elem>,
-    ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Refusal> {
+        announced: Option<Announced>,
+    ) -> Result<FoldOutcome, Refusal> {
         let guard = self.lock_study(&upload.study_id).await?;
         let svc = self.clone();
-        blocking(move || svc.fold(guard, &upload, &cts)).await
+        blocking(move || {
+            let (out, ticket, folded) = svc.fold(guard, &upload, cts, announced)?;
+            if out.0 == ContributionOutcome::Counted {
+                crate::metrics::fold(folded);
+            }
+            svc.await_stored(&upload.study_id, ticket)?;
+            Ok(out)
+        })
+        .await
     }
 
+    /// The fold under the study's lock (and the charge under the budgets' lock):
+    /// the outcome, the ticket of the queued write, and the time the fold took.
     fn fold(
         &self,
         mut study: Locked,
         up: &Upload,
-        cts: &[Elem],
-    ) -> Result<(ContributionOutcome, usize, Option<OwnerBudget>), Refusal> {
+        cts: Vec<Elem>,
+        announced: Option<Announced>,
+    ) -> Result<(FoldOutcome, Option<Ticket>, std::time::Duration), Refusal> {
         study.tick(self.config.clock.now_ms());
         let mut next = study.clone();
         let pk = next.spec.public_key.clone();
         let started = std::time::Instant::now();
-        let outcome = next.contribute(&up.owner, &up.cid, cts, |a, b| pk.ring().mul_elem(a, b))?;
+        let outcome = next.contribute(&up.owner, &up.cid, &cts, |a, b| pk.ring().mul_elem(a, b))?;
         let folded = started.elapsed();
         let mut budgets = self.lock_budgets()?;
         let charged = match outcome {
@@ -151,40 +169,63 @@ impl ProxyService {
             next.keep_signed_count(&up.owner, count.clone())
                 .map_err(Refusal::Internal)?;
         }
-        if outcome == ContributionOutcome::Counted {
-            let started = std::time::Instant::now();
-            self.persist_contribution(&next, &up.owner, cts, charged.as_ref())?;
-            crate::metrics::fold(folded, started.elapsed());
-        }
+        let ticket = match outcome {
+            // Submitted under both locks: the file sees the transitions in the
+            // order memory does.
+            ContributionOutcome::Counted => {
+                self.submit_contribution(announced, &next, &up.owner, cts, charged.as_ref())?
+            }
+            ContributionOutcome::AlreadyCounted => None,
+        };
         let owners_in = next.owners_in().len();
         study.set(next);
         if let Some(b) = charged {
             budgets.insert(up.owner.clone(), b);
         }
-        Ok((outcome, owners_in, budgets.get(&up.owner).cloned()))
+        let budget = budgets.get(&up.owner).cloned();
+        Ok(((outcome, owners_in, budget), ticket, folded))
+    }
+
+    /// Queues a counted contribution with its owner's charged budget, to be
+    /// written in one transaction.
+    fn submit_contribution(
+        &self,
+        announced: Option<Announced>,
+        study: &Study,
+        owner: &str,
+        cts: Vec<Elem>,
+        budget: Option<&OwnerBudget>,
+    ) -> Result<Option<Ticket>, Refusal> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        let budget = budget.map(|b| (owner.to_string(), b.clone()));
+        store
+            .submit_contribution(announced, study.clone(), owner.to_string(), cts, budget)
+            .map(Some)
+            .map_err(|e| not_stored(&study.id, e))
+    }
+
+    /// Waits until the ticket's write is on disk; without a ticket (a retry
+    /// answered "already counted"), until every write before now is, so the
+    /// answer never speaks of a contribution the file may still lose.
+    fn await_stored(&self, study_id: &str, ticket: Option<Ticket>) -> Result<(), Refusal> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        match ticket {
+            Some(t) => store.wait(t),
+            None => store.barrier(),
+        }
+        .map_err(|e| not_stored(study_id, e))
     }
 
     /// Writes a study's record; an error means the transition did not happen.
     fn persist(&self, study: &Study) -> Result<(), Refusal> {
         match &self.store {
-            Some(store) => store.save_study(study).map_err(|e| not_stored(study, e)),
-            None => Ok(()),
-        }
-    }
-
-    /// Writes a counted contribution with its owner's charged budget, in one
-    /// transaction; an error means it was not counted.
-    fn persist_contribution(
-        &self,
-        study: &Study,
-        owner: &str,
-        cts: &[Elem],
-        budget: Option<&OwnerBudget>,
-    ) -> Result<(), Refusal> {
-        match &self.store {
             Some(store) => store
-                .save_contribution(study, owner, cts, budget.map(|b| (owner, b)))
-                .map_err(|e| not_stored(study, e)),
+                .save_study(study)
+                .map_err(|e| not_stored(&study.id, e)),
             None => Ok(()),
         }
     }
@@ -424,13 +465,16 @@ impl ProxyService {
                 ))
             })
             .await?;
-        // The budget table's lock may be held by a fold writing its record: wait
+        // The budget table's lock may be held by a fold charging a budget: wait
         // for it on a blocking thread, not on the runtime.
         let current = {
             let (svc, owner) = (self.clone(), up.owner.clone());
             blocking(move || svc.budget_of(&owner)).await?
         };
         if outcome == Some(ContributionOutcome::AlreadyCounted) {
+            // Counted in memory; answered only once that is on disk too.
+            let (svc, id) = (self.clone(), up.study_id.clone());
+            blocking(move || svc.await_stored(&id, None)).await?;
             return Ok(Admission::AlreadyCounted(contribute_response(
                 false,
                 owners_in,
@@ -562,16 +606,16 @@ struct UploadSlot {
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
-/// Runs CPU- or disk-bound work off the async runtime.
-fn not_stored(study: &Study, e: StoreError) -> Refusal {
+fn not_stored(study_id: &str, e: StoreError) -> Refusal {
     // The details (the state file's path, the database's error) are the
     // operator's: they go to the log, not to the caller.
-    tracing::error!(study = %study.id, error = %e, "state not stored");
+    tracing::error!(study = %study_id, error = %e, "state not stored");
     Refusal::Unavailable(
         "the proxy could not store the study; nothing changed (its operator's log says why)".into(),
     )
 }
 
+/// Runs CPU- or disk-bound work off the async runtime.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
 ) -> Result<T, Refusal> {
@@ -743,13 +787,17 @@ impl v1::proxy_server::Proxy for ProxyService {
                 .limits
                 .upload_allowance(expected * pk.ciphertext_bytes()),
         );
+        // A commit starting while this upload is read may wait a little for it.
+        let announced = self.store.as_ref().map(Store::announce);
         let cts = read_ciphertexts(&mut stream, first, &pk, expected, &upload.owner).await?;
         let bytes = cts.len() * pk.ciphertext_bytes();
         if signed {
             upload.count = Some(self.signed_count(&upload, &pk, &cts, signature, leaf)?);
         }
         // Acknowledged only once stored, with its charge.
-        let (outcome, owners_in, budget) = self.commit_contribution(upload.clone(), cts).await?;
+        let (outcome, owners_in, budget) = self
+            .commit_contribution(upload.clone(), cts, announced)
+            .await?;
         crate::metrics::contribution(outcome == ContributionOutcome::Counted, bytes);
         tracing::info!(study = %upload.study_id, owner = %upload.owner, owners_in, "contribution counted");
         Ok(Response::new(contribute_response(
@@ -1195,5 +1243,141 @@ mod tests {
             calls.join_all().await.into_iter().filter(|ok| *ok).count()
         });
         assert_eq!(opened, 2, "opened past the limit of 2");
+    }
+
+    /// A service holding the test study `s1` (quorum 8, so it keeps collecting),
+    /// and fresh ciphertexts of a contribution to it.
+    fn collecting_with_contribution() -> (tempfile::TempDir, ProxyService, Vec<Elem>) {
+        use rand::SeedableRng;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let mut s = study(8, 1);
+        s.spec = SpecDraft {
+            deadline_unix_ms: u64::MAX,
+            ..s.spec.to_draft()
+        }
+        .validate()
+        .expect("spec");
+        Store::open(&path)
+            .expect("store")
+            .save_study(&s)
+            .expect("save");
+        let pk = s.spec.public_key.clone();
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
+        let cts = (0..s.layout.owner_ciphertexts())
+            .map(|i| {
+                let c = pk.encrypt(&(i as u64).into(), &mut rng).expect("enc");
+                pk.ring().elem(&c.0)
+            })
+            .collect();
+        let svc = ProxyService::new(ProxyConfig {
+            max_concurrent_uploads: 16,
+            ..config(&path, false)
+        })
+        .expect("service");
+        (dir, svc, cts)
+    }
+
+    fn upload(owner: &str) -> Upload {
+        Upload {
+            study_id: "s1".into(),
+            owner: owner.into(),
+            cid: format!("cid-{owner}"),
+            cap: (10.0, 1e-3),
+            count: None,
+        }
+    }
+
+    /// Contributions that arrive while a commit is on its way to disk are
+    /// folded meanwhile and written together by the next commit, each owner
+    /// once; none waits for a commit of its own.
+    #[test]
+    // The held lock is the point: the writes queue behind it on other threads.
+    #[allow(clippy::await_holding_lock)]
+    fn contributions_arriving_during_a_commit_share_the_next_one() {
+        let (dir, svc, cts) = collecting_with_contribution();
+        let store = svc.store.clone().expect("a store");
+        let before = store.commits();
+        let owners: Vec<String> = (0..6).map(|i| format!("o{i}")).collect();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let results = runtime.block_on(async {
+            let held = store.hold_writes();
+            let mut calls = tokio::task::JoinSet::new();
+            for o in &owners {
+                let (svc, up, cts) = (svc.clone(), upload(o), cts.clone());
+                calls.spawn(async move { svc.commit_contribution(up, cts, None).await });
+            }
+            // Every fold is done (the view counts them) while the first commit
+            // is still held.
+            for _ in 0..200 {
+                if svc.studies.lock().expect("table")["s1"]
+                    .view(0)
+                    .owners_in()
+                    .len()
+                    == 6
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            drop(held);
+            calls.join_all().await
+        });
+        for r in results {
+            assert_eq!(r.expect("counted").0, ContributionOutcome::Counted);
+        }
+        let commits = store.commits() - before;
+        assert!(commits <= 2, "{commits} commits for 6 contributions");
+        drop((svc, store));
+        let loaded = Store::open(&dir.path().join("state.redb"))
+            .expect("reopen")
+            .load_all()
+            .expect("load");
+        let mut counted = loaded[0].owners_in();
+        counted.sort();
+        assert_eq!(counted, owners);
+    }
+
+    /// A contribution whose commit failed was folded in memory already: the
+    /// proxy then answers no call that changes or reports a stored state, not
+    /// even the retry it would otherwise call "already counted", until a
+    /// restart reloads the file, which does not hold it.
+    #[test]
+    fn after_a_failed_commit_nothing_is_acknowledged_until_a_restart() {
+        let (dir, svc, cts) = collecting_with_contribution();
+        let store = svc.store.clone().expect("a store");
+        store.fail_next_commit();
+        let rt = rt();
+        let first = rt.block_on(svc.commit_contribution(upload("a"), cts.clone(), None));
+        assert!(matches!(first, Err(Refusal::Unavailable(_))), "{first:?}");
+        let retry = rt.block_on(svc.commit_contribution(upload("a"), cts.clone(), None));
+        assert!(
+            matches!(retry, Err(Refusal::Unavailable(_))),
+            "a retry acknowledged a contribution not on disk: {retry:?}"
+        );
+        let admitted = rt.block_on(svc.admit(&upload("a")));
+        assert!(
+            matches!(admitted, Err(Refusal::Unavailable(_))),
+            "a retry answered \"already counted\" at admission: {}",
+            admitted.is_ok()
+        );
+        let other = rt.block_on(svc.commit_contribution(upload("b"), cts.clone(), None));
+        assert!(matches!(other, Err(Refusal::Unavailable(_))), "{other:?}");
+        drop((svc, store));
+        let restarted =
+            ProxyService::new(config(&dir.path().join("state.redb"), false)).expect("restart");
+        let again = rt
+            .block_on(restarted.commit_contribution(upload("a"), cts, None))
+            .expect("stored after the restart");
+        assert_eq!(again.0, ContributionOutcome::Counted);
+        let spent = restarted
+            .budget_of("a")
+            .expect("budgets")
+            .expect("a's budget");
+        assert_eq!(spent.studies, vec!["s1".to_string()], "charged once");
     }
 }

@@ -6,7 +6,11 @@
 //!
 //! Every transition is written in one transaction and committed with
 //! `Durability::Immediate` (fsync) *before* the service answers, so an acknowledged
-//! contribution survives a SIGKILL at any moment. A contribution's row, its
+//! contribution survives a SIGKILL at any moment. Writes go through a group commit
+//! ([`crate::group_commit`]): those submitted while a commit is on its way to disk
+//! share the next one, in the order submitted, so redb's fixed cost per commit
+//! (tens of KB of pages and an fsync) is paid once per batch, not per owner; after
+//! a failed commit nothing more is written until a restart. A contribution's row, its
 //! ciphertexts and its owner's budget are written together, and a checkpoint writes
 //! the aggregate, marks the owners it holds and deletes their ciphertexts together,
 //! so after a restart each counted owner is in the aggregate exactly once and its
@@ -33,6 +37,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dpca_common::arith::Elem;
@@ -47,6 +52,8 @@ use redb::{
 };
 
 use crate::budget::OwnerBudget;
+pub use crate::group_commit::Ticket;
+use crate::group_commit::{GroupCommit, Stopped};
 use crate::study::{release_plan, Phase, Released, SignedCount, Study};
 
 /// Study id -> encoded [`v1::StoredStudy`], rewritten when the phase changes and
@@ -73,8 +80,13 @@ const FORMAT: u32 = 2;
 /// many less one, and the disk holds at most this many contributions per study.
 pub const CHECKPOINT_EVERY: usize = 8;
 
+/// How long a commit waits for contributions being read when it starts: the
+/// most an acknowledgment is delayed so that uploads arriving together share
+/// a commit (each commit costs redb tens of KB of pages besides the values).
+pub const COMMIT_LINGER: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// Largest stored value: with its key and the page header it fits 64 KiB of pages.
-const SLICE_BYTES: usize = 63 * 1024;
+const SLICE_BYTES: usize = 16 * 1024 - 256;
 
 /// Why the state could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +109,47 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// An earlier commit failed: nothing more is written until a restart reloads
+    /// the file (what memory holds may rest on the write that failed).
+    #[error("state database {}: {cause}", path.display())]
+    Stopped {
+        /// The database file.
+        path: PathBuf,
+        /// The first failure.
+        cause: Stopped,
+    },
+}
+
+/// Study id -> owners whose ciphertexts are stored but not in the checkpoint.
+type PendingMap = HashMap<String, BTreeSet<String>>;
+
+/// One write, applied in the order submitted.
+enum Write {
+    /// A study's record after a transition other than a contribution.
+    Study(Study),
+    /// A counted contribution and its owner's charged budget.
+    Contribution {
+        study: Study,
+        owner: String,
+        cts: Vec<Elem>,
+        budget: Option<(String, OwnerBudget)>,
+    },
+    /// Nothing: done once everything before it is durable.
+    Barrier,
+}
+
+/// A contribution on its way: see [`Store::announce`].
+pub struct Announced {
+    store: Arc<Store>,
+    submitted: bool,
+}
+
+impl Drop for Announced {
+    fn drop(&mut self) {
+        if !self.submitted {
+            self.store.queue.withdraw();
+        }
+    }
 }
 
 /// The open state database.
@@ -104,8 +157,12 @@ pub struct Store {
     db: Database,
     path: PathBuf,
     checkpoint_every: usize,
-    /// Study id -> owners whose ciphertexts are stored but not in the checkpoint.
-    pending: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// As of the last commit.
+    pending: Mutex<PendingMap>,
+    queue: GroupCommit<Write>,
+    commits: AtomicU64,
+    #[cfg(test)]
+    fail_next_commit: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Store {
@@ -128,6 +185,10 @@ impl Store {
             path: path.to_path_buf(),
             checkpoint_every: checkpoint_every.max(1),
             pending: Mutex::default(),
+            queue: GroupCommit::new(COMMIT_LINGER),
+            commits: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_next_commit: Default::default(),
         };
         // Create the tables up front so reads of a fresh file find them.
         let txn = store.db.begin_write().map_err(|e| store.err(e))?;
@@ -222,7 +283,7 @@ impl Store {
 
     /// The pending map; a panic elsewhere while it was held leaves it as the last
     /// commit left it (it is changed only after a commit), so it is still true.
-    fn lock_pending(&self) -> MutexGuard<'_, HashMap<String, BTreeSet<String>>> {
+    fn lock_pending(&self) -> MutexGuard<'_, PendingMap> {
         self.pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -230,28 +291,16 @@ impl Store {
 
     /// Writes `study`'s record after a transition other than a contribution
     /// (opened, released, or found sealed or aborted by its deadline with
-    /// contributions still stored one by one). Past collecting, it also
-    /// checkpoints the aggregate, deleting those: no contribution can follow.
+    /// contributions still stored one by one) and waits until it is on disk, with
+    /// every write submitted before it. Past collecting, it also checkpoints the
+    /// aggregate, deleting those: no contribution can follow.
     pub fn save_study(&self, study: &Study) -> Result<(), StoreError> {
-        let mut pending = self.lock_pending();
-        let waiting = pending.get(&study.id).cloned().unwrap_or_default();
-        let checkpoint = !matches!(study.phase, Phase::Collecting);
-        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
-        self.write_record(&txn, study)?;
-        if checkpoint {
-            self.write_checkpoint(&txn, study, &waiting)?;
-        }
-        txn.commit().map_err(|e| self.err(e))?;
-        if checkpoint {
-            pending.remove(&study.id);
-        }
-        Ok(())
+        let ticket = self.submit(Write::Study(study.clone()))?;
+        self.wait(ticket)
     }
 
-    /// Stores a counted contribution: `study` as it is with `owner` counted (its
-    /// aggregate multiplied by `cts`), and, in the same transaction, the owner's
-    /// charged budget; waits until all of it is on disk. A contribution and its
-    /// charge are stored together or not at all.
+    /// Stores a counted contribution and waits until it is on disk: see
+    /// [`Store::submit_contribution`].
     pub fn save_contribution(
         &self,
         study: &Study,
@@ -259,12 +308,146 @@ impl Store {
         cts: &[Elem],
         budget: Option<(&str, &OwnerBudget)>,
     ) -> Result<(), StoreError> {
+        let budget = budget.map(|(o, b)| (o.to_string(), b.clone()));
+        let ticket =
+            self.submit_contribution(None, study.clone(), owner.to_string(), cts.to_vec(), budget)?;
+        self.wait(ticket)
+    }
+
+    /// Queues a counted contribution: `study` as it is with `owner` counted (its
+    /// aggregate multiplied by `cts`), and the owner's charged budget, to be
+    /// written in one transaction after every write submitted before it. It is
+    /// durable once [`Store::wait`] returns for the ticket; a contribution and its
+    /// charge are stored together or not at all.
+    /// `announced`, if given, is the announcement of this write.
+    pub fn submit_contribution(
+        &self,
+        announced: Option<Announced>,
+        study: Study,
+        owner: String,
+        cts: Vec<Elem>,
+        budget: Option<(String, OwnerBudget)>,
+    ) -> Result<Ticket, StoreError> {
+        let write = Write::Contribution {
+            study,
+            owner,
+            cts,
+            budget,
+        };
+        match announced {
+            Some(mut a) => {
+                a.submitted = true;
+                self.queue.submit_announced(write)
+            }
+            None => self.queue.submit(write),
+        }
+        .map_err(|s| self.stopped(s))
+    }
+
+    /// Announces a contribution being read, which a commit starting meanwhile
+    /// lingers for (up to [`COMMIT_LINGER`]); dropping the announcement
+    /// unsubmitted withdraws it.
+    pub fn announce(self: &Arc<Self>) -> Announced {
+        self.queue.announce();
+        Announced {
+            store: Arc::clone(self),
+            submitted: false,
+        }
+    }
+
+    /// Waits until the ticket's write is on disk, committing it (with whatever
+    /// else is queued) if no other caller is committing now.
+    pub fn wait(&self, ticket: Ticket) -> Result<(), StoreError> {
+        self.queue
+            .wait(ticket, |jobs| {
+                self.write_batch(jobs).map_err(|e| e.to_string())
+            })
+            .map_err(|s| self.stopped(s))
+    }
+
+    /// Waits until every write submitted so far is on disk: what a caller was
+    /// shown in memory (a contribution already counted) is then also durable.
+    pub fn barrier(&self) -> Result<(), StoreError> {
+        let ticket = self.submit(Write::Barrier)?;
+        self.wait(ticket)
+    }
+
+    /// Commits made so far (each holds one or more writes).
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    fn submit(&self, write: Write) -> Result<Ticket, StoreError> {
+        self.queue.submit(write).map_err(|s| self.stopped(s))
+    }
+
+    fn stopped(&self, cause: Stopped) -> StoreError {
+        StoreError::Stopped {
+            path: self.path.clone(),
+            cause,
+        }
+    }
+
+    /// Writes `jobs` in their order in one transaction and commits it; the
+    /// pending map follows only once the commit succeeded.
+    fn write_batch(&self, jobs: Vec<Write>) -> Result<(), StoreError> {
+        if jobs.iter().all(|j| matches!(j, Write::Barrier)) {
+            return Ok(());
+        }
         let mut pending = self.lock_pending();
-        let waiting = pending.get(&study.id).cloned().unwrap_or_default();
+        let started = std::time::Instant::now();
+        let mut next = pending.clone();
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        for job in &jobs {
+            match job {
+                Write::Study(study) => self.put_study(&txn, study, &mut next)?,
+                Write::Contribution {
+                    study,
+                    owner,
+                    cts,
+                    budget,
+                } => self.put_contribution(&txn, study, owner, cts, budget.as_ref(), &mut next)?,
+                Write::Barrier => {}
+            }
+        }
+        #[cfg(test)]
+        if self.fail_next_commit.swap(false, Ordering::SeqCst) {
+            return Err(self.err(redb::Error::Io(std::io::Error::other("injected failure"))));
+        }
+        txn.commit().map_err(|e| self.err(e))?;
+        *pending = next;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::store_commit(jobs.len(), started.elapsed());
+        Ok(())
+    }
+
+    fn put_study(
+        &self,
+        txn: &WriteTransaction,
+        study: &Study,
+        pending: &mut PendingMap,
+    ) -> Result<(), StoreError> {
+        self.write_record(txn, study)?;
+        if !matches!(study.phase, Phase::Collecting) {
+            let waiting = pending.remove(&study.id).unwrap_or_default();
+            self.write_checkpoint(txn, study, &waiting)?;
+        }
+        Ok(())
+    }
+
+    fn put_contribution(
+        &self,
+        txn: &WriteTransaction,
+        study: &Study,
+        owner: &str,
+        cts: &[Elem],
+        budget: Option<&(String, OwnerBudget)>,
+        pending: &mut PendingMap,
+    ) -> Result<(), StoreError> {
+        let id = study.id.as_str();
+        let waiting = pending.get(id).cloned().unwrap_or_default();
         let checkpoint =
             waiting.len() + 1 >= self.checkpoint_every || !matches!(study.phase, Phase::Collecting);
-        let id = study.id.as_str();
-        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         {
             let mut rows = txn.open_table(CONTRIBUTORS).map_err(|e| self.err(e))?;
             let row = contributor_row(study, owner, !checkpoint).encode_to_vec();
@@ -272,8 +455,9 @@ impl Store {
                 .map_err(|e| self.err(e))?;
         }
         if checkpoint {
-            self.write_record(&txn, study)?;
-            self.write_checkpoint(&txn, study, &waiting)?;
+            self.write_record(txn, study)?;
+            self.write_checkpoint(txn, study, &waiting)?;
+            pending.remove(id);
         } else {
             let mut table = txn.open_table(PENDING).map_err(|e| self.err(e))?;
             for (i, slice) in slices(&study.spec.public_key, cts).iter().enumerate() {
@@ -281,31 +465,32 @@ impl Store {
                     .insert((id, owner, i as u32), slice.as_slice())
                     .map_err(|e| self.err(e))?;
             }
-        }
-        if let Some((owner, b)) = budget {
-            let rec = budget_to_record(b).encode_to_vec();
-            let mut table = txn.open_table(BUDGETS).map_err(|e| self.err(e))?;
-            table
-                .insert(owner, rec.as_slice())
-                .map_err(|e| self.err(e))?;
-        }
-        txn.commit().map_err(|e| self.err(e))?;
-        if checkpoint {
-            pending.remove(id);
-        } else {
             pending
                 .entry(id.to_string())
                 .or_default()
                 .insert(owner.to_string());
         }
+        if let Some((owner, b)) = budget {
+            let rec = budget_to_record(b).encode_to_vec();
+            let mut table = txn.open_table(BUDGETS).map_err(|e| self.err(e))?;
+            table
+                .insert(owner.as_str(), rec.as_slice())
+                .map_err(|e| self.err(e))?;
+        }
         Ok(())
     }
 
-    /// Holds every write back while the guard lives (a write takes this lock
-    /// first): lets a test line calls up behind a slow commit.
+    /// Holds every commit back while the guard lives (a commit takes this lock
+    /// first): lets a test line writes up behind a slow commit.
     #[cfg(test)]
-    pub(crate) fn hold_writes(&self) -> MutexGuard<'_, HashMap<String, BTreeSet<String>>> {
+    pub(crate) fn hold_writes(&self) -> MutexGuard<'_, PendingMap> {
         self.lock_pending()
+    }
+
+    /// Makes the next commit fail as a full disk would.
+    #[cfg(test)]
+    pub(crate) fn fail_next_commit(&self) {
+        self.fail_next_commit.store(true, Ordering::SeqCst);
     }
 
     /// Whether some contributions of study `id` are stored one by one, not yet in

@@ -116,13 +116,15 @@ struct Row {
     written: u64,
     /// The proxy's CPU seconds during the load.
     cpu: f64,
-    /// Seconds the proxy spent folding (on every core) and storing.
+    /// Seconds the proxy spent folding and committing the state file.
     fold: f64,
     store: f64,
+    /// Writes per commit of the state file (queued writes share a commit).
+    writes_per_commit: f64,
     proxy: Usage,
     /// `proxy status` latencies: fresh connections, and one kept open.
-    status_ms: Vec<f64>,
-    kept_ms: Vec<f64>,
+    status_ms: Polls,
+    kept_ms: Polls,
     refused: usize,
     state: String,
     owners_in: u32,
@@ -262,31 +264,46 @@ async fn send(
 
 /// `proxy status` over and over until `done`, on a fresh connection each time as
 /// the `proxy status` command makes one (`fresh`), or on one kept open (the
-/// service's own answer, without the handshake): the milliseconds of each call.
+/// service's own answer, without the handshake): the milliseconds of each call
+/// answered, and the number of calls refused (a fresh connection the proxy's
+/// handshake caps turned away).
 async fn poll_status(
     url: String,
     user: Transport,
     fresh: bool,
     done: Arc<AtomicBool>,
-) -> anyhow::Result<Vec<f64>> {
-    let mut latencies = Vec::new();
+) -> anyhow::Result<Polls> {
+    let mut polls = Polls::default();
     let mut kept = connect(&url, &user).await?;
     while !done.load(Ordering::Relaxed) {
         let t = Instant::now();
-        let mut client = if fresh {
-            connect(&url, &user).await?
+        let client = if fresh {
+            connect(&url, &user).await.ok()
         } else {
-            kept.clone()
+            Some(kept.clone())
         };
-        client
-            .status(v1::StatusRequest::default())
-            .await
-            .map_err(|s| anyhow::anyhow!("status: {}", s.message()))?;
-        latencies.push(t.elapsed().as_secs_f64() * 1e3);
+        let answered = match client {
+            Some(mut c) => c.status(v1::StatusRequest::default()).await.is_ok(),
+            None => false,
+        };
+        if answered {
+            polls.ms.push(t.elapsed().as_secs_f64() * 1e3);
+        } else {
+            polls.refused += 1;
+        }
         tokio::time::sleep(STATUS_EVERY).await;
     }
     kept.status(v1::StatusRequest::default()).await.ok();
-    Ok(latencies)
+    Ok(polls)
+}
+
+/// `proxy status` calls during one run.
+#[derive(Default)]
+struct Polls {
+    /// Milliseconds of each call answered.
+    ms: Vec<f64>,
+    /// Calls not answered.
+    refused: usize,
 }
 
 /// A free loopback port for the proxy's metrics (taken and let go: the proxy
@@ -438,6 +455,8 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
     let cpu = proxy.cpu_seconds - cpu_before;
     let fold = scrape(s.metrics, "dpca_fold_microseconds_total")? / 1e6;
     let store = scrape(s.metrics, "dpca_store_microseconds_total")? / 1e6;
+    let commits = scrape(s.metrics, "dpca_store_commits_total")?;
+    let writes = scrape(s.metrics, "dpca_store_writes_total")?;
     let info = connect(&s.url, &s.user)
         .await?
         .get_study(v1::GetStudyRequest {
@@ -455,6 +474,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         cpu,
         fold,
         store,
+        writes_per_commit: writes / commits,
         proxy,
         status_ms,
         kept_ms,
@@ -519,20 +539,20 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
     );
     println!(
         "\n| M | owners | ciphertexts each | wall s | contributions/s | folded/s per core | \
-         floor / folded | fold s | floor / fold | store s | proxy CPU s | \
+         floor / folded | fold s | floor / fold | store s | writes per commit | proxy CPU s | \
          proxy CPU per ciphertext / mul | written / contributed | proxy peak MiB | \
-         status ms, fresh connection: median / max (calls) | status ms, open connection: \
-         median / max (calls) | refused | state (owners in) |"
+         status ms, fresh connection: median / max (calls answered, refused) | status ms, \
+         open connection: median / max (calls answered, refused) | refused | state (owners in) |"
     );
-    println!("|{}", "---|".repeat(18));
+    println!("|{}", "---|".repeat(19));
     for r in rows {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
         let per_core = |seconds: f64| total / seconds / cores as f64;
-        let (fresh, fresh_max) = median_max(&r.status_ms);
-        let (kept, kept_max) = median_max(&r.kept_ms);
+        let (fresh, fresh_max) = median_max(&r.status_ms.ms);
+        let (kept, kept_max) = median_max(&r.kept_ms.ms);
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}) | {:.1} / {:.1} ({}) | {} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
@@ -543,16 +563,19 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
             r.fold,
             (1.0 / mul) / per_core(r.fold),
             r.store,
+            r.writes_per_commit,
             r.cpu,
             r.cpu / (mul * total),
             r.written as f64 / (owners * r.contribution_bytes as f64),
             r.proxy.peak_rss_bytes as f64 / (1024.0 * 1024.0),
             fresh,
             fresh_max,
-            r.status_ms.len(),
+            r.status_ms.ms.len(),
+            r.status_ms.refused,
             kept,
             kept_max,
-            r.kept_ms.len(),
+            r.kept_ms.ms.len(),
+            r.kept_ms.refused,
             r.refused,
             r.state,
             r.owners_in
