@@ -19,9 +19,10 @@
 //! What one contribution writes stays near its own size, whatever the number of
 //! owners: its ciphertexts, or, every [`CHECKPOINT_EVERY`]th time (and when the
 //! study leaves collecting), the aggregate in their place, which is the same size;
-//! never the whole study. Values are cut into slices just under 64 KiB, because
+//! never the whole study. Values are cut into slices just under 16 KiB, because
 //! redb gives a value larger than a page a power-of-two run of pages: one value of
-//! a whole contribution would cost up to twice its size.
+//! a whole contribution would cost up to twice its size, and a slice of 16 KiB
+//! leaves at most one partly filled run per contribution, of at most 16 KiB.
 //!
 //! A release is stored before it is served, so a restart serves the same noise
 //! rather than fresh noise (which would let the user average two releases).
@@ -85,7 +86,7 @@ pub const CHECKPOINT_EVERY: usize = 8;
 /// a commit (each commit costs redb tens of KB of pages besides the values).
 pub const COMMIT_LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 
-/// Largest stored value: with its key and the page header it fits 64 KiB of pages.
+/// Largest stored value: with its key and the page header it fits 16 KiB of pages.
 const SLICE_BYTES: usize = 16 * 1024 - 256;
 
 /// Why the state could not be read or written.
@@ -1036,7 +1037,7 @@ mod tests {
     }
 
     #[test]
-    fn stored_values_fit_under_64_kib_and_read_back() {
+    fn stored_values_fit_16_kib_and_read_back() {
         let pk = key().public();
         let s = study(2, 2);
         let cts = contribution(&s, 3);
