@@ -17,6 +17,7 @@ pub mod group_commit;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod operator;
 pub(crate) mod per_key;
 pub mod refusal;
 pub mod service;
@@ -66,10 +67,12 @@ const MAX_STREAMS_PER_CONNECTION: u32 = 16;
 /// HTTP/2 flow-control window per stream and per connection (bytes).
 const UPLOAD_WINDOW_BYTES: u32 = 16 * 1024;
 
-/// Serves the proxy on `listener` until `shutdown` resolves.
+/// Serves the proxy on `listener` until `shutdown` resolves, and `status` alone
+/// on `operator` if given ([`operator`]: a thread and runtime of its own).
 pub async fn run(
     config: ProxyConfig,
     listener: TcpListener,
+    operator: Option<std::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let acceptor = match &config.transport {
@@ -82,6 +85,10 @@ pub async fn run(
     let max_request_bytes = config.limits.max_request_bytes();
     let svc = service::ProxyService::new(config)?;
     svc.spawn_deadline_ticker();
+    // Stopped when this returns.
+    let _operator = operator
+        .map(|l| operator::spawn(svc.clone(), l, acceptor.clone(), handshake_timeout))
+        .transpose()?;
     let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
         .max_decoding_message_size(max_request_bytes)
         .max_encoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES);

@@ -42,6 +42,11 @@ struct Args {
     /// default; counts and timings only, no study content).
     #[arg(long, env = "DPCA_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Also answer `proxy status` (and nothing else) on ADDR, from a thread of its
+    /// own, so it answers promptly while hundreds of owners connect at once. Bind
+    /// it where only operators reach (off by default).
+    #[arg(long, env = "DPCA_OPERATOR_LISTEN", value_name = "ADDR")]
+    operator_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     transport: TransportArgs,
 }
@@ -160,7 +165,19 @@ async fn main() -> anyhow::Result<()> {
     let (listener, addr) = dpca_proxy::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let operator = match args.operator_listen {
+        Some(at) => Some(
+            std::net::TcpListener::bind(at)
+                .with_context(|| format!("cannot listen on {at} (--operator-listen)"))?,
+        ),
+        None => None,
+    };
     println!("listening on {addr}");
+    if let Some(l) = &operator {
+        // On the log, not stdout: whoever reads "listening on" may read no further.
+        let at = l.local_addr().context("operator address")?;
+        tracing::info!(%at, "operator listener: status only");
+    }
     std::io::stdout().flush().context("stdout")?;
     let config = dpca_proxy::ProxyConfig {
         transport,
@@ -174,5 +191,5 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    dpca_proxy::run(config, listener, shutdown).await
+    dpca_proxy::run(config, listener, operator, shutdown).await
 }

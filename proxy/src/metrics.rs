@@ -126,7 +126,7 @@ const METHODS: [&str; 7] = [
 
 /// The method name of a gRPC path (`/dpca.v1.Proxy/Contribute` -> `Contribute`),
 /// `other` for a path that is none of the proxy's methods.
-fn rpc_name(path: &str) -> &'static str {
+pub(crate) fn rpc_name(path: &str) -> &'static str {
     let service = dpca_proto::v1::proxy_server::SERVICE_NAME;
     path.strip_prefix('/')
         .and_then(|p| p.strip_prefix(service))

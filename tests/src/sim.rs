@@ -302,7 +302,12 @@ impl Sim {
             clock: Arc::clone(&self.clock) as Arc<dyn Clock>,
             entropy: Arc::clone(&self.entropy) as Arc<dyn Entropy>,
         };
-        let served = rt.spawn(dpca_proxy::run(config, listener, std::future::pending()));
+        let served = rt.spawn(dpca_proxy::run(
+            config,
+            listener,
+            None,
+            std::future::pending(),
+        ));
         self.proxy = Some(Running {
             rt,
             url: format!("https://{addr}"),

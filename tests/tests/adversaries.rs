@@ -278,6 +278,89 @@ fn connections_that_never_finish_a_handshake_do_not_lock_owners_out() {
     runtime.shutdown_background();
 }
 
+/// Anyone who reaches the main port can fill its handshake places (here 320
+/// silent connections from 40 addresses, 8 each, against 256 places), and so can
+/// hundreds of owners connecting at once: `proxy status` on a fresh connection is
+/// then turned away there. The operator listener has its own places, thread and
+/// runtime: the status answers there, and nothing but the status is served.
+#[test]
+fn status_answers_on_the_operator_listener_while_the_main_one_is_flooded() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let operator_at = format!("127.0.0.1:{port}");
+    let f = fixture_on(&["--operator-listen", &operator_at], |_| {});
+    let main: std::net::SocketAddr = f.url.trim_start_matches("https://").parse().expect("addr");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let held = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let flood: Vec<_> = (0..320u32)
+        .map(|i| {
+            let held = std::sync::Arc::clone(&held);
+            runtime.spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+                let source = std::net::Ipv4Addr::new(127, 0, 1, 10 + (i % 40) as u8);
+                socket.bind((source, 0).into()).expect("bind");
+                if let Ok(mut c) = socket.connect(main).await {
+                    held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let _ = c.read(&mut [0u8; 1]).await;
+                }
+            })
+        })
+        .collect();
+    for _ in 0..100 {
+        if held.load(std::sync::atomic::Ordering::Relaxed) == 320 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(held.load(std::sync::atomic::Ordering::Relaxed), 320);
+    let user = f.proxy.transport("user");
+    let status = |url: String| {
+        let user = user.clone();
+        runtime.block_on(async move {
+            let call = async {
+                let mut c = dpca_shell::client::connect(&url, &user).await.ok()?;
+                c.status(v1::StatusRequest::default()).await.ok()
+            };
+            tokio::time::timeout(Duration::from_secs(5), call)
+                .await
+                .ok()
+                .flatten()
+        })
+    };
+    // The flood is on: without it this test would prove nothing.
+    assert!(
+        status(f.url.clone()).is_none(),
+        "the main listener answered a fresh status during the flood"
+    );
+    let answered = status(format!("https://{operator_at}"))
+        .expect("the operator listener did not answer during the flood");
+    let ids: Vec<String> = answered
+        .into_inner()
+        .studies
+        .into_iter()
+        .map(|s| s.study_id)
+        .collect();
+    assert_eq!(ids, vec![f.study.clone()]);
+    let refused = runtime.block_on(async {
+        let mut c = dpca_shell::client::connect(&format!("https://{operator_at}"), &user)
+            .await
+            .expect("connect to the operator listener");
+        c.get_study(v1::GetStudyRequest {
+            study_id: f.study.clone(),
+        })
+        .await
+        .expect_err("the operator listener served another method")
+    });
+    assert_refused(&refused, tonic::Code::Unimplemented, "`status` only");
+    for task in flood {
+        task.abort();
+    }
+    runtime.shutdown_background();
+}
+
 /// A party with a certificate could open sixty-four connections and keep them
 /// idle (the proxy answers their keepalive pings): every slot, for good. Now one
 /// party holds at most eight, and an honest owner gets in.

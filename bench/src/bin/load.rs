@@ -4,13 +4,16 @@
 //! contribution of M random features is encrypted once and sent by every owner
 //! under its own id, so the run measures the proxy (validation, aggregation,
 //! durable commits), not the owners' encryption. Meanwhile the user polls the
-//! proxy's status, as an operator watching the study would.
+//! proxy's status, as an operator watching the study would: on fresh connections
+//! to the main listener and to the operator listener (`--operator-listen`), and
+//! on one connection kept open.
 //!
 //! Prints, per run (M features x owners): wall time until every owner was
 //! acknowledged, contributions per second, ciphertexts folded per second per core
 //! and that rate's distance from the floor (cores over GMP's multiplication mod
 //! n^2, measured in this run), bytes the proxy wrote to its disk per contribution
-//! over the contribution's size, its peak memory, and the status call's latency.
+//! over the contribution's size, the writes each commit held, its peak memory,
+//! and the status call's latency.
 
 use dpca_bench::{built_programs, program, raw_gmp_mulmod};
 use std::io::{BufRead, BufReader};
@@ -124,6 +127,8 @@ struct Row {
     proxy: Usage,
     /// `proxy status` latencies: fresh connections, and one kept open.
     status_ms: Polls,
+    /// On fresh connections to the operator listener.
+    operator_ms: Polls,
     kept_ms: Polls,
     refused: usize,
     state: String,
@@ -145,6 +150,7 @@ fn start_proxy(
     pki: &dpca_shell::tls::DevPki,
     state: &Path,
     metrics: SocketAddr,
+    operator: SocketAddr,
 ) -> anyhow::Result<(ProxyProc, String)> {
     let mut child = ProxyProc(
         Command::new(bin)
@@ -152,6 +158,8 @@ fn start_proxy(
             .arg(state)
             .arg("--metrics-listen")
             .arg(metrics.to_string())
+            .arg("--operator-listen")
+            .arg(operator.to_string())
             .args(pki.proxy.args())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -342,6 +350,8 @@ struct Setup {
     proxy: ProxyProc,
     metrics: SocketAddr,
     url: String,
+    /// The operator listener's URL (`status` only).
+    operator_url: String,
     user: Transport,
     study: String,
     cts: Arc<Vec<Vec<u8>>>,
@@ -356,9 +366,11 @@ async fn set_up(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Setup
         &["user".to_string()],
         &names,
     )?;
-    let metrics = free_port()?;
-    let (proxy, addr) = start_proxy(proxy_bin, &pki, &dir.path().join("proxy.redb"), metrics)?;
+    let (metrics, operator) = (free_port()?, free_port()?);
+    let state = dir.path().join("proxy.redb");
+    let (proxy, addr) = start_proxy(proxy_bin, &pki, &state, metrics, operator)?;
     let url = format!("https://{addr}");
+    let operator_url = format!("https://{operator}");
     let user = Transport::Tls(Arc::new(
         pki.files("user").context("user files")?.load(Role::User)?,
     ));
@@ -382,6 +394,7 @@ async fn set_up(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Setup
         proxy,
         metrics,
         url,
+        operator_url,
         user,
         study,
         cts,
@@ -435,21 +448,34 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         .context("proxy usage from /proc")?
         .cpu_seconds;
     let done = Arc::new(AtomicBool::new(false));
-    let poll = |fresh| {
-        tokio::spawn(poll_status(
-            s.url.clone(),
-            s.user.clone(),
-            fresh,
-            Arc::clone(&done),
-        ))
+    // Each poller on a thread and runtime of its own, as the `proxy status`
+    // command is a process of its own: its latency is the proxy's, not the wait
+    // behind this program's owners for its runtime.
+    let poll = |url: &str, fresh| {
+        let (url, user, done) = (url.to_string(), s.user.clone(), Arc::clone(&done));
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(poll_status(url, user, fresh, done))
+        })
     };
-    let (fresh, kept) = (poll(true), poll(false));
+    let (fresh, operator, kept) = (
+        poll(&s.url, true),
+        poll(&s.operator_url, true),
+        poll(&s.url, false),
+    );
     let start = Instant::now();
     let refused = send_all(&s).await?;
     let wall = start.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
-    let status_ms = fresh.await??;
-    let kept_ms = kept.await??;
+    let joined = |h: std::thread::JoinHandle<anyhow::Result<Polls>>| {
+        h.join()
+            .map_err(|_| anyhow::anyhow!("status poller panicked"))?
+    };
+    let status_ms = joined(fresh)?;
+    let operator_ms = joined(operator)?;
+    let kept_ms = joined(kept)?;
     let written = written_bytes(pid)? - written_before;
     let proxy = Usage::of_pid(pid).context("proxy usage from /proc")?;
     let cpu = proxy.cpu_seconds - cpu_before;
@@ -477,6 +503,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         writes_per_commit: writes / commits,
         proxy,
         status_ms,
+        operator_ms,
         kept_ms,
         refused,
         state: info.state,
@@ -542,17 +569,19 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
          floor / folded | fold s | floor / fold | store s | writes per commit | proxy CPU s | \
          proxy CPU per ciphertext / mul | written / contributed | proxy peak MiB | \
          status ms, fresh connection: median / max (calls answered, refused) | status ms, \
-         open connection: median / max (calls answered, refused) | refused | state (owners in) |"
+         fresh connection to the operator listener: median / max (answered, refused) | \
+         status ms, open connection: median / max (answered, refused) | refused | state (owners in) |"
     );
-    println!("|{}", "---|".repeat(19));
+    println!("|{}", "---|".repeat(20));
     for r in rows {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
         let per_core = |seconds: f64| total / seconds / cores as f64;
         let (fresh, fresh_max) = median_max(&r.status_ms.ms);
+        let (operator, operator_max) = median_max(&r.operator_ms.ms);
         let (kept, kept_max) = median_max(&r.kept_ms.ms);
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
@@ -572,6 +601,10 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
             fresh_max,
             r.status_ms.ms.len(),
             r.status_ms.refused,
+            operator,
+            operator_max,
+            r.operator_ms.ms.len(),
+            r.operator_ms.refused,
             kept,
             kept_max,
             r.kept_ms.ms.len(),

@@ -1,0 +1,134 @@
+//! The operator's listener (`proxy --operator-listen ADDR`): `status` only, on a
+//! thread and an async runtime of its own, with its own connection slots.
+//!
+//! On the main listener `proxy status` takes its turn with the owners: its TLS
+//! handshake waits behind theirs for the runtime's threads, and a flood of
+//! handshakes (hundreds of owners at once, or anyone who can reach the port) fills
+//! the handshake places, so the call waits or is turned away. Here it shares
+//! neither: the operating system gives this thread its share of the cores
+//! whatever the main runtime is doing. The service is the same one (the same
+//! studies and the same access rules: the operator sees everything, a user its
+//! own studies, an owner nothing); every other method is refused, so this port
+//! adds no way in. Bind it where only operators reach (loopback, an admin network).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::metrics::{rpc_name, CountCalls};
+use crate::service::ProxyService;
+
+/// Connections the operator listener serves at once.
+pub const MAX_OPERATOR_CONNECTIONS: usize = 8;
+
+/// The running operator listener; dropping it stops it.
+pub struct OperatorListener {
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Drop for OperatorListener {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Serves `svc`'s `status` on `listener` from a thread of its own, with mutual
+/// TLS through `acceptor` (plaintext without one, as the main listener).
+pub fn spawn(
+    svc: ProxyService,
+    listener: std::net::TcpListener,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    handshake_timeout: Duration,
+) -> anyhow::Result<OperatorListener> {
+    listener.set_nonblocking(true)?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("operator-listener".into())
+        .spawn(move || {
+            let served =
+                runtime.block_on(serve(svc, listener, acceptor, handshake_timeout, stopped));
+            if let Err(e) = served {
+                tracing::error!(error = %e, "operator listener stopped");
+            }
+        })?;
+    Ok(OperatorListener { stop: Some(stop) })
+}
+
+async fn serve(
+    svc: ProxyService,
+    listener: std::net::TcpListener,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    handshake_timeout: Duration,
+    stopped: oneshot::Receiver<()>,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let router = tonic::transport::Server::builder()
+        .layer(tower::layer::layer_fn(CountCalls))
+        .layer(tower::layer::layer_fn(OnlyStatus))
+        .add_service(dpca_proto::v1::proxy_server::ProxyServer::new(svc));
+    let shutdown = async {
+        let _ = stopped.await;
+    };
+    match acceptor {
+        Some(acceptor) => {
+            let incoming = crate::listener::capped_tls(
+                listener,
+                MAX_OPERATOR_CONNECTIONS,
+                acceptor,
+                handshake_timeout,
+            );
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?;
+        }
+        None => {
+            let incoming = crate::listener::capped(listener, MAX_OPERATOR_CONNECTIONS);
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Passes `Status` calls on and answers every other path "unimplemented".
+#[derive(Clone, Debug)]
+pub struct OnlyStatus<S>(pub S);
+
+impl<S, B> tower::Service<http::Request<B>> for OnlyStatus<S>
+where
+    S: tower::Service<
+        http::Request<B>,
+        Response = http::Response<tonic::body::Body>,
+        Error = Infallible,
+    >,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if rpc_name(req.uri().path()) == "Status" {
+            return Box::pin(self.0.call(req));
+        }
+        let refusal = tonic::Status::unimplemented(
+            "the operator listener answers `status` only; other calls go to the proxy's \
+             main listener",
+        );
+        Box::pin(std::future::ready(Ok(refusal.into_http())))
+    }
+}
