@@ -27,6 +27,22 @@ pub enum DataError {
         /// Columns in this row.
         found: usize,
     },
+    /// A feature cell with nothing in it.
+    #[error("{source_name}, line {line}, column `{column}`: the cell is empty")]
+    EmptyCell {
+        /// File name.
+        source_name: String,
+        /// 1-based line number.
+        line: u64,
+        /// Column name.
+        column: String,
+    },
+    /// A file with nothing in it, not even a header.
+    #[error("{source_name}: the file is empty (a CSV needs a header line, then rows)")]
+    EmptyFile {
+        /// File name.
+        source_name: String,
+    },
     /// A cell that is not a finite number.
     #[error("{source_name}, line {line}, column `{column}`: `{value}` is not a finite number")]
     BadCell {
@@ -63,12 +79,14 @@ pub enum DataError {
         source_name: String,
     },
     /// A row whose label is not one of the study's classes.
-    #[error("{source_name}, data row {row}: label `{value}` is not one of the study's classes ({classes})")]
+    #[error(
+        "{source_name}, line {line}: label `{value}` is not one of the study's classes ({classes})"
+    )]
     UnknownClass {
         /// File name.
         source_name: String,
-        /// 1-based data row (the header not counted).
-        row: usize,
+        /// 1-based line number in the file.
+        line: u64,
         /// The label as read.
         value: String,
         /// The study's classes, comma-separated.
@@ -78,7 +96,7 @@ pub enum DataError {
     #[error("bounds: {0}")]
     Bounds(String),
     /// A table with no rows.
-    #[error("{source_name}: no data rows")]
+    #[error("{source_name}: no data rows (a header and nothing else)")]
     Empty {
         /// File name.
         source_name: String,
@@ -97,6 +115,9 @@ pub struct Table {
     /// The input's header (trimmed) in file order, label included: what output
     /// written in the input's shape follows.
     pub columns: Vec<String>,
+    /// The file line (1-based, the header on line 1) each row was read from, for
+    /// messages about a row found wrong after reading; empty for a schema.
+    pub lines: Vec<u64>,
 }
 
 /// Reads a CSV with a header. Every feature cell must be a finite number; the label
@@ -114,6 +135,7 @@ pub fn read_csv<R: Read>(
     let (header, label_idx, features) = read_header(&mut rdr, source_name, label)?;
     let mut rows = Vec::new();
     let mut labels = Vec::new();
+    let mut lines = Vec::new();
     for record in rdr.records() {
         let record = record.map_err(csv_err)?;
         let line = record.position().map(|p| p.line()).unwrap_or(0);
@@ -131,20 +153,10 @@ pub fn read_csv<R: Read>(
                 labels.push(cell.trim().to_string());
                 continue;
             }
-            let value = cell.trim().parse::<f64>().ok().filter(|v| v.is_finite());
-            match value {
-                Some(v) => row.push(v),
-                None => {
-                    return Err(DataError::BadCell {
-                        source_name: source_name.to_string(),
-                        line,
-                        column: header[i].clone(),
-                        value: cell.to_string(),
-                    })
-                }
-            }
+            row.push(number(cell, source_name, line, &header[i])?);
         }
         rows.push(row);
+        lines.push(line);
     }
     if rows.is_empty() {
         return Err(DataError::Empty {
@@ -156,7 +168,29 @@ pub fn read_csv<R: Read>(
         rows,
         label: label_idx.map(|i| (header[i].clone(), labels)),
         columns: header,
+        lines,
     })
+}
+
+/// A feature cell as a finite number, or the error naming where it is.
+fn number(cell: &str, source_name: &str, line: u64, column: &str) -> Result<f64, DataError> {
+    if cell.trim().is_empty() {
+        return Err(DataError::EmptyCell {
+            source_name: source_name.to_string(),
+            line,
+            column: column.to_string(),
+        });
+    }
+    cell.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite())
+        .ok_or_else(|| DataError::BadCell {
+            source_name: source_name.to_string(),
+            line,
+            column: column.to_string(),
+            value: cell.to_string(),
+        })
 }
 
 /// The table's columns without its rows: the header of a CSV, with the label
@@ -180,6 +214,7 @@ pub fn read_schema<R: Read>(
         rows: Vec::new(),
         label: label_idx.map(|i| (header[i].clone(), Vec::new())),
         columns: header,
+        lines: Vec::new(),
     })
 }
 
@@ -208,6 +243,11 @@ fn read_header<R: Read>(
         .iter()
         .map(|h| h.trim().to_string())
         .collect();
+    if header.iter().all(String::is_empty) {
+        return Err(DataError::EmptyFile {
+            source_name: source_name.to_string(),
+        });
+    }
     let label_idx = match label {
         Some(l) => {
             Some(
@@ -232,6 +272,12 @@ fn read_header<R: Read>(
 }
 
 impl Table {
+    /// The file line of data row `row` (0-based); for a table built without
+    /// lines, the line it would have with one header line and no blank lines.
+    pub fn line_of(&self, row: usize) -> u64 {
+        self.lines.get(row).copied().unwrap_or(row as u64 + 2)
+    }
+
     /// Checks that the feature columns are exactly the study's, in order.
     pub fn check_schema(&self, features: &[String], source_name: &str) -> Result<(), DataError> {
         if self.features.len() != features.len() {
@@ -286,7 +332,7 @@ impl Table {
                     .copied()
                     .ok_or_else(|| DataError::UnknownClass {
                         source_name: source_name.to_string(),
-                        row: row + 1,
+                        line: self.line_of(row),
                         value: l.clone(),
                         classes: classes.join(","),
                     })
@@ -305,17 +351,7 @@ impl Table {
             })?;
         let mut rows = Vec::with_capacity(self.rows.len());
         for (i, (row, cell)) in self.rows.iter().zip(cells).enumerate() {
-            let y = cell
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite())
-                .ok_or_else(|| DataError::BadCell {
-                    source_name: source_name.to_string(),
-                    // Data row i sits on line i + 2 (the header is line 1).
-                    line: i as u64 + 2,
-                    column: name.clone(),
-                    value: cell.clone(),
-                })?;
+            let y = number(cell, source_name, self.line_of(i), name)?;
             let mut r = row.clone();
             r.push(y);
             rows.push(r);
@@ -327,6 +363,7 @@ impl Table {
             rows,
             label: None,
             columns: self.columns.clone(),
+            lines: self.lines.clone(),
         })
     }
 
@@ -360,49 +397,91 @@ impl Table {
 }
 
 /// Reads a bounds file: CSV with header `feature,lo,hi`, one row per feature; a row
-/// with feature `*` sets the bounds of every feature not listed.
+/// with feature `*` sets the bounds of every feature not listed. A name that is no
+/// feature is refused, naming the closest feature: the bounds set the noise, and a
+/// misspelled feature would otherwise get the `*` bounds without a word.
 pub fn read_bounds<R: Read>(reader: R, features: &[String]) -> Result<Vec<(f64, f64)>, DataError> {
     let mut rdr = csv::ReaderBuilder::new()
         .has_headers(true)
         .from_reader(reader);
     let mut default = None;
-    let mut map = std::collections::HashMap::new();
+    let mut map: std::collections::HashMap<String, (u64, (f64, f64))> = Default::default();
     for rec in rdr.records() {
         let rec = rec.map_err(|e| DataError::Bounds(e.to_string()))?;
         let line = rec.position().map(|p| p.line()).unwrap_or(0);
-        if rec.len() != 3 {
+        let (name, bounds) = bounds_row(&rec, line)?;
+        let earlier = if name == "*" {
+            default.replace((line, bounds)).map(|(l, _)| l)
+        } else {
+            map.insert(name.clone(), (line, bounds)).map(|(l, _)| l)
+        };
+        if let Some(first) = earlier {
             return Err(DataError::Bounds(format!(
-                "line {line}: expected feature,lo,hi"
+                "line {line}: `{name}` is listed twice (first on line {first})"
             )));
         }
-        let parse = |s: &str| {
-            s.trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|v| v.is_finite())
-                .ok_or_else(|| {
-                    DataError::Bounds(format!("line {line}: `{s}` is not a finite number"))
-                })
-        };
-        let (lo, hi) = (parse(&rec[1])?, parse(&rec[2])?);
-        if lo > hi {
-            return Err(DataError::Bounds(format!("line {line}: lo {lo} > hi {hi}")));
-        }
-        if rec[0].trim() == "*" {
-            default = Some((lo, hi));
-        } else {
-            map.insert(rec[0].trim().to_string(), (lo, hi));
-        }
+    }
+    let mut unknown: Vec<(u64, &String)> = map
+        .iter()
+        .filter(|(name, _)| !features.contains(name))
+        .map(|(name, (line, _))| (*line, name))
+        .collect();
+    unknown.sort();
+    if let Some((line, name)) = unknown.first() {
+        return Err(DataError::Bounds(format!(
+            "line {line}: `{name}` is no feature of the table{}",
+            closest(name, features)
+                .map(|f| format!(" (did you mean `{f}`?)"))
+                .unwrap_or_default()
+        )));
     }
     features
         .iter()
         .map(|f| {
             map.get(f)
-                .copied()
-                .or(default)
+                .map(|(_, b)| *b)
+                .or(default.map(|(_, b)| b))
                 .ok_or_else(|| DataError::Bounds(format!("no bounds for feature `{f}`")))
         })
         .collect()
+}
+
+/// One row of a bounds file: its name and checked bounds.
+fn bounds_row(rec: &csv::StringRecord, line: u64) -> Result<(String, (f64, f64)), DataError> {
+    if rec.len() != 3 {
+        return Err(DataError::Bounds(format!(
+            "line {line}: expected feature,lo,hi"
+        )));
+    }
+    let parse = |s: &str| {
+        s.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| DataError::Bounds(format!("line {line}: `{s}` is not a finite number")))
+    };
+    let (lo, hi) = (parse(&rec[1])?, parse(&rec[2])?);
+    if lo > hi {
+        return Err(DataError::Bounds(format!("line {line}: lo {lo} > hi {hi}")));
+    }
+    Ok((rec[0].trim().to_string(), (lo, hi)))
+}
+
+/// The feature nearest to `name` in edit distance, if it is near enough to be a
+/// likely typo (at most a third of the name's length, and at least 2).
+fn closest<'a>(name: &str, features: &'a [String]) -> Option<&'a String> {
+    let limit = (name.chars().count() / 3).max(2);
+    features
+        .iter()
+        .map(|f| {
+            (
+                strsim::levenshtein(&name.to_lowercase(), &f.to_lowercase()),
+                f,
+            )
+        })
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, f)| f)
 }
 
 /// Clips each value to its bounds, maps it to [-1, 1] (a constant feature, lo = hi,
@@ -567,5 +646,31 @@ mod tests {
         assert_eq!(b, vec![(0.0, 16.0), (-1.0, 1.0)]);
         assert!(read_bounds("feature,lo,hi\na,2,1\n".as_bytes(), &["a".into()]).is_err());
         assert!(read_bounds("feature,lo,hi\n".as_bytes(), &["a".into()]).is_err());
+    }
+
+    /// A name that is no feature is refused, beside `*` too (where it would get the
+    /// `*` bounds), naming the line and the nearest feature; so is a name twice.
+    #[test]
+    fn bounds_for_no_feature_are_refused_naming_the_nearest() {
+        let features: Vec<String> = ["carat".into(), "depth".into(), "price".into()].to_vec();
+        let err = |text: &str| {
+            read_bounds(text.as_bytes(), &features)
+                .expect_err(text)
+                .to_string()
+        };
+        let typo = err("feature,lo,hi\n*,0,1\ncarat,0,3\ndpeth,40,80\n");
+        assert_eq!(
+            typo,
+            "bounds: line 4: `dpeth` is no feature of the table (did you mean `depth`?)"
+        );
+        let far = err("feature,lo,hi\ncarat,0,3\ndepth,0,1\nprice,0,1\nweight,0,1\n");
+        assert_eq!(far, "bounds: line 5: `weight` is no feature of the table");
+        let twice = err("feature,lo,hi\ncarat,0,3\ncarat,0,4\n*,0,1\n");
+        assert_eq!(
+            twice,
+            "bounds: line 3: `carat` is listed twice (first on line 2)"
+        );
+        let stars = err("feature,lo,hi\n*,0,3\n*,0,4\n");
+        assert!(stars.contains("`*` is listed twice"), "{stars}");
     }
 }

@@ -122,10 +122,29 @@ impl<J> GroupCommit<J> {
 
     /// Returns once the ticket's job is durable, committing queued jobs with
     /// `commit` (all of them in one call, in their order) whenever no other
-    /// waiter is committing.
+    /// waiter is committing; a commit it leads lingers for announced writes.
     pub fn wait(
         &self,
         ticket: Ticket,
+        commit: impl FnMut(Vec<J>) -> Result<(), String>,
+    ) -> Result<(), Stopped> {
+        self.wait_lingering(ticket, true, commit)
+    }
+
+    /// [`GroupCommit::wait`] without the linger: for a caller that holds what an
+    /// announced write needs (a study's lock), which would only wait out the linger.
+    pub fn wait_now(
+        &self,
+        ticket: Ticket,
+        commit: impl FnMut(Vec<J>) -> Result<(), String>,
+    ) -> Result<(), Stopped> {
+        self.wait_lingering(ticket, false, commit)
+    }
+
+    fn wait_lingering(
+        &self,
+        ticket: Ticket,
+        linger: bool,
         mut commit: impl FnMut(Vec<J>) -> Result<(), String>,
     ) -> Result<(), Stopped> {
         let mut q = self.lock();
@@ -141,7 +160,9 @@ impl<J> GroupCommit<J> {
                 continue;
             }
             q.leading = true;
-            q = self.linger(q);
+            if linger {
+                q = self.linger(q);
+            }
             let batch = std::mem::take(&mut q.jobs);
             let last = q.submitted;
             drop(q);
@@ -304,10 +325,30 @@ mod tests {
         let gc = Arc::new(GroupCommit::<u32>::default());
         let t = gc.submit(1).expect("submit");
         let g = gc.clone();
-        let r = std::thread::spawn(move || g.wait(t, |_| panic!("boom"))).join();
-        assert!(r.is_err(), "the leader's panic propagates");
-        let t2 = gc.submit(2);
-        assert!(t2.is_err(), "a write after a panicked commit is refused");
+        let second = gc.submit(2).expect("submit");
+        let (entered, proceed) = (
+            Arc::new(std::sync::Barrier::new(2)),
+            Arc::new(std::sync::Barrier::new(2)),
+        );
+        let (e, p) = (entered.clone(), proceed.clone());
+        let leader = std::thread::spawn(move || {
+            g.wait(t, |_| {
+                e.wait();
+                p.wait();
+                panic!("boom")
+            })
+        });
+        entered.wait();
+        // A second waiter, asleep behind the leader when it panics.
+        let g = gc.clone();
+        let follower = std::thread::spawn(move || g.wait(second, |_| Ok(())));
+        std::thread::sleep(Duration::from_millis(50));
+        proceed.wait();
+        assert!(leader.join().is_err(), "the leader's panic propagates");
+        let woke = follower.join().expect("follower");
+        assert!(woke.is_err(), "the waiter behind a panicked commit is told");
+        let t3 = gc.submit(3);
+        assert!(t3.is_err(), "a write after a panicked commit is refused");
     }
 
     #[test]

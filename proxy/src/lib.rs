@@ -92,18 +92,7 @@ pub async fn run(
     let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
         .max_decoding_message_size(max_request_bytes)
         .max_encoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES);
-    let router = tonic::transport::Server::builder()
-        // Small flow-control windows: an owner waiting for an upload slot can park
-        // at most this much data in the proxy, so memory stays flat in the owners.
-        .initial_stream_window_size(UPLOAD_WINDOW_BYTES)
-        .initial_connection_window_size(UPLOAD_WINDOW_BYTES)
-        // A peer that vanished (no FIN: a cut cable, a killed VM) is found by pings
-        // and its connection slot freed (TCP keepalive is set on each accepted
-        // socket, `listener::accept`).
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        // Bounds the calls one connection can have waiting on the proxy.
-        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+    let router = hardened_server()
         .layer(tower::layer::layer_fn(metrics::CountCalls))
         .add_service(server);
     match acceptor {
@@ -114,6 +103,7 @@ pub async fn run(
             let incoming = listener::capped_tls(
                 listener,
                 listener::MAX_CONNECTIONS,
+                listener::MAX_CONNECTIONS_PER_PARTY,
                 acceptor,
                 handshake_timeout,
             );
@@ -129,6 +119,23 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// The HTTP/2 settings of every listener: what one connection may hold of the
+/// proxy (streams, buffered bytes) is bounded, and a vanished peer is found.
+pub(crate) fn hardened_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        // Small flow-control windows: an owner waiting for an upload slot can park
+        // at most this much data in the proxy, so memory stays flat in the owners.
+        .initial_stream_window_size(UPLOAD_WINDOW_BYTES)
+        .initial_connection_window_size(UPLOAD_WINDOW_BYTES)
+        // A peer that vanished (no FIN: a cut cable, a killed VM) is found by pings
+        // and its connection slot freed (TCP keepalive is set on each accepted
+        // socket, `listener::accept`).
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        // Bounds the calls one connection can have waiting on the proxy.
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
 }
 
 /// Binds a listener (port 0 picks a free port) and returns it with its address.

@@ -128,10 +128,12 @@ pub fn capped(
 }
 
 /// The listener's TLS connections: handshakes under their caps and timeout, then
-/// at most `cap` connections served, [`MAX_CONNECTIONS_PER_PARTY`] per party.
+/// at most `cap` connections served, `per_party` per party
+/// ([`MAX_CONNECTIONS_PER_PARTY`] on the main listener).
 pub fn capped_tls(
     listener: TcpListener,
     cap: usize,
+    per_party: usize,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
 ) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
@@ -167,9 +169,7 @@ pub fn capped_tls(
                     Err(_) => return,
                 };
                 drop(source);
-                let Some(party) =
-                    party_of(&tls).and_then(|p| parties.take(p, MAX_CONNECTIONS_PER_PARTY))
-                else {
+                let Some(party) = party_of(&tls).and_then(|p| parties.take(p, per_party)) else {
                     return;
                 };
                 // Waiting for a slot is bounded too: a client that went away while

@@ -9,7 +9,11 @@
 //! whatever the main runtime is doing. The service is the same one (the same
 //! studies and the same access rules: the operator sees everything, a user its
 //! own studies, an owner nothing); every other method is refused, so this port
-//! adds no way in. Bind it where only operators reach (loopback, an admin network).
+//! adds no way in. A connection here is bounded as on the main port (streams,
+//! flow-control windows, keepalive), decodes no request over 1 KiB, and one party
+//! holds at most 2 of its 8 connections. Bind it where only operators reach
+//! (loopback, an admin network): any certificate holder who reaches it can still
+//! take its slots in turn.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -24,6 +28,10 @@ use crate::service::ProxyService;
 
 /// Connections the operator listener serves at once.
 pub const MAX_OPERATOR_CONNECTIONS: usize = 8;
+/// ... and for one party (certificate name): no one party holds them all.
+pub const MAX_OPERATOR_CONNECTIONS_PER_PARTY: usize = 2;
+/// Largest request decoded: a status request is empty.
+const MAX_REQUEST_BYTES: usize = 1024;
 
 /// The running operator listener; dropping it stops it.
 pub struct OperatorListener {
@@ -71,10 +79,14 @@ async fn serve(
     stopped: oneshot::Receiver<()>,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let router = tonic::transport::Server::builder()
+    // The main listener's bounds on a connection, and a status request (empty)
+    // is all that is decoded.
+    let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
+    let router = crate::hardened_server()
         .layer(tower::layer::layer_fn(CountCalls))
         .layer(tower::layer::layer_fn(OnlyStatus))
-        .add_service(dpca_proto::v1::proxy_server::ProxyServer::new(svc));
+        .add_service(server);
     let shutdown = async {
         let _ = stopped.await;
     };
@@ -83,6 +95,7 @@ async fn serve(
             let incoming = crate::listener::capped_tls(
                 listener,
                 MAX_OPERATOR_CONNECTIONS,
+                MAX_OPERATOR_CONNECTIONS_PER_PARTY,
                 acceptor,
                 handshake_timeout,
             );

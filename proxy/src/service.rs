@@ -259,9 +259,10 @@ impl ProxyService {
 
     /// Counts the studies open now (collecting or sealed, from their views) and,
     /// within the limits, puts `study` among them, all under the table's lock: opens
-    /// sent at once cannot all pass one count. The caller removes it again if it
-    /// cannot be stored.
-    fn reserve(&self, study: &Study) -> Result<(), Refusal> {
+    /// sent at once cannot all pass one count. Returns it under its lock, which the
+    /// caller holds until its record is stored (and removes it again if it cannot
+    /// be).
+    fn reserve(&self, study: &Study) -> Result<Locked, Refusal> {
         let now = self.config.clock.now_ms();
         let mut table = self.table()?;
         let open: Vec<Option<String>> = table
@@ -274,8 +275,12 @@ impl ProxyService {
             .limits
             .check_open(&open, study.opened_by.as_deref())
             .map_err(|e| Refusal::OverLimit(e.to_string()))?;
-        table.insert(study.id.clone(), StudyCell::new(study.clone()));
-        Ok(())
+        let cell = StudyCell::new(study.clone());
+        let held = cell
+            .try_lock()
+            .ok_or_else(|| Refusal::Internal("a new study's cell is held".into()))?;
+        table.insert(study.id.clone(), cell);
+        Ok(held)
     }
 
     /// Every study, to visit one at a time (the table is not held meanwhile).
@@ -447,6 +452,98 @@ impl ProxyService {
             signature,
             certificate,
         })
+    }
+
+    /// Reads, checks, folds and stores one upload (see [`ProxyService::commit_contribution`]).
+    async fn contribute_upload(
+        &self,
+        req: Request<Streaming<v1::ContributionChunk>>,
+    ) -> Result<Response<v1::ContributeResponse>, Status> {
+        let peer = self.caller(&req)?;
+        let leaf = req
+            .peer_certs()
+            .and_then(|certs| certs.first().map(|c| c.to_vec()));
+        // Authorized before a slot is taken: only an owner uploads, under its own
+        // name, one upload at a time (checked again against the header below).
+        if let Some(p) = &peer {
+            Self::authorize(Some(p), Action::Contribute { owner_id: &p.name })?;
+        }
+        let _slot = self
+            .upload_slot(peer.as_ref().map(|p| p.name.as_str()))
+            .await?;
+        let mut stream = IdleLimited::new(req.into_inner(), self.config.limits.upload_idle_timeout);
+        let first = stream
+            .next()
+            .await?
+            .ok_or_else(|| Refusal::Invalid("empty contribution stream".into()))?;
+        let mut upload = Upload {
+            study_id: first.study_id.clone(),
+            owner: first.owner_id.clone(),
+            cid: first.contribution_id.clone(),
+            cap: (first.cap_epsilon, first.cap_delta),
+            count: None,
+        };
+        if upload.owner.is_empty() || upload.cid.is_empty() {
+            return Err(
+                Refusal::Invalid("owner_id and contribution_id are required".into()).into(),
+            );
+        }
+        Self::authorize(
+            peer.as_ref(),
+            Action::Contribute {
+                owner_id: &upload.owner,
+            },
+        )?;
+        let (pk, expected, signed) = match self.admit(&upload).await? {
+            Admission::Read {
+                pk,
+                expected,
+                signed,
+            } => (pk, expected, signed),
+            Admission::AlreadyCounted(response) => return Ok(Response::new(response)),
+        };
+        let signature = first.count_signature.clone();
+        if first.total_ciphertexts as usize != expected {
+            return Err(Refusal::Invalid(format!(
+                "contribution announces {} ciphertexts, study {} expects {expected}",
+                first.total_ciphertexts, upload.study_id
+            ))
+            .into());
+        }
+        stream.allow(
+            self.config
+                .limits
+                .upload_allowance(expected * pk.ciphertext_bytes()),
+        );
+        let cts = read_ciphertexts(&mut stream, first, &pk, expected, &upload.owner).await?;
+        let bytes = cts.len() * pk.ciphertext_bytes();
+        if signed {
+            upload.count = Some(self.signed_count(&upload, &pk, &cts, signature, leaf)?);
+        }
+        // Read and checked: a commit starting now may wait a little for it.
+        let announced = self.store.as_ref().map(Store::announce);
+        // Acknowledged only once stored, with its charge.
+        let (outcome, owners_in, budget) = self
+            .commit_contribution(upload.clone(), cts, announced)
+            .await?;
+        crate::metrics::contribution(outcome == ContributionOutcome::Counted, bytes);
+        tracing::info!(study = %upload.study_id, owner = %upload.owner, owners_in, "contribution counted");
+        Ok(Response::new(contribute_response(
+            outcome == ContributionOutcome::Counted,
+            owners_in,
+            budget.as_ref(),
+        )))
+    }
+
+    /// Waits until every write submitted so far is durable: an answer read from
+    /// memory then speaks only of what the file holds. Refused once the store has
+    /// stopped (a failed commit).
+    async fn settled(&self, study_id: &str) -> Result<(), Refusal> {
+        if self.store.is_none() {
+            return Ok(());
+        }
+        let (svc, id) = (self.clone(), study_id.to_string());
+        blocking(move || svc.await_stored(&id, None)).await
     }
 
     /// Refuses early, before the stream is read, a contribution that cannot count
@@ -695,13 +792,15 @@ impl v1::proxy_server::Proxy for ProxyService {
         let (features, quorum) = (spec.dim(), spec.quorum);
         let mut study = Study::new(id.clone(), spec, layout, req.noise_free_for_testing);
         study.opened_by = peer.map(|p| p.name);
-        self.reserve(&study)?;
+        // Held until stored: no call reaches the study before its record is queued.
+        let held = self.reserve(&study)?;
         let svc = self.clone();
         if let Err(e) = blocking(move || svc.persist(&study)).await {
             // Not stored: not opened.
             self.table()?.remove(&id);
             return Err(e.into());
         }
+        drop(held);
         crate::metrics::study_opened();
         tracing::info!(study = %id, features, quorum, "study opened");
         Ok(Response::new(v1::OpenStudyResponse { study_id: id }))
@@ -724,6 +823,7 @@ impl v1::proxy_server::Proxy for ProxyService {
                 })
             })
             .await?;
+        self.settled(&id).await?;
         Ok(Response::new(info))
     }
 
@@ -731,80 +831,14 @@ impl v1::proxy_server::Proxy for ProxyService {
         &self,
         req: Request<Streaming<v1::ContributionChunk>>,
     ) -> Result<Response<v1::ContributeResponse>, Status> {
-        let peer = self.caller(&req)?;
-        let leaf = req
-            .peer_certs()
-            .and_then(|certs| certs.first().map(|c| c.to_vec()));
-        // Authorized before a slot is taken: only an owner uploads, under its own
-        // name, one upload at a time (checked again against the header below).
-        if let Some(p) = &peer {
-            Self::authorize(Some(p), Action::Contribute { owner_id: &p.name })?;
+        let answer = self.contribute_upload(req).await;
+        if answer.is_err() {
+            // A refusal may rest on a transition still on its way to disk (the
+            // study sealed by another owner's contribution): told only once that
+            // is durable, or, if it never will be, told to retry.
+            self.settled("").await?;
         }
-        let _slot = self
-            .upload_slot(peer.as_ref().map(|p| p.name.as_str()))
-            .await?;
-        let mut stream = IdleLimited::new(req.into_inner(), self.config.limits.upload_idle_timeout);
-        let first = stream
-            .next()
-            .await?
-            .ok_or_else(|| Refusal::Invalid("empty contribution stream".into()))?;
-        let mut upload = Upload {
-            study_id: first.study_id.clone(),
-            owner: first.owner_id.clone(),
-            cid: first.contribution_id.clone(),
-            cap: (first.cap_epsilon, first.cap_delta),
-            count: None,
-        };
-        if upload.owner.is_empty() || upload.cid.is_empty() {
-            return Err(
-                Refusal::Invalid("owner_id and contribution_id are required".into()).into(),
-            );
-        }
-        Self::authorize(
-            peer.as_ref(),
-            Action::Contribute {
-                owner_id: &upload.owner,
-            },
-        )?;
-        let (pk, expected, signed) = match self.admit(&upload).await? {
-            Admission::Read {
-                pk,
-                expected,
-                signed,
-            } => (pk, expected, signed),
-            Admission::AlreadyCounted(response) => return Ok(Response::new(response)),
-        };
-        let signature = first.count_signature.clone();
-        if first.total_ciphertexts as usize != expected {
-            return Err(Refusal::Invalid(format!(
-                "contribution announces {} ciphertexts, study {} expects {expected}",
-                first.total_ciphertexts, upload.study_id
-            ))
-            .into());
-        }
-        stream.allow(
-            self.config
-                .limits
-                .upload_allowance(expected * pk.ciphertext_bytes()),
-        );
-        // A commit starting while this upload is read may wait a little for it.
-        let announced = self.store.as_ref().map(Store::announce);
-        let cts = read_ciphertexts(&mut stream, first, &pk, expected, &upload.owner).await?;
-        let bytes = cts.len() * pk.ciphertext_bytes();
-        if signed {
-            upload.count = Some(self.signed_count(&upload, &pk, &cts, signature, leaf)?);
-        }
-        // Acknowledged only once stored, with its charge.
-        let (outcome, owners_in, budget) = self
-            .commit_contribution(upload.clone(), cts, announced)
-            .await?;
-        crate::metrics::contribution(outcome == ContributionOutcome::Counted, bytes);
-        tracing::info!(study = %upload.study_id, owner = %upload.owner, owners_in, "contribution counted");
-        Ok(Response::new(contribute_response(
-            outcome == ContributionOutcome::Counted,
-            owners_in,
-            budget.as_ref(),
-        )))
+        answer
     }
 
     async fn await_seal(
@@ -843,6 +877,8 @@ impl v1::proxy_server::Proxy for ProxyService {
                 })
                 .await?;
             if let Some(sealed) = ready {
+                // The contribution that sealed it may still be on its way to disk.
+                self.settled(&id).await?;
                 return Ok(Response::new(sealed));
             }
             tokio::time::sleep(POLL).await;
@@ -904,6 +940,15 @@ impl v1::proxy_server::Proxy for ProxyService {
     ) -> Result<Response<v1::ProxyStatus>, Status> {
         let peer = self.caller(&req)?;
         Self::authorize(peer.as_ref(), Action::Status)?;
+        if self.store.as_ref().is_some_and(|st| st.stopped()) {
+            // What memory holds may be more than the file does: not shown as true.
+            return Err(Refusal::Unavailable(
+                "the proxy could not store its state and must be restarted (its operator's \
+                 log says why)"
+                    .into(),
+            )
+            .into());
+        }
         // A user sees the studies it opened; the operator (or plaintext) sees all.
         let only = peer
             .as_ref()
@@ -1248,10 +1293,15 @@ mod tests {
     /// A service holding the test study `s1` (quorum 8, so it keeps collecting),
     /// and fresh ciphertexts of a contribution to it.
     fn collecting_with_contribution() -> (tempfile::TempDir, ProxyService, Vec<Elem>) {
+        collecting_with_quorum(8)
+    }
+
+    /// As [`collecting_with_contribution`], sealing at `quorum` owners.
+    fn collecting_with_quorum(quorum: u32) -> (tempfile::TempDir, ProxyService, Vec<Elem>) {
         use rand::SeedableRng;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
-        let mut s = study(8, 1);
+        let mut s = study(quorum, 1);
         s.spec = SpecDraft {
             deadline_unix_ms: u64::MAX,
             ..s.spec.to_draft()
@@ -1379,5 +1429,103 @@ mod tests {
             .expect("budgets")
             .expect("a's budget");
         assert_eq!(spent.studies, vec!["s1".to_string()], "charged once");
+    }
+
+    fn two_threads() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    /// Waits until `s1`'s view counts `owners` owners (the fold is done).
+    async fn folded(svc: &ProxyService, owners: usize) {
+        for _ in 0..500 {
+            if svc.studies.lock().expect("table")["s1"]
+                .view(0)
+                .owners_in()
+                .len()
+                == owners
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("never folded");
+    }
+
+    /// A retry that memory calls "already counted" is answered only once the
+    /// commit that holds the first upload is durable: here that commit fails,
+    /// so the retry is told to come back, not that it was counted.
+    #[test]
+    // The held lock is the point: the commit waits on it on another thread.
+    #[allow(clippy::await_holding_lock)]
+    fn a_retry_is_answered_only_once_the_commit_before_it_is_durable() {
+        let (_dir, svc, cts) = collecting_with_contribution();
+        let store = svc.store.clone().expect("a store");
+        store.fail_next_commit();
+        two_threads().block_on(async {
+            let held = store.hold_writes();
+            let first = tokio::spawn({
+                let svc = svc.clone();
+                async move { svc.commit_contribution(upload("a"), cts, None).await }
+            });
+            folded(&svc, 1).await;
+            let retry = tokio::spawn({
+                let svc = svc.clone();
+                async move { svc.admit(&upload("a")).await.map(|_| ()) }
+            });
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(
+                !retry.is_finished(),
+                "the retry was answered while the commit it rests on was in flight"
+            );
+            drop(held);
+            let first = first.await.expect("task");
+            assert!(matches!(first, Err(Refusal::Unavailable(_))), "{first:?}");
+            let retry = retry.await.expect("task");
+            assert!(matches!(retry, Err(Refusal::Unavailable(_))), "{retry:?}");
+        });
+    }
+
+    /// The seal a contribution makes in memory is announced to the user only once
+    /// that contribution is durable; if its commit fails, the user is told to
+    /// come back, not handed a sealed set a restart would not have.
+    #[test]
+    // The held lock is the point: the commit waits on it on another thread.
+    #[allow(clippy::await_holding_lock)]
+    fn a_seal_is_announced_only_once_the_contribution_that_made_it_is_durable() {
+        use v1::proxy_server::Proxy;
+        let (_dir, svc, cts) = collecting_with_quorum(1);
+        let store = svc.store.clone().expect("a store");
+        store.fail_next_commit();
+        two_threads().block_on(async {
+            let held = store.hold_writes();
+            let first = tokio::spawn({
+                let svc = svc.clone();
+                async move { svc.commit_contribution(upload("a"), cts, None).await }
+            });
+            folded(&svc, 1).await;
+            let seal = tokio::spawn({
+                let svc = svc.clone();
+                async move {
+                    svc.await_seal(Request::new(v1::AwaitSealRequest {
+                        study_id: "s1".into(),
+                    }))
+                    .await
+                    .map(|_| ())
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(
+                !seal.is_finished(),
+                "the seal was announced while the contribution that made it was in flight"
+            );
+            drop(held);
+            assert!(first.await.expect("task").is_err());
+            let seal = seal.await.expect("task").expect_err("a seal not on disk");
+            assert_eq!(seal.code(), tonic::Code::Unavailable, "{seal:?}");
+        });
     }
 }

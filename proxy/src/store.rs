@@ -164,6 +164,8 @@ pub struct Store {
     commits: AtomicU64,
     #[cfg(test)]
     fail_next_commit: std::sync::atomic::AtomicBool,
+    #[cfg(test)]
+    write_gate: Mutex<()>,
 }
 
 impl std::fmt::Debug for Store {
@@ -190,6 +192,8 @@ impl Store {
             commits: AtomicU64::new(0),
             #[cfg(test)]
             fail_next_commit: Default::default(),
+            #[cfg(test)]
+            write_gate: Mutex::default(),
         };
         // Create the tables up front so reads of a fresh file find them.
         let txn = store.db.begin_write().map_err(|e| store.err(e))?;
@@ -296,8 +300,10 @@ impl Store {
     /// every write submitted before it. Past collecting, it also checkpoints the
     /// aggregate, deleting those: no contribution can follow.
     pub fn save_study(&self, study: &Study) -> Result<(), StoreError> {
+        // Its caller holds the study's lock: an upload of that study could not
+        // submit while the commit lingered for it.
         let ticket = self.submit(Write::Study(study.clone()))?;
-        self.wait(ticket)
+        self.wait_with(ticket, false)
     }
 
     /// Stores a counted contribution and waits until it is on disk: see
@@ -342,7 +348,7 @@ impl Store {
             }
             None => self.queue.submit(write),
         }
-        .map_err(|s| self.stopped(s))
+        .map_err(|s| self.stopped_error(s))
     }
 
     /// Announces a contribution being read, which a commit starting meanwhile
@@ -359,18 +365,28 @@ impl Store {
     /// Waits until the ticket's write is on disk, committing it (with whatever
     /// else is queued) if no other caller is committing now.
     pub fn wait(&self, ticket: Ticket) -> Result<(), StoreError> {
-        self.queue
-            .wait(ticket, |jobs| {
-                self.write_batch(jobs).map_err(|e| e.to_string())
-            })
-            .map_err(|s| self.stopped(s))
+        self.wait_with(ticket, true)
+    }
+
+    fn wait_with(&self, ticket: Ticket, linger: bool) -> Result<(), StoreError> {
+        let commit = |jobs| self.write_batch(jobs).map_err(|e| e.to_string());
+        match linger {
+            true => self.queue.wait(ticket, commit),
+            false => self.queue.wait_now(ticket, commit),
+        }
+        .map_err(|s| self.stopped_error(s))
     }
 
     /// Waits until every write submitted so far is on disk: what a caller was
     /// shown in memory (a contribution already counted) is then also durable.
     pub fn barrier(&self) -> Result<(), StoreError> {
         let ticket = self.submit(Write::Barrier)?;
-        self.wait(ticket)
+        self.wait_with(ticket, false)
+    }
+
+    /// Whether a commit has failed: nothing more is written until a restart.
+    pub fn stopped(&self) -> bool {
+        self.queue.stopped()
     }
 
     /// Commits made so far (each holds one or more writes).
@@ -379,10 +395,10 @@ impl Store {
     }
 
     fn submit(&self, write: Write) -> Result<Ticket, StoreError> {
-        self.queue.submit(write).map_err(|s| self.stopped(s))
+        self.queue.submit(write).map_err(|s| self.stopped_error(s))
     }
 
-    fn stopped(&self, cause: Stopped) -> StoreError {
+    fn stopped_error(&self, cause: Stopped) -> StoreError {
         StoreError::Stopped {
             path: self.path.clone(),
             cause,
@@ -395,9 +411,12 @@ impl Store {
         if jobs.iter().all(|j| matches!(j, Write::Barrier)) {
             return Ok(());
         }
-        let mut pending = self.lock_pending();
+        #[cfg(test)]
+        let _gate = self.write_gate.lock();
         let started = std::time::Instant::now();
-        let mut next = pending.clone();
+        // Only a commit's leader changes the map, one at a time: a copy now, put
+        // back once committed, keeps `has_pending` from waiting on the fsync.
+        let mut next = self.lock_pending().clone();
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         for job in &jobs {
             match job {
@@ -416,7 +435,7 @@ impl Store {
             return Err(self.err(redb::Error::Io(std::io::Error::other("injected failure"))));
         }
         txn.commit().map_err(|e| self.err(e))?;
-        *pending = next;
+        *self.lock_pending() = next;
         self.commits.fetch_add(1, Ordering::Relaxed);
         crate::metrics::store_commit(jobs.len(), started.elapsed());
         Ok(())
@@ -484,8 +503,10 @@ impl Store {
     /// Holds every commit back while the guard lives (a commit takes this lock
     /// first): lets a test line writes up behind a slow commit.
     #[cfg(test)]
-    pub(crate) fn hold_writes(&self) -> MutexGuard<'_, PendingMap> {
-        self.lock_pending()
+    pub(crate) fn hold_writes(&self) -> MutexGuard<'_, ()> {
+        self.write_gate
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Makes the next commit fail as a full disk would.
