@@ -533,7 +533,7 @@ mod tests {
             .expect_err("z is unknown");
         assert_eq!(
             err.to_string(),
-            "t.csv, data row 3: label `z` is not one of the study's classes (y,x)"
+            "t.csv, line 4: label `z` is not one of the study's classes (y,x)"
         );
         let ok = vec!["y".to_string(), "x".to_string(), "z".to_string()];
         assert_eq!(t.class_indices(&ok, "t.csv"), Ok(vec![1, 0, 2]));
@@ -581,6 +581,56 @@ mod tests {
         assert!(matches!(err, DataError::BadCell { line: 2, .. }));
         let err = read_csv("a,b\n1,inf\n".as_bytes(), "own.csv", None).expect_err("inf");
         assert!(matches!(err, DataError::BadCell { .. }));
+    }
+
+    /// Every path names the row by its line in the file, blank lines counted:
+    /// a bad feature cell, a bad numeric label and an unknown class on line 5.
+    #[test]
+    fn every_path_names_the_file_line() {
+        let text = "a,label\n1,1\n\n2,2\n3,q\n";
+        let err = read_csv(
+            text.replace("3,q", "x,3").as_bytes(),
+            "t.csv",
+            Some("label"),
+        )
+        .expect_err("bad cell");
+        assert!(
+            err.to_string().starts_with("t.csv, line 5, column `a`"),
+            "{err}"
+        );
+        let t = read_csv(text.as_bytes(), "t.csv", Some("label")).expect("read");
+        let err = t.with_label_as_feature("t.csv").expect_err("label q");
+        assert!(
+            err.to_string().starts_with("t.csv, line 5, column `label`"),
+            "{err}"
+        );
+        let classes = ["1".to_string(), "2".to_string()];
+        let err = t.class_indices(&classes, "t.csv").expect_err("class q");
+        assert!(
+            err.to_string().starts_with("t.csv, line 5: label `q`"),
+            "{err}"
+        );
+    }
+
+    /// An empty cell says so, and so does an empty file.
+    #[test]
+    fn empty_cells_and_files_are_named_as_empty() {
+        let err = read_csv("a,b\n1,2\n3,\n".as_bytes(), "t.csv", None).expect_err("empty");
+        assert_eq!(
+            err.to_string(),
+            "t.csv, line 3, column `b`: the cell is empty"
+        );
+        let err = read_csv("a,b\n1,  \n".as_bytes(), "t.csv", None).expect_err("blank");
+        assert!(err.to_string().ends_with("the cell is empty"), "{err}");
+        for empty in ["", "\n"] {
+            let err = read_csv(empty.as_bytes(), "e.csv", Some("label")).expect_err("empty file");
+            assert_eq!(
+                err.to_string(),
+                "e.csv: the file is empty (a CSV needs a header line, then rows)"
+            );
+        }
+        let err = read_csv("a,b\n".as_bytes(), "h.csv", None).expect_err("header only");
+        assert!(err.to_string().contains("no data rows"), "{err}");
     }
 
     #[test]

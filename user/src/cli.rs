@@ -155,11 +155,13 @@ pub struct StudyArgs {
     #[arg(long, default_value_t = 10)]
     pub k: usize,
     /// Privacy parameter epsilon (> 0).
-    #[arg(long, default_value_t = 1.0)]
+    // Negative numbers are taken as values, so that the study's own check names
+    // what is wrong with them, not the parser.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub epsilon: f64,
     /// Privacy parameter delta in (0, 1) (default 1/N^1.1; for a study at a
     /// remote proxy N is --max-rows).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub delta: Option<f64>,
     /// The noise mechanism (each one's privacy contract: docs/PRIVACY.md).
     /// gaussian-classic needs epsilon < 1; wishart-unproven has no privacy proof
@@ -184,7 +186,7 @@ pub struct StudyArgs {
     pub bounds: Option<PathBuf>,
     /// Row L2 norm bound C in normalized units (default 1; the bundled demo chooses
     /// it with --row-norm-quantile 0.9).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub row_norm_bound: Option<f64>,
     /// Paillier modulus bits (2048 or more).
     #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
@@ -401,6 +403,9 @@ pub fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
         Some(c) => Centering::parse(c)?,
         None => Centering::DpMean,
     };
+    if let Some(c) = a.row_norm_bound.filter(|c| !(c.is_finite() && *c > 0.0)) {
+        anyhow::bail!("--row-norm-bound must be a positive finite number, got {c}");
+    }
     Ok(LocalOptions {
         data: None,
         owners: 0,
@@ -452,5 +457,27 @@ mod tests {
         assert_eq!(centering_of(&base), Centering::DpMean);
         let masked = [&base[..], &["--centering", "mask"]].concat();
         assert_eq!(centering_of(&masked), Centering::Mask);
+    }
+
+    /// A negative privacy parameter or row-norm bound reaches the study's own
+    /// check, which names the flag and the value, instead of the parser's
+    /// "unexpected argument".
+    #[test]
+    fn negative_numbers_are_refused_by_name_not_by_the_parser() {
+        let options = |flag: &str, value: &str| {
+            let cli = Cli::try_parse_from(["user", "local", flag, value])
+                .unwrap_or_else(|e| panic!("{flag} {value}: parser refused: {e}"));
+            let Cmd::Local(a) = cli.command else {
+                panic!("not a local study")
+            };
+            a.options().map(|_| ())
+        };
+        let err = options("--row-norm-bound", "-2").expect_err("negative C");
+        assert!(err.to_string().contains("--row-norm-bound"), "{err}");
+        // Parsed as values; the privacy request refuses them when the study plans.
+        for flag in ["--epsilon", "--delta"] {
+            let cli = Cli::try_parse_from(["user", "local", flag, "-1"]);
+            assert!(cli.is_ok(), "{flag} -1: {:?}", cli.err());
+        }
     }
 }
