@@ -65,18 +65,25 @@ pub struct OwnerConfig {
 
 /// Takes part in the study the invitation at `path` names. The owner may start
 /// before the user has opened the study, or find an invitation left from an
-/// earlier one: it waits, up to `cfg.retry_for`, for the file to appear, and while
-/// it names a study the proxy does not know, for a newer one.
+/// earlier one: it waits, up to `cfg.retry_for`, for the file to appear, and
+/// while it names a study the proxy does not know, or one that no longer
+/// collects, for a newer one. (A study that no longer collects is answered as
+/// before once no newer invitation came: "already counted" for an owner whose
+/// earlier run was counted in it.)
 pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::Result<OwnerReport> {
     let until = Instant::now() + cfg.retry_for;
     let mut stale: Option<Invitation> = None;
     loop {
-        let inv = await_invitation(path, until, stale.as_ref()).await?;
-        let cfg = OwnerConfig {
-            study_id: inv.study.clone(),
-            key_fingerprint: inv.key_fingerprint.clone(),
-            ..cfg.clone()
+        let inv = match await_invitation(path, until, stale.as_ref()).await? {
+            Some(inv) => inv,
+            None => return stale_outcome(cfg, path, stale).await,
         };
+        let cfg = invited(cfg, &inv);
+        if let Some(state) = closed_state(&cfg).await {
+            tracing::info!(study = %inv.study, state, "the invitation names a study that no longer collects; waiting for a newer one");
+            stale = Some(inv);
+            continue;
+        }
         match run(&cfg).await {
             Err(e) if e.downcast_ref::<UnknownStudy>().is_some() && Instant::now() < until => {
                 tracing::info!(study = %inv.study, "the invitation names an unknown study; waiting for a newer one");
@@ -87,13 +94,54 @@ pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::R
     }
 }
 
+/// `cfg` for the study `inv` names.
+fn invited(cfg: &OwnerConfig, inv: &Invitation) -> OwnerConfig {
+    OwnerConfig {
+        study_id: inv.study.clone(),
+        key_fingerprint: inv.key_fingerprint.clone(),
+        ..cfg.clone()
+    }
+}
+
+/// No newer invitation came: the last one's study is answered as it stands (an
+/// unknown study is an error; a closed one says whether this owner is in it).
+async fn stale_outcome(
+    cfg: &OwnerConfig,
+    path: &std::path::Path,
+    stale: Option<Invitation>,
+) -> anyhow::Result<OwnerReport> {
+    let Some(inv) = stale else {
+        bail!("{}: no invitation came (--retry-for)", path.display());
+    };
+    run(&invited(cfg, &inv)).await.map_err(|e| {
+        e.context(format!(
+            "{}: no newer invitation came (--retry-for)",
+            path.display()
+        ))
+    })
+}
+
+/// The study's phase if it no longer collects; `None` while it collects, or if
+/// the proxy cannot tell now (the run that follows reports why).
+async fn closed_state(cfg: &OwnerConfig) -> Option<String> {
+    let mut client = connect(&cfg.proxy, &cfg.transport).await.ok()?;
+    let info = client
+        .get_study(v1::GetStudyRequest {
+            study_id: cfg.study_id.clone(),
+        })
+        .await
+        .ok()?
+        .into_inner();
+    (info.state != "collecting").then_some(info.state)
+}
+
 /// Reads the invitation at `path` once it exists and differs from `stale`, waiting
-/// until `until`.
+/// until `until`; `None` if only `stale` was there by then.
 async fn await_invitation(
     path: &std::path::Path,
     until: Instant,
     stale: Option<&Invitation>,
-) -> anyhow::Result<Invitation> {
+) -> anyhow::Result<Option<Invitation>> {
     let mut told = false;
     loop {
         let read = Invitation::read(path);
@@ -112,14 +160,9 @@ async fn await_invitation(
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(250)).await;
             }
-            Ok(inv) if waiting => bail!(
-                "{}: study `{}` is unknown to the proxy and no newer invitation came \
-                 (--retry-for)",
-                path.display(),
-                inv.study
-            ),
+            Ok(_) if waiting => return Ok(None),
             Err(e) if waiting => bail!("{e}: no invitation came (--retry-for)"),
-            other => return Ok(other?),
+            other => return Ok(Some(other?)),
         }
     }
 }

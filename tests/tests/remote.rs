@@ -30,44 +30,48 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
     )
     .expect("stale invitation");
 
-    let owner = |name: &str, data: &Path| {
+    let owner_waiting = |name: &str, data: &Path, retry_for: &str| {
         let mut cmd = Command::new(bin("owner"));
         cmd.args(["--proxy", &proxy.url, "--quiet", "--budget-cap", "2,1e-5"])
             .arg("--invitation")
             .arg(&invitation)
             .arg("--data")
             .arg(data)
-            .args(["--label", "label", "--retry-for", "120"])
+            .args(["--label", "label", "--retry-for", retry_for])
             .args(proxy.tls_args(name))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         cmd
     };
-    let mut user = Command::new(bin("user"));
-    user.arg("study")
-        .args(["--proxy", &proxy.url])
-        .arg("--schema")
-        .arg(p("schema.csv"))
-        .args(["--label", "label", "--bounds"])
-        .arg(workspace_root().join("data/optdigits.bounds.csv"))
-        .args(["--owners", "a,b,hospital-a", "--quorum", "2"])
-        .args(["--max-rows", "1024", "--k", "3", "--key-bits", "2048"])
-        .args([
-            "--centering",
-            "dp-mean",
-            "--synthetic",
-            "50",
-            "--delta",
-            "1e-6",
-        ])
-        .arg("--invitation")
-        .arg(&invitation)
-        .arg("--out")
-        .arg(p("out"))
-        .args(proxy.tls_args("user"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let user = Proc(user.spawn().expect("start user"));
+    let owner = |name: &str, data: &Path| owner_waiting(name, data, "120");
+    let user_cmd = |out: &str| {
+        let mut user = Command::new(bin("user"));
+        user.arg("study")
+            .args(["--proxy", &proxy.url])
+            .arg("--schema")
+            .arg(p("schema.csv"))
+            .args(["--label", "label", "--bounds"])
+            .arg(workspace_root().join("data/optdigits.bounds.csv"))
+            .args(["--owners", "a,b,hospital-a", "--quorum", "2"])
+            .args(["--max-rows", "1024", "--k", "3", "--key-bits", "2048"])
+            .args([
+                "--centering",
+                "dp-mean",
+                "--synthetic",
+                "50",
+                "--delta",
+                "1e-6",
+            ])
+            .arg("--invitation")
+            .arg(&invitation)
+            .arg("--out")
+            .arg(p(out))
+            .args(proxy.tls_args("user"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        user
+    };
+    let user = Proc(user_cmd("out").spawn().expect("start user"));
     let owners = [("a", "a.csv"), ("b", "b.csv")].map(|(name, file)| {
         owner(name, &p(file))
             .spawn()
@@ -105,11 +109,42 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
     assert_eq!(synthetic.lines().next(), Some(header.join(",").as_str()));
     assert_eq!(synthetic.lines().count(), 51);
 
-    // The owner who came late finds the study sealed, and is told so.
-    let out = owner("hospital-a", &p("a.csv"))
+    // The owner who came late finds the study sealed (after waiting a little for
+    // a newer invitation), and is told so.
+    let out = owner_waiting("hospital-a", &p("a.csv"), "2")
         .output()
         .expect("late owner");
     assert!(!out.status.success(), "late owner: {}", describe(&out));
+
+    // A second study on the same invitation file, as a rerun of a deployment
+    // does: owners started before the user rewrites it find the first study
+    // sealed (and themselves counted in it) and wait for the new one, rather
+    // than answering "already counted" and leaving the new study without them.
+    let owners = [("a", "a.csv"), ("b", "b.csv")].map(|(name, file)| {
+        owner(name, &p(file))
+            .spawn()
+            .map(Proc)
+            .expect("start owner")
+    });
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let user = Proc(user_cmd("out2").spawn().expect("start the second user"));
+    for o in owners {
+        let out = take_output(o);
+        assert!(
+            out.status.success(),
+            "owner, second study: {}",
+            describe(&out)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("owner report");
+        assert_eq!(report["newly_counted"], true, "second study: {report}");
+    }
+    let out = take_output(user);
+    assert!(out.status.success(), "second user: {}", describe(&out));
+    let second: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p("out2/study.json")).expect("study.json"))
+            .expect("study.json parses");
+    assert_eq!(second["n_owners"], 2, "{second}");
+    assert_ne!(second["study_id"], study["study_id"]);
 }
 
 /// Waits for a child and collects its output.
