@@ -147,6 +147,55 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
     assert_ne!(second["study_id"], study["study_id"]);
 }
 
+/// An output folder that cannot be written is found before the study is opened:
+/// nothing is asked of the owners (in the compose quickstart, the owners had spent
+/// epsilon 1 of their cap before the user died writing its first output).
+#[test]
+fn an_output_folder_that_cannot_be_written_stops_the_user_before_the_study_opens() {
+    let proxy = start_proxy(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let schema = dir.path().join("schema.csv");
+    let mut header = optdigits().features;
+    header.push("label".into());
+    std::fs::write(&schema, header.join(",") + "\n").expect("schema");
+    // A file where the folder should be: no user, root included, can write in it.
+    let out = dir.path().join("taken");
+    std::fs::write(&out, "not a folder").expect("file");
+    let run = Command::new(bin("user"))
+        .arg("study")
+        .args(["--proxy", &proxy.url])
+        .arg("--schema")
+        .arg(&schema)
+        .args(["--label", "label", "--bounds"])
+        .arg(workspace_root().join("data/optdigits.bounds.csv"))
+        .args(["--owners", "a,b", "--quorum", "2", "--max-rows", "1024"])
+        .args(["--key-bits", "2048", "--delta", "1e-6"])
+        .arg("--invitation")
+        .arg(dir.path().join("invitation.toml"))
+        .arg("--out")
+        .arg(&out)
+        .args(proxy.tls_args("user"))
+        .output()
+        .expect("user");
+    assert!(!run.status.success(), "{}", describe(&run));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("output folder") && stderr.contains("--out"),
+        "{stderr}"
+    );
+    let status = dpca_tests::rt().block_on(async {
+        let mut c = dpca_shell::client::connect(&proxy.url, &proxy.transport("user"))
+            .await
+            .expect("connect");
+        c.status(dpca_proto::v1::StatusRequest::default())
+            .await
+            .expect("status")
+            .into_inner()
+    });
+    assert!(status.studies.is_empty(), "a study was opened: {status:?}");
+    assert!(!dir.path().join("invitation.toml").exists());
+}
+
 /// Waits for a child and collects its output.
 fn take_output(mut p: Proc) -> std::process::Output {
     let child = std::mem::replace(

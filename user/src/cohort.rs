@@ -113,7 +113,7 @@ pub(crate) struct LocalCohort {
     owner_label: Option<String>,
     budget_cap: (f64, f64),
     noise_free_for_testing: bool,
-    // Last: the CA and the proxy's state live as long as the run.
+    // Last: the CA, the owners' slices and the proxy's state live as long as the run.
     _dir: tempfile::TempDir,
 }
 
@@ -121,18 +121,20 @@ impl LocalCohort {
     /// Splits the table among the owners, finds (or builds) the programs and
     /// starts the proxy: before the key, so that a missing program costs no keygen.
     pub(crate) async fn start(opts: &LocalOptions, plan: &StudyPlan) -> anyhow::Result<Self> {
+        // Mutual TLS even on loopback: the run exercises what a deployment runs.
+        let dir = tempfile::Builder::new()
+            .prefix("dpca-local-")
+            .tempdir()
+            .context("cannot create a folder for the run's certificates and slices")?;
+        // The owners' slices are copies of the rows: they live as long as the run,
+        // not in the output folder, which holds only what the study released.
         let owner_files = split_rows(
             &plan.table,
             opts.owners,
-            &opts.out.join("owners"),
+            &dir.path().join("owners"),
             SliceLayout::default(),
         )?;
         let (proxy_bin, owner_bin) = sibling_binaries(opts.no_build)?;
-        // Mutual TLS even on loopback: the run exercises what a deployment runs.
-        let dir = tempfile::Builder::new()
-            .prefix("dpca-local-tls-")
-            .tempdir()
-            .context("cannot create a folder for the run's certificates")?;
         let pki = match opts.insecure_plaintext {
             true => None,
             false => Some(write_dev_pki(

@@ -178,6 +178,8 @@ fn read_inputs(opts: &LocalOptions) -> anyhow::Result<Inputs> {
 pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let started = Instant::now();
     let plan = StudyPlan::new(opts, read_inputs(opts)?)?;
+    // Before any study is opened: nothing is spent on outputs that cannot land.
+    crate::report::prepare_out_dir(&opts.out)?;
     for warning in &plan.warnings {
         eprintln!("WARNING: {warning}");
     }

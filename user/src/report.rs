@@ -142,6 +142,45 @@ pub struct RoleUsage {
     pub user: Option<Usage>,
 }
 
+/// Every file a study writes into its output folder.
+pub const OUTPUT_FILES: [&str; 6] = [
+    "components.csv",
+    "eigenvalues.csv",
+    "scatter.csv",
+    "study.json",
+    "report.html",
+    "synthetic.csv",
+];
+
+/// Makes `dir` ready for a study's outputs before anything is spent: created if
+/// missing, checked writable (a file is written there and removed), and the
+/// outputs of an earlier run removed, so a folder never mixes two studies (an
+/// old synthetic.csv beside new components). A study whose outputs could not be
+/// written would have spent the owners' budget for nothing.
+pub fn prepare_out_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the output folder {} (--out)", dir.display()))?;
+    let probe = dir.join(".dpca-write-check");
+    std::fs::write(&probe, b"").with_context(|| {
+        format!(
+            "cannot write in the output folder {} (--out)",
+            dir.display()
+        )
+    })?;
+    std::fs::remove_file(&probe).with_context(|| format!("cannot remove {}", probe.display()))?;
+    for name in OUTPUT_FILES {
+        let old = dir.join(name);
+        match std::fs::remove_file(&old) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e)
+                    .with_context(|| format!("cannot remove the earlier {}", old.display()))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Writes `components.csv`, `eigenvalues.csv`, `scatter.csv` and `study.json`.
 pub fn write_outputs(
     dir: &Path,
