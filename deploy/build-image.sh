@@ -2,7 +2,8 @@
 # Builds the image `dpca:local` that docker-compose.yml runs: the release programs
 # and the shared libraries they link (found with ldd), copied into a root filesystem
 # under deploy/rootfs, then `FROM scratch`. Needs cargo, ldd and a Docker engine;
-# pulls no image.
+# pulls no image. Also writes the caller's user and group ids to .env and makes
+# ./compose-out, for docker-compose.yml.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 rootfs="$root/deploy/rootfs"
@@ -12,15 +13,19 @@ rootfs="$root/deploy/rootfs"
 for prog in proxy owner user; do
     cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p "$prog"
 done
+# Where cargo put them: CARGO_TARGET_DIR (or the config's target-dir) if set.
+target="$(cargo metadata --format-version 1 --no-deps --manifest-path "$root/Cargo.toml" |
+    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
+[ -n "$target" ] || { echo "cannot find cargo's target folder" >&2; exit 1; }
 
 rm -rf "$rootfs"
 mkdir -p "$rootfs"/{bin,data,etc,tmp}
 for prog in proxy owner user; do
-    cp "$root/target/release/$prog" "$rootfs/bin/$prog"
+    cp "$target/release/$prog" "$rootfs/bin/$prog"
     # Debug info is for profiling on the build machine, not for the image.
     strip "$rootfs/bin/$prog"
     # Every library the program links, at the path the dynamic loader looks for it.
-    ldd "$root/target/release/$prog" | grep -o '/[^ ]*' | while read -r lib; do
+    ldd "$target/release/$prog" | grep -o '/[^ ]*' | while read -r lib; do
         mkdir -p "$rootfs$(dirname "$lib")"
         cp -L "$lib" "$rootfs$lib"
     done
@@ -47,3 +52,13 @@ find "$rootfs/tmp" "$rootfs/pki" "$rootfs/state" "$rootfs/invite" "$rootfs/own" 
 
 docker build --quiet -t dpca:local "$root/deploy" >/dev/null
 echo "built image dpca:local ($(du -sh "$rootfs" | cut -f1) root filesystem)"
+
+# The host side of docker-compose.yml: the roles run as the caller's user (ids in
+# .env, which docker-compose reads), so the user's outputs in ./compose-out are the
+# caller's and writable by the container; the folder made now, by the caller,
+# not later by Docker as root.
+env_file="$root/.env"
+touch "$env_file"
+grep -q '^DPCA_UID=' "$env_file" || echo "DPCA_UID=$(id -u)" >>"$env_file"
+grep -q '^DPCA_GID=' "$env_file" || echo "DPCA_GID=$(id -g)" >>"$env_file"
+mkdir -p "$root/compose-out"

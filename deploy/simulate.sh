@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds the image and runs the compose simulation twice, checking what it leaves:
-#  1. `docker-compose up`: five owners, a study that seals at five, the user's
-#     outputs in the mounted folder (components, synthetic rows in the input's
-#     header, study.json with every row and owner counted);
+# Builds the image and runs the compose simulation, checking what it leaves:
+#  1. the README's quickstart (deploy/quickstart.sh) as typed, twice: five owners,
+#     a study that seals at five, the user's outputs in ./compose-out (components,
+#     synthetic rows in the input's header, study.json with every row and owner
+#     counted); the rerun a new study that every owner joins;
 #  2. faults: two owners contribute, the proxy container is killed (SIGKILL) and
 #     started again, the status still lists both (no acknowledged contribution
 #     lost); owner-05, started while the proxy is down, is killed before it can
@@ -31,7 +32,7 @@ fail() {
     exit 1
 }
 cleanup() { compose --profile tools down -v --remove-orphans >/dev/null 2>&1 || true; }
-trap cleanup EXIT
+trap 'cleanup; typed_cleanup' EXIT
 
 # The field of the first study in the operator's status (JSON), via the tools profile.
 status_json() {
@@ -67,14 +68,14 @@ t0=$(date +%s)
 deploy/build-image.sh
 compose build --quiet 2>/dev/null || true
 
-echo "== 1. docker-compose up: a whole study"
-cleanup
-rm -rf "$DPCA_OUT" && mkdir -p "$DPCA_OUT"
-compose up -d
-[ "$(exit_code user)" = 0 ] || fail "the user did not finish"
-for i in 01 02 03 04 05; do
-    [ "$(exit_code owner-$i)" = 0 ] || fail "owner-$i failed"
-done
+echo "== 1. the quickstart as the README types it, then a rerun (a new study)"
+# As a new user runs it: none of this script's settings, the default project and
+# output folder (./compose-out, which is also DPCA_OUT here).
+typed() { (unset DPCA_OUT COMPOSE_PROJECT_NAME DPCA_UID DPCA_GID; "$@"); }
+typed_cleanup() { typed compose --profile tools down -v --remove-orphans >/dev/null 2>&1 || true; }
+typed_cleanup
+rm -rf "$root/compose-out"
+typed deploy/quickstart.sh || fail "the quickstart failed"
 for f in components.csv eigenvalues.csv scatter.csv study.json synthetic.csv report.html; do
     [ -s "$DPCA_OUT/$f" ] || fail "no $f in $DPCA_OUT"
 done
@@ -82,9 +83,12 @@ check_json "d['n_rows'] == 5620 and d['n_owners'] == 5 and d['owners_missing'] =
 [ "$(head -n 1 "$DPCA_OUT/synthetic.csv")" = "$(head -n 1 data/optdigits.csv)" ] \
     || fail "synthetic.csv does not have the input's header"
 [ "$(wc -l <"$DPCA_OUT/synthetic.csv")" = 5621 ] || fail "synthetic.csv is not 5620 rows"
-curl -sf "http://127.0.0.1:${DPCA_METRICS_PORT:-9100}/metrics" | grep -q 'dpca_contributions_total{outcome="counted"} 5' \
-    || fail "the metrics do not count five contributions"
-echo "ok: 5620 rows from 5 owners, outputs and metrics as expected"
+first="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["study_id"])' "$DPCA_OUT/study.json")"
+echo "ok: 5620 rows from 5 owners, outputs as expected"
+typed deploy/quickstart.sh || fail "the rerun of the quickstart failed"
+check_json "d['n_rows'] == 5620 and d['n_owners'] == 5 and d['study_id'] != '$first'"
+echo "ok: the rerun was a new study, with every owner"
+typed_cleanup
 
 echo "== 2. faults: the proxy killed and restarted, an owner killed mid-study"
 cleanup
@@ -125,4 +129,7 @@ for i in 03 04; do [ "$(exit_code owner-$i)" = 0 ] || fail "owner-$i failed"; do
 # Owners 1-4 hold 1124 rows each (5620 split five ways).
 check_json "d['n_rows'] == 4496 and d['n_owners'] == 4 and d['owners_missing'] == ['owner-05']"
 echo "ok: sealed at the quorum of 4, owner-05 missing, 4496 rows counted"
+curl -sf "http://127.0.0.1:${DPCA_METRICS_PORT:-9100}/metrics" | grep -q 'dpca_contributions_total{outcome="counted"} 2' \
+    || fail "the metrics do not count the two contributions since the restart"
+echo "ok: the metrics count them"
 echo "simulation passed in $(($(date +%s) - t0)) s; outputs in $DPCA_OUT"

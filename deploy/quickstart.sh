@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The containers' quickstart: builds the image (deploy/build-image.sh), runs the
+# study of docker-compose.yml (a proxy, a data user and five owners), waits for the
+# user to write its outputs to ./compose-out (DPCA_OUT), then stops the containers
+# and says where the outputs are. Exits non-zero, with the log of the role that
+# failed, if the user or an owner fails.
+#
+# A rerun is a new study at the same proxy with the same owners: their budgets
+# (a cap of epsilon 2, one study spends 1) carry over, as in a deployment, so the
+# third run is refused by the owners' caps. `docker-compose down -v` forgets
+# everything (certificates, slices, the proxy's state and the budgets).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+
+if command -v docker-compose >/dev/null 2>&1; then
+    compose() { docker-compose "$@"; }
+else
+    compose() { docker compose "$@"; }
+fi
+owners="owner-01 owner-02 owner-03 owner-04 owner-05"
+
+deploy/build-image.sh
+compose up -d
+echo "the study runs; waiting for the user (docker-compose logs -f shows every role)"
+
+# The exit code of a service's container, empty while it runs.
+exited() {
+    local id
+    id="$(compose ps -q "$1")"
+    [ -n "$id" ] || return 0
+    [ "$(docker inspect -f '{{.State.Running}}' "$id")" = false ] &&
+        docker inspect -f '{{.State.ExitCode}}' "$id"
+    return 0
+}
+failed() {
+    echo "$1 failed (exit $2); its log:" >&2
+    compose logs --no-color --tail=20 "$1" >&2
+    compose stop >/dev/null 2>&1 || true
+    exit 1
+}
+
+while :; do
+    code="$(exited user)"
+    [ -z "$code" ] || break
+    # An owner that fails (its budget spent, say) leaves the study short: say so
+    # now rather than wait for the study's deadline.
+    for o in $owners; do
+        c="$(exited "$o")"
+        [ -z "$c" ] || [ "$c" = 0 ] || failed "$o" "$c"
+    done
+    sleep 2
+done
+[ "$code" = 0 ] || failed user "$code"
+compose logs --no-color --tail=15 user | sed 's/^[^|]*| //'
+compose stop >/dev/null 2>&1
+echo "done: the outputs are in ${DPCA_OUT:-./compose-out} (report.html, components.csv," \
+    "eigenvalues.csv, synthetic.csv, study.json); the containers are stopped"
