@@ -114,6 +114,24 @@ async fn main() -> anyhow::Result<()> {
         Some(path) => dpca_owner::run_invited(&cfg, path).await?,
         None => dpca_owner::run(&cfg).await?,
     };
+    if let Some(w) = clipping_warning(report.clipped_rows, report.rows) {
+        eprintln!("WARNING: {w}");
+    }
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
+}
+
+/// What the owner is told when the study's row-norm bound shortened some of its
+/// rows: only it can know (the user sees no rows, and a count would reveal them).
+fn clipping_warning(clipped: usize, rows: u64) -> Option<String> {
+    let how_many = match clipped as u64 {
+        0 => return None,
+        c if c == rows => format!("all {c} rows"),
+        c => format!("{c} of {rows} rows"),
+    };
+    Some(format!(
+        "{how_many} were longer than the study's row-norm bound and were scaled down to \
+         it (clipped): the study sees them shortened. Tell the study's user if that is \
+         many: it sets the bound."
+    ))
 }

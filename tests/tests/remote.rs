@@ -83,6 +83,14 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
         assert!(out.status.success(), "owner: {}", describe(&out));
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("owner report");
         assert_eq!(report["newly_counted"], true, "{report}");
+        // At C = 1 every optdigits row is longer than the bound: the owner is told.
+        let rows = report["rows"].as_u64().expect("rows");
+        assert_eq!(report["clipped_rows"], rows, "{report}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("WARNING: all {rows} rows were longer")),
+            "{stderr}"
+        );
     }
     let out = take_output(user);
     assert!(out.status.success(), "user: {}", describe(&out));

@@ -388,7 +388,11 @@ fn study_report(
         slots: layout.budget.slots,
         slot_width: layout.budget.slot_width,
         mask_bits: layout.mask_bits,
-        clipped_rows: run.owners.iter().map(|r| r.clipped_rows).sum(),
+        // The owners' reports reach the user only when it ran them (local).
+        clipped_rows: opts
+            .remote
+            .is_none()
+            .then(|| run.owners.iter().map(|r| r.clipped_rows).sum()),
         psd_repair: opts.psd_repair,
         baseline: opts.baseline,
         synthetic_rows: opts.synthetic.unwrap_or(0),
@@ -463,6 +467,9 @@ fn print_summary(opts: &LocalOptions, report: &StudyReport, an: &Analysis) {
         report.sigma
     );
     print!("{}", variance_table(&an.pca, opts.k));
+    if let Some(w) = crate::report::clipping_warning(report) {
+        eprintln!("WARNING: {w}");
+    }
     // A remote user times only its own side: the owners ran elsewhere.
     let owner_time = match opts.remote {
         Some(_) => String::new(),

@@ -88,8 +88,10 @@ pub struct StudyReport {
     /// Bits of the mask b (`mask` centering).
     #[serde(default)]
     pub mask_bits: u64,
-    /// Rows shortened by the row-norm clip, over all owners.
-    pub clipped_rows: usize,
+    /// Rows shortened by the row-norm clip, over all owners; `None` where the
+    /// user cannot know it (a study at a remote proxy: each owner's report says
+    /// its own, and a count of them would reveal the data).
+    pub clipped_rows: Option<usize>,
     /// Whether the noisy scatter was projected onto the PSD cone.
     pub psd_repair: bool,
     /// Whether the study ran in the slow baseline mode.
@@ -250,6 +252,37 @@ fn table_rows(rows: &[(&str, String)]) -> String {
 /// The report of one study, written as `report.html` beside its outputs: what was
 /// released under which guarantee, the scree plot and the cumulative explained
 /// variance of the noisy covariance.
+/// How many rows the row-norm clip shortened, as the report and the summary say it.
+pub fn clipped_text(report: &StudyReport) -> String {
+    match report.clipped_rows {
+        None => "not known here (each owner's report says its own)".into(),
+        Some(c) if c as u64 == report.n_rows && c > 0 => format!("all {c} (every row)"),
+        Some(c) => format!(
+            "{c} of {} ({:.1}%)",
+            report.n_rows,
+            100.0 * c as f64 / report.n_rows.max(1) as f64
+        ),
+    }
+}
+
+/// A warning when the clip shortened more than a tenth of the rows: the
+/// components then describe the bound as much as the data.
+pub fn clipping_warning(report: &StudyReport) -> Option<String> {
+    let c = report.clipped_rows?;
+    (c as u64 * 10 > report.n_rows).then(|| {
+        format!(
+            "rows clipped to the row-norm bound C = {:.4}: {}. They were longer than C \
+             and were scaled down to it, so the components describe the bound as much \
+             as the data. Choose C from the data privately (--row-norm-quantile 0.9) \
+             or set a larger --row-norm-bound.",
+            report.row_norm_bound,
+            clipped_text(report)
+        )
+    })
+}
+
+/// The study's page: its facts, the scree plot and the cumulative explained
+/// variance, all from the release.
 pub fn study_page(report: &StudyReport, pca: &Pca) -> String {
     let shown = pca.eigenvalues.len().min(FIGURE_COMPONENTS);
     let idx = |i: usize| (i + 1) as f64;
@@ -312,13 +345,22 @@ pub fn study_page(report: &StudyReport, pca: &Pca) -> String {
         ),
         ("noise sd per entry of S", format!("{:.4e}", report.sigma)),
         ("row-norm bound C", format!("{:.4}", report.row_norm_bound)),
+        ("rows clipped to C", clipped_text(report)),
         ("components k", report.k.to_string()),
         ("task", report.task.clone()),
         ("synthetic rows", report.synthetic_rows.to_string()),
     ]);
+    let warning = clipping_warning(report)
+        .map(|w| {
+            format!(
+                "<p class=\"warning\"><b>Warning:</b> {}</p>\n",
+                crate::figures::escape(&w)
+            )
+        })
+        .unwrap_or_default();
     let body = format!(
         "<p>Everything on this page is computed from the differentially private \
-         release: looking at it, or publishing it, spends no more privacy.</p>\n{facts}\
+         release: looking at it, or publishing it, spends no more privacy.</p>\n{warning}{facts}\
          {}\n<p>The first {k} components explain {:.1}% of the variance of the noisy \
          covariance (negative eigenvalues, where noise outweighs signal, count as 0).</p>\n{}\n",
         scree.svg(),
@@ -456,6 +498,30 @@ pub struct RowNormChoice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The clip is reported with its count, as "all" when every row was clipped,
+    /// and warned of past a tenth of the rows; a remote user is told it cannot know.
+    #[test]
+    fn clipped_rows_are_counted_and_warned_of() {
+        let mut r = StudyReport {
+            n_rows: 569,
+            row_norm_bound: 1.0,
+            clipped_rows: Some(569),
+            ..Default::default()
+        };
+        assert_eq!(clipped_text(&r), "all 569 (every row)");
+        let w = clipping_warning(&r).expect("a warning");
+        assert!(
+            w.starts_with("rows clipped to the row-norm bound C = 1.0000: all 569 (every row)."),
+            "{w}"
+        );
+        r.clipped_rows = Some(56);
+        assert_eq!(clipped_text(&r), "56 of 569 (9.8%)");
+        assert!(clipping_warning(&r).is_none(), "under a tenth");
+        r.clipped_rows = None;
+        assert!(clipped_text(&r).starts_with("not known here"));
+        assert!(clipping_warning(&r).is_none());
+    }
 
     #[test]
     fn the_study_page_shows_the_release_and_both_figures() {
