@@ -21,4 +21,5 @@ pub mod report;
 mod row_norm;
 pub mod session;
 pub mod slicing;
+pub mod study_page;
 mod sweep;

@@ -350,6 +350,25 @@ async fn prepare(
     })
 }
 
+/// The noise floor of S'/N: the mechanism's noise edge at the release's noise
+/// level, over N.
+fn noise_floor(spec: &StudySpec, got: &Collected, an: &Analysis) -> f64 {
+    let dim = an.pca.eigenvalues.len();
+    spec.privacy.mechanism.noise_edge(got.noise_scale, dim) / got.n_rows.max(1) as f64
+}
+
+/// Now, as RFC 3339 in UTC.
+fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
 /// The study's report: its facts, the release's, and what the run measured.
 fn study_report(
     opts: &LocalOptions,
@@ -373,6 +392,9 @@ fn study_report(
         delta: an.noise.delta,
         rho: an.noise.rho,
         sigma: got.noise_scale,
+        noise_floor: noise_floor(spec, got, an),
+        components_above_noise: crate::report::above_noise(&an.pca, noise_floor(spec, got, an)),
+        written_at: now_rfc3339(),
         noise_scale_grid: got.noise_scale_grid.clone(),
         noise_free_for_testing: opts.noise_free_for_testing,
         n_rows: got.n_rows,
@@ -466,8 +488,8 @@ fn print_summary(opts: &LocalOptions, report: &StudyReport, an: &Analysis) {
         report.centering,
         report.sigma
     );
-    print!("{}", variance_table(&an.pca, opts.k));
-    if let Some(w) = crate::report::clipping_warning(report) {
+    print!("{}", variance_table(&an.pca, opts.k, report.noise_floor));
+    if let Some(w) = crate::study_page::clipping_warning(report) {
         eprintln!("WARNING: {w}");
     }
     // A remote user times only its own side: the owners ran elsewhere.

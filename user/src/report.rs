@@ -46,7 +46,8 @@ pub struct StudyReport {
     pub mechanism: String,
     /// Centering mode.
     pub centering: String,
-    /// epsilon spent.
+    /// epsilon of this study's release alone; `budget.epsilon` is all that was
+    /// spent (with the row-norm histogram that chose C, where one did).
     pub epsilon: f64,
     /// delta spent.
     pub delta: f64,
@@ -54,6 +55,16 @@ pub struct StudyReport {
     pub rho: Option<f64>,
     /// Noise standard deviation per entry of S in normalized units.
     pub sigma: f64,
+    /// The noise floor of S'/N: about the largest eigenvalue the release's noise
+    /// alone would give (`NoiseMechanism::noise_edge` over N). Public, like sigma.
+    #[serde(default)]
+    pub noise_floor: f64,
+    /// Components whose eigenvalue stands above the noise floor.
+    #[serde(default)]
+    pub components_above_noise: usize,
+    /// When the outputs were written (RFC 3339, UTC).
+    #[serde(default)]
+    pub written_at: String,
     /// Noise scale on the integer grid (decimal).
     pub noise_scale_grid: String,
     /// True only for the test-only noise-free path.
@@ -222,16 +233,16 @@ pub fn write_outputs(
     let json = serde_json::to_string_pretty(report)?;
     std::fs::write(dir.join("study.json"), json + "\n")
         .with_context(|| format!("cannot write {}", dir.display()))?;
-    std::fs::write(dir.join("report.html"), study_page(report, pca))
-        .with_context(|| format!("cannot write {}", dir.join("report.html").display()))?;
+    std::fs::write(
+        dir.join("report.html"),
+        crate::study_page::study_page(report, pca),
+    )
+    .with_context(|| format!("cannot write {}", dir.join("report.html").display()))?;
     Ok(())
 }
 
-/// Components shown in the report's figures (all of them up to this many).
-const FIGURE_COMPONENTS: usize = 40;
-
 /// A self-contained HTML page (no scripts, no external files).
-fn page(title: &str, body: &str) -> String {
+pub(crate) fn page(title: &str, body: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{t}</title>\
          <style>body{{font-family:sans-serif;max-width:700px;margin:2em auto;color:#222}}\
@@ -241,140 +252,12 @@ fn page(title: &str, body: &str) -> String {
     )
 }
 
-fn table_rows(rows: &[(&str, String)]) -> String {
+pub(crate) fn table_rows(rows: &[(&str, String)]) -> String {
     let mut s = String::from("<table>");
     for (k, v) in rows {
         let _ = write!(s, "<tr><th>{}</th><td>{}</td></tr>", escape(k), escape(v));
     }
     s + "</table>\n"
-}
-
-/// The report of one study, written as `report.html` beside its outputs: what was
-/// released under which guarantee, the scree plot and the cumulative explained
-/// variance of the noisy covariance.
-/// How many rows the row-norm clip shortened, as the report and the summary say it.
-pub fn clipped_text(report: &StudyReport) -> String {
-    match report.clipped_rows {
-        None => "not known here (each owner's report says its own)".into(),
-        Some(c) if c as u64 == report.n_rows && c > 0 => format!("all {c} (every row)"),
-        Some(c) => format!(
-            "{c} of {} ({:.1}%)",
-            report.n_rows,
-            100.0 * c as f64 / report.n_rows.max(1) as f64
-        ),
-    }
-}
-
-/// A warning when the clip shortened more than a tenth of the rows: the
-/// components then describe the bound as much as the data.
-pub fn clipping_warning(report: &StudyReport) -> Option<String> {
-    let c = report.clipped_rows?;
-    (c as u64 * 10 > report.n_rows).then(|| {
-        format!(
-            "rows clipped to the row-norm bound C = {:.4}: {}. They were longer than C \
-             and were scaled down to it, so the components describe the bound as much \
-             as the data. Choose C from the data privately (--row-norm-quantile 0.9) \
-             or set a larger --row-norm-bound.",
-            report.row_norm_bound,
-            clipped_text(report)
-        )
-    })
-}
-
-/// The study's page: its facts, the scree plot and the cumulative explained
-/// variance, all from the release.
-pub fn study_page(report: &StudyReport, pca: &Pca) -> String {
-    let shown = pca.eigenvalues.len().min(FIGURE_COMPONENTS);
-    let idx = |i: usize| (i + 1) as f64;
-    let scree = Chart {
-        title: "Scree plot (eigenvalues of the noisy covariance S'/N)".into(),
-        x_label: "component".into(),
-        y_label: "eigenvalue".into(),
-        series: vec![Series {
-            name: "eigenvalue".into(),
-            points: (0..shown).map(|i| (idx(i), pca.eigenvalues[i])).collect(),
-            bars: true,
-        }],
-        y_range: None,
-        log_x: false,
-        marker: Some((report.k as f64 + 0.5, format!("k = {}", report.k))),
-    };
-    let mut cum = 0.0;
-    let cumulative = Chart {
-        title: "Cumulative explained variance".into(),
-        x_label: "components".into(),
-        y_label: "share of the variance".into(),
-        series: vec![Series {
-            name: "cumulative".into(),
-            points: (0..shown)
-                .map(|i| {
-                    cum += pca.explained_ratio[i].max(0.0);
-                    (idx(i), cum)
-                })
-                .collect(),
-            bars: false,
-        }],
-        y_range: Some((0.0, 1.0)),
-        log_x: false,
-        marker: Some((report.k as f64, format!("k = {}", report.k))),
-    };
-    let missing = if report.owners_missing.is_empty() {
-        String::new()
-    } else {
-        format!(
-            " ({} missing: {})",
-            report.owners_missing.len(),
-            report.owners_missing.join(", ")
-        )
-    };
-    let facts = table_rows(&[
-        ("study", report.study_id.clone()),
-        ("rows N", report.n_rows.to_string()),
-        ("features M", report.n_features.to_string()),
-        ("owners counted", format!("{}{missing}", report.n_owners)),
-        (
-            "mechanism",
-            format!("{} ({} centering)", report.mechanism, report.centering),
-        ),
-        (
-            "privacy spent",
-            format!(
-                "epsilon {:.4}, delta {:.3e} (composed over every released block)",
-                report.budget.epsilon, report.budget.delta
-            ),
-        ),
-        ("noise sd per entry of S", format!("{:.4e}", report.sigma)),
-        ("row-norm bound C", format!("{:.4}", report.row_norm_bound)),
-        ("rows clipped to C", clipped_text(report)),
-        ("components k", report.k.to_string()),
-        ("task", report.task.clone()),
-        ("synthetic rows", report.synthetic_rows.to_string()),
-    ]);
-    let warning = clipping_warning(report)
-        .map(|w| {
-            format!(
-                "<p class=\"warning\"><b>Warning:</b> {}</p>\n",
-                crate::figures::escape(&w)
-            )
-        })
-        .unwrap_or_default();
-    let body = format!(
-        "<p>Everything on this page is computed from the differentially private \
-         release: looking at it, or publishing it, spends no more privacy.</p>\n{warning}{facts}\
-         {}\n<p>The first {k} components explain {:.1}% of the variance of the noisy \
-         covariance (negative eigenvalues, where noise outweighs signal, count as 0).</p>\n{}\n",
-        scree.svg(),
-        100.0
-            * pca
-                .explained_ratio
-                .iter()
-                .take(report.k)
-                .map(|r| r.max(0.0))
-                .sum::<f64>(),
-        cumulative.svg(),
-        k = report.k
-    );
-    page("Private PCA: study report", &body)
 }
 
 /// One study of a privacy sweep.
@@ -453,12 +336,14 @@ fn csv_writer(path: &Path) -> anyhow::Result<csv::Writer<std::fs::File>> {
     csv::Writer::from_path(path).with_context(|| format!("cannot create {}", path.display()))
 }
 
-/// The explained-variance table printed at the end of a study.
-pub fn variance_table(pca: &Pca, k: usize) -> String {
+/// The top-k eigenvalues as printed after a study: each one's share and the
+/// cumulative share, and whether it stands above the noise floor (`floor`, an
+/// eigenvalue of S'/N noise alone would reach); negative eigenvalues as they are.
+pub fn variance_table(pca: &Pca, k: usize, floor: f64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>9}  {:>12}  {:>10}  {:>10}",
+        "{:>9}  {:>12}  {:>10}  {:>10}  vs noise",
         "component", "eigenvalue", "explained", "cumulative"
     );
     let mut cum = 0.0;
@@ -466,14 +351,34 @@ pub fn variance_table(pca: &Pca, k: usize) -> String {
         cum += pca.explained_ratio[i];
         let _ = writeln!(
             out,
-            "{:>9}  {:>12.4}  {:>9.2}%  {:>9.2}%",
+            "{:>9}  {:>12.4}  {:>9.2}%  {:>9.2}%  {}",
             format!("PC{}", i + 1),
             pca.eigenvalues[i],
             100.0 * pca.explained_ratio[i],
-            100.0 * cum
+            100.0 * cum,
+            if pca.eigenvalues[i] > floor {
+                "above"
+            } else {
+                "within noise"
+            }
         );
     }
+    let above = above_noise(pca, floor);
+    let _ = writeln!(
+        out,
+        "noise floor {floor:.4} (the largest eigenvalue noise alone would give): {}",
+        match above {
+            0 => "no component stands above it; these components are noise".to_string(),
+            n if n < k => format!("only the first {n} of these {k} stand above it"),
+            n => format!("all {k} stand above it ({n} in all)"),
+        }
+    );
     out
+}
+
+/// How many eigenvalues stand above `floor`.
+pub fn above_noise(pca: &Pca, floor: f64) -> usize {
+    pca.eigenvalues.iter().filter(|&&e| e > floor).count()
 }
 
 /// How the row-norm bound was chosen, for study.json.
@@ -498,59 +403,6 @@ pub struct RowNormChoice {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The clip is reported with its count, as "all" when every row was clipped,
-    /// and warned of past a tenth of the rows; a remote user is told it cannot know.
-    #[test]
-    fn clipped_rows_are_counted_and_warned_of() {
-        let mut r = StudyReport {
-            n_rows: 569,
-            row_norm_bound: 1.0,
-            clipped_rows: Some(569),
-            ..Default::default()
-        };
-        assert_eq!(clipped_text(&r), "all 569 (every row)");
-        let w = clipping_warning(&r).expect("a warning");
-        assert!(
-            w.starts_with("rows clipped to the row-norm bound C = 1.0000: all 569 (every row)."),
-            "{w}"
-        );
-        r.clipped_rows = Some(56);
-        assert_eq!(clipped_text(&r), "56 of 569 (9.8%)");
-        assert!(clipping_warning(&r).is_none(), "under a tenth");
-        r.clipped_rows = None;
-        assert!(clipped_text(&r).starts_with("not known here"));
-        assert!(clipping_warning(&r).is_none());
-    }
-
-    #[test]
-    fn the_study_page_shows_the_release_and_both_figures() {
-        let report = StudyReport {
-            study_id: "s<1>".into(),
-            n_rows: 5620,
-            n_features: 3,
-            n_owners: 4,
-            owners_missing: vec!["owner-05".into()],
-            k: 2,
-            ..Default::default()
-        };
-        let pca = Pca {
-            components: DMatrix::zeros(3, 2),
-            eigenvalues: vec![3.0, 1.0, -0.5],
-            explained_ratio: vec![0.75, 0.25, 0.0],
-        };
-        let html = study_page(&report, &pca);
-        assert_eq!(html.matches("<svg").count(), 2);
-        // Three bars (the negative one below the axis) and the k marker.
-        assert_eq!(html.matches("<rect").count(), 3);
-        assert!(html.contains("k = 2"));
-        assert!(html.contains("s&lt;1&gt;") && !html.contains("s<1>"));
-        assert!(html.contains("1 missing: owner-05"));
-        assert!(
-            html.contains("explain 100.0%"),
-            "the top 2 explain 0.75 + 0.25"
-        );
-    }
 
     #[test]
     fn the_sweep_page_adds_up_what_the_sweep_spent() {

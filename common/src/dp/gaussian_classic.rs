@@ -63,6 +63,12 @@ impl NoiseMechanism for GaussianClassic {
         (share * req.epsilon, share * req.delta)
     }
 
+    fn noise_edge(&self, entry_sd: f64, dim: usize) -> f64 {
+        // Independent zero-mean entries: the spectrum of the noise matrix is
+        // Wigner's semicircle, whose edge is 2 sd sqrt(dim).
+        2.0 * entry_sd * (dim as f64).sqrt()
+    }
+
     fn spent_by(
         &self,
         block: &Block,

@@ -114,6 +114,12 @@ pub trait NoiseMechanism: Send + Sync {
     /// the request for the rest compose to `req`.
     fn split(&self, req: &PrivacyRequest, share: f64) -> (f64, f64);
 
+    /// About the largest eigenvalue the noise alone gives a `dim` x `dim`
+    /// scatter whose entries have standard deviation `entry_sd`: the noise floor
+    /// a signal's eigenvalue must stand above to be told from noise. Public
+    /// (it depends on the noise level only), so drawing it spends nothing.
+    fn noise_edge(&self, entry_sd: f64, dim: usize) -> f64;
+
     /// What noise `scale` on `block` spends by the mechanism's theorem, at the
     /// delta of `part`: the inverse of [`NoiseMechanism::calibrate`]. `None` when
     /// the scale is not one this mechanism samples. Tests search with it for a

@@ -659,3 +659,63 @@ fn mechanisms_are_found_by_their_names_and_an_unknown_name_lists_them() {
         "{err}"
     );
 }
+
+/// Each mechanism's noise floor is where the largest eigenvalue of its sampled
+/// noise lands: a 64 x 64 noise matrix of each kind, its top eigenvalue within
+/// 15% of `noise_edge` at the matrix's entry standard deviation.
+#[test]
+fn the_noise_floor_is_the_top_eigenvalue_of_noise_alone() {
+    let dim = 64;
+    let cases = [
+        (
+            Mechanism::parse("gaussian"),
+            NoiseScale::Gaussian {
+                sigma: BigUint::from(1000u32),
+            },
+        ),
+        (
+            Mechanism::parse("gaussian-classic"),
+            NoiseScale::Gaussian {
+                sigma: BigUint::from(1000u32),
+            },
+        ),
+        (
+            Mechanism::parse("laplace"),
+            NoiseScale::Laplace {
+                t: BigUint::from(1000u32),
+            },
+        ),
+        (
+            Mechanism::parse("wishart-unproven"),
+            NoiseScale::Wishart {
+                sigma_z2: BigUint::from(1000u32),
+                cols: dim + 1,
+            },
+        ),
+    ];
+    assert_eq!(
+        cases.len(),
+        Mechanism::all().len(),
+        "a mechanism without a case here"
+    );
+    let mut rng = ChaCha20Rng::seed_from_u64(11);
+    for (mechanism, scale) in cases {
+        let mechanism = mechanism.expect("registered");
+        let upper = scale.sample_upper(dim, &mut rng);
+        let mut m = nalgebra::DMatrix::<f64>::zeros(dim, dim);
+        let mut it = upper.iter();
+        for i in 0..dim {
+            for j in i..dim {
+                let v = it.next().expect("entry").to_f64().expect("finite");
+                m[(i, j)] = v;
+                m[(j, i)] = v;
+            }
+        }
+        let top = m.symmetric_eigenvalues().max();
+        let edge = mechanism.noise_edge(scale.std_dev(), dim);
+        assert!(
+            (top / edge - 1.0).abs() < 0.15,
+            "{mechanism}: top eigenvalue {top:.4e}, floor {edge:.4e}"
+        );
+    }
+}

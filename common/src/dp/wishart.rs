@@ -65,6 +65,13 @@ impl NoiseMechanism for WishartUnproven {
         (share * req.epsilon, req.delta)
     }
 
+    fn noise_edge(&self, entry_sd: f64, dim: usize) -> f64 {
+        // Z Z^T with Z of dim + 1 columns: Marchenko-Pastur's upper edge
+        // sigma_z^2 (sqrt(cols) + sqrt(dim))^2, with entry_sd = sigma_z^2 sqrt(cols).
+        let cols = (dim + 1) as f64;
+        entry_sd / cols.sqrt() * (cols.sqrt() + (dim as f64).sqrt()).powi(2)
+    }
+
     fn spent_by(
         &self,
         block: &Block,
