@@ -117,6 +117,13 @@ async fn main() -> anyhow::Result<()> {
     if let Some(w) = clipping_warning(report.clipped_rows, report.rows) {
         eprintln!("WARNING: {w}");
     }
+    if let Some(w) = report
+        .budget
+        .as_ref()
+        .and_then(|b| cap_warning(args.budget_cap, b))
+    {
+        eprintln!("WARNING: {w}");
+    }
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }
@@ -134,4 +141,49 @@ fn clipping_warning(clipped: usize, rows: u64) -> Option<String> {
          it (clipped): the study sees them shortened. Tell the study's user if that is \
          many: it sets the bound."
     ))
+}
+
+/// What the owner is told when it asked for a higher cap than the proxy holds for
+/// its data set: the proxy keeps the lower one (a cap is lowered, never raised).
+fn cap_warning(asked: (f64, f64), held: &dpca_owner::BudgetReport) -> Option<String> {
+    (asked.0 > held.cap_epsilon || asked.1 > held.cap_delta).then(|| {
+        format!(
+            "--budget-cap {},{} is above the cap the proxy holds for this data set \
+             ({},{}), which stays: a cap can be lowered, never raised",
+            asked.0, asked.1, held.cap_epsilon, held.cap_delta
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The owner hears of its clipped rows, and of a cap it asked for that the
+    /// proxy does not take.
+    #[test]
+    fn clipping_and_a_refused_higher_cap_are_said() {
+        assert_eq!(clipping_warning(0, 10), None);
+        let all = clipping_warning(10, 10).expect("all clipped");
+        assert!(all.starts_with("all 10 rows were longer"), "{all}");
+        let some = clipping_warning(3, 10).expect("some clipped");
+        assert!(some.starts_with("3 of 10 rows"), "{some}");
+        let held = dpca_owner::BudgetReport {
+            spent_epsilon: 1.0,
+            spent_delta: 1e-6,
+            cap_epsilon: 2.0,
+            cap_delta: 1e-5,
+        };
+        assert_eq!(cap_warning((2.0, 1e-5), &held), None);
+        assert_eq!(
+            cap_warning((1.0, 1e-6), &held),
+            None,
+            "a lower cap is taken"
+        );
+        let w = cap_warning((3.0, 1e-5), &held).expect("a higher cap");
+        assert!(
+            w.contains("--budget-cap 3,0.00001") && w.contains("never raised"),
+            "{w}"
+        );
+    }
 }

@@ -162,6 +162,9 @@ async fn main() -> anyhow::Result<()> {
         dpca_proxy::metrics::install(addr)?;
         tracing::info!(%addr, "metrics at /metrics");
     }
+    // Checked before "listening" is printed: whoever waits for that line takes
+    // the proxy for up.
+    check_state_folder(&args.state)?;
     let (listener, addr) = dpca_proxy::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -192,4 +195,21 @@ async fn main() -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
     };
     dpca_proxy::run(config, listener, operator, shutdown).await
+}
+
+/// The state file's folder must exist: the proxy creates the file, not folders.
+fn check_state_folder(state: &std::path::Path) -> anyhow::Result<()> {
+    let folder = match state.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => return Ok(()),
+    };
+    if !folder.is_dir() {
+        anyhow::bail!(
+            "--state {}: the folder {} does not exist (the proxy creates its state file, \
+             not the folder; make it first)",
+            state.display(),
+            folder.display()
+        );
+    }
+    Ok(())
 }

@@ -12,5 +12,6 @@ pub mod invitation;
 pub mod logging;
 pub mod owner_report;
 pub mod signed_count;
+pub mod text;
 pub mod tls;
 pub mod usage;

@@ -103,3 +103,27 @@ fn metrics_count_refusals_and_logs_are_json_lines() {
         "{log}"
     );
 }
+
+/// A state file in a folder that does not exist stops the proxy before it says
+/// "listening" (whoever waits for that line would take it for up), naming the
+/// flag and the folder.
+#[test]
+fn a_missing_state_folder_is_refused_before_listening() {
+    let (pki, dir) = dev_pki();
+    let state = dir.path().join("no-such-folder").join("proxy.redb");
+    let out = run(Command::new(bin("proxy"))
+        .args(["--listen", "127.0.0.1:0", "--state"])
+        .arg(&state)
+        .args(tls_args(&pki.proxy)));
+    assert!(!out.status.success(), "{}", describe(&out));
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("listening"),
+        "{}",
+        describe(&out)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--state") && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+}

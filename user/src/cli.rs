@@ -144,7 +144,8 @@ pub enum Cmd {
     Study(Box<RemoteArgs>),
     /// Run a whole study on this machine: a proxy and several owner processes on
     /// loopback, the table split among them; print the explained variance and write
-    /// components.csv, eigenvalues.csv, scatter.csv and study.json.
+    /// components.csv, eigenvalues.csv, scatter.csv, study.json, report.html and,
+    /// with --synthetic, synthetic.csv.
     Local(Box<LocalArgs>),
 }
 
@@ -288,8 +289,12 @@ pub struct LocalArgs {
 /// `user study`'s own flags.
 #[derive(clap::Args, Debug)]
 pub struct RemoteArgs {
-    /// The proxy's URL.
-    #[arg(long, env = "DPCA_PROXY_URL")]
+    /// The proxy's URL (as for `owner` and `proxy status`).
+    #[arg(
+        long,
+        default_value = "https://localhost:50051",
+        env = "DPCA_PROXY_URL"
+    )]
     pub proxy: String,
     /// A CSV whose header row is the table's: the features in the owners' order
     /// (and the --label column). Only the header is read: the user never sees rows.

@@ -17,7 +17,7 @@ use tokio::process::Command;
 
 use crate::local::{LocalOptions, Remote};
 use crate::plan::StudyPlan;
-use crate::programs::{sibling_binaries, start_proxy, transport_flags, Guard};
+use crate::programs::{start_proxy, transport_flags, Guard};
 use crate::slicing::{owner_name, split_rows, SliceLayout};
 
 /// The owners of a study and the proxy they reach.
@@ -88,10 +88,10 @@ impl Cohort for InvitedCohort {
         }
         eprintln!(
             "invite the owners {} to study {study_id} (key fingerprint {fingerprint}); it seals \
-             at {} contributions, or at its deadline with at least {}",
+             at {}, or at its deadline with at least {}",
             self.0.owners.join(", "),
-            spec.quorum,
-            spec.min_owners
+            dpca_shell::text::count(spec.quorum, "contribution"),
+            dpca_shell::text::count(spec.min_owners, "owner")
         );
         Ok(Vec::new())
     }
@@ -120,7 +120,13 @@ pub(crate) struct LocalCohort {
 impl LocalCohort {
     /// Splits the table among the owners, finds (or builds) the programs and
     /// starts the proxy: before the key, so that a missing program costs no keygen.
-    pub(crate) async fn start(opts: &LocalOptions, plan: &StudyPlan) -> anyhow::Result<Self> {
+    /// `programs`: the proxy and owner programs ([`sibling_binaries`], built
+    /// before the study's clock starts).
+    pub(crate) async fn start(
+        opts: &LocalOptions,
+        plan: &StudyPlan,
+        programs: (PathBuf, PathBuf),
+    ) -> anyhow::Result<Self> {
         // Mutual TLS even on loopback: the run exercises what a deployment runs.
         let dir = tempfile::Builder::new()
             .prefix("dpca-local-")
@@ -134,7 +140,7 @@ impl LocalCohort {
             &dir.path().join("owners"),
             SliceLayout::default(),
         )?;
-        let (proxy_bin, owner_bin) = sibling_binaries(opts.no_build)?;
+        let (proxy_bin, owner_bin) = programs;
         let pki = match opts.insecure_plaintext {
             true => None,
             false => Some(write_dev_pki(

@@ -15,6 +15,7 @@ use dpca_common::paillier::SecretKey;
 use dpca_common::study::{ClassCovariance, StudyLayout, StudySpec};
 use dpca_common::synth::{task_projection, FitKind, Task};
 use dpca_shell::owner_report::OwnerReport;
+use dpca_shell::text::count;
 use dpca_shell::tls::Transport;
 use dpca_shell::usage::Usage;
 use nalgebra::DMatrix;
@@ -176,7 +177,6 @@ fn read_inputs(opts: &LocalOptions) -> anyhow::Result<Inputs> {
 
 /// Runs a whole study and returns its report.
 pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
-    let started = Instant::now();
     let plan = StudyPlan::new(opts, read_inputs(opts)?)?;
     // Before any study is opened: nothing is spent on outputs that cannot land.
     crate::report::prepare_out_dir(&opts.out)?;
@@ -190,13 +190,21 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         plan.input_label.as_deref(),
         opts.row_norm_bound,
     )?;
+    // Built after the inputs are checked and before the clock starts: a build is
+    // not the study (study.json's total).
+    let programs = match opts.remote {
+        Some(_) => None,
+        None => Some(crate::programs::sibling_binaries(opts.no_build)?),
+    };
+    let started = Instant::now();
     match &opts.remote {
         Some(remote) => {
             let cohort = InvitedCohort::new(remote.clone())?;
             conduct(opts, &plan, axes, &cohort, started).await
         }
         None => {
-            let cohort = LocalCohort::start(opts, &plan).await?;
+            let programs = programs.context("the local programs")?;
+            let cohort = LocalCohort::start(opts, &plan, programs).await?;
             conduct(opts, &plan, axes, &cohort, started).await
         }
     }
@@ -478,10 +486,10 @@ fn print_summary(opts: &LocalOptions, report: &StudyReport, an: &Analysis) {
         })
         .unwrap_or_default();
     println!(
-        "{} rows, {} features, {} owners; {} (epsilon {:.4}{histogram}; delta {:.3e}), centering {}; noise sd {:.3e} per entry of S",
-        report.n_rows,
-        report.n_features,
-        report.n_owners,
+        "{}, {}, {}; {} (epsilon {:.4}{histogram}; delta {:.3e}), centering {}; noise sd {:.3e} per entry of S",
+        count(report.n_rows, "row"),
+        count(report.n_features as u64, "feature"),
+        count(report.n_owners as u64, "owner"),
         report.mechanism,
         report.budget.epsilon,
         report.budget.delta,

@@ -110,10 +110,10 @@ fn dev_certs(
     let pki = write_dev_pki_with(out, proxy_hosts, users, owners, layout)?;
     println!(
         "wrote a development CA and certificates for the proxy ({}), users {} \
-         and {} owners to {}",
+         and {} to {}",
         proxy_hosts.join(", "),
         users.join(", "),
-        pki.owners.len(),
+        dpca_shell::text::count(pki.owners.len() as u64, "owner"),
         out.display()
     );
     Ok(())

@@ -197,9 +197,9 @@ fn check_counted_owners(sealed: &v1::SealedStudy, spec: &StudySpec) -> anyhow::R
     }
     if counted.len() < spec.min_owners as usize {
         bail!(
-            "the proxy counted {} owners, fewer than the study's minimum of {}: E[N] not \
+            "the proxy counted {}, fewer than the study's minimum of {}: E[N] not \
              decrypted",
-            counted.len(),
+            dpca_shell::text::count(counted.len() as u64, "owner"),
             spec.min_owners
         );
     }

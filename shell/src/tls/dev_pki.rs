@@ -121,7 +121,10 @@ pub fn write_dev_pki_with(
             path: existing.clone(),
             source: std::io::Error::new(
                 std::io::ErrorKind::AlreadyExists,
-                "exists already; development certificates are never overwritten",
+                "exists already; development certificates are never overwritten. To add a \
+                 party, make a new development PKI (every party's files) in an empty folder \
+                 (--out) and hand each party its new files; a deployment's CA issues \
+                 certificates one by one (docs/DEPLOYING.md)",
             ),
         });
     }
