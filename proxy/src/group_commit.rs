@@ -193,6 +193,12 @@ impl<J> GroupCommit<J> {
         q
     }
 
+    /// Whether every job submitted so far is durable and no commit failed.
+    pub fn settled_now(&self) -> bool {
+        let q = self.lock();
+        q.failure.is_none() && q.durable >= q.submitted
+    }
+
     /// Whether a commit has failed (every later write is refused).
     pub fn stopped(&self) -> bool {
         self.lock().failure.is_some()
@@ -306,6 +312,20 @@ mod tests {
         );
         gc.wait(late.join().expect("thread"), |_| Ok(()))
             .expect("durable");
+    }
+
+    /// Settled once every submitted job is durable, and never after a failure.
+    #[test]
+    fn settled_means_every_submitted_job_is_durable() {
+        let gc = GroupCommit::<u32>::default();
+        assert!(gc.settled_now(), "nothing submitted");
+        let t = gc.submit(1).expect("submit");
+        assert!(!gc.settled_now(), "a job on its way");
+        gc.wait(t, |_| Ok(())).expect("durable");
+        assert!(gc.settled_now());
+        let t = gc.submit(2).expect("submit");
+        assert!(gc.wait(t, |_| Err("disk full".into())).is_err());
+        assert!(!gc.settled_now(), "stopped");
     }
 
     #[test]

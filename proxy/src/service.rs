@@ -539,8 +539,11 @@ impl ProxyService {
     /// memory then speaks only of what the file holds. Refused once the store has
     /// stopped (a failed commit).
     async fn settled(&self, study_id: &str) -> Result<(), Refusal> {
-        if self.store.is_none() {
-            return Ok(());
+        match &self.store {
+            None => return Ok(()),
+            // Nothing on its way to disk: no thread needed to wait for it.
+            Some(store) if store.settled_now() => return Ok(()),
+            Some(_) => {}
         }
         let (svc, id) = (self.clone(), study_id.to_string());
         blocking(move || svc.await_stored(&id, None)).await
@@ -703,6 +706,17 @@ struct UploadSlot {
     _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
+/// Whether an upload's refusal was read off the studies or the budgets (a phase,
+/// a duplicate, a budget, an unknown study), which a write still on its way to
+/// disk may have changed; a refusal of the request itself (its certificate, its
+/// bytes, its pace) rests on nothing stored and is answered at once.
+fn rests_on_state(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::FailedPrecondition | tonic::Code::AlreadyExists | tonic::Code::NotFound
+    )
+}
+
 fn not_stored(study_id: &str, e: StoreError) -> Refusal {
     // The details (the state file's path, the database's error) are the
     // operator's: they go to the log, not to the caller.
@@ -793,14 +807,20 @@ impl v1::proxy_server::Proxy for ProxyService {
         let mut study = Study::new(id.clone(), spec, layout, req.noise_free_for_testing);
         study.opened_by = peer.map(|p| p.name);
         // Held until stored: no call reaches the study before its record is queued.
+        // The write, the removal if it fails and the release all run on the
+        // blocking thread, which finishes even if the caller goes away.
         let held = self.reserve(&study)?;
-        let svc = self.clone();
-        if let Err(e) = blocking(move || svc.persist(&study)).await {
-            // Not stored: not opened.
-            self.table()?.remove(&id);
-            return Err(e.into());
-        }
-        drop(held);
+        let (svc, key) = (self.clone(), id.clone());
+        blocking(move || {
+            let stored = svc.persist(&study);
+            if stored.is_err() {
+                // Not stored: not opened.
+                svc.table()?.remove(&key);
+            }
+            drop(held);
+            stored
+        })
+        .await?;
         crate::metrics::study_opened();
         tracing::info!(study = %id, features, quorum, "study opened");
         Ok(Response::new(v1::OpenStudyResponse { study_id: id }))
@@ -832,11 +852,14 @@ impl v1::proxy_server::Proxy for ProxyService {
         req: Request<Streaming<v1::ContributionChunk>>,
     ) -> Result<Response<v1::ContributeResponse>, Status> {
         let answer = self.contribute_upload(req).await;
-        if answer.is_err() {
-            // A refusal may rest on a transition still on its way to disk (the
-            // study sealed by another owner's contribution): told only once that
-            // is durable, or, if it never will be, told to retry.
-            self.settled("").await?;
+        if let Err(status) = &answer {
+            if rests_on_state(status) {
+                // A refusal read off the studies or budgets may rest on a
+                // transition still on its way to disk (the study sealed by another
+                // owner's contribution): told only once that is durable, or, if it
+                // never will be, told to retry.
+                self.settled("").await?;
+            }
         }
         answer
     }
@@ -1527,5 +1550,26 @@ mod tests {
             let seal = seal.await.expect("task").expect_err("a seal not on disk");
             assert_eq!(seal.code(), tonic::Code::Unavailable, "{seal:?}");
         });
+    }
+
+    /// Only a refusal read off the studies or budgets waits for the writes before
+    /// it; one of the request itself (its certificate, bytes, pace, a second
+    /// upload at once) is answered at once, so refusals cannot be used to make
+    /// the proxy wait on its disk.
+    #[test]
+    fn only_refusals_read_off_the_state_wait_for_the_disk() {
+        for (status, waits) in [
+            (Status::failed_precondition("closed"), true),
+            (Status::already_exists("twice"), true),
+            (Status::not_found("unknown study"), true),
+            (Status::invalid_argument("bad ciphertext"), false),
+            (Status::permission_denied("not invited"), false),
+            (Status::unauthenticated("no certificate"), false),
+            (Status::unavailable("one upload at a time"), false),
+            (Status::deadline_exceeded("too slow"), false),
+            (Status::resource_exhausted("over a limit"), false),
+        ] {
+            assert_eq!(rests_on_state(&status), waits, "{status:?}");
+        }
     }
 }

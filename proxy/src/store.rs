@@ -384,6 +384,11 @@ impl Store {
         self.wait_with(ticket, false)
     }
 
+    /// Whether every write submitted so far is durable (and none failed).
+    pub fn settled_now(&self) -> bool {
+        self.queue.settled_now()
+    }
+
     /// Whether a commit has failed: nothing more is written until a restart.
     pub fn stopped(&self) -> bool {
         self.queue.stopped()
