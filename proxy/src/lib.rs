@@ -102,8 +102,7 @@ pub async fn run(
         Some(acceptor) => {
             let incoming = listener::capped_tls(
                 listener,
-                listener::MAX_CONNECTIONS,
-                listener::MAX_CONNECTIONS_PER_PARTY,
+                listener::ConnectionCaps::MAIN,
                 acceptor,
                 handshake_timeout,
             );

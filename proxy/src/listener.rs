@@ -26,6 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
 use crate::per_key::{Held, PerKey};
+use dpca_shell::tls::Peer;
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -127,18 +128,39 @@ pub fn capped(
     ReceiverStream::new(rx)
 }
 
+/// What a TLS listener serves: how many connections, how many per party, and
+/// which parties at all (by the role and name in their certificate).
+#[derive(Clone, Copy)]
+pub struct ConnectionCaps {
+    /// Connections served at once.
+    pub connections: usize,
+    /// ... of them for one party.
+    pub per_party: usize,
+    /// Whether a party may hold a connection here at all; others are closed right
+    /// after the handshake, before they take a slot.
+    pub admits: fn(&Peer) -> bool,
+}
+
+impl ConnectionCaps {
+    /// The main listener's: [`MAX_CONNECTIONS`], [`MAX_CONNECTIONS_PER_PARTY`],
+    /// every party the CA certified.
+    pub const MAIN: Self = Self {
+        connections: MAX_CONNECTIONS,
+        per_party: MAX_CONNECTIONS_PER_PARTY,
+        admits: |_| true,
+    };
+}
+
 /// The listener's TLS connections: handshakes under their caps and timeout, then
-/// at most `cap` connections served, `per_party` per party
-/// ([`MAX_CONNECTIONS_PER_PARTY`] on the main listener).
+/// the parties `caps` admits, at most its connections in all and per party.
 pub fn capped_tls(
     listener: TcpListener,
-    cap: usize,
-    per_party: usize,
+    caps: ConnectionCaps,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
 ) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
-    let slots = Arc::new(Semaphore::new(cap.max(1)));
+    let slots = Arc::new(Semaphore::new(caps.connections.max(1)));
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     let (sources, parties) = (PerKey::<IpAddr>::default(), PerKey::<String>::default());
     tokio::spawn(async move {
@@ -169,7 +191,10 @@ pub fn capped_tls(
                     Err(_) => return,
                 };
                 drop(source);
-                let Some(party) = party_of(&tls).and_then(|p| parties.take(p, per_party)) else {
+                let Some(party) = party_of(&tls)
+                    .filter(|p| (caps.admits)(p))
+                    .and_then(|p| parties.take(p.to_string(), caps.per_party))
+                else {
                     return;
                 };
                 // Waiting for a slot is bounded too: a client that went away while
@@ -211,9 +236,7 @@ async fn close_after_alert(mut io: TcpStream) {
 const ALERT_LINGER: Duration = Duration::from_secs(1);
 
 /// The party a TLS connection authenticated as (the name its certificate gives).
-fn party_of(tls: &TlsStream<TcpStream>) -> Option<String> {
+fn party_of(tls: &TlsStream<TcpStream>) -> Option<Peer> {
     let certs = tls.get_ref().1.peer_certificates()?;
-    dpca_shell::tls::peer_of(certs.first()?)
-        .ok()
-        .map(|p| p.to_string())
+    dpca_shell::tls::peer_of(certs.first()?).ok()
 }

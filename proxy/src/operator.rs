@@ -11,9 +11,10 @@
 //! own studies, an owner nothing); every other method is refused, so this port
 //! adds no way in. A connection here is bounded as on the main port (streams,
 //! flow-control windows, keepalive), decodes no request over 1 KiB, and one party
-//! holds at most 2 of its 8 connections. Bind it where only operators reach
-//! (loopback, an admin network): any certificate holder who reaches it can still
-//! take its slots in turn.
+//! holds at most 2 of its 8 connections; a party that may not read the status
+//! (an owner) is closed right after the handshake. Bind it where only operators
+//! reach (loopback, an admin network): a user's certificate can still hold 2 of
+//! its slots.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -92,13 +93,14 @@ async fn serve(
     };
     match acceptor {
         Some(acceptor) => {
-            let incoming = crate::listener::capped_tls(
-                listener,
-                MAX_OPERATOR_CONNECTIONS,
-                MAX_OPERATOR_CONNECTIONS_PER_PARTY,
-                acceptor,
-                handshake_timeout,
-            );
+            let caps = crate::listener::ConnectionCaps {
+                connections: MAX_OPERATOR_CONNECTIONS,
+                per_party: MAX_OPERATOR_CONNECTIONS_PER_PARTY,
+                // Only a party that may read the status holds a connection here:
+                // an owner's is closed before it takes a slot.
+                admits: |p| crate::access::permit(Some(p), crate::access::Action::Status).is_ok(),
+            };
+            let incoming = crate::listener::capped_tls(listener, caps, acceptor, handshake_timeout);
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?;

@@ -355,6 +355,23 @@ fn status_answers_on_the_operator_listener_while_the_main_one_is_flooded() {
         .expect_err("the operator listener served another method")
     });
     assert_refused(&refused, tonic::Code::Unimplemented, "`status` only");
+    // An owner, which may not read the status, holds no connection there: it is
+    // closed after the handshake rather than served and refused call by call.
+    let owner = f.proxy.transport("hospital-a");
+    let owner_call = runtime.block_on(async {
+        match dpca_shell::client::connect(&format!("https://{operator_at}"), &owner).await {
+            Err(_) => None,
+            Ok(mut c) => match c.status(v1::StatusRequest::default()).await {
+                Ok(_) => panic!("an owner read the status"),
+                Err(status) => Some(status.code()),
+            },
+        }
+    });
+    assert_ne!(
+        owner_call,
+        Some(tonic::Code::PermissionDenied),
+        "an owner's connection was served on the operator listener"
+    );
     for task in flood {
         task.abort();
     }
