@@ -69,7 +69,8 @@ pub struct OwnerConfig {
 /// while it names a study the proxy does not know, or one that no longer
 /// collects, for a newer one. (A study that no longer collects is answered as
 /// before once no newer invitation came: "already counted" for an owner whose
-/// earlier run was counted in it.)
+/// earlier run was counted in it.) An owner counted in a row-norm histogram
+/// study waits, within the same `cfg.retry_for`, for the study that follows it.
 pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::Result<OwnerReport> {
     let until = Instant::now() + cfg.retry_for;
     let mut stale: Option<Invitation> = None;
@@ -87,6 +88,12 @@ pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::R
         match run(&cfg).await {
             Err(e) if e.downcast_ref::<UnknownStudy>().is_some() && Instant::now() < until => {
                 tracing::info!(study = %inv.study, "the invitation names an unknown study; waiting for a newer one");
+                stale = Some(inv);
+            }
+            // A row-norm histogram chooses the bound of the study that follows it,
+            // with the same owners: this owner waits for that study's invitation.
+            Ok(report) if report.newly_counted && histogram_study(&cfg).await => {
+                tracing::info!(study = %inv.study, "counted in a row-norm histogram; waiting for the study that follows");
                 stale = Some(inv);
             }
             other => return other,
@@ -119,6 +126,22 @@ async fn stale_outcome(
             path.display()
         ))
     })
+}
+
+/// Whether the study is a row-norm histogram (a study of the same owners follows).
+async fn histogram_study(cfg: &OwnerConfig) -> bool {
+    let Ok(mut client) = connect(&cfg.proxy, &cfg.transport).await else {
+        return false;
+    };
+    client
+        .get_study(v1::GetStudyRequest {
+            study_id: cfg.study_id.clone(),
+        })
+        .await
+        .ok()
+        .and_then(|info| info.into_inner().spec)
+        .and_then(|wire| spec_from_wire(&wire).ok())
+        .is_some_and(|spec| spec.norm_bins.is_some())
 }
 
 /// The study's phase if it no longer collects; `None` while it collects, or if

@@ -155,6 +155,94 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
     assert_ne!(second["study_id"], study["study_id"]);
 }
 
+/// `user study --row-norm-quantile`: a row-norm histogram study chooses C, then
+/// the study runs with it, both at a proxy the user does not start; the invited
+/// owners, each started once, take part in both.
+#[test]
+fn a_remote_study_chooses_its_row_norm_bound_privately() {
+    let proxy = start_proxy(false);
+    let table = optdigits();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = |name: &str| dir.path().join(name);
+    let mut header = table.features.clone();
+    header.push("label".into());
+    std::fs::write(p("schema.csv"), header.join(",") + "\n").expect("schema");
+    write_slice(&table, 0, 300, &p("a.csv"));
+    write_slice(&table, 300, 600, &p("b.csv"));
+    let invitation = p("invitation.toml");
+    let owners = [("a", "a.csv"), ("b", "b.csv")].map(|(name, file)| {
+        let mut cmd = Command::new(bin("owner"));
+        cmd.args(["--proxy", &proxy.url, "--quiet", "--budget-cap", "2,1e-5"])
+            .arg("--invitation")
+            .arg(&invitation)
+            .arg("--data")
+            .arg(p(file))
+            .args(["--label", "label", "--retry-for", "120"])
+            .args(proxy.tls_args(name))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd.spawn().map(Proc).expect("start owner")
+    });
+    let mut user = Command::new(bin("user"));
+    user.arg("study")
+        .args(["--proxy", &proxy.url])
+        .arg("--schema")
+        .arg(p("schema.csv"))
+        .args(["--label", "label", "--bounds"])
+        .arg(workspace_root().join("data/optdigits.bounds.csv"))
+        .args(["--owners", "a,b", "--max-rows", "1024", "--k", "3"])
+        .args([
+            "--key-bits",
+            "2048",
+            "--delta",
+            "1e-6",
+            "--row-norm-quantile",
+            "0.9",
+        ])
+        .arg("--invitation")
+        .arg(&invitation)
+        .arg("--out")
+        .arg(p("out"))
+        .args(proxy.tls_args("user"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let user = Proc(user.spawn().expect("start user"));
+    let reports: Vec<serde_json::Value> = owners
+        .into_iter()
+        .map(|o| {
+            let out = take_output(o);
+            assert!(out.status.success(), "owner: {}", describe(&out));
+            serde_json::from_slice(&out.stdout).expect("owner report")
+        })
+        .collect();
+    let out = take_output(user);
+    assert!(out.status.success(), "user: {}", describe(&out));
+    let study: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p("out/study.json")).expect("study.json"))
+            .expect("study.json parses");
+    assert_eq!(study["n_owners"], 2, "{study}");
+    let chosen = study["row_norm_choice"]["chosen"]
+        .as_f64()
+        .expect("C chosen");
+    assert!(
+        chosen > 1.0,
+        "C = {chosen}: optdigits rows are longer than 1"
+    );
+    assert!((study["budget"]["epsilon"].as_f64().expect("budget") - 1.0).abs() < 1e-9);
+    // Each owner was counted in the study, and charged for both studies: the
+    // proxy adds up their epsilons (basic composition, never less than the
+    // user's ledger composes to).
+    let study_epsilon = study["epsilon"].as_f64().expect("epsilon");
+    for report in reports {
+        assert_eq!(report["newly_counted"], true, "{report}");
+        let spent = report["budget"]["spent_epsilon"].as_f64().expect("spent");
+        assert!(
+            spent > study_epsilon + 1e-9,
+            "only one study charged: {report}"
+        );
+    }
+}
+
 /// An output folder that cannot be written is found before the study is opened:
 /// nothing is asked of the owners (in the compose quickstart, the owners had spent
 /// epsilon 1 of their cap before the user died writing its first output).

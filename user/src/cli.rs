@@ -189,6 +189,17 @@ pub struct StudyArgs {
     /// it with --row-norm-quantile 0.9).
     #[arg(long, allow_negative_numbers = true)]
     pub row_norm_bound: Option<f64>,
+    /// Choose the row-norm bound C as this quantile of the rows' norms (e.g. 0.9):
+    /// a row-norm histogram study runs first on the same owners and spends
+    /// --quantile-budget-share of the budget; replaces --row-norm-bound. At a
+    /// remote proxy the invited owners take part in both studies (an owner that
+    /// contributed to a histogram study waits for the next invitation).
+    #[arg(long, value_name = "Q", conflicts_with = "row_norm_bound")]
+    pub row_norm_quantile: Option<f64>,
+    /// Share of epsilon (of zCDP rho for the gaussian mechanism) the row-norm
+    /// histogram spends; the study gets the rest, and study.json the composed total.
+    #[arg(long, default_value_t = 0.05, requires = "row_norm_quantile")]
+    pub quantile_budget_share: f64,
     /// Paillier modulus bits (2048 or more).
     #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
     pub key_bits: u64,
@@ -253,15 +264,6 @@ pub struct LocalArgs {
     /// randomness, no CRT, one thread per role. Same results, much slower.
     #[arg(long)]
     pub baseline: bool,
-    /// Choose the row-norm bound C as this quantile of the rows' norms (e.g. 0.9):
-    /// a row-norm histogram study runs first on the same owners and spends
-    /// --quantile-budget-share of the budget; replaces --row-norm-bound.
-    #[arg(long, value_name = "Q", conflicts_with = "row_norm_bound")]
-    pub row_norm_quantile: Option<f64>,
-    /// Share of epsilon (of zCDP rho for the gaussian mechanism) the row-norm
-    /// histogram spends; the study gets the rest, and study.json the composed total.
-    #[arg(long, default_value_t = 0.05, requires = "row_norm_quantile")]
-    pub quantile_budget_share: f64,
     /// INSECURE: run the proxy and owners on plaintext gRPC (by default the run
     /// makes a throwaway CA and uses mutual TLS, as a deployment does).
     #[arg(long)]
@@ -346,21 +348,20 @@ impl LocalArgs {
     pub fn options(self) -> anyhow::Result<(LocalOptions, Vec<f64>)> {
         let a = self;
         let demo = a.data.is_none() && a.study.centering.as_deref() != Some("mask");
-        let row_norm_quantile = a
-            .row_norm_quantile
-            .or((demo && a.study.row_norm_bound.is_none()).then_some(DEMO_NORM_QUANTILE));
-        let opts = LocalOptions {
+        let demo_quantile = demo && a.study.row_norm_bound.is_none();
+        let mut opts = LocalOptions {
             data: a.data,
             owners: a.owners,
             noise_free_for_testing: a.noise_free_for_testing,
             no_build: a.no_build,
             baseline: a.baseline,
-            row_norm_quantile,
-            quantile_budget_share: a.quantile_budget_share,
             insecure_plaintext: a.insecure_plaintext,
             remote: None,
             ..study_options(a.study, demo)?
         };
+        if demo_quantile && opts.row_norm_quantile.is_none() {
+            opts.row_norm_quantile = Some(DEMO_NORM_QUANTILE);
+        }
         Ok((opts, a.sweep))
     }
 }
@@ -435,8 +436,8 @@ pub fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
         covariance_fit: FitKind::parse(&a.covariance_fit)?,
         pca_from: a.pca_from,
         components_from: a.components_from,
-        row_norm_quantile: None,
-        quantile_budget_share: 0.0,
+        row_norm_quantile: a.row_norm_quantile,
+        quantile_budget_share: a.quantile_budget_share,
         insecure_plaintext: false,
         remote: None,
     })

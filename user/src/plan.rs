@@ -287,12 +287,6 @@ fn split_for_histogram(
     let Some(q) = opts.row_norm_quantile else {
         return Ok((privacy, None));
     };
-    if opts.remote.is_some() {
-        bail!(
-            "--row-norm-quantile runs two studies on the same owners: local runs only; \
-             give --row-norm-bound"
-        );
-    }
     if !(q > 0.0 && q < 1.0) {
         bail!("--row-norm-quantile must be strictly between 0 and 1, got {q}");
     }
@@ -512,13 +506,6 @@ mod tests {
                     o.bounds = None
                 }),
                 "needs public bounds",
-            ),
-            (
-                Box::new(|o| {
-                    o.remote = Some(remote());
-                    o.row_norm_quantile = Some(0.9)
-                }),
-                "local runs only",
             ),
             (
                 Box::new(|o| {
