@@ -74,12 +74,25 @@ pub struct OwnerConfig {
 pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::Result<OwnerReport> {
     let until = Instant::now() + cfg.retry_for;
     let mut stale: Option<Invitation> = None;
+    // After a row-norm histogram: the key of the one study this owner follows it to.
+    let mut following: Option<String> = None;
     loop {
         let inv = match await_invitation(path, until, stale.as_ref()).await? {
             Some(inv) => inv,
             None => return stale_outcome(cfg, path, stale).await,
         };
         let cfg = invited(cfg, &inv);
+        if following
+            .as_ref()
+            .is_some_and(|key| !key.eq_ignore_ascii_case(&inv.key_fingerprint))
+        {
+            bail!(
+                "{}: the study after the row-norm histogram uses another key ({}); \
+                 refusing to follow it",
+                path.display(),
+                inv.key_fingerprint
+            );
+        }
         if let Some(state) = closed_state(&cfg).await {
             tracing::info!(study = %inv.study, state, "the invitation names a study that no longer collects; waiting for a newer one");
             stale = Some(inv);
@@ -92,8 +105,13 @@ pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::R
             }
             // A row-norm histogram chooses the bound of the study that follows it,
             // with the same owners: this owner waits for that study's invitation.
-            Ok(report) if report.newly_counted && histogram_study(&cfg).await => {
+            // Followed once, to a study under the same key: a histogram after a
+            // histogram is not followed again.
+            Ok(report)
+                if report.newly_counted && following.is_none() && histogram_study(&cfg).await =>
+            {
                 tracing::info!(study = %inv.study, "counted in a row-norm histogram; waiting for the study that follows");
+                following = Some(inv.key_fingerprint.clone());
                 stale = Some(inv);
             }
             other => return other,

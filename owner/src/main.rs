@@ -138,8 +138,8 @@ fn clipping_warning(clipped: usize, rows: u64) -> Option<String> {
     };
     Some(format!(
         "{how_many} were longer than the study's row-norm bound and were scaled down to \
-         it (clipped): the study sees them shortened. Tell the study's user if that is \
-         many: it sets the bound."
+         it (clipped): the study sees them shortened. If that is many, the bound is \
+         small for this data; a study can choose it privately (--row-norm-quantile)."
     ))
 }
 

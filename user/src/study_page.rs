@@ -83,7 +83,9 @@ pub fn study_page(report: &StudyReport, pca: &Pca) -> String {
         .sum();
     let body = format!(
         "<p>Everything on this page is computed from the differentially private \
-         release: looking at it, or publishing it, spends no more privacy.</p>\n{warnings}{}\
+         release and public parameters, but for the count of clipped rows of a local \
+         run (where the user holds the rows): that count is exact, not private; leave \
+         it out of what you publish.</p>\n{warnings}{}\
          <h2>Eigenvalues</h2>\n{}\n<p>{}</p>\n<p>The first {k} components explain {:.1}% of \
          the variance of the noisy covariance (negative eigenvalues, where noise outweighs \
          signal, count as 0).</p>\n{}\n<h2>Leading components</h2>\n{}<h2>Privacy spent</h2>\n{}\
