@@ -2,24 +2,110 @@
 //! invitation, owners started before it exists wait for it, and the study seals at
 //! its quorum with the missing owner named.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use dpca_tests::{bin, describe, optdigits, start_proxy, workspace_root, write_slice, Proc};
+use dpca_tests::{
+    bin, describe, optdigits, start_proxy, workspace_root, write_slice, Proc, TestProxy,
+};
+
+/// A proxy the user does not start, and a folder holding the table's header (all
+/// the user knows), the owners' slices and the invitation they share.
+struct Remote {
+    proxy: TestProxy,
+    dir: tempfile::TempDir,
+    header: Vec<String>,
+}
+
+impl Remote {
+    fn new() -> Self {
+        let remote = Self {
+            proxy: start_proxy(false),
+            dir: tempfile::tempdir().expect("tempdir"),
+            header: {
+                let mut header = optdigits().features;
+                header.push("label".into());
+                header
+            },
+        };
+        std::fs::write(remote.path("schema.csv"), remote.header.join(",") + "\n").expect("schema");
+        remote
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn invitation(&self) -> PathBuf {
+        self.path("invitation.toml")
+    }
+
+    /// Owner `name` on the slice `file`, following the invitation.
+    fn owner(&self, name: &str, file: &str, retry_for: &str) -> Command {
+        let mut cmd = Command::new(bin("owner"));
+        cmd.args([
+            "--proxy",
+            &self.proxy.url,
+            "--quiet",
+            "--budget-cap",
+            "2,1e-5",
+        ])
+        .arg("--invitation")
+        .arg(self.invitation())
+        .arg("--data")
+        .arg(self.path(file))
+        .args(["--label", "label", "--retry-for", retry_for])
+        .args(self.proxy.tls_args(name))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        cmd
+    }
+
+    /// Owners `a` and `b` on `a.csv` and `b.csv`, started now.
+    fn owners_a_b(&self) -> [Proc; 2] {
+        [("a", "a.csv"), ("b", "b.csv")].map(|(name, file)| {
+            self.owner(name, file, "120")
+                .spawn()
+                .map(Proc)
+                .expect("start owner")
+        })
+    }
+
+    /// `user study` on the header, writing the invitation and its outputs to
+    /// `out`, with the study's own flags `args`.
+    fn user(&self, out: &Path, args: &[&str]) -> Command {
+        let mut user = Command::new(bin("user"));
+        user.arg("study")
+            .args(["--proxy", &self.proxy.url])
+            .arg("--schema")
+            .arg(self.path("schema.csv"))
+            .args(["--label", "label", "--bounds"])
+            .arg(workspace_root().join("data/optdigits.bounds.csv"))
+            .args(args)
+            .arg("--invitation")
+            .arg(self.invitation())
+            .arg("--out")
+            .arg(out)
+            .args(self.proxy.tls_args("user"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        user
+    }
+
+    /// `study.json` in the output folder `out`.
+    fn study_json(&self, out: &str) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.path(out).join("study.json")).expect("study.json");
+        serde_json::from_str(&text).expect("study.json parses")
+    }
+}
 
 #[test]
 fn user_study_invites_owners_who_wait_for_the_invitation() {
-    let proxy = start_proxy(false);
+    let r = Remote::new();
     let table = optdigits();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let p = |name: &str| dir.path().join(name);
-    // The user knows the table's header only.
-    let mut header = table.features.clone();
-    header.push("label".into());
-    std::fs::write(p("schema.csv"), header.join(",") + "\n").expect("schema");
-    write_slice(&table, 0, 300, &p("a.csv"));
-    write_slice(&table, 300, 400, &p("b.csv"));
-    let invitation = p("invitation.toml");
+    write_slice(&table, 0, 300, &r.path("a.csv"));
+    write_slice(&table, 300, 400, &r.path("b.csv"));
+    let invitation = r.invitation();
     // A stale invitation must not send the owners to another study.
     std::fs::write(
         &invitation,
@@ -29,55 +115,31 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
         ),
     )
     .expect("stale invitation");
-
-    let owner_waiting = |name: &str, data: &Path, retry_for: &str| {
-        let mut cmd = Command::new(bin("owner"));
-        cmd.args(["--proxy", &proxy.url, "--quiet", "--budget-cap", "2,1e-5"])
-            .arg("--invitation")
-            .arg(&invitation)
-            .arg("--data")
-            .arg(data)
-            .args(["--label", "label", "--retry-for", retry_for])
-            .args(proxy.tls_args(name))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd
-    };
-    let owner = |name: &str, data: &Path| owner_waiting(name, data, "120");
     let user_cmd = |out: &str| {
-        let mut user = Command::new(bin("user"));
-        user.arg("study")
-            .args(["--proxy", &proxy.url])
-            .arg("--schema")
-            .arg(p("schema.csv"))
-            .args(["--label", "label", "--bounds"])
-            .arg(workspace_root().join("data/optdigits.bounds.csv"))
-            .args(["--owners", "a,b,hospital-a", "--quorum", "2"])
-            .args(["--max-rows", "1024", "--k", "3", "--key-bits", "2048"])
-            .args([
+        r.user(
+            &r.path(out),
+            &[
+                "--owners",
+                "a,b,hospital-a",
+                "--quorum",
+                "2",
+                "--max-rows",
+                "1024",
+                "--k",
+                "3",
+                "--key-bits",
+                "2048",
                 "--centering",
                 "dp-mean",
                 "--synthetic",
                 "50",
                 "--delta",
                 "1e-6",
-            ])
-            .arg("--invitation")
-            .arg(&invitation)
-            .arg("--out")
-            .arg(p(out))
-            .args(proxy.tls_args("user"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        user
+            ],
+        )
     };
     let user = Proc(user_cmd("out").spawn().expect("start user"));
-    let owners = [("a", "a.csv"), ("b", "b.csv")].map(|(name, file)| {
-        owner(name, &p(file))
-            .spawn()
-            .map(Proc)
-            .expect("start owner")
-    });
+    let owners = r.owners_a_b();
     for o in owners {
         let out = take_output(o);
         assert!(out.status.success(), "owner: {}", describe(&out));
@@ -95,9 +157,7 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
     let out = take_output(user);
     assert!(out.status.success(), "user: {}", describe(&out));
 
-    let study: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(p("out/study.json")).expect("study.json"))
-            .expect("study.json parses");
+    let study = r.study_json("out");
     assert_eq!(study["n_rows"], 700, "{study}");
     assert_eq!(study["n_owners"], 2);
     assert_eq!(study["owners_missing"], serde_json::json!(["hospital-a"]));
@@ -107,19 +167,20 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
         "{inv}"
     );
     assert!(inv.contains(study["key_fingerprint"].as_str().expect("fingerprint")));
-    let components = std::fs::read_to_string(p("out/components.csv")).expect("components");
+    let components = std::fs::read_to_string(r.path("out/components.csv")).expect("components");
     assert_eq!(
         components.lines().next(),
         Some("feature,PC1,PC2,PC3"),
         "{components}"
     );
-    let synthetic = std::fs::read_to_string(p("out/synthetic.csv")).expect("synthetic");
-    assert_eq!(synthetic.lines().next(), Some(header.join(",").as_str()));
+    let synthetic = std::fs::read_to_string(r.path("out/synthetic.csv")).expect("synthetic");
+    assert_eq!(synthetic.lines().next(), Some(r.header.join(",").as_str()));
     assert_eq!(synthetic.lines().count(), 51);
 
     // The owner who came late finds the study sealed (after waiting a little for
     // a newer invitation), and is told so.
-    let out = owner_waiting("hospital-a", &p("a.csv"), "2")
+    let out = r
+        .owner("hospital-a", "a.csv", "2")
         .output()
         .expect("late owner");
     assert!(!out.status.success(), "late owner: {}", describe(&out));
@@ -128,12 +189,7 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
     // does: owners started before the user rewrites it find the first study
     // sealed (and themselves counted in it) and wait for the new one, rather
     // than answering "already counted" and leaving the new study without them.
-    let owners = [("a", "a.csv"), ("b", "b.csv")].map(|(name, file)| {
-        owner(name, &p(file))
-            .spawn()
-            .map(Proc)
-            .expect("start owner")
-    });
+    let owners = r.owners_a_b();
     std::thread::sleep(std::time::Duration::from_secs(2));
     let user = Proc(user_cmd("out2").spawn().expect("start the second user"));
     for o in owners {
@@ -148,9 +204,7 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
     }
     let out = take_output(user);
     assert!(out.status.success(), "second user: {}", describe(&out));
-    let second: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(p("out2/study.json")).expect("study.json"))
-            .expect("study.json parses");
+    let second = r.study_json("out2");
     assert_eq!(second["n_owners"], 2, "{second}");
     assert_ne!(second["study_id"], study["study_id"]);
 }
@@ -160,53 +214,26 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
 /// owners, each started once, take part in both.
 #[test]
 fn a_remote_study_chooses_its_row_norm_bound_privately() {
-    let proxy = start_proxy(false);
+    let r = Remote::new();
     let table = optdigits();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let p = |name: &str| dir.path().join(name);
-    let mut header = table.features.clone();
-    header.push("label".into());
-    std::fs::write(p("schema.csv"), header.join(",") + "\n").expect("schema");
-    write_slice(&table, 0, 300, &p("a.csv"));
-    write_slice(&table, 300, 600, &p("b.csv"));
-    let invitation = p("invitation.toml");
-    let owners = [("a", "a.csv"), ("b", "b.csv")].map(|(name, file)| {
-        let mut cmd = Command::new(bin("owner"));
-        cmd.args(["--proxy", &proxy.url, "--quiet", "--budget-cap", "2,1e-5"])
-            .arg("--invitation")
-            .arg(&invitation)
-            .arg("--data")
-            .arg(p(file))
-            .args(["--label", "label", "--retry-for", "120"])
-            .args(proxy.tls_args(name))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd.spawn().map(Proc).expect("start owner")
-    });
-    let mut user = Command::new(bin("user"));
-    user.arg("study")
-        .args(["--proxy", &proxy.url])
-        .arg("--schema")
-        .arg(p("schema.csv"))
-        .args(["--label", "label", "--bounds"])
-        .arg(workspace_root().join("data/optdigits.bounds.csv"))
-        .args(["--owners", "a,b", "--max-rows", "1024", "--k", "3"])
-        .args([
-            "--key-bits",
-            "2048",
-            "--delta",
-            "1e-6",
-            "--row-norm-quantile",
-            "0.9",
-        ])
-        .arg("--invitation")
-        .arg(&invitation)
-        .arg("--out")
-        .arg(p("out"))
-        .args(proxy.tls_args("user"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let user = Proc(user.spawn().expect("start user"));
+    write_slice(&table, 0, 300, &r.path("a.csv"));
+    write_slice(&table, 300, 600, &r.path("b.csv"));
+    let owners = r.owners_a_b();
+    let args = [
+        "--owners",
+        "a,b",
+        "--max-rows",
+        "1024",
+        "--k",
+        "3",
+        "--key-bits",
+        "2048",
+        "--delta",
+        "1e-6",
+        "--row-norm-quantile",
+        "0.9",
+    ];
+    let user = Proc(r.user(&r.path("out"), &args).spawn().expect("start user"));
     let reports: Vec<serde_json::Value> = owners
         .into_iter()
         .map(|o| {
@@ -217,9 +244,7 @@ fn a_remote_study_chooses_its_row_norm_bound_privately() {
         .collect();
     let out = take_output(user);
     assert!(out.status.success(), "user: {}", describe(&out));
-    let study: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(p("out/study.json")).expect("study.json"))
-            .expect("study.json parses");
+    let study = r.study_json("out");
     assert_eq!(study["n_owners"], 2, "{study}");
     let chosen = study["row_norm_choice"]["chosen"]
         .as_f64()
@@ -248,31 +273,23 @@ fn a_remote_study_chooses_its_row_norm_bound_privately() {
 /// epsilon 1 of their cap before the user died writing its first output).
 #[test]
 fn an_output_folder_that_cannot_be_written_stops_the_user_before_the_study_opens() {
-    let proxy = start_proxy(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let schema = dir.path().join("schema.csv");
-    let mut header = optdigits().features;
-    header.push("label".into());
-    std::fs::write(&schema, header.join(",") + "\n").expect("schema");
+    let r = Remote::new();
     // A file where the folder should be: no user, root included, can write in it.
-    let out = dir.path().join("taken");
+    let out = r.path("taken");
     std::fs::write(&out, "not a folder").expect("file");
-    let run = Command::new(bin("user"))
-        .arg("study")
-        .args(["--proxy", &proxy.url])
-        .arg("--schema")
-        .arg(&schema)
-        .args(["--label", "label", "--bounds"])
-        .arg(workspace_root().join("data/optdigits.bounds.csv"))
-        .args(["--owners", "a,b", "--quorum", "2", "--max-rows", "1024"])
-        .args(["--key-bits", "2048", "--delta", "1e-6"])
-        .arg("--invitation")
-        .arg(dir.path().join("invitation.toml"))
-        .arg("--out")
-        .arg(&out)
-        .args(proxy.tls_args("user"))
-        .output()
-        .expect("user");
+    let args = [
+        "--owners",
+        "a,b",
+        "--quorum",
+        "2",
+        "--max-rows",
+        "1024",
+        "--key-bits",
+        "2048",
+        "--delta",
+        "1e-6",
+    ];
+    let run = r.user(&out, &args).output().expect("user");
     assert!(!run.status.success(), "{}", describe(&run));
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(
@@ -280,7 +297,7 @@ fn an_output_folder_that_cannot_be_written_stops_the_user_before_the_study_opens
         "{stderr}"
     );
     let status = dpca_tests::rt().block_on(async {
-        let mut c = dpca_shell::client::connect(&proxy.url, &proxy.transport("user"))
+        let mut c = dpca_shell::client::connect(&r.proxy.url, &r.proxy.transport("user"))
             .await
             .expect("connect");
         c.status(dpca_proto::v1::StatusRequest::default())
@@ -289,7 +306,7 @@ fn an_output_folder_that_cannot_be_written_stops_the_user_before_the_study_opens
             .into_inner()
     });
     assert!(status.studies.is_empty(), "a study was opened: {status:?}");
-    assert!(!dir.path().join("invitation.toml").exists());
+    assert!(!r.invitation().exists());
 }
 
 /// Waits for a child and collects its output.
