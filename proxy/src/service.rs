@@ -1372,12 +1372,7 @@ mod tests {
         let store = svc.store.clone().expect("a store");
         let before = store.commits();
         let owners: Vec<String> = (0..6).map(|i| format!("o{i}")).collect();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let results = runtime.block_on(async {
+        let results = two_threads().block_on(async {
             let held = store.hold_writes();
             let mut calls = tokio::task::JoinSet::new();
             for o in &owners {
@@ -1386,17 +1381,7 @@ mod tests {
             }
             // Every fold is done (the view counts them) while the first commit
             // is still held.
-            for _ in 0..200 {
-                if svc.studies.lock().expect("table")["s1"]
-                    .view(0)
-                    .owners_in()
-                    .len()
-                    == 6
-                {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            folded(&svc, 6).await;
             drop(held);
             calls.join_all().await
         });
@@ -1478,14 +1463,22 @@ mod tests {
         panic!("never folded");
     }
 
-    /// A retry that memory calls "already counted" is answered only once the
-    /// commit that holds the first upload is durable: here that commit fails,
-    /// so the retry is told to come back, not that it was counted.
-    #[test]
+    /// Owner `a`'s contribution to `s1` (sealing at `quorum`), folded, with its
+    /// commit held and bound to fail; then `answer`, started once the fold is
+    /// done. Returns whether `answer` had finished after `patience` while the
+    /// commit was still held, the contribution's outcome, and `answer`'s.
     // The held lock is the point: the commit waits on it on another thread.
     #[allow(clippy::await_holding_lock)]
-    fn a_retry_is_answered_only_once_the_commit_before_it_is_durable() {
-        let (_dir, svc, cts) = collecting_with_contribution();
+    fn behind_a_failing_commit<T, F>(
+        quorum: u32,
+        patience: Duration,
+        answer: impl FnOnce(ProxyService) -> F,
+    ) -> (bool, Result<FoldOutcome, Refusal>, T)
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = T> + Send + 'static,
+    {
+        let (_dir, svc, cts) = collecting_with_quorum(quorum);
         let store = svc.store.clone().expect("a store");
         store.fail_next_commit();
         two_threads().block_on(async {
@@ -1495,61 +1488,52 @@ mod tests {
                 async move { svc.commit_contribution(upload("a"), cts, None).await }
             });
             folded(&svc, 1).await;
-            let retry = tokio::spawn({
-                let svc = svc.clone();
-                async move { svc.admit(&upload("a")).await.map(|_| ()) }
-            });
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            assert!(
-                !retry.is_finished(),
-                "the retry was answered while the commit it rests on was in flight"
-            );
+            let second = tokio::spawn(answer(svc.clone()));
+            tokio::time::sleep(patience).await;
+            let early = second.is_finished();
             drop(held);
             let first = first.await.expect("task");
-            assert!(matches!(first, Err(Refusal::Unavailable(_))), "{first:?}");
-            let retry = retry.await.expect("task");
-            assert!(matches!(retry, Err(Refusal::Unavailable(_))), "{retry:?}");
+            (early, first, second.await.expect("task"))
+        })
+    }
+
+    /// A retry that memory calls "already counted" is answered only once the
+    /// commit that holds the first upload is durable: here that commit fails,
+    /// so the retry is told to come back, not that it was counted.
+    #[test]
+    fn a_retry_is_answered_only_once_the_commit_before_it_is_durable() {
+        let patience = Duration::from_millis(200);
+        let (early, first, retry) = behind_a_failing_commit(8, patience, |svc| async move {
+            svc.admit(&upload("a")).await.map(|_| ())
         });
+        assert!(
+            !early,
+            "the retry was answered while the commit it rests on was in flight"
+        );
+        assert!(matches!(first, Err(Refusal::Unavailable(_))), "{first:?}");
+        assert!(matches!(retry, Err(Refusal::Unavailable(_))), "{retry:?}");
     }
 
     /// The seal a contribution makes in memory is announced to the user only once
     /// that contribution is durable; if its commit fails, the user is told to
     /// come back, not handed a sealed set a restart would not have.
     #[test]
-    // The held lock is the point: the commit waits on it on another thread.
-    #[allow(clippy::await_holding_lock)]
     fn a_seal_is_announced_only_once_the_contribution_that_made_it_is_durable() {
         use v1::proxy_server::Proxy;
-        let (_dir, svc, cts) = collecting_with_quorum(1);
-        let store = svc.store.clone().expect("a store");
-        store.fail_next_commit();
-        two_threads().block_on(async {
-            let held = store.hold_writes();
-            let first = tokio::spawn({
-                let svc = svc.clone();
-                async move { svc.commit_contribution(upload("a"), cts, None).await }
+        let patience = Duration::from_millis(300);
+        let (early, first, seal) = behind_a_failing_commit(1, patience, |svc| async move {
+            let req = Request::new(v1::AwaitSealRequest {
+                study_id: "s1".into(),
             });
-            folded(&svc, 1).await;
-            let seal = tokio::spawn({
-                let svc = svc.clone();
-                async move {
-                    svc.await_seal(Request::new(v1::AwaitSealRequest {
-                        study_id: "s1".into(),
-                    }))
-                    .await
-                    .map(|_| ())
-                }
-            });
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            assert!(
-                !seal.is_finished(),
-                "the seal was announced while the contribution that made it was in flight"
-            );
-            drop(held);
-            assert!(first.await.expect("task").is_err());
-            let seal = seal.await.expect("task").expect_err("a seal not on disk");
-            assert_eq!(seal.code(), tonic::Code::Unavailable, "{seal:?}");
+            svc.await_seal(req).await.map(|_| ())
         });
+        assert!(
+            !early,
+            "the seal was announced while the contribution that made it was in flight"
+        );
+        assert!(first.is_err());
+        let seal = seal.expect_err("a seal not on disk");
+        assert_eq!(seal.code(), tonic::Code::Unavailable, "{seal:?}");
     }
 
     /// Only a refusal read off the studies or budgets waits for the writes before
