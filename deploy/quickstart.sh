@@ -13,11 +13,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 
-if command -v docker-compose >/dev/null 2>&1; then
-    compose() { docker-compose "$@"; }
-else
-    compose() { docker compose "$@"; }
-fi
+. deploy/compose.sh
 owners="owner-01 owner-02 owner-03 owner-04 owner-05"
 
 deploy/build-image.sh

@@ -16,11 +16,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 
-if command -v docker-compose >/dev/null 2>&1; then
-    compose() { docker-compose "$@"; }
-else
-    compose() { docker compose "$@"; }
-fi
+. deploy/compose.sh
 export DPCA_UID="${DPCA_UID:-$(id -u)}" DPCA_GID="${DPCA_GID:-$(id -g)}"
 export DPCA_OUT="${DPCA_OUT:-$root/compose-out}"
 export COMPOSE_PROJECT_NAME="${COMPOSE_PROJECT_NAME:-dpca-simulation}"

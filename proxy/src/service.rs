@@ -199,9 +199,14 @@ impl ProxyService {
         let Some(store) = &self.store else {
             return Ok(None);
         };
-        let budget = budget.map(|b| (owner.to_string(), b.clone()));
         store
-            .submit_contribution(announced, study.clone(), owner.to_string(), cts, budget)
+            .submit_contribution(
+                announced,
+                study.clone(),
+                owner.to_string(),
+                cts,
+                budget.cloned(),
+            )
             .map(Some)
             .map_err(|e| not_stored(&study.id, e))
     }
@@ -573,8 +578,7 @@ impl ProxyService {
         };
         if outcome == Some(ContributionOutcome::AlreadyCounted) {
             // Counted in memory; answered only once that is on disk too.
-            let (svc, id) = (self.clone(), up.study_id.clone());
-            blocking(move || svc.await_stored(&id, None)).await?;
+            self.settled(&up.study_id).await?;
             return Ok(Admission::AlreadyCounted(contribute_response(
                 false,
                 owners_in,

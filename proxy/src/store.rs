@@ -133,7 +133,7 @@ enum Write {
         study: Study,
         owner: String,
         cts: Vec<Elem>,
-        budget: Option<(String, OwnerBudget)>,
+        budget: Option<OwnerBudget>,
     },
     /// Nothing: done once everything before it is durable.
     Barrier,
@@ -313,9 +313,9 @@ impl Store {
         study: &Study,
         owner: &str,
         cts: &[Elem],
-        budget: Option<(&str, &OwnerBudget)>,
+        budget: Option<&OwnerBudget>,
     ) -> Result<(), StoreError> {
-        let budget = budget.map(|(o, b)| (o.to_string(), b.clone()));
+        let budget = budget.cloned();
         let ticket =
             self.submit_contribution(None, study.clone(), owner.to_string(), cts.to_vec(), budget)?;
         self.wait(ticket)
@@ -333,7 +333,7 @@ impl Store {
         study: Study,
         owner: String,
         cts: Vec<Elem>,
-        budget: Option<(String, OwnerBudget)>,
+        budget: Option<OwnerBudget>,
     ) -> Result<Ticket, StoreError> {
         let write = Write::Contribution {
             study,
@@ -466,13 +466,13 @@ impl Store {
         study: &Study,
         owner: &str,
         cts: &[Elem],
-        budget: Option<&(String, OwnerBudget)>,
+        budget: Option<&OwnerBudget>,
         pending: &mut PendingMap,
     ) -> Result<(), StoreError> {
         let id = study.id.as_str();
-        let waiting = pending.get(id).cloned().unwrap_or_default();
+        let waiting = pending.get(id).map_or(0, BTreeSet::len);
         let checkpoint =
-            waiting.len() + 1 >= self.checkpoint_every || !matches!(study.phase, Phase::Collecting);
+            waiting + 1 >= self.checkpoint_every || !matches!(study.phase, Phase::Collecting);
         {
             let mut rows = txn.open_table(CONTRIBUTORS).map_err(|e| self.err(e))?;
             let row = contributor_row(study, owner, !checkpoint).encode_to_vec();
@@ -481,8 +481,8 @@ impl Store {
         }
         if checkpoint {
             self.write_record(txn, study)?;
+            let waiting = pending.remove(id).unwrap_or_default();
             self.write_checkpoint(txn, study, &waiting)?;
-            pending.remove(id);
         } else {
             let mut table = txn.open_table(PENDING).map_err(|e| self.err(e))?;
             for (i, slice) in slices(&study.spec.public_key, cts).iter().enumerate() {
@@ -495,11 +495,11 @@ impl Store {
                 .or_default()
                 .insert(owner.to_string());
         }
-        if let Some((owner, b)) = budget {
+        if let Some(b) = budget {
             let rec = budget_to_record(b).encode_to_vec();
             let mut table = txn.open_table(BUDGETS).map_err(|e| self.err(e))?;
             table
-                .insert(owner.as_str(), rec.as_slice())
+                .insert(owner, rec.as_slice())
                 .map_err(|e| self.err(e))?;
         }
         Ok(())
@@ -951,7 +951,7 @@ mod tests {
         let b =
             crate::budget::charge(owner, None, (2.0, 1e-4), &s.id, (1.0, 1e-5)).expect("charge");
         store
-            .save_contribution(s, owner, &cts, Some((owner, &b)))
+            .save_contribution(s, owner, &cts, Some(&b))
             .expect("save contribution");
     }
 
