@@ -146,33 +146,29 @@ async fn stale_outcome(
     })
 }
 
+/// The proxy's account of the invited study, `None` if it cannot give one now
+/// (the run that follows reports why).
+async fn study_info(cfg: &OwnerConfig) -> Option<v1::StudyInfo> {
+    let mut client = connect(&cfg.proxy, &cfg.transport).await.ok()?;
+    let req = v1::GetStudyRequest {
+        study_id: cfg.study_id.clone(),
+    };
+    Some(client.get_study(req).await.ok()?.into_inner())
+}
+
 /// Whether the study is a row-norm histogram (a study of the same owners follows).
 async fn histogram_study(cfg: &OwnerConfig) -> bool {
-    let Ok(mut client) = connect(&cfg.proxy, &cfg.transport).await else {
-        return false;
-    };
-    client
-        .get_study(v1::GetStudyRequest {
-            study_id: cfg.study_id.clone(),
-        })
+    study_info(cfg)
         .await
-        .ok()
-        .and_then(|info| info.into_inner().spec)
+        .and_then(|info| info.spec)
         .and_then(|wire| spec_from_wire(&wire).ok())
         .is_some_and(|spec| spec.norm_bins.is_some())
 }
 
 /// The study's phase if it no longer collects; `None` while it collects, or if
-/// the proxy cannot tell now (the run that follows reports why).
+/// the proxy cannot tell now.
 async fn closed_state(cfg: &OwnerConfig) -> Option<String> {
-    let mut client = connect(&cfg.proxy, &cfg.transport).await.ok()?;
-    let info = client
-        .get_study(v1::GetStudyRequest {
-            study_id: cfg.study_id.clone(),
-        })
-        .await
-        .ok()?
-        .into_inner();
+    let info = study_info(cfg).await?;
     (info.state != "collecting").then_some(info.state)
 }
 

@@ -190,20 +190,17 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         plan.input_label.as_deref(),
         opts.row_norm_bound,
     )?;
-    // Built after the inputs are checked and before the clock starts: a build is
-    // not the study (study.json's total).
-    let programs = match opts.remote {
-        Some(_) => None,
-        None => Some(crate::programs::sibling_binaries(opts.no_build)?),
-    };
-    let started = Instant::now();
     match &opts.remote {
         Some(remote) => {
+            let started = Instant::now();
             let cohort = InvitedCohort::new(remote.clone())?;
             conduct(opts, &plan, axes, &cohort, started).await
         }
         None => {
-            let programs = programs.context("the local programs")?;
+            // Built after the inputs are checked and before the clock starts: a
+            // build is not the study (study.json's total).
+            let programs = crate::programs::sibling_binaries(opts.no_build)?;
+            let started = Instant::now();
             let cohort = LocalCohort::start(opts, &plan, programs).await?;
             conduct(opts, &plan, axes, &cohort, started).await
         }
@@ -387,6 +384,7 @@ fn study_report(
     run: &RunFacts,
 ) -> StudyReport {
     let (spec, layout) = (&prep.spec, &prep.layout);
+    let floor = noise_floor(spec, got, an);
     StudyReport {
         study_id: prep.study_id.clone(),
         features: plan.table.features.clone(),
@@ -400,8 +398,8 @@ fn study_report(
         delta: an.noise.delta,
         rho: an.noise.rho,
         sigma: got.noise_scale,
-        noise_floor: noise_floor(spec, got, an),
-        components_above_noise: crate::report::above_noise(&an.pca, noise_floor(spec, got, an)),
+        noise_floor: floor,
+        components_above_noise: crate::report::above_noise(&an.pca, floor),
         written_at: now_rfc3339(),
         noise_scale_grid: got.noise_scale_grid.clone(),
         noise_free_for_testing: opts.noise_free_for_testing,
