@@ -15,7 +15,14 @@
 //!   power table of its v_seg, one windowed multi-exponentiation over its len + 1
 //!   short mask exponents, one exponentiation by N and one re-randomization; per
 //!   vector segment one re-randomization; one fixed-base table;
+//!   (that is the paper's `mask` centering; under `dp-mean`, the default, the proxy
+//!   adds its noise to each released ciphertext with one multiplication and
+//!   re-randomizes it, with no mask term);
 //! - user: one CRT decryption per released ciphertext and one for N.
+//!
+//! Both centerings run (`--centerings`): `dp-mean` is what a study gets unless it
+//! asks for `mask`, and `mask` is the paper's protocol, whose mask term is most of the
+//! proxy's work.
 
 use dpca_bench::{
     built_programs, built_programs_on_num_bigint, program, raw_gmp_mulmod, time, workspace_root,
@@ -26,6 +33,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use dpca_common::dp::Centering;
 use dpca_common::encoding::{vector_segments, SlotBudget, TriangleLayout};
 use dpca_common::paillier::{random_below, Ciphertext, PowerTable, PublicKey, SecretKey};
 use dpca_common::randomizer::Randomizer;
@@ -63,6 +71,10 @@ struct Args {
     /// (num-bigint, the old engine) beside the GMP run; the flag alone skips it.
     #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1")]
     num_bigint_scenarios: Vec<u32>,
+    /// Centerings every scenario runs in: `mask` (the paper's, and the baseline's
+    /// and the num-bigint comparison's) and `dp-mean` (the default of a study).
+    #[arg(long, value_delimiter = ',', default_value = "mask,dp-mean", value_parser = Centering::parse)]
+    centerings: Vec<Centering>,
     /// Working folder: scenario data, each study's outputs and `study-bench.json`.
     #[arg(long, default_value = "target/bench-study")]
     out: PathBuf,
@@ -245,6 +257,7 @@ struct Row {
     name: String,
     key_bits: u64,
     baseline: bool,
+    centering: &'static str,
     owners: usize,
     n_rows: u64,
     features: usize,
@@ -278,6 +291,7 @@ fn run_study(
     sc: &Scenario,
     bits: u64,
     baseline: bool,
+    centering: Centering,
     owners: usize,
     out: &Path,
 ) -> anyhow::Result<StudyReport> {
@@ -288,9 +302,8 @@ fn run_study(
         .args(["--owners", &owners.to_string()])
         .args(["--key-bits", &bits.to_string()])
         .args(["--k", "5", "--no-build"])
-        // The paper's centering, whose mask term is what the proxy's bound prices
-        // (its owners accept it by name through `user local`).
-        .args(["--centering", "mask"])
+        // `user local`'s owners accept `mask` by name.
+        .args(["--centering", centering.name()])
         .arg("--out")
         .arg(out);
     if let Some(b) = &sc.bounds {
@@ -303,9 +316,10 @@ fn run_study(
         cmd.arg("--baseline");
     }
     eprintln!(
-        "== scenario {} ({}), {bits} bits, {owners} owners{}",
+        "== scenario {} ({}), {bits} bits, {owners} owners, {}{}",
         sc.id,
         sc.name,
+        centering.name(),
         if baseline { ", BASELINE" } else { "" }
     );
     let status = cmd
@@ -323,16 +337,31 @@ fn measure(
     keyed: &mut Keyed,
     sc: &Scenario,
     report: &StudyReport,
+    centering: Centering,
     owners: usize,
 ) -> anyhow::Result<Row> {
     let p = keyed.prims.clone();
     let k = report.ciphertexts_per_owner;
-    let m = report.n_features;
-    let slots = report.slots.max(1);
     let (owner_table, owner_enc) = keyed.randomizer_costs(k);
     let owner_bound = owner_table + k as f64 * owner_enc;
-
     let (proxy_table, rerand) = keyed.randomizer_costs(report.release_ciphertexts);
+    let received = (owners * k) as f64 * (p.validate + p.mulmod);
+    let release = match centering {
+        Centering::Mask => mask_release_bound(keyed, report, rerand),
+        Centering::DpMean => report.release_ciphertexts as f64 * (p.mulmod + rerand),
+    };
+    let proxy_bound = received + release + proxy_table;
+    let user_bound = (report.release_ciphertexts + 1) as f64 * p.decrypt_crt;
+    let bounds = [owner_bound, proxy_bound, user_bound];
+    Ok(row_of(sc, report, centering, owners, bounds, &p))
+}
+
+/// The `mask` release's bound: the noise, re-randomization and mask terms of DESIGN
+/// section 4, priced with this run's primitives.
+fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f64 {
+    let p = keyed.prims.clone();
+    let m = report.n_features;
+    let slots = report.slots.max(1);
     // The release's mask term: per row, power tables of its shifted bases; per
     // segment, the table of v_seg and one multi-exponentiation over len + 1 tables,
     // whose cost grows linearly in its terms (fit a + b t from two sizes).
@@ -369,14 +398,19 @@ fn measure(
         .sum::<f64>()
         + row_tables;
     let shifted = (m * (slots - 1)) as f64 * report.slot_width as f64 * p.mulmod;
-    let vector_segments = layout.vector.len() as f64;
-    let proxy_bound = (owners * k) as f64 * (p.validate + p.mulmod)
-        + shifted
-        + segs
-        + vector_segments * rerand
-        + proxy_table;
-    let user_bound = (report.release_ciphertexts + 1) as f64 * p.decrypt_crt;
+    shifted + segs + layout.vector.len() as f64 * rerand
+}
 
+/// A row of the tables from a study's report and its roles' bounds (owner, proxy,
+/// user).
+fn row_of(
+    sc: &Scenario,
+    report: &StudyReport,
+    centering: Centering,
+    owners: usize,
+    [owner_bound, proxy_bound, user_bound]: [f64; 3],
+    p: &Primitives,
+) -> Row {
     let owner_usage = report
         .usage
         .owners
@@ -395,15 +429,16 @@ fn measure(
         .unwrap_or(0);
     let proxy = report.usage.proxy.unwrap_or_default();
     let user = report.usage.user.unwrap_or_default();
-    Ok(Row {
+    Row {
         scenario: sc.id,
         name: sc.name.to_string(),
         key_bits: report.key_bits,
         baseline: report.baseline,
+        centering: centering.name(),
         owners,
         n_rows: report.n_rows,
-        features: m,
-        ciphertexts_per_owner: k,
+        features: report.n_features,
+        ciphertexts_per_owner: report.ciphertexts_per_owner,
         bytes_per_owner: report.bytes_per_owner,
         release_ciphertexts: report.release_ciphertexts,
         owner_wall: report.seconds.owner,
@@ -421,7 +456,7 @@ fn measure(
         total_wall: report.seconds.total,
         keygen: report.seconds.keygen,
         gmp_factor: p.gmp_mulmod / p.mulmod,
-    })
+    }
 }
 
 fn print_table(rows: &[Row]) {
@@ -435,7 +470,7 @@ fn print_table(rows: &[Row]) {
             r.scenario,
             r.name,
             r.key_bits,
-            if r.baseline { "baseline" } else { "product" },
+            if r.baseline { "baseline" } else { r.centering },
             r.owners,
             r.features,
             r.ciphertexts_per_owner,
@@ -456,15 +491,16 @@ fn print_table(rows: &[Row]) {
     println!(
         "\nCPU time / primitive bound (bound priced with this run's primitives; in brackets priced with GMP's multiplication):"
     );
-    println!("\n| scenario | bits | owner bound s | owner x | proxy bound s | proxy x | user bound s | user x |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("\n| scenario | bits | centering | owner bound s | owner x | proxy bound s | proxy x | user bound s | user x |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in rows.iter().filter(|r| !r.baseline) {
         let g = r.gmp_factor;
         println!(
-            "| {} {} | {} | {:.2} | {:.2} ({:.2}) | {:.2} | {:.2} ({:.2}) | {:.2} | {:.2} ({:.2}) |",
+            "| {} {} | {} | {} | {:.2} | {:.2} ({:.2}) | {:.2} | {:.2} ({:.2}) | {:.2} | {:.2} ({:.2}) |",
             r.scenario,
             r.name,
             r.key_bits,
+            r.centering,
             r.owner_bound,
             r.owner_cpu / r.owner_bound,
             r.owner_cpu / (r.owner_bound * g),
@@ -487,6 +523,82 @@ struct Output {
     /// num-bigint's CPU time over GMP's, per role, on the same study.
     engines: Vec<serde_json::Value>,
     proxy_memory: Vec<serde_json::Value>,
+}
+
+/// The programs a study runs: this build's, and the build without GMP.
+struct Programs<'a> {
+    user: &'a Path,
+    num_bigint: Option<&'a Path>,
+}
+
+/// A scenario's `mask` study, with the baseline and the num-bigint build beside it
+/// where asked for.
+fn mask_studies(
+    args: &Args,
+    programs: &Programs<'_>,
+    keyed: &mut Keyed,
+    sc: &Scenario,
+    bits: u64,
+    out: &mut Output,
+) -> anyhow::Result<()> {
+    let dir = args.out.join(format!("s{}-{bits}", sc.id));
+    let report = run_study(
+        programs.user,
+        sc,
+        bits,
+        false,
+        Centering::Mask,
+        sc.owners,
+        &dir,
+    )?;
+    let row = measure(keyed, sc, &report, Centering::Mask, sc.owners)?;
+    if sc.id == 1 && args.baseline_bits.contains(&bits) {
+        let dir = args.out.join(format!("s1-{bits}-baseline"));
+        let base = run_study(
+            programs.user,
+            sc,
+            bits,
+            true,
+            Centering::Mask,
+            sc.owners,
+            &dir,
+        )?;
+        let base_row = measure(keyed, sc, &base, Centering::Mask, sc.owners)?;
+        out.speedups.push(serde_json::json!({
+            "scenario": 1,
+            "key_bits": bits,
+            "owner_wall": base_row.owner_wall / row.owner_wall,
+            "owner_cpu": base_row.owner_cpu / row.owner_cpu,
+            "proxy_release_wall": base_row.proxy_release_wall / row.proxy_release_wall,
+            "proxy_cpu": base_row.proxy_cpu / row.proxy_cpu,
+            "user_wall": base_row.user_wall / row.user_wall,
+            "user_cpu": base_row.user_cpu / row.user_cpu,
+            "total_wall": base_row.total_wall / row.total_wall,
+            "study_wall_without_keygen": (base_row.total_wall - base_row.keygen)
+                / (row.total_wall - row.keygen),
+        }));
+        out.studies.push(base_row);
+    }
+    if let Some(pure_bin) = programs
+        .num_bigint
+        .filter(|_| args.num_bigint_scenarios.contains(&sc.id))
+    {
+        let dir = args.out.join(format!("s{}-{bits}-num-bigint", sc.id));
+        let report = run_study(pure_bin, sc, bits, false, Centering::Mask, sc.owners, &dir)?;
+        let mut pure = measure(keyed, sc, &report, Centering::Mask, sc.owners)?;
+        pure.name = format!("{} (num-bigint)", pure.name);
+        out.engines.push(serde_json::json!({
+            "scenario": sc.id,
+            "key_bits": bits,
+            "owner_cpu": pure.owner_cpu / row.owner_cpu,
+            "proxy_cpu": pure.proxy_cpu / row.proxy_cpu,
+            "user_cpu": pure.user_cpu / row.user_cpu,
+            "total_wall": pure.total_wall / row.total_wall,
+        }));
+        out.studies.push(pure);
+    }
+    out.studies.push(row);
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -516,54 +628,32 @@ fn main() -> anyhow::Result<()> {
         eprintln!("primitives at {bits} bits: {:?}", keyed.prims);
         out.primitives.push(keyed.prims.clone());
         for sc in all.iter().filter(|s| args.scenarios.contains(&s.id)) {
-            let dir = args.out.join(format!("s{}-{bits}", sc.id));
-            let report = run_study(&user_bin, sc, bits, false, sc.owners, &dir)?;
-            let row = measure(&mut keyed, sc, &report, sc.owners)?;
-            if sc.id == 1 && args.baseline_bits.contains(&bits) {
-                let dir = args.out.join(format!("s1-{bits}-baseline"));
-                let base = run_study(&user_bin, sc, bits, true, sc.owners, &dir)?;
-                let base_row = measure(&mut keyed, sc, &base, sc.owners)?;
-                out.speedups.push(serde_json::json!({
-                    "scenario": 1,
-                    "key_bits": bits,
-                    "owner_wall": base_row.owner_wall / row.owner_wall,
-                    "owner_cpu": base_row.owner_cpu / row.owner_cpu,
-                    "proxy_release_wall": base_row.proxy_release_wall / row.proxy_release_wall,
-                    "proxy_cpu": base_row.proxy_cpu / row.proxy_cpu,
-                    "user_wall": base_row.user_wall / row.user_wall,
-                    "user_cpu": base_row.user_cpu / row.user_cpu,
-                    "total_wall": base_row.total_wall / row.total_wall,
-                    "study_wall_without_keygen": (base_row.total_wall - base_row.keygen)
-                        / (row.total_wall - row.keygen),
-                }));
-                out.studies.push(base_row);
+            if args.centerings.contains(&Centering::Mask) {
+                let programs = Programs {
+                    user: &user_bin,
+                    num_bigint: pure_bin.as_deref(),
+                };
+                mask_studies(&args, &programs, &mut keyed, sc, bits, &mut out)?;
             }
-            if let Some(pure_bin) = pure_bin
-                .as_ref()
-                .filter(|_| args.num_bigint_scenarios.contains(&sc.id))
-            {
-                let dir = args.out.join(format!("s{}-{bits}-num-bigint", sc.id));
-                let report = run_study(pure_bin, sc, bits, false, sc.owners, &dir)?;
-                let mut pure = measure(&mut keyed, sc, &report, sc.owners)?;
-                pure.name = format!("{} (num-bigint)", pure.name);
-                out.engines.push(serde_json::json!({
-                    "scenario": sc.id,
-                    "key_bits": bits,
-                    "owner_cpu": pure.owner_cpu / row.owner_cpu,
-                    "proxy_cpu": pure.proxy_cpu / row.proxy_cpu,
-                    "user_cpu": pure.user_cpu / row.user_cpu,
-                    "total_wall": pure.total_wall / row.total_wall,
-                }));
-                out.studies.push(pure);
+            if args.centerings.contains(&Centering::DpMean) {
+                let dir = args.out.join(format!("s{}-{bits}-dp-mean", sc.id));
+                let c = Centering::DpMean;
+                let report = run_study(&user_bin, sc, bits, false, c, sc.owners, &dir)?;
+                out.studies
+                    .push(measure(&mut keyed, sc, &report, c, sc.owners)?);
             }
-            out.studies.push(row);
             print_table(&out.studies);
         }
     }
     if let (Some(&bits), Some(sc)) = (args.key_bits.first(), all.first()) {
         for &owners in &args.memory_owners {
             let dir = args.out.join(format!("s1-{bits}-{owners}-owners"));
-            let report = run_study(&user_bin, sc, bits, false, owners, &dir)?;
+            let c = args
+                .centerings
+                .first()
+                .copied()
+                .unwrap_or(Centering::DpMean);
+            let report = run_study(&user_bin, sc, bits, false, c, owners, &dir)?;
             let proxy = report.usage.proxy.unwrap_or_default();
             out.proxy_memory.push(serde_json::json!({
                 "owners": owners,
