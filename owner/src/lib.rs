@@ -6,6 +6,8 @@
 //! the study's key matches the fingerprint the owner was given out of band: a bad cell
 //! or a swapped key stops the owner with nothing sent.
 
+pub mod cli;
+
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -13,6 +13,7 @@
 pub mod access;
 pub mod budget;
 pub mod cell;
+pub mod cli;
 pub mod group_commit;
 pub mod limits;
 pub mod listener;

@@ -34,9 +34,13 @@ pub enum ConfigError {
 /// Parses the program's command line with its config file applied: what every
 /// role's `main` calls instead of `T::parse()`.
 pub fn parse<T: clap::Parser>() -> Result<T, ConfigError> {
-    let args = with_config(&T::command(), std::env::args_os().collect(), |k| {
-        std::env::var(k).ok()
-    })?;
+    parse_from(std::env::args_os().collect())
+}
+
+/// [`parse`] of `args` (program name first) instead of the process's own: for a
+/// program run from a host process (the Python package runs the roles this way).
+pub fn parse_from<T: clap::Parser>(args: Vec<OsString>) -> Result<T, ConfigError> {
+    let args = with_config(&T::command(), args, |k| std::env::var(k).ok())?;
     Ok(T::parse_from(args))
 }
 

@@ -17,7 +17,7 @@ use tokio::process::Command;
 
 use crate::local::{LocalOptions, Remote};
 use crate::plan::StudyPlan;
-use crate::programs::{start_proxy, transport_flags, Guard};
+use crate::programs::{start_proxy, transport_flags, Guard, Launcher, Programs};
 use crate::slicing::{owner_name, split_rows, SliceLayout};
 
 /// The owners of a study and the proxy they reach.
@@ -108,7 +108,7 @@ pub(crate) struct LocalCohort {
     url: String,
     transport: Transport,
     pki: Option<DevPki>,
-    owner_bin: PathBuf,
+    owner_bin: Launcher,
     owner_files: Vec<PathBuf>,
     owner_label: Option<String>,
     budget_cap: (f64, f64),
@@ -125,7 +125,7 @@ impl LocalCohort {
     pub(crate) async fn start(
         opts: &LocalOptions,
         plan: &StudyPlan,
-        programs: (PathBuf, PathBuf),
+        programs: Programs,
     ) -> anyhow::Result<Self> {
         // Mutual TLS even on loopback: the run exercises what a deployment runs.
         let dir = tempfile::Builder::new()
@@ -140,7 +140,10 @@ impl LocalCohort {
             &dir.path().join("owners"),
             SliceLayout::default(),
         )?;
-        let (proxy_bin, owner_bin) = programs;
+        let Programs {
+            proxy: proxy_bin,
+            owner: owner_bin,
+        } = programs;
         let pki = match opts.insecure_plaintext {
             true => None,
             false => Some(write_dev_pki(
@@ -188,7 +191,7 @@ impl LocalCohort {
         fingerprint: &str,
         risks: &[Risk],
     ) -> anyhow::Result<Command> {
-        let mut cmd = Command::new(&self.owner_bin);
+        let mut cmd = self.owner_bin.command();
         cmd.env_remove("DPCA_CONFIG");
         let name = owner_name(i + 1);
         let files = match &self.pki {
@@ -255,7 +258,7 @@ impl Cohort for LocalCohort {
             let child = self
                 .owner_command(i, study_id, fingerprint, &risks)?
                 .spawn()
-                .with_context(|| format!("cannot start {}", self.owner_bin.display()))?;
+                .with_context(|| format!("cannot start {}", self.owner_bin.program.display()))?;
             let bar = bar.clone();
             tasks.push(tokio::spawn(async move {
                 let out = child.wait_with_output().await;

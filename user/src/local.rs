@@ -82,6 +82,9 @@ pub struct LocalOptions {
     pub noise_free_for_testing: bool,
     /// Skip `cargo build` of the sibling binaries.
     pub no_build: bool,
+    /// The proxy and owner programs to start; `None` finds them next to this
+    /// program.
+    pub programs: Option<crate::programs::Programs>,
     /// The paper's way, for speed comparisons: one value per ciphertext, textbook
     /// randomness, no CRT, one thread per role.
     pub baseline: bool,
@@ -199,7 +202,10 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         None => {
             // Built after the inputs are checked and before the clock starts: a
             // build is not the study (study.json's total).
-            let programs = crate::programs::sibling_binaries(opts.no_build)?;
+            let programs = match &opts.programs {
+                Some(p) => p.clone(),
+                None => crate::programs::sibling_binaries(opts.no_build)?,
+            };
             let started = Instant::now();
             let cohort = LocalCohort::start(opts, &plan, programs).await?;
             conduct(opts, &plan, axes, &cohort, started).await
@@ -398,6 +404,11 @@ fn study_report(
         delta: an.noise.delta,
         rho: an.noise.rho,
         sigma: got.noise_scale,
+        mean: got
+            .opened
+            .mean
+            .as_ref()
+            .map(|m| m.iter().copied().collect()),
         noise_floor: floor,
         components_above_noise: crate::report::above_noise(&an.pca, floor),
         written_at: now_rfc3339(),

@@ -352,6 +352,7 @@ mod tests {
             out: "out".into(),
             noise_free_for_testing: false,
             no_build: true,
+            programs: None,
             baseline: false,
             synthetic: None,
             task: Task::Cluster,

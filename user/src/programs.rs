@@ -1,7 +1,9 @@
 //! The proxy and owner programs a local run starts: found next to this program
 //! (built first when running from the source tree, so a fresh clone works with
-//! one `cargo run`), started as child processes that die with the run.
+//! one `cargo run`), or given by a host (the Python package runs them as
+//! `python -m dpca._role ROLE`), started as child processes that die with the run.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -16,6 +18,64 @@ pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// How one program is started: the program, and the arguments that come before
+/// its own flags.
+#[derive(Clone, Debug)]
+pub struct Launcher {
+    /// The program.
+    pub program: PathBuf,
+    /// Arguments before the program's own flags.
+    pub args: Vec<OsString>,
+}
+
+impl Launcher {
+    /// A binary run as is.
+    pub fn binary(program: PathBuf) -> Self {
+        Self {
+            program,
+            args: Vec::new(),
+        }
+    }
+
+    /// The command that starts it, before its own flags.
+    pub(crate) fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        cmd
+    }
+}
+
+/// The proxy and owner programs a local run starts.
+#[derive(Clone, Debug)]
+pub struct Programs {
+    /// The proxy.
+    pub proxy: Launcher,
+    /// An owner.
+    pub owner: Launcher,
+}
+
+impl Programs {
+    /// Both roles through one host command (`prefix`, the program first), which
+    /// takes the role's name and then its flags.
+    pub fn launched_by(prefix: &[String]) -> anyhow::Result<Self> {
+        let (program, args) = prefix
+            .split_first()
+            .context("the command that starts the roles is empty")?;
+        let role = |name: &str| Launcher {
+            program: PathBuf::from(program),
+            args: args
+                .iter()
+                .map(OsString::from)
+                .chain([name.into()])
+                .collect(),
+        };
+        Ok(Self {
+            proxy: role("proxy"),
+            owner: role("owner"),
+        })
+    }
+}
+
 /// Kills a child process when dropped, so no proxy or owner outlives a failed run.
 pub(crate) struct Guard(pub(crate) Child);
 
@@ -27,13 +87,13 @@ impl Drop for Guard {
 
 /// Starts the run's proxy on a free loopback port; returns it and its URL.
 pub(crate) async fn start_proxy(
-    proxy_bin: &Path,
+    proxy_bin: &Launcher,
     pki: Option<&DevPki>,
     state_dir: &Path,
     noise_free_for_testing: bool,
     transport: &Transport,
 ) -> anyhow::Result<(Guard, String)> {
-    let mut proxy_cmd = Command::new(proxy_bin);
+    let mut proxy_cmd = proxy_bin.command();
     // The run sets every flag itself; a config file meant for `user` is not theirs.
     proxy_cmd.env_remove("DPCA_CONFIG");
     proxy_cmd.args(["--listen", "127.0.0.1:0"]);
@@ -49,7 +109,7 @@ pub(crate) async fn start_proxy(
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("cannot start {}", proxy_bin.display()))?,
+            .with_context(|| format!("cannot start {}", proxy_bin.program.display()))?,
     );
     let addr = read_listen_line(&mut proxy.0).await?;
     let url = format!("{}://{addr}", transport.scheme());
@@ -141,7 +201,7 @@ pub fn build_programs_with(dir: &Path, packages: &[&str], extra: &[&str]) -> any
 
 /// Finds the `proxy` and `owner` programs next to this one, building them first when
 /// running from the source tree (so a fresh clone works with one `cargo run`).
-pub(crate) fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathBuf)> {
+pub(crate) fn sibling_binaries(no_build: bool) -> anyhow::Result<Programs> {
     let exe = std::env::current_exe().context("cannot locate the running program")?;
     let dir = exe
         .parent()
@@ -160,5 +220,8 @@ pub(crate) fn sibling_binaries(no_build: bool) -> anyhow::Result<(PathBuf, PathB
             );
         }
     }
-    Ok((proxy, owner))
+    Ok(Programs {
+        proxy: Launcher::binary(proxy),
+        owner: Launcher::binary(owner),
+    })
 }

@@ -55,6 +55,10 @@ pub struct StudyReport {
     pub rho: Option<f64>,
     /// Noise standard deviation per entry of S in normalized units.
     pub sigma: f64,
+    /// The DP mean in normalized units (`dp-mean` centering; post-processing of
+    /// the release, like S'): what the components are centered on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean: Option<Vec<f64>>,
     /// The noise floor of S'/N: about the largest eigenvalue the release's noise
     /// alone would give (`NoiseMechanism::noise_edge` over N). Public, like sigma.
     #[serde(default)]

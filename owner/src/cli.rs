@@ -1,0 +1,198 @@
+//! The `owner` program's command line: its flags, and `main`, which the `owner`
+//! binary and the Python package's role runner both call.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use dpca_common::risk::Risk;
+use dpca_shell::tls::{Role, TransportArgs};
+
+/// Encrypts this owner's scatter share under the data user's key and streams it to
+/// the proxy. Prints one JSON line with what was sent.
+#[derive(Parser, Debug)]
+#[command(name = "owner", version, about)]
+struct Args {
+    /// TOML file of settings: flag names as keys, a table per subcommand;
+    /// environment variables and flags override it.
+    #[arg(long, global = true, env = "DPCA_CONFIG", value_name = "TOML")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    log: dpca_shell::logging::LogArgs,
+    /// Proxy URL (https, or http with --insecure-plaintext).
+    #[arg(
+        long,
+        default_value = "https://localhost:50051",
+        env = "DPCA_PROXY_URL"
+    )]
+    proxy: String,
+    /// Study to contribute to.
+    #[arg(long, env = "DPCA_STUDY", required_unless_present = "invitation")]
+    study: Option<String>,
+    /// Read the study and the key fingerprint from this invitation file, written by
+    /// the data user (`user study --invitation`); waits up to --retry-for seconds
+    /// for it to appear.
+    #[arg(long, env = "DPCA_INVITATION", value_name = "TOML",
+          conflicts_with_all = ["study", "key_fingerprint"])]
+    invitation: Option<PathBuf>,
+    /// This owner's CSV file (header row, numeric feature columns).
+    #[arg(long, env = "DPCA_DATA")]
+    data: PathBuf,
+    /// This owner's identity at the proxy. On TLS it is the name in the owner's
+    /// certificate (the default); required with --insecure-plaintext.
+    #[arg(long, env = "DPCA_OWNER_ID")]
+    owner_id: Option<String>,
+    /// SHA-256 fingerprint of the data user's public key, obtained out of band. The
+    /// owner refuses to encrypt for any other key.
+    #[arg(
+        long,
+        env = "DPCA_KEY_FINGERPRINT",
+        required_unless_present = "invitation"
+    )]
+    key_fingerprint: Option<String>,
+    /// Label column to exclude from the features.
+    #[arg(long)]
+    label: Option<String>,
+    /// Do not draw a progress bar.
+    #[arg(long)]
+    quiet: bool,
+    /// Seconds to keep retrying while the proxy cannot be reached (restarting, or
+    /// the connection broke); the proxy counts a retried contribution once.
+    #[arg(long, default_value_t = 60.0, env = "DPCA_RETRY_FOR")]
+    retry_for: f64,
+    /// This data set's privacy budget over all studies, EPSILON,DELTA (e.g.
+    /// `2,1e-5`): the proxy refuses a study that would take the spent total past
+    /// it. Lowering it later is allowed, raising it is not.
+    #[arg(long, env = "DPCA_BUDGET_CAP", value_name = "EPSILON,DELTA",
+          value_parser = parse_cap)]
+    budget_cap: (f64, f64),
+    /// Take part in a study that protects this data less than the default, named
+    /// (repeat for several): `mask-centering` (the paper's centering: private only
+    /// if every other owner keeps its rows in the norm ball and the proxy forwards
+    /// the true E[N]), `wishart-unproven` (a mechanism without a privacy proof),
+    /// `noise-free` (a test-mode release without noise). Without it such a study
+    /// is refused before the data is read.
+    #[arg(long = "accept-risk", value_name = "NAME", value_parser = |s: &str| Risk::parse(s).map_err(|e| e.to_string()))]
+    accept_risk: Vec<Risk>,
+    #[command(flatten)]
+    transport: TransportArgs,
+}
+
+fn parse_cap(s: &str) -> Result<(f64, f64), String> {
+    let (e, d) = s
+        .split_once(',')
+        .ok_or_else(|| format!("`{s}`: give EPSILON,DELTA, e.g. 2,1e-5"))?;
+    let num = |x: &str, what: &str| {
+        x.trim()
+            .parse::<f64>()
+            .map_err(|_| format!("`{s}`: {what} `{x}` is not a number"))
+    };
+    Ok((num(e, "epsilon")?, num(d, "delta")?))
+}
+
+/// Runs the program on `args` (its name first), on a runtime of its own.
+pub fn main(args: Vec<std::ffi::OsString>) -> anyhow::Result<()> {
+    let args: Args = dpca_shell::config::parse_from(args)?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    dpca_shell::logging::init(&args.log);
+    let transport = args.transport.transport(Role::Owner).context("transport")?;
+    let owner_id = crate::owner_id(args.owner_id.as_deref(), &transport)?;
+    let retry_for = std::time::Duration::try_from_secs_f64(args.retry_for)
+        .context("--retry-for must be a number of seconds, 0 or more")?;
+    let cfg = crate::OwnerConfig {
+        proxy: args.proxy,
+        transport,
+        study_id: args.study.unwrap_or_default(),
+        data: args.data,
+        owner_id,
+        key_fingerprint: args.key_fingerprint.unwrap_or_default(),
+        label: args.label,
+        progress: !args.quiet,
+        budget_cap: args.budget_cap,
+        retry_for,
+        accepted_risks: args.accept_risk,
+    };
+    let report = match &args.invitation {
+        Some(path) => crate::run_invited(&cfg, path).await?,
+        None => crate::run(&cfg).await?,
+    };
+    if let Some(w) = clipping_warning(report.clipped_rows, report.rows) {
+        eprintln!("WARNING: {w}");
+    }
+    if let Some(w) = report
+        .budget
+        .as_ref()
+        .and_then(|b| cap_warning(args.budget_cap, b))
+    {
+        eprintln!("WARNING: {w}");
+    }
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+/// What the owner is told when the study's row-norm bound shortened some of its
+/// rows: only it can know (the user sees no rows, and a count would reveal them).
+fn clipping_warning(clipped: usize, rows: u64) -> Option<String> {
+    let how_many = match clipped as u64 {
+        0 => return None,
+        c if c == rows => format!("all {c} rows"),
+        c => format!("{c} of {rows} rows"),
+    };
+    Some(format!(
+        "{how_many} were longer than the study's row-norm bound and were scaled down to \
+         it (clipped): the study sees them shortened. If that is many, the bound is \
+         small for this data; a study can choose it privately (--row-norm-quantile)."
+    ))
+}
+
+/// What the owner is told when it asked for a higher cap than the proxy holds for
+/// its data set: the proxy keeps the lower one (a cap is lowered, never raised).
+fn cap_warning(asked: (f64, f64), held: &crate::BudgetReport) -> Option<String> {
+    (asked.0 > held.cap_epsilon || asked.1 > held.cap_delta).then(|| {
+        format!(
+            "--budget-cap {},{} is above the cap the proxy holds for this data set \
+             ({},{}), which stays: a cap can be lowered, never raised",
+            asked.0, asked.1, held.cap_epsilon, held.cap_delta
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The owner hears of its clipped rows, and of a cap it asked for that the
+    /// proxy does not take.
+    #[test]
+    fn clipping_and_a_refused_higher_cap_are_said() {
+        assert_eq!(clipping_warning(0, 10), None);
+        let all = clipping_warning(10, 10).expect("all clipped");
+        assert!(all.starts_with("all 10 rows were longer"), "{all}");
+        let some = clipping_warning(3, 10).expect("some clipped");
+        assert!(some.starts_with("3 of 10 rows"), "{some}");
+        let held = crate::BudgetReport {
+            spent_epsilon: 1.0,
+            spent_delta: 1e-6,
+            cap_epsilon: 2.0,
+            cap_delta: 1e-5,
+        };
+        assert_eq!(cap_warning((2.0, 1e-5), &held), None);
+        assert_eq!(
+            cap_warning((1.0, 1e-6), &held),
+            None,
+            "a lower cap is taken"
+        );
+        let w = cap_warning((3.0, 1e-5), &held).expect("a higher cap");
+        assert!(
+            w.contains("--budget-cap 3,0.00001") && w.contains("never raised"),
+            "{w}"
+        );
+    }
+}

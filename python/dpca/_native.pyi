@@ -1,0 +1,19 @@
+"""The Rust extension: the ``user`` command line and the proxy and owner programs."""
+
+from typing import List
+
+OUTPUT_FILES: List[str]
+
+class StudyError(Exception):
+    """A study refused or failed; the message is the command line's, cause chain
+    included."""
+
+def run_user(args: List[str], launcher: List[str]) -> str:
+    """Runs ``user ARGS`` (``local`` or ``study``) in this process; the proxy and
+    owner programs it starts are ``launcher + [role]``. Returns study.json's text.
+    Raises ``ValueError`` for arguments the command line refuses, ``StudyError``
+    for a study that fails, ``KeyboardInterrupt`` on Ctrl-C (after stopping every
+    process it started)."""
+
+def role_main(role: str, args: List[str]) -> int:
+    """Runs the ``proxy`` or ``owner`` program with ``args``; returns its exit code."""

@@ -1,0 +1,152 @@
+//! `dpca._native`: the Python package's extension. It runs the `user` command
+//! line's `local` and `study` in the calling process and the `proxy` and `owner`
+//! programs in processes of their own (`python -m dpca._role ROLE`), so a study
+//! started from Python is the same study as the command line's: the same option
+//! parsing and checks, the same parties over gRPC with mutual TLS, the same files.
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use clap::Parser;
+use dpca_user::cli::{Cli, Cmd};
+use dpca_user::programs::Programs;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+
+create_exception!(
+    _native,
+    StudyError,
+    PyException,
+    "A study refused or failed; the message is the command line's, its causes included."
+);
+
+/// How often a running study lets Python look for Ctrl-C.
+const SIGNAL_POLL: Duration = Duration::from_millis(100);
+
+/// Runs `user ARGS` (`local` or `study`); the proxy and owners it starts are
+/// `launcher + [role, ...]`. Returns study.json's text.
+#[pyfunction]
+fn run_user(py: Python<'_>, args: Vec<String>, launcher: Vec<String>) -> PyResult<String> {
+    let argv = std::iter::once("user".to_string()).chain(args);
+    let cli =
+        Cli::try_parse_from(argv).map_err(|e| PyValueError::new_err(e.render().to_string()))?;
+    let mut opts = match cli.command {
+        Cmd::Local(a) => {
+            let (opts, sweep) = a.options().map_err(value_error)?;
+            if !sweep.is_empty() {
+                return Err(PyValueError::new_err(
+                    "--sweep is the command line's: run one local_study per epsilon",
+                ));
+            }
+            opts
+        }
+        Cmd::Study(a) => a.options().map_err(value_error)?,
+        _ => {
+            return Err(PyValueError::new_err(
+                "only `local` and `study` run from Python",
+            ))
+        }
+    };
+    opts.programs = Some(Programs::launched_by(&launcher).map_err(value_error)?);
+    let report = block_interruptibly(py, async move { dpca_user::local::run(&opts).await })?;
+    serde_json::to_string(&report).map_err(|e| StudyError::new_err(e.to_string()))
+}
+
+/// Runs the `proxy` or `owner` program with `args`; returns its exit code (the
+/// error, if any, printed to standard error as the program prints it).
+#[pyfunction]
+fn role_main(py: Python<'_>, role: &str, args: Vec<String>) -> PyResult<i32> {
+    let argv: Vec<OsString> = std::iter::once(role.to_string())
+        .chain(args)
+        .map(OsString::from)
+        .collect();
+    let result = match role {
+        "proxy" => py.allow_threads(|| dpca_proxy::cli::main(argv)),
+        "owner" => py.allow_threads(|| dpca_owner::cli::main(argv)),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown role {other:?}: proxy or owner"
+            )))
+        }
+    };
+    match result {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            Ok(1)
+        }
+    }
+}
+
+/// Runs `work` on a runtime of its own, off the interpreter's lock, and returns its
+/// result. Every `SIGNAL_POLL` the interpreter checks for signals: on Ctrl-C the
+/// work is dropped (which kills the processes it started), the runtime is shut
+/// down, and the KeyboardInterrupt is raised.
+fn block_interruptibly<T: Send + 'static>(
+    py: Python<'_>,
+    work: impl Future<Output = anyhow::Result<T>> + Send + 'static,
+) -> PyResult<T> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StudyError::new_err(format!("cannot start a runtime: {e}")))?;
+    let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+    let (done, finished) = mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let out = runtime.block_on(async {
+            tokio::select! {
+                r = work => Some(r),
+                _ = cancelled => None,
+            }
+        });
+        // Dropping the runtime would wait for a key generation still running on a
+        // blocking thread; the tasks left (owner processes' waits) are dropped,
+        // which kills their processes.
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        let _ = done.send(out);
+    });
+    let mut finished = finished;
+    let out = loop {
+        // The receiver goes to the thread without the interpreter's lock and back
+        // (a receiver is Send, not Sync).
+        let (got, back) = py.allow_threads(move || (finished.recv_timeout(SIGNAL_POLL), finished));
+        finished = back;
+        match got {
+            Ok(out) => break out,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                break Some(Err(anyhow::anyhow!(
+                    "the study's thread ended without a result"
+                )))
+            }
+        }
+        if let Err(interrupt) = py.check_signals() {
+            let _ = cancel.send(());
+            let _ = py.allow_threads(|| worker.join());
+            return Err(interrupt);
+        }
+    };
+    let _ = py.allow_threads(|| worker.join());
+    match out {
+        Some(Ok(value)) => Ok(value),
+        Some(Err(e)) => Err(StudyError::new_err(format!("{e:#}"))),
+        None => Err(StudyError::new_err("the study was cancelled")),
+    }
+}
+
+fn value_error(e: anyhow::Error) -> PyErr {
+    PyValueError::new_err(format!("{e:#}"))
+}
+
+/// The extension module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("StudyError", m.py().get_type::<StudyError>())?;
+    m.add("OUTPUT_FILES", dpca_user::report::OUTPUT_FILES.to_vec())?;
+    m.add_function(wrap_pyfunction!(run_user, m)?)?;
+    m.add_function(wrap_pyfunction!(role_main, m)?)?;
+    Ok(())
+}
