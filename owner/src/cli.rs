@@ -1,12 +1,18 @@
-//! The `owner` program's command line: its flags, and `main`, which the `owner`
-//! binary and the Python package's role runner both call.
+//! The `owner` program's command line: its flags; `main`, which the `owner`
+//! binary and the Python package's role runner call; and [`Invocation`], through
+//! which the Python package's `Owner` contributes a data frame held in memory.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
 use dpca_common::risk::Risk;
+use dpca_shell::config::ConfigError;
+use dpca_shell::owner_report::OwnerReport;
 use dpca_shell::tls::{Role, TransportArgs};
+
+use crate::OwnerData;
 
 /// Encrypts this owner's scatter share under the data user's key and streams it to
 /// the proxy. Prints one JSON line with what was sent.
@@ -90,51 +96,78 @@ fn parse_cap(s: &str) -> Result<(f64, f64), String> {
     Ok((num(e, "epsilon")?, num(d, "delta")?))
 }
 
-/// Runs the program on `args` (its name first), on a runtime of its own.
-pub fn main(args: Vec<std::ffi::OsString>) -> anyhow::Result<()> {
+/// Runs the program on `args` (its name first), on a runtime of its own: takes
+/// part in the study and prints its report as one JSON line.
+pub fn main(args: Vec<OsString>) -> anyhow::Result<()> {
     let args: Args = dpca_shell::config::parse_from(args)?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the runtime")?
-        .block_on(run(args))
+        .block_on(async {
+            let report = Invocation(args).contribute(None).await?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        })
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
-    dpca_shell::logging::init(&args.log);
-    let transport = args.transport.transport(Role::Owner).context("transport")?;
-    let owner_id = crate::owner_id(args.owner_id.as_deref(), &transport)?;
-    let retry_for = std::time::Duration::try_from_secs_f64(args.retry_for)
-        .context("--retry-for must be a number of seconds, 0 or more")?;
-    let cfg = crate::OwnerConfig {
-        proxy: args.proxy,
-        transport,
-        study_id: args.study.unwrap_or_default(),
-        data: args.data,
-        owner_id,
-        key_fingerprint: args.key_fingerprint.unwrap_or_default(),
-        label: args.label,
-        progress: !args.quiet,
-        budget_cap: args.budget_cap,
-        retry_for,
-        accepted_risks: args.accept_risk,
-    };
-    let report = match &args.invitation {
-        Some(path) => crate::run_invited(&cfg, path).await?,
-        None => crate::run(&cfg).await?,
-    };
-    if let Some(w) = clipping_warning(report.clipped_rows, report.rows) {
-        eprintln!("WARNING: {w}");
+/// An `owner` command line, parsed.
+#[derive(Debug)]
+pub struct Invocation(Args);
+
+impl Invocation {
+    /// Parses `args` (the program's name first) with its config file applied; a
+    /// command line the program cannot take is [`ConfigError::Usage`].
+    pub fn parse(args: Vec<OsString>) -> Result<Self, ConfigError> {
+        dpca_shell::config::try_parse_from(args).map(Self)
     }
-    if let Some(w) = report
-        .budget
-        .as_ref()
-        .and_then(|b| cap_warning(args.budget_cap, b))
-    {
-        eprintln!("WARNING: {w}");
+
+    /// Takes part in the study and returns the report. `rows`: the table as CSV
+    /// bytes held in memory (a host's data frame, never written to disk), which
+    /// `--data` then only names in messages; `None` reads the `--data` file.
+    pub async fn contribute(self, rows: Option<Vec<u8>>) -> anyhow::Result<OwnerReport> {
+        let args = self.0;
+        dpca_shell::logging::init(&args.log);
+        let transport = args.transport.transport(Role::Owner).context("transport")?;
+        let owner_id = crate::owner_id(args.owner_id.as_deref(), &transport)?;
+        let retry_for = std::time::Duration::try_from_secs_f64(args.retry_for)
+            .context("--retry-for must be a number of seconds, 0 or more")?;
+        let data = match rows {
+            Some(bytes) => OwnerData::Csv {
+                name: args.data.display().to_string(),
+                bytes,
+            },
+            None => OwnerData::File(args.data),
+        };
+        let cfg = crate::OwnerConfig {
+            proxy: args.proxy,
+            transport,
+            study_id: args.study.unwrap_or_default(),
+            data,
+            owner_id,
+            key_fingerprint: args.key_fingerprint.unwrap_or_default(),
+            label: args.label,
+            progress: !args.quiet,
+            budget_cap: args.budget_cap,
+            retry_for,
+            accepted_risks: args.accept_risk,
+        };
+        let report = match &args.invitation {
+            Some(path) => crate::run_invited(&cfg, path).await?,
+            None => crate::run(&cfg).await?,
+        };
+        if let Some(w) = clipping_warning(report.clipped_rows, report.rows) {
+            eprintln!("WARNING: {w}");
+        }
+        if let Some(w) = report
+            .budget
+            .as_ref()
+            .and_then(|b| cap_warning(args.budget_cap, b))
+        {
+            eprintln!("WARNING: {w}");
+        }
+        Ok(report)
     }
-    println!("{}", serde_json::to_string(&report)?);
-    Ok(())
 }
 
 /// What the owner is told when the study's row-norm bound shortened some of its

@@ -45,8 +45,8 @@ pub struct OwnerConfig {
     pub transport: Transport,
     /// Study to join.
     pub study_id: String,
-    /// The owner's CSV file.
-    pub data: PathBuf,
+    /// The owner's table.
+    pub data: OwnerData,
     /// The owner's identity at the proxy (on TLS, its certificate's name:
     /// [`owner_id`]).
     pub owner_id: String,
@@ -63,6 +63,35 @@ pub struct OwnerConfig {
     /// Study properties below the default protection this owner accepts
     /// ([`Risk`]); a study with any other is refused before the data is read.
     pub accepted_risks: Vec<Risk>,
+}
+
+/// Where an owner's table comes from.
+#[derive(Clone, Debug)]
+pub enum OwnerData {
+    /// A CSV file, read when the study is known.
+    File(PathBuf),
+    /// CSV bytes held in memory (a host's data frame: its rows are never written
+    /// to disk), and the name messages give it.
+    Csv {
+        /// What messages call the table.
+        name: String,
+        /// The CSV text.
+        bytes: Vec<u8>,
+    },
+}
+
+impl OwnerData {
+    /// The table's bytes and its name in messages.
+    fn read(&self) -> anyhow::Result<(Vec<u8>, String)> {
+        match self {
+            Self::File(path) => {
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                Ok((bytes, path.display().to_string()))
+            }
+            Self::Csv { name, bytes } => Ok((bytes.clone(), name.clone())),
+        }
+    }
 }
 
 /// Takes part in the study the invitation at `path` names. The owner may start
@@ -385,9 +414,7 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
 
 async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerReport> {
     let start = Instant::now();
-    let bytes =
-        std::fs::read(&cfg.data).with_context(|| format!("cannot read {}", cfg.data.display()))?;
-    let name = cfg.data.display().to_string();
+    let (bytes, name) = cfg.data.read()?;
     let mut client = connect(&cfg.proxy, &cfg.transport).await.map_err(|e| {
         if e.transient() {
             anyhow::Error::new(Unreachable(e.to_string()))

@@ -56,15 +56,21 @@ def check_frame(df: pd.DataFrame, label: Optional[str]) -> None:
         raise ValueError(f"row {row!r}, column {label!r}: the label is empty")
 
 
-def write_frame(df: pd.DataFrame, path: Path) -> None:
-    """Writes the frame as the study's CSV: a header of column names, no index, and
-    every float in full precision, so the study reads the values the frame holds."""
+def frame_csv(df: pd.DataFrame) -> str:
+    """The frame as the study's CSV: a header of column names, no index, booleans as
+    0 and 1, and every float in full precision, so the study reads the values the
+    frame holds."""
     out = df.copy()
     out.columns = [str(c) for c in df.columns]
     for col in out.columns:
         if pd.api.types.is_bool_dtype(out[col]):
             out[col] = out[col].astype("int64")
-    out.to_csv(path, index=False, float_format="%.17g")
+    return out.to_csv(index=False, float_format="%.17g")
+
+
+def write_frame(df: pd.DataFrame, path: Path) -> None:
+    """Writes the frame as the study's CSV (:func:`frame_csv`)."""
+    path.write_text(frame_csv(df))
 
 
 def write_bounds(bounds: Bounds, path: Path, features: Optional[Sequence[str]] = None) -> Path:

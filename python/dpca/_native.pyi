@@ -17,3 +17,10 @@ def run_user(args: List[str], launcher: List[str]) -> str:
 
 def role_main(role: str, args: List[str]) -> int:
     """Runs the ``proxy`` or ``owner`` program with ``args``; returns its exit code."""
+
+def contribute(args: List[str], rows: bytes) -> str:
+    """Runs ``owner ARGS`` on ``rows``, the table's CSV bytes held in memory
+    (``--data`` only names it); returns the owner's report as JSON."""
+
+def dev_certs(out: str, proxy_hosts: List[str], users: List[str], owners: List[str]) -> None:
+    """Writes a development CA and every party's certificate into ``out``."""

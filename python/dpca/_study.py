@@ -123,36 +123,57 @@ def local_study(
             write_frame(data, path)
         else:
             path = Path(data)
-        args = ["local", "--data", str(path), "--owners", str(owners), "--k", str(k)]
-        args += ["--epsilon", repr(float(epsilon)), "--mechanism", mechanism]
-        args += ["--centering", centering, "--key-bits", str(key_bits)]
-        args += ["--class-covariance", class_covariance, "--covariance-fit", covariance_fit]
         target = Path(out) if out is not None else work / "out"
-        args += ["--out", str(target)]
-        optional = {
-            "--delta": delta,
-            "--label": label,
-            "--synthetic": synthetic,
-            "--task": task,
-            "--row-norm-bound": row_norm_bound,
-            "--row-norm-quantile": row_norm_quantile,
-        }
-        for flag, value in optional.items():
-            if value is not None:
-                args += [flag, repr(value) if isinstance(value, float) else str(value)]
-        if bounds is not None:
-            features = feature_columns(template, label) if template is not None else None
-            args += ["--bounds", str(write_bounds(bounds, work / "bounds.csv", features))]
-        if classes:
-            args += ["--classes", ",".join(str(c) for c in classes)]
-        if psd_repair:
-            args.append("--psd-repair")
-        if noise_free_for_testing:
-            args.append("--noise-free-for-testing")
+        args = ["local", "--data", str(path), "--owners", str(owners), "--out", str(target)]
+        args += study_flags(
+            work, template, label, bounds, k=k, epsilon=epsilon, delta=delta,
+            mechanism=mechanism, centering=centering, synthetic=synthetic, task=task,
+            key_bits=key_bits, row_norm_bound=row_norm_bound,
+            row_norm_quantile=row_norm_quantile, classes=classes,
+            class_covariance=class_covariance, covariance_fit=covariance_fit,
+            psd_repair=psd_repair, noise_free_for_testing=noise_free_for_testing,
+        )
         run_user(args)
         if template is None:
             template = _header_of(path)
         return read_result(target, template, label)
+
+
+def study_flags(
+    work: Path,
+    template: Optional[pd.DataFrame],
+    label: Optional[str],
+    bounds: Optional[Bounds],
+    **options: Any,
+) -> List[str]:
+    """The command line's flags of a study: ``--label``, ``--bounds`` (a dict or
+    frame written to a file in ``work``, its names checked against ``template``'s
+    features where known), and every option under its flag's name."""
+    options["label"] = label
+    if bounds is not None:
+        features = feature_columns(template, label) if template is not None else None
+        options["bounds"] = write_bounds(bounds, work / "bounds.csv", features)
+    return flags(options)
+
+
+def flags(options: Dict[str, Any]) -> List[str]:
+    """``--name value`` per option (underscores to dashes): ``None`` and ``False``
+    left out, ``True`` the flag alone, a list comma-joined, a float exactly."""
+    out: List[str] = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            out.append(flag)
+        elif isinstance(value, (list, tuple)):
+            if value:
+                out += [flag, ",".join(str(v) for v in value)]
+        elif isinstance(value, float):
+            out += [flag, repr(float(value))]
+        else:
+            out += [flag, str(value)]
+    return out
 
 
 def run_user(args: List[str]) -> Dict[str, Any]:

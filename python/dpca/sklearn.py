@@ -149,8 +149,8 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
     def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
         tags = super().__sklearn_tags__()
         # The DP noise is drawn by the proxy from the system's randomness and is
-        # never replayable: two fits differ.
-        tags.non_deterministic = True
+        # never replayable: two fits differ, unless the noise is off (tests).
+        tags.non_deterministic = not self.noise_free_for_testing
         tags.input_tags.allow_nan = False
         return tags
 

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use clap::Parser;
+use dpca_owner::cli::Invocation;
 use dpca_user::cli::{Cli, Cmd};
 use dpca_user::programs::Programs;
 use pyo3::create_exception;
@@ -30,9 +30,8 @@ const SIGNAL_POLL: Duration = Duration::from_millis(100);
 /// `launcher + [role, ...]`. Returns study.json's text.
 #[pyfunction]
 fn run_user(py: Python<'_>, args: Vec<String>, launcher: Vec<String>) -> PyResult<String> {
-    let argv = std::iter::once("user".to_string()).chain(args);
-    let cli =
-        Cli::try_parse_from(argv).map_err(|e| PyValueError::new_err(e.render().to_string()))?;
+    let cli: Cli = dpca_shell::config::try_parse_from(command_line("user", args))
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let mut opts = match cli.command {
         Cmd::Local(a) => {
             let (opts, sweep) = a.options().map_err(value_error)?;
@@ -55,14 +54,44 @@ fn run_user(py: Python<'_>, args: Vec<String>, launcher: Vec<String>) -> PyResul
     serde_json::to_string(&report).map_err(|e| StudyError::new_err(e.to_string()))
 }
 
+/// Runs `owner ARGS` on `rows`, the table's CSV bytes held in memory (`--data`
+/// only names it); returns the owner's report as JSON.
+#[pyfunction]
+fn contribute(py: Python<'_>, args: Vec<String>, rows: Vec<u8>) -> PyResult<String> {
+    let owner = Invocation::parse(command_line("owner", args))
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let report = block_interruptibly(py, async move { owner.contribute(Some(rows)).await })?;
+    serde_json::to_string(&report).map_err(|e| StudyError::new_err(e.to_string()))
+}
+
+/// Writes a development CA and certificates (`user dev-certs`, flat layout) for
+/// the proxy (its host names), the users and the owners into `out`.
+#[pyfunction]
+fn dev_certs(
+    out: std::path::PathBuf,
+    proxy_hosts: Vec<String>,
+    users: Vec<String>,
+    owners: Vec<String>,
+) -> PyResult<()> {
+    let layout = dpca_shell::tls::DevPkiLayout::default();
+    dpca_shell::tls::write_dev_pki_with(&out, &proxy_hosts, &users, &owners, layout)
+        .map(drop)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// A program's command line: its name, then `args`.
+fn command_line(program: &str, args: Vec<String>) -> Vec<OsString> {
+    std::iter::once(program.to_string())
+        .chain(args)
+        .map(OsString::from)
+        .collect()
+}
+
 /// Runs the `proxy` or `owner` program with `args`; returns its exit code (the
 /// error, if any, printed to standard error as the program prints it).
 #[pyfunction]
 fn role_main(py: Python<'_>, role: &str, args: Vec<String>) -> PyResult<i32> {
-    let argv: Vec<OsString> = std::iter::once(role.to_string())
-        .chain(args)
-        .map(OsString::from)
-        .collect();
+    let argv = command_line(role, args);
     let result = match role {
         "proxy" => py.allow_threads(|| dpca_proxy::cli::main(argv)),
         "owner" => py.allow_threads(|| dpca_owner::cli::main(argv)),
@@ -148,5 +177,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OUTPUT_FILES", dpca_user::report::OUTPUT_FILES.to_vec())?;
     m.add_function(wrap_pyfunction!(run_user, m)?)?;
     m.add_function(wrap_pyfunction!(role_main, m)?)?;
+    m.add_function(wrap_pyfunction!(contribute, m)?)?;
+    m.add_function(wrap_pyfunction!(dev_certs, m)?)?;
     Ok(())
 }

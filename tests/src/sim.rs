@@ -27,7 +27,7 @@ use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::protocol::{central_release, open_release, Opened, ReleaseSecrets, Share};
 use dpca_common::risk::Risk;
 use dpca_common::study::{SpecDraft, StudyLayout, StudySpec};
-use dpca_owner::OwnerConfig;
+use dpca_owner::{OwnerConfig, OwnerData};
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use dpca_proxy::world::{Clock, Entropy, ManualClock, SeededEntropy, SystemClock};
@@ -343,7 +343,7 @@ impl Sim {
             proxy: self.url(),
             transport: transport(OWNERS[owner], Role::Owner),
             study_id: self.study.clone(),
-            data: self.files[owner][variant].clone(),
+            data: OwnerData::File(self.files[owner][variant].clone()),
             owner_id: OWNERS[owner].to_string(),
             key_fingerprint: self.spec.public_key.fingerprint(),
             label: None,
