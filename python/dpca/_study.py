@@ -8,14 +8,14 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import pandas as pd
 
 from . import _native
 from ._frames import Bounds, check_frame, feature_columns, like_input, write_bounds, write_frame
 
-Data = Union[pd.DataFrame, str, os.PathLike]
+Data = Union[pd.DataFrame, str, os.PathLike, Sequence[pd.DataFrame]]
 
 #: The files a study writes, as the command line writes them.
 OUTPUT_FILES = tuple(_native.OUTPUT_FILES)
@@ -102,7 +102,8 @@ def local_study(
     the noisy scatter and derives the components (and ``synthetic`` rows of PCA-Gauss
     data).
 
-    ``data`` is a DataFrame or a CSV path; ``bounds`` maps each feature to its public
+    ``data`` is a DataFrame, a CSV path, or a list of DataFrames, one per owner
+    (same columns; ``owners`` is then their number); ``bounds`` maps each feature to its public
     ``(lo, hi)`` (a dict, a frame of ``feature, lo, hi``, or a bounds CSV path; ``*``
     names every other feature). Without bounds they are read off the data, which is
     not private: for demonstrations only. Every other argument is the command line's
@@ -116,6 +117,9 @@ def local_study(
     with tempfile.TemporaryDirectory(prefix="dpca-") as tmp:
         work = Path(tmp)
         template = None
+        slices = ["--owners", str(owners)]
+        if isinstance(data, (list, tuple)):
+            data, slices = _pooled(data, label)
         if isinstance(data, pd.DataFrame):
             check_frame(data, label)
             template = data
@@ -124,7 +128,7 @@ def local_study(
         else:
             path = Path(data)
         target = Path(out) if out is not None else work / "out"
-        args = ["local", "--data", str(path), "--owners", str(owners), "--out", str(target)]
+        args = ["local", "--data", str(path), "--out", str(target)] + slices
         args += study_flags(
             work, template, label, bounds, k=k, epsilon=epsilon, delta=delta,
             mechanism=mechanism, centering=centering, synthetic=synthetic, task=task,
@@ -137,6 +141,22 @@ def local_study(
         if template is None:
             template = _header_of(path)
         return read_result(target, template, label)
+
+
+def _pooled(parts: Sequence[pd.DataFrame], label: Optional[str]):
+    """One frame of the owners' parts, in order, and the flag that deals each
+    owner its own part back."""
+    if not parts:
+        raise ValueError("no parts: give one DataFrame per owner")
+    columns = [str(c) for c in parts[0].columns]
+    for i, part in enumerate(parts):
+        if not isinstance(part, pd.DataFrame):
+            raise ValueError(f"part {i} is a {type(part).__name__}, not a DataFrame")
+        if [str(c) for c in part.columns] != columns:
+            raise ValueError(f"part {i} has other columns than part 0")
+        check_frame(part, label)
+    pooled = pd.concat(parts, ignore_index=True)
+    return pooled, ["--slice-rows", ",".join(str(len(p)) for p in parts)]
 
 
 def study_flags(

@@ -66,7 +66,19 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
         self.noise_free_for_testing = noise_free_for_testing
 
     def fit(self, X: Any, y: Any = None) -> "DistributedPCA":
-        """Runs the study on X's rows; y is ignored."""
+        """Runs the study on X's rows, dealt evenly among ``owners``; or, given a
+        list of arrays or frames (one per owner, same features), on those parts,
+        each owner holding its own. y is ignored."""
+        parts = None
+        # A list of 2-D arrays or frames is one part per owner; a list of rows is X.
+        if _is_parts(X):
+            widths = {np.asarray(p).shape[1:] for p in X}
+            if len(widths) != 1:
+                raise ValueError(f"the parts have different numbers of features: {sorted(widths)}")
+            parts = [np.asarray(p).shape[0] for p in X]
+            X = pd.concat([pd.DataFrame(p) for p in X], ignore_index=True) if all(
+                isinstance(p, pd.DataFrame) for p in X
+            ) else np.vstack([np.asarray(p) for p in X])
         X = validate_data(self, X, dtype=np.float64, ensure_min_samples=2)
         n_features = X.shape[1]
         if not 1 <= int(self.n_components) <= n_features:
@@ -77,8 +89,12 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
         lo, hi = self._bounds(X)
         names = [f"x{i}" for i in range(n_features)]
         frame = pd.DataFrame(X, columns=names)
+        data: Any = frame
+        if parts is not None:
+            edges = np.cumsum([0] + parts)
+            data = [frame.iloc[a:b] for a, b in zip(edges[:-1], edges[1:])]
         result = local_study(
-            frame,
+            data,
             bounds={name: (a, b) for name, a, b in zip(names, lo, hi)},
             owners=min(int(self.owners), X.shape[0]),
             k=int(self.n_components),
@@ -153,6 +169,17 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
         tags.non_deterministic = not self.noise_free_for_testing
         tags.input_tags.allow_nan = False
         return tags
+
+
+def _is_parts(X: Any) -> bool:
+    return (
+        isinstance(X, list)
+        and len(X) > 0
+        and all(
+            isinstance(p, pd.DataFrame) or (isinstance(p, np.ndarray) and p.ndim == 2)
+            for p in X
+        )
+    )
 
 
 class PCAGaussSynthesizer:

@@ -90,3 +90,19 @@ def test_save_writes_the_files_the_study_wrote(digits, tmp_path):
     assert result.budget["epsilon"] == pytest.approx(1.0)
     assert result.budget["epsilon"] <= 1.0
     assert result.study["n_owners"] == 3
+
+
+def test_parts_are_dealt_to_their_owners(digits, tmp_path):
+    parts = [digits.iloc[:50], digits.iloc[50:450], digits.iloc[450:]]
+    result = dpca.local_study(
+        parts, label="label", bounds={"*": (0, 16)}, k=3, key_bits=2048,
+        noise_free_for_testing=True, out=tmp_path / "parts",
+    )
+    assert result.study["n_owners"] == 3
+    whole = dpca.local_study(
+        digits, label="label", bounds={"*": (0, 16)}, owners=3, k=3, key_bits=2048,
+        noise_free_for_testing=True, out=tmp_path / "whole",
+    )
+    assert (tmp_path / "parts" / "scatter.csv").read_bytes() == (tmp_path / "whole" / "scatter.csv").read_bytes()
+    with pytest.raises(ValueError, match="part 1 has other columns"):
+        dpca.local_study([digits, digits.drop(columns="f3")], label="label", **QUICK)

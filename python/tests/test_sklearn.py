@@ -82,3 +82,20 @@ def test_scikit_learn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PrivacyLeakWarning)
         check(estimator)
+
+
+def test_fit_on_parts_gives_each_owner_its_own_rows():
+    x = low_rank(300, 5)
+    parts = [x[:40], x[40:250], x[250:]]
+    est = DistributedPCA(
+        n_components=2, bounds=(-4, 4), row_norm_bound=10.0, noise_free_for_testing=True
+    ).fit(parts)
+    assert est.study_.study["n_owners"] == 3
+    assert est.study_.study["n_rows"] == 300
+    whole = DistributedPCA(
+        n_components=2, bounds=(-4, 4), owners=3, row_norm_bound=10.0, noise_free_for_testing=True
+    ).fit(x)
+    # Without noise the pooled sums are the same however the rows are dealt.
+    np.testing.assert_allclose(est.components_, whole.components_, atol=1e-9)
+    with pytest.raises(ValueError, match="features"):
+        DistributedPCA(bounds=(-4, 4)).fit([x[:10], x[10:20, :4]])

@@ -257,6 +257,16 @@ pub struct LocalArgs {
     /// Owner processes to split the rows among.
     #[arg(long, default_value_t = 10)]
     pub owners: usize,
+    /// Rows of each owner's slice, comma separated, in the table's order (they must
+    /// add up to its rows); their count is the number of owners. Default: equal
+    /// slices.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        conflicts_with = "owners",
+        value_name = "ROWS"
+    )]
+    pub slice_rows: Vec<usize>,
     /// Do not build proxy and owner first (use the binaries next to this one).
     #[arg(long)]
     pub no_build: bool,
@@ -351,10 +361,14 @@ impl LocalArgs {
         let demo_quantile = demo && a.study.row_norm_bound.is_none();
         let mut opts = LocalOptions {
             data: a.data,
-            owners: a.owners,
+            owners: match a.slice_rows.len() {
+                0 => a.owners,
+                n => n,
+            },
             noise_free_for_testing: a.noise_free_for_testing,
             no_build: a.no_build,
             programs: None,
+            slice_rows: a.slice_rows,
             baseline: a.baseline,
             insecure_plaintext: a.insecure_plaintext,
             remote: None,
@@ -430,6 +444,7 @@ pub fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
         noise_free_for_testing: false,
         no_build: false,
         programs: None,
+        slice_rows: Vec::new(),
         baseline: false,
         synthetic,
         task,

@@ -18,7 +18,7 @@ use tokio::process::Command;
 use crate::local::{LocalOptions, Remote};
 use crate::plan::StudyPlan;
 use crate::programs::{start_proxy, transport_flags, Guard, Launcher, Programs};
-use crate::slicing::{owner_name, split_rows, SliceLayout};
+use crate::slicing::{equal_slices, owner_name, split_rows, SliceLayout};
 
 /// The owners of a study and the proxy they reach.
 pub(crate) trait Cohort {
@@ -134,9 +134,13 @@ impl LocalCohort {
             .context("cannot create a folder for the run's certificates and slices")?;
         // The owners' slices are copies of the rows: they live as long as the run,
         // not in the output folder, which holds only what the study released.
+        let sizes = match opts.slice_rows.is_empty() {
+            true => equal_slices(plan.table.rows.len(), opts.owners)?,
+            false => opts.slice_rows.clone(),
+        };
         let owner_files = split_rows(
             &plan.table,
-            opts.owners,
+            &sizes,
             &dir.path().join("owners"),
             SliceLayout::default(),
         )?;

@@ -31,7 +31,7 @@ use crate::report::{
 use crate::row_norm::choose_row_norm;
 use crate::session::{collect, open_study, Collected};
 
-pub use crate::slicing::{owner_name, split_rows, SliceLayout};
+pub use crate::slicing::{equal_slices, owner_name, split_rows, SliceLayout};
 pub use crate::sweep::sweep;
 
 /// The bundled real data set `local` uses when no `--data` is given.
@@ -82,6 +82,9 @@ pub struct LocalOptions {
     pub noise_free_for_testing: bool,
     /// Skip `cargo build` of the sibling binaries.
     pub no_build: bool,
+    /// Rows of each owner's slice, in the table's order (empty: equal slices of
+    /// `owners`); their count is `owners`.
+    pub slice_rows: Vec<usize>,
     /// The proxy and owner programs to start; `None` finds them next to this
     /// program.
     pub programs: Option<crate::programs::Programs>,

@@ -124,7 +124,8 @@ fn split(data: &Path, owners: usize, out: &Path, layout: SliceLayout) -> anyhow:
     let name = data.display().to_string();
     let file = std::fs::File::open(data).with_context(|| format!("cannot open {name}"))?;
     let table = read_csv(file, &name, None)?;
-    let files = dpca_user::local::split_rows(&table, owners, out, layout)?;
+    let sizes = dpca_user::local::equal_slices(table.rows.len(), owners)?;
+    let files = dpca_user::local::split_rows(&table, &sizes, out, layout)?;
     println!(
         "{} rows of {name} in {} slices under {}",
         table.rows.len(),

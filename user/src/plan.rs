@@ -209,6 +209,15 @@ fn pooled_rows(opts: &LocalOptions, table: &Table, name: &str) -> anyhow::Result
             opts.owners
         );
     }
+    if !opts.slice_rows.is_empty() {
+        let total: usize = opts.slice_rows.iter().sum();
+        if let Some(i) = opts.slice_rows.iter().position(|&r| r == 0) {
+            bail!("--slice-rows: the slice of owner {} is empty", i + 1);
+        }
+        if total != n {
+            bail!("--slice-rows add up to {total} rows, but {name} has {n}");
+        }
+    }
     Ok(n)
 }
 
@@ -353,6 +362,7 @@ mod tests {
             noise_free_for_testing: false,
             no_build: true,
             programs: None,
+            slice_rows: Vec::new(),
             baseline: false,
             synthetic: None,
             task: Task::Cluster,
@@ -448,6 +458,14 @@ mod tests {
             (
                 Box::new(|o| o.owners = 5),
                 "--owners must be between 1 and the 4",
+            ),
+            (
+                Box::new(|o| o.slice_rows = vec![1, 2]),
+                "--slice-rows add up to 3 rows, but",
+            ),
+            (
+                Box::new(|o| o.slice_rows = vec![4, 0]),
+                "--slice-rows: the slice of owner 2 is empty",
             ),
             (
                 Box::new(|o| {

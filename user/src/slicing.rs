@@ -21,19 +21,30 @@ pub struct SliceLayout {
     pub keep_existing: bool,
 }
 
-/// Writes each owner's slice (contiguous, sizes differing by at most one row) with
-/// the input's header, label column included; returns the files in owner order.
+/// The sizes of `owners` contiguous slices of `n` rows, differing by at most one.
+pub fn equal_slices(n: usize, owners: usize) -> anyhow::Result<Vec<usize>> {
+    if owners == 0 || owners > n {
+        bail!("cannot split {n} rows among {owners} owners");
+    }
+    Ok((0..owners)
+        .map(|i| n / owners + usize::from(i < n % owners))
+        .collect())
+}
+
+/// Writes each owner's slice (contiguous, of the `sizes` given, which add up to the
+/// table's rows) with the input's header, label column included; returns the files
+/// in owner order.
 pub fn split_rows(
     table: &Table,
-    owners: usize,
+    sizes: &[usize],
     dir: &Path,
     layout: SliceLayout,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let n = table.rows.len();
-    if owners == 0 || owners > n {
-        bail!("cannot split {n} rows among {owners} owners");
+    if sizes.iter().sum::<usize>() != n || sizes.contains(&0) {
+        bail!("cannot split {n} rows into slices of {sizes:?}");
     }
-    let paths: Vec<PathBuf> = (1..=owners)
+    let paths: Vec<PathBuf> = (1..=sizes.len())
         .map(|i| match layout.per_party {
             true => dir.join(owner_name(i)).join("rows.csv"),
             false => dir.join(format!("{}.csv", owner_name(i))),
@@ -43,8 +54,7 @@ pub fn split_rows(
         return Ok(paths);
     }
     let mut start = 0;
-    for (i, path) in paths.iter().enumerate() {
-        let len = n / owners + usize::from(i < n % owners);
+    for (path, &len) in paths.iter().zip(sizes) {
         let parent = path.parent().unwrap_or(dir);
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
