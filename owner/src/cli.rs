@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use dpca_common::risk::Risk;
-use dpca_shell::config::ConfigError;
 use dpca_shell::owner_report::OwnerReport;
 use dpca_shell::tls::{Role, TransportArgs};
 
@@ -116,10 +115,11 @@ pub fn main(args: Vec<OsString>) -> anyhow::Result<()> {
 pub struct Invocation(Args);
 
 impl Invocation {
-    /// Parses `args` (the program's name first) with its config file applied; a
-    /// command line the program cannot take is [`ConfigError::Usage`].
-    pub fn parse(args: Vec<OsString>) -> Result<Self, ConfigError> {
-        dpca_shell::config::try_parse_from(args).map(Self)
+    /// Parses `args` (the program's name first) as they are: a host passes every
+    /// setting itself, so no config file (`--config`, `DPCA_CONFIG`) is read. A
+    /// command line the program cannot take, or `--help`, is clap's error, to show.
+    pub fn parse(args: Vec<OsString>) -> Result<Self, clap::Error> {
+        Args::try_parse_from(args).map(Self)
     }
 
     /// Takes part in the study and returns the report. `rows`: the table as CSV

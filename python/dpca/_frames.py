@@ -19,41 +19,65 @@ import pandas as pd
 Bounds = Union[Mapping[str, Tuple[float, float]], pd.DataFrame, str, os.PathLike]
 
 
+def _row(label: object) -> str:
+    """A row label as a message shows it: text quoted, a number as itself."""
+    return repr(label) if isinstance(label, str) else str(label)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.asarray(mask).argmax())
+
+
 def check_frame(df: pd.DataFrame, label: Optional[str]) -> None:
-    """Raises ``ValueError`` naming the first cell a study would refuse."""
+    """Raises ``ValueError`` naming the first cell a study would refuse (by its row
+    label and column)."""
     if df.shape[0] == 0:
         raise ValueError("the table has no rows")
     names = [str(c) for c in df.columns]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise ValueError(f"column {dup!r} appears twice")
+    for name in names:
+        if name != name.strip() or not name:
+            raise ValueError(f"column {name!r}: a name must not be empty or start or end with spaces")
     if label is not None and label not in names:
         raise ValueError(f"label column {label!r} is not a column of the table")
-    for col in df.columns:
-        if str(col) == label:
-            continue
-        values = df[col]
-        if pd.api.types.is_bool_dtype(values) or pd.api.types.is_numeric_dtype(values):
-            numeric = values.astype("float64")
-        else:
-            numeric = pd.to_numeric(values, errors="coerce")
-            bad = numeric.isna() & values.notna()
-            if bad.any():
-                row = values.index[bad.to_numpy().argmax()]
-                raise ValueError(
-                    f"row {row!r}, column {str(col)!r}: {values[row]!r} is not a number"
-                )
-        missing = numeric.isna()
+    for pos, col in enumerate(df.columns):
+        if str(col) != label:
+            _check_feature(df.iloc[:, pos], str(col), df.index)
+    if label is not None:
+        missing = df.iloc[:, names.index(label)].isna().to_numpy()
         if missing.any():
-            row = values.index[missing.to_numpy().argmax()]
-            raise ValueError(f"row {row!r}, column {str(col)!r}: the cell is empty")
-        infinite = ~np.isfinite(numeric.to_numpy(dtype="float64"))
-        if infinite.any():
-            row = values.index[infinite.argmax()]
-            raise ValueError(f"row {row!r}, column {str(col)!r}: {values[row]!r} is not finite")
-    if label is not None and df[label].isna().any():
-        row = df.index[df[label].isna().to_numpy().argmax()]
-        raise ValueError(f"row {row!r}, column {label!r}: the label is empty")
+            raise ValueError(f"row {_row(df.index[_first(missing)])}, column {label!r}: the label is empty")
+
+
+def _check_feature(values: pd.Series, name: str, index: pd.Index) -> None:
+    dtype = values.dtype
+    if pd.api.types.is_bool_dtype(dtype) or pd.api.types.is_integer_dtype(dtype):
+        numeric = values.astype("float64")
+    elif pd.api.types.is_float_dtype(dtype):
+        numeric = values.astype("float64")
+    elif pd.api.types.is_object_dtype(dtype) or pd.api.types.is_string_dtype(dtype):
+        numeric = pd.to_numeric(values, errors="coerce")
+        flags = values.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(dtype=bool)
+        bad = (numeric.isna() & values.notna()).to_numpy() | flags
+        if bad.any():
+            at = _first(bad)
+            raise ValueError(
+                f"row {_row(index[at])}, column {name!r}: {values.iloc[at]!r} is not a number"
+            )
+        numeric = numeric.astype("float64")
+    else:
+        raise ValueError(f"column {name!r} holds {dtype} values, not numbers")
+    missing = numeric.isna().to_numpy()
+    if missing.any():
+        raise ValueError(f"row {_row(index[_first(missing)])}, column {name!r}: the cell is empty")
+    infinite = ~np.isfinite(numeric.to_numpy(dtype="float64"))
+    if infinite.any():
+        at = _first(infinite)
+        raise ValueError(
+            f"row {_row(index[at])}, column {name!r}: {values.iloc[at]!r} is not finite"
+        )
 
 
 def frame_csv(df: pd.DataFrame) -> str:
@@ -105,10 +129,11 @@ def write_bounds(bounds: Bounds, path: Path, features: Optional[Sequence[str]] =
 def like_input(synthetic: pd.DataFrame, template: pd.DataFrame, label: Optional[str]) -> pd.DataFrame:
     """The synthetic rows in the input's column order and dtypes: integers rounded
     (and kept in their type's range), booleans thresholded at one half, the label's
-    values read back as the input's (its categories too)."""
-    columns = [str(c) for c in template.columns]
+    values read back as the input's (its categories too). A column the study does
+    not synthesize (the label of a clustering study) is left out."""
     out = pd.DataFrame(index=synthetic.index)
-    for col, name in zip(template.columns, columns):
+    for col in template.columns:
+        name = str(col)
         if name not in synthetic.columns:
             continue
         target = template[col].dtype
@@ -116,12 +141,13 @@ def like_input(synthetic: pd.DataFrame, template: pd.DataFrame, label: Optional[
         if name == label:
             out[col] = _label_like(values, template[col])
         elif pd.api.types.is_bool_dtype(target):
-            out[col] = values.astype("float64") >= 0.5
+            out[col] = (values.astype("float64") >= 0.5).astype(target)
         elif pd.api.types.is_integer_dtype(target):
-            info = np.iinfo(target)
+            # A nullable integer dtype (Int64, ...) ranges as its numpy dtype.
+            info = np.iinfo(getattr(target, "numpy_dtype", target))
             rounded = np.rint(values.astype("float64")).clip(info.min, info.max)
             out[col] = rounded.astype(target)
-        elif pd.api.types.is_numeric_dtype(target):
+        elif pd.api.types.is_float_dtype(target):
             out[col] = values.astype(target)
         else:
             out[col] = values.astype("float64")

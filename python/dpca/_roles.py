@@ -36,7 +36,8 @@ class Tls:
         return cls(base / "ca.pem", base / f"{name}.pem", base / f"{name}.key")
 
     def flags(self) -> List[str]:
-        return ["--tls-ca", str(self.ca), "--tls-cert", str(self.cert), "--tls-key", str(self.key)]
+        """The transport flags of a program."""
+        return [f"--tls-ca={self.ca}", f"--tls-cert={self.cert}", f"--tls-key={self.key}"]
 
 
 def _transport(tls: Optional[Tls], insecure_plaintext: bool) -> List[str]:
@@ -107,7 +108,7 @@ class Owner:
         if invitation is None and (study is None or key_fingerprint is None):
             raise ValueError("give an invitation, or a study and the user's key_fingerprint")
         check_frame(data, label)
-        args = ["--proxy", self.proxy, "--data", name, "--quiet"]
+        args = [f"--proxy={self.proxy}", f"--data={name}", "--quiet"]
         cap = f"{float(self.budget_cap[0])!r},{float(self.budget_cap[1])!r}"
         args += flags(
             dict(
@@ -190,8 +191,8 @@ class Study:
             schema = work / "schema.csv"
             template.to_csv(schema, index=False)
             target = Path(self.out) if self.out is not None else work / "out"
-            args = ["study", "--proxy", self.proxy, "--schema", str(schema), "--out", str(target)]
-            args += ["--owners", ",".join(self.owners)]
+            args = ["study", f"--proxy={self.proxy}", f"--schema={schema}", f"--out={target}"]
+            args += flags(dict(owners=self.owners))
             args += flags(dict(self.remote))
             args += study_flags(work, template, self.label, self.bounds, **self.study)
             args += self.transport

@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import pandas as pd
 
 from . import _native
+from ._native import StudyError
 from ._frames import Bounds, check_frame, feature_columns, like_input, write_bounds, write_frame
 
 Data = Union[pd.DataFrame, str, os.PathLike, Sequence[pd.DataFrame]]
 
 #: The files a study writes, as the command line writes them.
 OUTPUT_FILES = tuple(_native.OUTPUT_FILES)
+
+
+class NoiseFreeWarning(UserWarning):
+    """A study ran in the test mode without noise: its release is not private."""
 
 
 @dataclass
@@ -88,6 +96,9 @@ def local_study(
     key_bits: int = 3072,
     row_norm_bound: Optional[float] = None,
     row_norm_quantile: Optional[float] = None,
+    quantile_budget_share: Optional[float] = None,
+    pca_from: Optional[Union[str, os.PathLike]] = None,
+    components_from: Optional[Union[str, os.PathLike]] = None,
     classes: Optional[List[str]] = None,
     class_covariance: str = "shared",
     covariance_fit: str = "denoised",
@@ -109,6 +120,9 @@ def local_study(
     not private: for demonstrations only. Every other argument is the command line's
     flag of the same name (``user local --help``).
 
+    ``noise_free_for_testing`` is a TEST mode: the proxy (started for this study
+    only) adds no noise, so nothing is private; it warns (:class:`NoiseFreeWarning`).
+
     The frame is written to a private temporary folder for the owner processes and
     removed afterwards. Errors raise ``ValueError`` (a bad cell names its row and
     column) or :class:`dpca.StudyError` (the study's own refusal, with its message).
@@ -117,7 +131,7 @@ def local_study(
     with tempfile.TemporaryDirectory(prefix="dpca-") as tmp:
         work = Path(tmp)
         template = None
-        slices = ["--owners", str(owners)]
+        slices = [f"--owners={owners}"]
         if isinstance(data, (list, tuple)):
             data, slices = _pooled(data, label)
         if isinstance(data, pd.DataFrame):
@@ -128,19 +142,30 @@ def local_study(
         else:
             path = Path(data)
         target = Path(out) if out is not None else work / "out"
-        args = ["local", "--data", str(path), "--out", str(target)] + slices
+        args = ["local", f"--data={path}", f"--out={target}"] + slices
         args += study_flags(
             work, template, label, bounds, k=k, epsilon=epsilon, delta=delta,
             mechanism=mechanism, centering=centering, synthetic=synthetic, task=task,
             key_bits=key_bits, row_norm_bound=row_norm_bound,
-            row_norm_quantile=row_norm_quantile, classes=classes,
+            row_norm_quantile=row_norm_quantile,
+            quantile_budget_share=quantile_budget_share,
+            pca_from=None if pca_from is None else str(pca_from),
+            components_from=None if components_from is None else str(components_from),
+            classes=classes,
             class_covariance=class_covariance, covariance_fit=covariance_fit,
             psd_repair=psd_repair, noise_free_for_testing=noise_free_for_testing,
         )
+        if noise_free_for_testing:
+            warnings.warn(
+                "noise_free_for_testing: the release carries no noise and is not private "
+                "(a test mode, which the command line hides)",
+                NoiseFreeWarning,
+                stacklevel=2,
+            )
         run_user(args)
         if template is None:
             template = _header_of(path)
-        return read_result(target, template, label)
+        return result_of(target, out is not None, template, label)
 
 
 def _pooled(parts: Sequence[pd.DataFrame], label: Optional[str]):
@@ -156,7 +181,7 @@ def _pooled(parts: Sequence[pd.DataFrame], label: Optional[str]):
             raise ValueError(f"part {i} has other columns than part 0")
         check_frame(part, label)
     pooled = pd.concat(parts, ignore_index=True)
-    return pooled, ["--slice-rows", ",".join(str(len(p)) for p in parts)]
+    return pooled, ["--slice-rows=" + ",".join(str(len(p)) for p in parts)]
 
 
 def study_flags(
@@ -182,17 +207,22 @@ def flags(options: Dict[str, Any]) -> List[str]:
     out: List[str] = []
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            out.append(flag)
-        elif isinstance(value, (list, tuple)):
+        if isinstance(value, (bool, np.bool_)):
             if value:
-                out += [flag, ",".join(str(v) for v in value)]
-        elif isinstance(value, float):
-            out += [flag, repr(float(value))]
+                out.append(flag)
+        elif value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            texts = [str(v) for v in value]
+            if any("," in t for t in texts):
+                raise ValueError(f"{name}: {texts!r}: a value holds a comma")
+            if texts:
+                out.append(f"{flag}={','.join(texts)}")
+        elif isinstance(value, (float, np.floating)):
+            out.append(f"{flag}={float(value)!r}")
         else:
-            out += [flag, str(value)]
+            # `--flag=value`, so that a value starting with `-` is not a flag.
+            out.append(f"{flag}={value}")
     return out
 
 
@@ -205,24 +235,47 @@ def run_user(args: List[str]) -> Dict[str, Any]:
 
 def role_launcher() -> List[str]:
     """The command that runs a role (``proxy`` or ``owner`` and its flags follow):
-    this interpreter, importing this very package first whatever the current folder
-    holds (a source checkout's ``dpca/`` has no extension)."""
-    home = str(Path(__file__).resolve().parent.parent)
+    this interpreter, isolated (``-I``: no environment variables of Python's, no
+    user site, no current folder on the path), loading this very extension by its
+    file and nothing else (not pandas, not whatever a ``dpca/`` folder in the
+    current one holds)."""
+    native = str(Path(_native.__file__).resolve())
     code = (
-        f"import sys; sys.path.insert(0, {home!r}); "
-        "from dpca._role import main; sys.exit(main())"
+        "import importlib.machinery as m, importlib.util as u, sys; "
+        f"l = m.ExtensionFileLoader('dpca._native', {native!r}); "
+        "s = u.spec_from_file_location('dpca._native', l.path, loader=l); "
+        "n = u.module_from_spec(s); l.exec_module(n); "
+        "sys.exit(n.role_main(sys.argv[1], sys.argv[2:]))"
     )
-    return [sys.executable, "-c", code]
+    return [sys.executable, "-I", "-c", code]
+
+
+def result_of(folder: Path, keep: bool, template: pd.DataFrame, label: Optional[str]) -> StudyResult:
+    """:func:`read_result`; should that fail when the folder is a temporary one
+    (``keep`` false), the files are first copied to a folder that stays, which the
+    error names: the study's budget is spent, its release must not be lost."""
+    try:
+        return read_result(folder, template, label)
+    except Exception as e:
+        if keep:
+            raise
+        kept = Path(tempfile.mkdtemp(prefix="dpca-outputs-"))
+        shutil.copytree(folder, kept, dirs_exist_ok=True)
+        raise StudyError(
+            f"the study ran but its outputs could not be read back ({e}); its files are in {kept}"
+        ) from e
 
 
 def read_result(folder: Path, template: pd.DataFrame, label: Optional[str]) -> StudyResult:
-    """The result held in a study's output folder."""
+    """The result held in a study's output folder. Cells are read as written: no
+    text is taken for a missing value (a feature or class called `NA` stays one)."""
     files = {
         name: (folder / name).read_bytes() for name in OUTPUT_FILES if (folder / name).exists()
     }
     study = json.loads(files["study.json"])
-    components = pd.read_csv(folder / "components.csv", index_col="feature")
-    components.index = components.index.astype(str)
+    components = pd.read_csv(
+        folder / "components.csv", dtype={"feature": str}, keep_default_na=False
+    ).set_index("feature")
     eig = pd.read_csv(folder / "eigenvalues.csv")
     index = [f"PC{i}" for i in eig["component"]]
     eigenvalues = pd.Series(eig["eigenvalue"].to_numpy(), index=index, name="eigenvalue")
@@ -231,10 +284,9 @@ def read_result(folder: Path, template: pd.DataFrame, label: Optional[str]) -> S
     )
     synthetic = None
     if (folder / "synthetic.csv").exists():
-        raw = pd.read_csv(folder / "synthetic.csv", dtype=str if label else None)
-        if label:
-            features = [c for c in raw.columns if c != label]
-            raw[features] = raw[features].astype("float64")
+        raw = pd.read_csv(folder / "synthetic.csv", dtype=str, keep_default_na=False)
+        features = [c for c in raw.columns if c != label]
+        raw[features] = raw[features].astype("float64")
         synthetic = like_input(raw, template, label)
     return StudyResult(components, eigenvalues, ratio, synthetic, study, files)
 

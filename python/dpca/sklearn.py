@@ -40,6 +40,9 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
     Attributes: ``components_`` (n_components, n_features), ``explained_variance_``,
     ``explained_variance_ratio_``, ``mean_``, ``n_components_``, ``n_features_in_``,
     ``feature_names_in_`` (for frames), ``study_`` (the :class:`dpca.StudyResult`).
+
+    ``noise_free_for_testing`` is a TEST mode (the proxy adds no noise, so nothing
+    is private); the command line hides it, and ``local_study`` warns when it is on.
     """
 
     def __init__(
@@ -86,7 +89,7 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
                 f"n_components={self.n_components} must be between 1 and "
                 f"n_features={n_features}"
             )
-        lo, hi = self._bounds(X)
+        given = self._bounds(X)
         names = [f"x{i}" for i in range(n_features)]
         frame = pd.DataFrame(X, columns=names)
         data: Any = frame
@@ -95,7 +98,9 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
             data = [frame.iloc[a:b] for a, b in zip(edges[:-1], edges[1:])]
         result = local_study(
             data,
-            bounds={name: (a, b) for name, a, b in zip(names, lo, hi)},
+            # Without bounds the study reads them off the data itself, and its
+            # study.json and report say so (bounds_from_data).
+            bounds=None if given is None else {n: (a, b) for n, a, b in zip(names, *given)},
             owners=min(int(self.owners), X.shape[0]),
             k=int(self.n_components),
             epsilon=self.epsilon,
@@ -105,10 +110,11 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
             key_bits=self.key_bits,
             noise_free_for_testing=self.noise_free_for_testing,
         )
-        self._fitted_from(result, lo, hi)
+        bounds = np.asarray(result.study["bounds"], dtype=np.float64)
+        self._fitted_from(result, bounds[:, 0], bounds[:, 1])
         return self
 
-    def _bounds(self, X: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def _bounds(self, X: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         n_features = X.shape[1]
         if self.bounds is None:
             warnings.warn(
@@ -117,7 +123,7 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
                 PrivacyLeakWarning,
                 stacklevel=3,
             )
-            return X.min(axis=0), X.max(axis=0)
+            return None
         b = np.asarray(self.bounds, dtype=np.float64)
         if b.shape == (2,):
             b = np.tile(b, (n_features, 1))

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use clap::Parser;
 use dpca_owner::cli::Invocation;
 use dpca_user::cli::{Cli, Cmd};
 use dpca_user::programs::Programs;
@@ -30,8 +31,11 @@ const SIGNAL_POLL: Duration = Duration::from_millis(100);
 /// `launcher + [role, ...]`. Returns study.json's text.
 #[pyfunction]
 fn run_user(py: Python<'_>, args: Vec<String>, launcher: Vec<String>) -> PyResult<String> {
-    let cli: Cli = dpca_shell::config::try_parse_from(command_line("user", args))
+    // No config file: the caller passes every setting (`DPCA_CONFIG` is for the
+    // command line, and would silently override what a call leaves at its default).
+    let cli = Cli::try_parse_from(command_line("user", args))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    dpca_shell::logging::init(&cli.log);
     let mut opts = match cli.command {
         Cmd::Local(a) => {
             let (opts, sweep) = a.options().map_err(value_error)?;
@@ -57,9 +61,10 @@ fn run_user(py: Python<'_>, args: Vec<String>, launcher: Vec<String>) -> PyResul
 /// Runs `owner ARGS` on `rows`, the table's CSV bytes held in memory (`--data`
 /// only names it); returns the owner's report as JSON.
 #[pyfunction]
-fn contribute(py: Python<'_>, args: Vec<String>, rows: Vec<u8>) -> PyResult<String> {
+fn contribute(py: Python<'_>, args: Vec<String>, rows: &[u8]) -> PyResult<String> {
     let owner = Invocation::parse(command_line("owner", args))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let rows = rows.to_vec();
     let report = block_interruptibly(py, async move { owner.contribute(Some(rows)).await })?;
     serde_json::to_string(&report).map_err(|e| StudyError::new_err(e.to_string()))
 }
@@ -125,11 +130,22 @@ fn block_interruptibly<T: Send + 'static>(
     let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
     let (done, finished) = mpsc::channel();
     let worker = std::thread::spawn(move || {
-        let out = runtime.block_on(async {
-            tokio::select! {
-                r = work => Some(r),
-                _ = cancelled => None,
-            }
+        let run = std::panic::AssertUnwindSafe(|| {
+            runtime.block_on(async {
+                tokio::select! {
+                    r = work => Some(r),
+                    _ = cancelled => None,
+                }
+            })
+        });
+        // A panic is a bug; its message still reaches the caller as the error.
+        let out = std::panic::catch_unwind(run).unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Some(Err(anyhow::anyhow!("the study panicked: {what}")))
         });
         // Dropping the runtime would wait for a key generation still running on a
         // blocking thread; the tasks left (owner processes' waits) are dropped,

@@ -56,7 +56,7 @@ def test_ctrl_c_stops_the_study_and_its_processes(tmp_path):
         deadline = time.monotonic() + 120
         # Wait until the proxy and at least one owner run: the middle of a study.
         while time.monotonic() < deadline:
-            roles = {p: c for p, c in children_of(proc.pid).items() if "dpca._role" in c}
+            roles = {p: c for p, c in children_of(proc.pid).items() if "role_main" in c}
             if any(" owner " in c for c in roles.values()):
                 break
             assert proc.poll() is None, proc.stderr.read()

@@ -106,3 +106,23 @@ def test_parts_are_dealt_to_their_owners(digits, tmp_path):
     assert (tmp_path / "parts" / "scatter.csv").read_bytes() == (tmp_path / "whole" / "scatter.csv").read_bytes()
     with pytest.raises(ValueError, match="part 1 has other columns"):
         dpca.local_study([digits, digits.drop(columns="f3")], label="label", **QUICK)
+
+
+def test_names_and_classes_that_pandas_would_take_for_missing_stay_as_written(digits):
+    frame = digits[["f2", "f3", "f4"]].rename(columns={"f2": "NA"})
+    frame["Int"] = digits["f5"].astype("Int64")
+    frame["label"] = np.where(digits["label"] < 5, "NA", "None")
+    result = dpca.local_study(
+        frame, label="label", bounds={"*": (0, 16)}, synthetic=200, task="classify",
+        owners=3, k=2, key_bits=2048,
+    )
+    assert list(result.components.index) == ["NA", "f3", "f4", "Int"]
+    assert set(result.synthetic["label"]) <= {"NA", "None"}
+    assert result.synthetic["label"].notna().all()
+    assert result.synthetic.dtypes["Int"] == frame.dtypes["Int"]
+    assert list(result.synthetic.columns) == list(frame.columns)
+
+
+def test_the_noise_free_test_mode_warns(digits):
+    with pytest.warns(dpca.NoiseFreeWarning):
+        dpca.local_study(digits, label="label", bounds={"*": (0, 16)}, noise_free_for_testing=True, **QUICK)

@@ -3,6 +3,7 @@ contribute DataFrames, each party with its own certificate."""
 
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,17 @@ def test_owners_contribute_frames_to_a_study_at_a_proxy(proxy, digits, tmp_path)
         invitation=invitation, k=4, key_bits=2048, out=tmp_path / "out",
     )
     reports = {}
+    # An owner told another key's fingerprint refuses the study before encrypting.
+    wrong = dpca.Owner(url, tls=dpca.Tls.in_folder(certs, "clinic-a"), budget_cap=(3.0, 1e-3))
+    opener = threading.Thread(target=lambda: reports.setdefault("result", study.run()))
+    opener.start()
+    for _ in range(600):
+        if invitation.exists():
+            break
+        time.sleep(0.05)
+    study_id = [l.split('"')[1] for l in invitation.read_text().splitlines() if l.startswith("study")][0]
+    with pytest.raises(dpca.StudyError, match="fingerprint"):
+        wrong.contribute(halves[0], study=study_id, key_fingerprint="ab" * 32, label="label")
 
     def contribute(name, frame):
         owner = dpca.Owner(url, tls=dpca.Tls.in_folder(certs, name), budget_cap=(3.0, 1e-3))
@@ -48,9 +60,9 @@ def test_owners_contribute_frames_to_a_study_at_a_proxy(proxy, digits, tmp_path)
     threads = [threading.Thread(target=contribute, args=(n, f)) for n, f in zip(["clinic-a", "clinic-b"], halves)]
     for t in threads:
         t.start()
-    result = study.run()
-    for t in threads:
-        t.join(timeout=60)
+    for t in threads + [opener]:
+        t.join(timeout=120)
+    result = reports.pop("result")
     assert sorted(reports) == ["clinic-a", "clinic-b"]
     assert [reports[n]["rows"] for n in ("clinic-a", "clinic-b")] == [300, 300]
     assert result.study["n_owners"] == 2

@@ -8,6 +8,7 @@ import pytest
 from sklearn.decomposition import PCA
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
+import dpca
 from dpca.sklearn import DistributedPCA, PCAGaussSynthesizer, PrivacyLeakWarning
 
 
@@ -81,6 +82,7 @@ def test_the_synthesizer_samples_rows_in_the_frames_shape():
 def test_scikit_learn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PrivacyLeakWarning)
+        warnings.simplefilter("ignore", dpca.NoiseFreeWarning)
         check(estimator)
 
 

@@ -29,10 +29,6 @@ pub enum ConfigError {
         /// What is wrong, naming the key.
         reason: String,
     },
-    /// The command line is not the program's (clap's message: what is wrong and
-    /// the usage), or asks for help or the version (the text to show).
-    #[error("{0}")]
-    Usage(#[from] clap::Error),
 }
 
 /// Parses the program's command line with its config file applied: what every
@@ -46,14 +42,6 @@ pub fn parse<T: clap::Parser>() -> Result<T, ConfigError> {
 pub fn parse_from<T: clap::Parser>(args: Vec<OsString>) -> Result<T, ConfigError> {
     let args = with_config(&T::command(), args, |k| std::env::var(k).ok())?;
     Ok(T::parse_from(args))
-}
-
-/// [`parse_from`] that returns a command line it cannot take (or `--help`) as
-/// [`ConfigError::Usage`] instead of printing it and ending the process: for a
-/// host process, which must go on.
-pub fn try_parse_from<T: clap::Parser>(args: Vec<OsString>) -> Result<T, ConfigError> {
-    let args = with_config(&T::command(), args, |k| std::env::var(k).ok())?;
-    Ok(T::try_parse_from(args)?)
 }
 
 /// `args` (program name first) with the settings of the config file they name, or

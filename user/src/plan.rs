@@ -210,11 +210,15 @@ fn pooled_rows(opts: &LocalOptions, table: &Table, name: &str) -> anyhow::Result
         );
     }
     if !opts.slice_rows.is_empty() {
-        let total: usize = opts.slice_rows.iter().sum();
         if let Some(i) = opts.slice_rows.iter().position(|&r| r == 0) {
             bail!("--slice-rows: the slice of owner {} is empty", i + 1);
         }
-        if total != n {
+        let total = opts
+            .slice_rows
+            .iter()
+            .try_fold(0usize, |sum, &r| sum.checked_add(r));
+        if total != Some(n) {
+            let total = total.map_or("more".to_string(), |t| t.to_string());
             bail!("--slice-rows add up to {total} rows, but {name} has {n}");
         }
     }
@@ -466,6 +470,10 @@ mod tests {
             (
                 Box::new(|o| o.slice_rows = vec![4, 0]),
                 "--slice-rows: the slice of owner 2 is empty",
+            ),
+            (
+                Box::new(|o| o.slice_rows = vec![usize::MAX, 5]),
+                "--slice-rows add up to more rows, but",
             ),
             (
                 Box::new(|o| {

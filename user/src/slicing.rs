@@ -41,7 +41,8 @@ pub fn split_rows(
     layout: SliceLayout,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let n = table.rows.len();
-    if sizes.iter().sum::<usize>() != n || sizes.contains(&0) {
+    let total = sizes.iter().try_fold(0usize, |sum, &r| sum.checked_add(r));
+    if total != Some(n) || sizes.contains(&0) {
         bail!("cannot split {n} rows into slices of {sizes:?}");
     }
     let paths: Vec<PathBuf> = (1..=sizes.len())
@@ -76,4 +77,25 @@ pub fn split_rows(
         start += len;
     }
     Ok(paths)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpca_common::data::read_csv;
+
+    /// Each owner's file holds its own slice: the sizes asked for, in order.
+    #[test]
+    fn slices_of_the_sizes_given_hold_those_rows_in_order() {
+        let csv = "a,b\n1,2\n3,4\n5,6\n7,8\n";
+        let table = read_csv(csv.as_bytes(), "t.csv", None).expect("table");
+        let dir = tempfile::tempdir().expect("dir");
+        let files = split_rows(&table, &[1, 3], dir.path(), SliceLayout::default()).expect("split");
+        let read = |p: &PathBuf| std::fs::read_to_string(p).expect("slice");
+        assert_eq!(read(&files[0]), "a,b\n1,2\n");
+        assert_eq!(read(&files[1]), "a,b\n3,4\n5,6\n7,8\n");
+        assert_eq!(equal_slices(10, 3).expect("sizes"), [4, 3, 3]);
+        assert!(split_rows(&table, &[1, 2], dir.path(), SliceLayout::default()).is_err());
+        assert!(split_rows(&table, &[usize::MAX, 5], dir.path(), SliceLayout::default()).is_err());
+    }
 }
