@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -124,8 +125,16 @@ class Owner:
         for risk in self.accept_risks:
             args += ["--accept-risk", risk]
         args += self.transport
-        report = _native.contribute(args, frame_csv(data).encode("utf-8"))
-        return json.loads(report)
+        report = json.loads(_native.contribute(args, frame_csv(data).encode("utf-8")))
+        # The program's warnings go to standard error, which a notebook may not show.
+        clipped, rows = report.get("clipped_rows", 0), report.get("rows", 0)
+        if clipped:
+            warnings.warn(
+                f"{clipped} of {rows} rows were longer than the study's row-norm bound and "
+                "were scaled down to it: the study sees them shortened",
+                stacklevel=2,
+            )
+        return report
 
 
 class Study:
