@@ -9,6 +9,9 @@
 //! prescribes for it (DESIGN section 9), times that primitive's one-core cost measured
 //! by this program in the same run:
 //! - owner: one fixed-base table, then K short-exponent encryptions;
+//! - proxy, in either centering: one exact draw of noise per released entry (the
+//!   exact samplers of `dp::sampler`, at the study's scale), measured as one draw of
+//!   the study's mechanism and scale in this run;
 //! - proxy: per received ciphertext one validation (range, and its share of one gcd
 //!   per chunk) and one multiplication; the shifted table E[v_i 2^(t w)] (M (s - 1) w squarings) and
 //!   a small power table of each shifted base a row uses; per released segment the
@@ -33,7 +36,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use dpca_common::dp::Centering;
+use dpca_common::dp::{Centering, NoiseScale};
 use dpca_common::encoding::{vector_segments, SlotBudget, TriangleLayout};
 use dpca_common::paillier::{random_below, Ciphertext, PowerTable, PublicKey, SecretKey};
 use dpca_common::randomizer::Randomizer;
@@ -153,6 +156,23 @@ impl Keyed {
         let tables: Vec<PowerTable> = cts.iter().map(|c| pk.power_table(c, window)).collect();
         let pairs: Vec<(&PowerTable, &BigUint)> = tables.iter().zip(&exps).collect();
         (build, time(10, || pk.multi_scale_tables(&pairs)))
+    }
+
+    /// One exact draw of the study's matrix noise (its mechanism at its scale on
+    /// the grid, as study.json reports them), one core.
+    fn noise_draw_cost(&mut self, report: &StudyReport) -> anyhow::Result<f64> {
+        let grid: BigUint = report
+            .noise_scale_grid
+            .parse()
+            .with_context(|| format!("noise scale `{}`", report.noise_scale_grid))?;
+        let scale = match report.mechanism.as_str() {
+            "gaussian" | "gaussian-classic" => NoiseScale::Gaussian { sigma: grid },
+            "laplace" => NoiseScale::Laplace { t: grid },
+            other => bail!("no noise draw priced for mechanism `{other}`"),
+        };
+        const DRAWS: usize = 2000;
+        let rng = &mut self.rng;
+        Ok(time(3, || scale.sample_vector(DRAWS, rng)) / DRAWS as f64)
     }
 
     fn scale_cost(&mut self, bits: u64) -> f64 {
@@ -346,11 +366,20 @@ fn measure(
     let owner_bound = owner_table + k as f64 * owner_enc;
     let (proxy_table, rerand) = keyed.randomizer_costs(report.release_ciphertexts);
     let received = (owners * k) as f64 * (p.validate + p.mulmod);
+    // Every released entry's noise is one exact draw, in either centering; the
+    // vector block's too under dp-mean.
+    let m = report.n_features;
+    let drawn = m * (m + 1) / 2
+        + match centering {
+            Centering::Mask => 0,
+            Centering::DpMean => m,
+        };
+    let noise = drawn as f64 * keyed.noise_draw_cost(report)?;
     let release = match centering {
         Centering::Mask => mask_release_bound(keyed, report, rerand),
         Centering::DpMean => report.release_ciphertexts as f64 * (p.mulmod + rerand),
     };
-    let proxy_bound = received + release + proxy_table;
+    let proxy_bound = received + noise + release + proxy_table;
     let user_bound = (report.release_ciphertexts + 1) as f64 * p.decrypt_crt;
     let bounds = [owner_bound, proxy_bound, user_bound];
     Ok(row_of(sc, report, centering, owners, bounds, &p))
