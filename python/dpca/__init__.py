@@ -9,11 +9,19 @@ scikit-learn estimator and a synthesizer over ``local_study``.
 
 from ._native import StudyError
 from ._roles import Owner, Study, Tls, dev_certs
-from ._study import NoiseFreeWarning, StudyResult, bundled_bounds, bundled_data, local_study
+from ._study import (
+    NoiseFreeWarning,
+    PrivacyLeakWarning,
+    StudyResult,
+    bundled_bounds,
+    bundled_data,
+    local_study,
+)
 
 __all__ = [
     "NoiseFreeWarning",
     "Owner",
+    "PrivacyLeakWarning",
     "Study",
     "StudyError",
     "StudyResult",

@@ -59,7 +59,8 @@ def _check_feature(values: pd.Series, name: str, index: pd.Index) -> None:
         numeric = values.astype("float64")
     elif pd.api.types.is_object_dtype(dtype) or pd.api.types.is_string_dtype(dtype):
         numeric = pd.to_numeric(values, errors="coerce")
-        flags = values.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(dtype=bool)
+        flags = values.map(lambda v: isinstance(v, (bool, np.bool_, complex, np.complexfloating)))
+        flags = flags.to_numpy(dtype=bool)
         bad = (numeric.isna() & values.notna()).to_numpy() | flags
         if bad.any():
             at = _first(bad)
@@ -145,7 +146,11 @@ def like_input(synthetic: pd.DataFrame, template: pd.DataFrame, label: Optional[
         elif pd.api.types.is_integer_dtype(target):
             # A nullable integer dtype (Int64, ...) ranges as its numpy dtype.
             info = np.iinfo(getattr(target, "numpy_dtype", target))
-            rounded = np.rint(values.astype("float64")).clip(info.min, info.max)
+            # The largest floats inside the type's range (its max as a float rounds
+            # up past it).
+            top = np.nextafter(float(info.max), 0.0)
+            bottom = np.nextafter(float(info.min), 0.0)
+            rounded = np.rint(values.astype("float64")).clip(bottom, top)
             out[col] = rounded.astype(target)
         elif pd.api.types.is_float_dtype(target):
             out[col] = values.astype(target)

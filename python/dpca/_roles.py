@@ -15,7 +15,7 @@ import pandas as pd
 
 from . import _native
 from ._frames import Bounds, check_frame, frame_csv
-from ._study import StudyResult, flags, read_result, run_user, study_flags
+from ._study import StudyResult, _header_of, flags, result_of, run_user, study_flags
 
 PathLike = Union[str, os.PathLike]
 
@@ -128,6 +128,15 @@ class Owner:
         report = json.loads(_native.contribute(args, frame_csv(data).encode("utf-8")))
         # The program's warnings go to standard error, which a notebook may not show.
         clipped, rows = report.get("clipped_rows", 0), report.get("rows", 0)
+        held = report.get("budget") or {}
+        asked = tuple(float(x) for x in self.budget_cap)
+        if held and (asked[0] > held["cap_epsilon"] or asked[1] > held["cap_delta"]):
+            warnings.warn(
+                f"budget_cap {asked} is above the cap the proxy holds for this data set "
+                f"({held['cap_epsilon']}, {held['cap_delta']}): a cap is lowered, never "
+                "raised, so the proxy keeps the lower one",
+                stacklevel=2,
+            )
         if clipped:
             warnings.warn(
                 f"{clipped} of {rows} rows were longer than the study's row-norm bound and "
@@ -186,10 +195,15 @@ class Study:
 
     def _template(self) -> pd.DataFrame:
         if isinstance(self.schema, pd.DataFrame):
-            return self.schema.iloc[:0]
-        if isinstance(self.schema, (str, os.PathLike)):
-            return pd.read_csv(self.schema, nrows=0)
-        return pd.DataFrame(columns=[str(c) for c in self.schema])
+            template = self.schema.iloc[:0]
+        elif isinstance(self.schema, (str, os.PathLike)):
+            template = _header_of(Path(self.schema)).iloc[:0]
+        else:
+            template = pd.DataFrame(columns=[str(c) for c in self.schema])
+        for name in template.columns:
+            if str(name) != str(name).strip() or not str(name):
+                raise ValueError(f"schema: column {str(name)!r} is empty or starts or ends with spaces")
+        return template
 
     def run(self) -> StudyResult:
         """Opens the study, invites the owners, waits for them, decrypts the noisy
@@ -206,4 +220,4 @@ class Study:
             args += study_flags(work, template, self.label, self.bounds, **self.study)
             args += self.transport
             run_user(args)
-            return read_result(target, template, self.label)
+            return result_of(target, self.out is not None, template, self.label)

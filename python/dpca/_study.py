@@ -25,6 +25,10 @@ Data = Union[pd.DataFrame, str, os.PathLike, Sequence[pd.DataFrame]]
 OUTPUT_FILES = tuple(_native.OUTPUT_FILES)
 
 
+class PrivacyLeakWarning(UserWarning):
+    """Bounds were read off the data: the result is not differentially private."""
+
+
 class NoiseFreeWarning(UserWarning):
     """A study ran in the test mode without noise: its release is not private."""
 
@@ -114,7 +118,7 @@ def local_study(
     data).
 
     ``data`` is a DataFrame, a CSV path, or a list of DataFrames, one per owner
-    (same columns; ``owners`` is then their number); ``bounds`` maps each feature to its public
+    (same columns; their number, not ``owners``, is then the owners'); ``bounds`` maps each feature to its public
     ``(lo, hi)`` (a dict, a frame of ``feature, lo, hi``, or a bounds CSV path; ``*``
     names every other feature). Without bounds they are read off the data, which is
     not private: for demonstrations only. Every other argument is the command line's
@@ -155,6 +159,13 @@ def local_study(
             class_covariance=class_covariance, covariance_fit=covariance_fit,
             psd_repair=psd_repair, noise_free_for_testing=noise_free_for_testing,
         )
+        if bounds is None:
+            warnings.warn(
+                "bounds were not given, so the study reads them off the data: the result "
+                "is not differentially private; give the features' public bounds",
+                PrivacyLeakWarning,
+                stacklevel=2,
+            )
         if noise_free_for_testing:
             warnings.warn(
                 "noise_free_for_testing: the release carries no noise and is not private "
@@ -173,10 +184,11 @@ def _pooled(parts: Sequence[pd.DataFrame], label: Optional[str]):
     owner its own part back."""
     if not parts:
         raise ValueError("no parts: give one DataFrame per owner")
-    columns = [str(c) for c in parts[0].columns]
     for i, part in enumerate(parts):
         if not isinstance(part, pd.DataFrame):
             raise ValueError(f"part {i} is a {type(part).__name__}, not a DataFrame")
+    columns = [str(c) for c in parts[0].columns]
+    for i, part in enumerate(parts):
         if [str(c) for c in part.columns] != columns:
             raise ValueError(f"part {i} has other columns than part 0")
         check_frame(part, label)
@@ -212,8 +224,8 @@ def flags(options: Dict[str, Any]) -> List[str]:
                 out.append(flag)
         elif value is None:
             continue
-        elif isinstance(value, (list, tuple)):
-            texts = [str(v) for v in value]
+        elif isinstance(value, (list, tuple, np.ndarray, pd.Series, pd.Index)):
+            texts = [str(v) for v in list(value)]
             if any("," in t for t in texts):
                 raise ValueError(f"{name}: {texts!r}: a value holds a comma")
             if texts:
@@ -228,8 +240,8 @@ def flags(options: Dict[str, Any]) -> List[str]:
 
 def run_user(args: List[str]) -> Dict[str, Any]:
     """Runs the ``user`` command line's ``args`` in this process (the proxy and
-    owners it starts run as processes of this interpreter, ``dpca._role``); returns
-    its study.json."""
+    owners it starts run as processes of this interpreter: :func:`role_launcher`);
+    returns its study.json."""
     return json.loads(_native.run_user(args, role_launcher()))
 
 
@@ -251,16 +263,16 @@ def role_launcher() -> List[str]:
 
 
 def result_of(folder: Path, keep: bool, template: pd.DataFrame, label: Optional[str]) -> StudyResult:
-    """:func:`read_result`; should that fail when the folder is a temporary one
-    (``keep`` false), the files are first copied to a folder that stays, which the
-    error names: the study's budget is spent, its release must not be lost."""
+    """:func:`read_result`; should that fail, the error names where the files are:
+    the study's budget is spent, its release must not be lost. A temporary folder
+    (``keep`` false) is first copied to one that stays."""
     try:
         return read_result(folder, template, label)
     except Exception as e:
-        if keep:
-            raise
-        kept = Path(tempfile.mkdtemp(prefix="dpca-outputs-"))
-        shutil.copytree(folder, kept, dirs_exist_ok=True)
+        kept = folder
+        if not keep:
+            kept = Path(tempfile.mkdtemp(prefix="dpca-outputs-"))
+            shutil.copytree(folder, kept, dirs_exist_ok=True)
         raise StudyError(
             f"the study ran but its outputs could not be read back ({e}); its files are in {kept}"
         ) from e
@@ -292,8 +304,10 @@ def read_result(folder: Path, template: pd.DataFrame, label: Optional[str]) -> S
 
 
 def _header_of(path: Path) -> pd.DataFrame:
-    """The columns of a CSV input and their dtypes as pandas reads them."""
-    return pd.read_csv(path, nrows=1000)
+    """The columns of a CSV input and their dtypes as pandas reads them: names
+    trimmed as the study trims them, no text taken for a missing value."""
+    frame = pd.read_csv(path, nrows=1000, keep_default_na=False)
+    return frame.rename(columns=lambda c: str(c).strip())
 
 
 def bundled_data() -> Path:

@@ -7,7 +7,6 @@ deployment runs the roles apart (:class:`dpca.Owner`, :class:`dpca.Study`).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -15,11 +14,7 @@ import pandas as pd
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._study import StudyResult, local_study
-
-
-class PrivacyLeakWarning(UserWarning):
-    """Bounds were read off the data: the result is not differentially private."""
+from ._study import PrivacyLeakWarning, StudyResult, local_study
 
 
 class DistributedPCA(TransformerMixin, BaseEstimator):
@@ -117,12 +112,7 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
     def _bounds(self, X: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         n_features = X.shape[1]
         if self.bounds is None:
-            warnings.warn(
-                "bounds were not given, so they are read off the data: the result is "
-                "not differentially private; give the features' public bounds",
-                PrivacyLeakWarning,
-                stacklevel=3,
-            )
+            # local_study warns (PrivacyLeakWarning) and the study records it.
             return None
         b = np.asarray(self.bounds, dtype=np.float64)
         if b.shape == (2,):
@@ -244,13 +234,6 @@ class PCAGaussSynthesizer:
 
     def fit(self, data: pd.DataFrame, **_: Any) -> "PCAGaussSynthesizer":
         """Runs the study on ``data``."""
-        if self.options.get("bounds") is None:
-            warnings.warn(
-                "bounds were not given, so they are read off the data: the result is "
-                "not differentially private; give the features' public bounds",
-                PrivacyLeakWarning,
-                stacklevel=2,
-            )
         rows = max(int(self.max_rows), len(data))
         self.study_ = local_study(data, synthetic=rows, **self.options)
         self._rows = self.study_.synthetic

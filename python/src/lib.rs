@@ -1,6 +1,7 @@
 //! `dpca._native`: the Python package's extension. It runs the `user` command
 //! line's `local` and `study` in the calling process and the `proxy` and `owner`
-//! programs in processes of their own (`python -m dpca._role ROLE`), so a study
+//! programs in processes of their own (this interpreter loading this extension:
+//! `dpca._study.role_launcher`, then `role_main`), so a study
 //! started from Python is the same study as the command line's: the same option
 //! parsing and checks, the same parties over gRPC with mutual TLS, the same files.
 

@@ -44,9 +44,14 @@ def alive(pid: int) -> bool:
 
 
 def test_ctrl_c_stops_the_study_and_its_processes(tmp_path):
+    # A temporary folder of its own: every copy of the rows (the frame's CSV, the
+    # owners' slices) must be gone with the study.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-c", SCRIPT],
         cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(scratch)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -76,3 +81,4 @@ def test_ctrl_c_stops_the_study_and_its_processes(tmp_path):
     while time.monotonic() < deadline and any(alive(p) for p in roles):
         time.sleep(0.1)
     assert not [c for p, c in roles.items() if alive(p)], "processes left behind"
+    assert not list(scratch.iterdir()), "temporary files left behind"

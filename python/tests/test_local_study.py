@@ -99,6 +99,7 @@ def test_parts_are_dealt_to_their_owners(digits, tmp_path):
         noise_free_for_testing=True, out=tmp_path / "parts",
     )
     assert result.study["n_owners"] == 3
+    assert result.study["owner_rows"] == [50, 400, 150]
     whole = dpca.local_study(
         digits, label="label", bounds={"*": (0, 16)}, owners=3, k=3, key_bits=2048,
         noise_free_for_testing=True, out=tmp_path / "whole",

@@ -1,8 +1,5 @@
 """Refusals surface as Python exceptions carrying the study's clear messages."""
 
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -72,11 +69,3 @@ def test_a_column_of_dates_is_refused_by_name(digits):
     frame["when"] = pd.Timestamp("2026-01-01")
     with pytest.raises(ValueError, match=r"column 'when' holds datetime64"):
         dpca.local_study(frame, label="label", bounds={"*": (0, 16)}, **QUICK)
-
-
-def test_a_refused_study_leaves_no_temporary_folder(digits):
-    before = {p.name for p in Path(tempfile.gettempdir()).glob("dpca-*")}
-    with pytest.raises(dpca.StudyError):
-        dpca.local_study(digits, label="label", bounds={"*": (0, 16)}, owners=3, k=3, key_bits=1000)
-    after = {p.name for p in Path(tempfile.gettempdir()).glob("dpca-*")}
-    assert after <= before, after - before

@@ -38,12 +38,14 @@ def test_owners_contribute_frames_to_a_study_at_a_proxy(proxy, digits, tmp_path)
     study = dpca.Study(
         url, tls=dpca.Tls.in_folder(certs, "user"), schema=digits, label="label",
         owners=["clinic-a", "clinic-b"], max_rows=1000, bounds={"*": (0, 16)},
-        invitation=invitation, k=4, key_bits=2048, out=tmp_path / "out",
+        invitation=invitation, k=4, key_bits=2048, out=tmp_path / "out", deadline_minutes=5,
     )
     reports = {}
     # An owner told another key's fingerprint refuses the study before encrypting.
     wrong = dpca.Owner(url, tls=dpca.Tls.in_folder(certs, "clinic-a"), budget_cap=(3.0, 1e-3))
-    opener = threading.Thread(target=lambda: reports.setdefault("result", study.run()))
+    # Daemon threads: a failing assertion below must end the test, not wait for
+    # the study's deadline.
+    opener = threading.Thread(target=lambda: reports.setdefault("result", study.run()), daemon=True)
     opener.start()
     for _ in range(600):
         if invitation.exists():
@@ -57,7 +59,10 @@ def test_owners_contribute_frames_to_a_study_at_a_proxy(proxy, digits, tmp_path)
         owner = dpca.Owner(url, tls=dpca.Tls.in_folder(certs, name), budget_cap=(3.0, 1e-3))
         reports[name] = owner.contribute(frame, invitation=invitation, label="label")
 
-    threads = [threading.Thread(target=contribute, args=(n, f)) for n, f in zip(["clinic-a", "clinic-b"], halves)]
+    threads = [
+        threading.Thread(target=contribute, args=(n, f), daemon=True)
+        for n, f in zip(["clinic-a", "clinic-b"], halves)
+    ]
     for t in threads:
         t.start()
     for t in threads + [opener]:

@@ -46,6 +46,8 @@ def test_a_frame_keeps_its_feature_names_and_missing_bounds_warn():
     frame = pd.DataFrame(low_rank(200, 4), columns=["a", "b", "c", "d"])
     with pytest.warns(PrivacyLeakWarning):
         est = DistributedPCA(n_components=2, owners=2).fit(frame)
+    # The study read the bounds off the data itself, and its record says so.
+    assert est.study_.study["bounds_from_data"] is True
     assert list(est.feature_names_in_) == ["a", "b", "c", "d"]
     assert est.transform(frame).shape == (200, 2)
     with pytest.raises(ValueError, match="features"):
@@ -92,8 +94,7 @@ def test_fit_on_parts_gives_each_owner_its_own_rows():
     est = DistributedPCA(
         n_components=2, bounds=(-4, 4), row_norm_bound=10.0, noise_free_for_testing=True
     ).fit(parts)
-    assert est.study_.study["n_owners"] == 3
-    assert est.study_.study["n_rows"] == 300
+    assert est.study_.study["owner_rows"] == [40, 210, 50]
     whole = DistributedPCA(
         n_components=2, bounds=(-4, 4), owners=3, row_norm_bound=10.0, noise_free_for_testing=True
     ).fit(x)

@@ -435,6 +435,10 @@ fn study_report(
             .remote
             .is_none()
             .then(|| run.owners.iter().map(|r| r.clipped_rows).sum()),
+        owner_rows: opts
+            .remote
+            .is_none()
+            .then(|| run.owners.iter().map(|r| r.rows).collect()),
         psd_repair: opts.psd_repair,
         baseline: opts.baseline,
         synthetic_rows: opts.synthetic.unwrap_or(0),

@@ -210,6 +210,13 @@ fn pooled_rows(opts: &LocalOptions, table: &Table, name: &str) -> anyhow::Result
         );
     }
     if !opts.slice_rows.is_empty() {
+        if opts.slice_rows.len() != opts.owners {
+            bail!(
+                "--slice-rows gives {} slices for {} owners",
+                opts.slice_rows.len(),
+                opts.owners
+            );
+        }
         if let Some(i) = opts.slice_rows.iter().position(|&r| r == 0) {
             bail!("--slice-rows: the slice of owner {} is empty", i + 1);
         }
@@ -466,6 +473,10 @@ mod tests {
             (
                 Box::new(|o| o.slice_rows = vec![1, 2]),
                 "--slice-rows add up to 3 rows, but",
+            ),
+            (
+                Box::new(|o| o.slice_rows = vec![4]),
+                "--slice-rows gives 1 slices for 2 owners",
             ),
             (
                 Box::new(|o| o.slice_rows = vec![4, 0]),

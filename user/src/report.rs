@@ -107,6 +107,10 @@ pub struct StudyReport {
     /// user cannot know it (a study at a remote proxy: each owner's report says
     /// its own, and a count of them would reveal the data).
     pub clipped_rows: Option<usize>,
+    /// The rows each owner reported, in owner order, where the user ran the
+    /// owners (a local study); `None` at a remote proxy, for the same reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_rows: Option<Vec<u64>>,
     /// Whether the noisy scatter was projected onto the PSD cone.
     pub psd_repair: bool,
     /// Whether the study ran in the slow baseline mode.
