@@ -11,7 +11,8 @@ use dpca_common::synth::{
     to_original_units, CovarianceFit, NoiseLevel, SynthError, Synthesizer, Task,
 };
 use nalgebra::{DMatrix, DVector};
-use rand::rngs::OsRng;
+use rand::rngs::{OsRng, StdRng};
+use rand::SeedableRng;
 
 use crate::local::LocalOptions;
 use crate::plan::StudyPlan;
@@ -111,7 +112,9 @@ pub(crate) fn synthesize(
     rows: usize,
     fit: CovarianceFit,
 ) -> anyhow::Result<Vec<Vec<String>>> {
-    let mut rng = OsRng;
+    // Keyed once from the system: synthesis draws (k + M) normals per row, and one
+    // system call each would be most of its time.
+    let mut rng = StdRng::from_rng(OsRng).context("cannot seed the synthesis generator")?;
     let cells = |x: &DVector<f64>| -> Vec<String> {
         to_original_units(x, bounds, opts.row_norm_bound)
             .iter()
