@@ -176,6 +176,9 @@ fn block_interruptibly<T: Send + 'static>(
         }
     };
     let _ = py.allow_threads(|| worker.join());
+    // A Ctrl-C that came as the study finished is not swallowed: Python might
+    // otherwise end without ever raising it.
+    py.check_signals()?;
     match out {
         Some(Ok(value)) => Ok(value),
         Some(Err(e)) => Err(StudyError::new_err(format!("{e:#}"))),

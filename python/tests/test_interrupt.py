@@ -12,7 +12,9 @@ SCRIPT = textwrap.dedent(
     """
     import numpy as np, pandas as pd, dpca
     rng = np.random.default_rng(0)
-    frame = pd.DataFrame(rng.uniform(-1, 1, size=(2000, 150))).add_prefix("x")
+    # M = 300: after the owners, the user decrypts about 840 ciphertexts at 3072
+    # bits, seconds of work, so the interrupt lands inside the study.
+    frame = pd.DataFrame(rng.uniform(-1, 1, size=(2000, 300))).add_prefix("x")
     dpca.local_study(frame, bounds={"*": (-1, 1)}, owners=4, k=3, key_bits=3072, out="out")
     """
 )
