@@ -54,6 +54,9 @@ def test_ctrl_c_stops_the_study_and_its_processes(tmp_path):
         [sys.executable, "-c", SCRIPT],
         cwd=tmp_path,
         env={**os.environ, "TMPDIR": str(scratch)},
+        # As in a terminal: a shell that runs this suite in the background ignores
+        # SIGINT for its children, and Python then installs no handler for it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
