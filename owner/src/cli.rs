@@ -104,10 +104,22 @@ pub fn main(args: Vec<OsString>) -> anyhow::Result<()> {
         .build()
         .context("cannot start the runtime")?
         .block_on(async {
-            let report = Invocation(args).contribute(None).await?;
-            println!("{}", serde_json::to_string(&report)?);
+            let done = Invocation(args).contribute(None).await?;
+            for w in &done.warnings {
+                eprintln!("WARNING: {w}");
+            }
+            println!("{}", serde_json::to_string(&done.report)?);
             Ok(())
         })
+}
+
+/// What a contribution reports, and what the owner should be told about it.
+#[derive(Debug)]
+pub struct Contribution {
+    /// The report the program prints.
+    pub report: OwnerReport,
+    /// Warnings for the owner: rows clipped, a budget cap above the one held.
+    pub warnings: Vec<String>,
 }
 
 /// An `owner` command line, parsed.
@@ -122,10 +134,11 @@ impl Invocation {
         Args::try_parse_from(args).map(Self)
     }
 
-    /// Takes part in the study and returns the report. `rows`: the table as CSV
+    /// Takes part in the study and returns the report and the warnings it gives
+    /// rise to (the program prints them; a host shows them its own way). `rows`: the table as CSV
     /// bytes held in memory (a host's data frame, never written to disk), which
     /// `--data` then only names in messages; `None` reads the `--data` file.
-    pub async fn contribute(self, rows: Option<Vec<u8>>) -> anyhow::Result<OwnerReport> {
+    pub async fn contribute(self, rows: Option<Vec<u8>>) -> anyhow::Result<Contribution> {
         let args = self.0;
         dpca_shell::logging::init(&args.log);
         let transport = args.transport.transport(Role::Owner).context("transport")?;
@@ -156,17 +169,15 @@ impl Invocation {
             Some(path) => crate::run_invited(&cfg, path).await?,
             None => crate::run(&cfg).await?,
         };
-        if let Some(w) = clipping_warning(report.clipped_rows, report.rows) {
-            eprintln!("WARNING: {w}");
-        }
-        if let Some(w) = report
+        let cap = report
             .budget
             .as_ref()
-            .and_then(|b| cap_warning(args.budget_cap, b))
-        {
-            eprintln!("WARNING: {w}");
-        }
-        Ok(report)
+            .and_then(|b| cap_warning(args.budget_cap, b));
+        let warnings = clipping_warning(report.clipped_rows, report.rows)
+            .into_iter()
+            .chain(cap)
+            .collect();
+        Ok(Contribution { report, warnings })
     }
 }
 

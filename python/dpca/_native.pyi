@@ -1,6 +1,6 @@
 """The Rust extension: the ``user`` command line and the proxy and owner programs."""
 
-from typing import List
+from typing import List, Tuple
 
 OUTPUT_FILES: List[str]
 
@@ -18,9 +18,11 @@ def run_user(args: List[str], launcher: List[str]) -> str:
 def role_main(role: str, args: List[str]) -> int:
     """Runs the ``proxy`` or ``owner`` program with ``args``; returns its exit code."""
 
-def contribute(args: List[str], rows: bytes) -> str:
+def contribute(args: List[str], rows: bytes) -> Tuple[str, List[str]]:
     """Runs ``owner ARGS`` on ``rows``, the table's CSV bytes held in memory
-    (``--data`` only names it); returns the owner's report as JSON."""
+    (``--data`` only names it); returns the owner's report as JSON and the
+    warnings the program would print (rows clipped, a budget cap above the one
+    held)."""
 
 def dev_certs(out: str, proxy_hosts: List[str], users: List[str], owners: List[str]) -> None:
     """Writes a development CA and every party's certificate into ``out``."""

@@ -125,25 +125,12 @@ class Owner:
         for risk in self.accept_risks:
             args += ["--accept-risk", risk]
         args += self.transport
-        report = json.loads(_native.contribute(args, frame_csv(data).encode("utf-8")))
-        # The program's warnings go to standard error, which a notebook may not show.
-        clipped, rows = report.get("clipped_rows", 0), report.get("rows", 0)
-        held = report.get("budget") or {}
-        asked = tuple(float(x) for x in self.budget_cap)
-        if held and (asked[0] > held["cap_epsilon"] or asked[1] > held["cap_delta"]):
-            warnings.warn(
-                f"budget_cap {asked} is above the cap the proxy holds for this data set "
-                f"({held['cap_epsilon']}, {held['cap_delta']}): a cap is lowered, never "
-                "raised, so the proxy keeps the lower one",
-                stacklevel=2,
-            )
-        if clipped:
-            warnings.warn(
-                f"{clipped} of {rows} rows were longer than the study's row-norm bound and "
-                "were scaled down to it: the study sees them shortened",
-                stacklevel=2,
-            )
-        return report
+        report, notices = _native.contribute(args, frame_csv(data).encode("utf-8"))
+        # The program's own warnings, as Python warnings: a notebook may not show
+        # a process's standard error.
+        for notice in notices:
+            warnings.warn(notice, stacklevel=2)
+        return json.loads(report)
 
 
 class Study:

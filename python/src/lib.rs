@@ -60,14 +60,16 @@ fn run_user(py: Python<'_>, args: Vec<String>, launcher: Vec<String>) -> PyResul
 }
 
 /// Runs `owner ARGS` on `rows`, the table's CSV bytes held in memory (`--data`
-/// only names it); returns the owner's report as JSON.
+/// only names it); returns the owner's report as JSON and its warnings.
 #[pyfunction]
-fn contribute(py: Python<'_>, args: Vec<String>, rows: &[u8]) -> PyResult<String> {
+fn contribute(py: Python<'_>, args: Vec<String>, rows: &[u8]) -> PyResult<(String, Vec<String>)> {
     let owner = Invocation::parse(command_line("owner", args))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let rows = rows.to_vec();
-    let report = block_interruptibly(py, async move { owner.contribute(Some(rows)).await })?;
-    serde_json::to_string(&report).map_err(|e| StudyError::new_err(e.to_string()))
+    let done = block_interruptibly(py, async move { owner.contribute(Some(rows)).await })?;
+    let report =
+        serde_json::to_string(&done.report).map_err(|e| StudyError::new_err(e.to_string()))?;
+    Ok((report, done.warnings))
 }
 
 /// Writes a development CA and certificates (`user dev-certs`, flat layout) for
