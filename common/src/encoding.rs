@@ -14,6 +14,7 @@
 //! bounds before anything is encrypted, and a study that cannot fit is refused.
 
 use num_bigint::{BigInt, BigUint, Sign};
+use num_integer::Integer;
 use num_traits::{One, Zero};
 
 /// Errors of encoding and packing.
@@ -130,6 +131,21 @@ impl SlotBudget {
             acc += v;
         }
         Ok(acc)
+    }
+
+    /// Packs values of any size as the residue (sum_t v_t 2^(t w)) mod n, checking
+    /// nothing. Packing is linear mod n, so a value too wide for its slot may enter
+    /// a sum as long as it cancels before the sum is decoded: only the final slot
+    /// values must fit (`mask` centering's b b^T, added by the proxy and taken off
+    /// again, as v' v'^T, by the user).
+    pub fn pack_residue(&self, values: &[BigInt], n: &BigUint) -> BigUint {
+        let mut acc = BigInt::zero();
+        for v in values.iter().rev() {
+            acc <<= self.slot_width as usize;
+            acc += v;
+        }
+        let n = BigInt::from_biguint(Sign::Plus, n.clone());
+        acc.mod_floor(&n).magnitude().clone()
     }
 
     /// Packs small integers (owners' shares) without allocation-heavy conversions.
@@ -376,6 +392,33 @@ mod tests {
             let combined = pa * k + pb;
             let expect: Vec<BigInt> = a.iter().zip(&b).map(|(x, y)| BigInt::from(x * k + y)).collect();
             prop_assert_eq!(budget.unpack(&combined, 5).expect("unpack"), expect);
+        }
+    }
+
+    proptest! {
+        /// Terms far wider than a slot, packed mod n, may be summed if they cancel:
+        /// the decoded sum is the sum of the narrow parts.
+        #[test]
+        fn wide_terms_that_cancel_decode_exactly(
+            narrow in proptest::collection::vec(-1_000_000i64..1_000_000, 1..20),
+            wide_bits in 60usize..400,
+            seed in any::<u64>(),
+        ) {
+            let n: BigUint = (BigUint::one() << 1023usize) + 1159u32;
+            let budget = SlotBudget::for_bound(&BigUint::from(1_000_000u32), n.bits()).expect("fits");
+            let narrow = &narrow[..narrow.len().min(budget.slots)];
+            let wide: Vec<BigInt> = (0..narrow.len() as u64)
+                .map(|t| (BigInt::from(seed ^ t.wrapping_mul(0x9e37_79b9)) << wide_bits) - 7 * t)
+                .collect();
+            let with: Vec<BigInt> = narrow.iter().zip(&wide).map(|(a, w)| w + a).collect();
+            let sum = (budget.pack_residue(&with, &n) + &n - budget.pack_residue(&wide, &n)) % &n;
+            let signed = if sum > (&n >> 1usize) {
+                -BigInt::from(&n - &sum)
+            } else {
+                BigInt::from(sum)
+            };
+            let want: Vec<BigInt> = narrow.iter().map(|&v| BigInt::from(v)).collect();
+            prop_assert_eq!(budget.unpack(&signed, narrow.len()).expect("unpack"), want);
         }
     }
 

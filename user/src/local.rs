@@ -429,6 +429,8 @@ fn study_report(
         release_ciphertexts: layout.release_ciphertexts(),
         slots: layout.budget.slots,
         slot_width: layout.budget.slot_width,
+        vector_slots: layout.vector_budget.slots,
+        vector_slot_width: layout.vector_budget.slot_width,
         mask_bits: layout.mask_bits,
         // The owners' reports reach the user only when it ran them (local).
         clipped_rows: opts

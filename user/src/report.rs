@@ -100,6 +100,12 @@ pub struct StudyReport {
     /// Bits per packed value.
     #[serde(default)]
     pub slot_width: u64,
+    /// Values packed per ciphertext of the vector block.
+    #[serde(default)]
+    pub vector_slots: usize,
+    /// Bits per packed value of the vector block.
+    #[serde(default)]
+    pub vector_slot_width: u64,
     /// Bits of the mask b (`mask` centering).
     #[serde(default)]
     pub mask_bits: u64,

@@ -406,7 +406,11 @@ fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f
         classes: 0,
         vector_len: m,
         vector_dim: m,
-        vector: vector_segments(m, slots),
+        vector: vector_segments(m, report.vector_slots.max(1)),
+        vector_budget: SlotBudget {
+            slot_width: report.vector_slot_width,
+            slots: report.vector_slots.max(1),
+        },
         vector_packed: false,
         count_scale: 0,
         mask_bits: report.mask_bits,
@@ -427,7 +431,9 @@ fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f
         .sum::<f64>()
         + row_tables;
     let shifted = (m * (slots - 1)) as f64 * report.slot_width as f64 * p.mulmod;
-    shifted + segs + layout.vector.len() as f64 * rerand
+    // v' by Horner's rule: a shift of the vector slot width per value.
+    let horner = (m - layout.vector.len()) as f64 * report.vector_slot_width as f64 * p.mulmod;
+    shifted + segs + horner + layout.vector.len() as f64 * rerand
 }
 
 /// A row of the tables from a study's report and its roles' bounds (owner, proxy,

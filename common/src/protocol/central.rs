@@ -33,9 +33,10 @@ pub fn central_release(
                     let r = BigInt::from(pooled.r_upper[idx]);
                     let e = &secrets.matrix_noise[idx];
                     let val = match centering {
-                        // With the mask b = 0 the released T is N R + E and v' = v;
-                        // `from_grid` subtracts v v^T as the user subtracts v' v'^T.
-                        Centering::Mask => &n * r + e,
+                        // What the user is left with after T - v' v'^T.
+                        Centering::Mask => {
+                            &n * r - BigInt::from(pooled.v[i]) * BigInt::from(pooled.v[j]) + e
+                        }
                         Centering::DpMean => r + e,
                     };
                     t[i][j] = val.clone();

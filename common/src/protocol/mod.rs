@@ -14,6 +14,14 @@
 //! T - v' v'^T = N R - v v^T + E' = N S~ + E', in which the masks cancel exactly:
 //! nothing the user decrypts depends on b beyond v' = v + b.
 //!
+//! The slots are sized for N S~ + E', not for T: T's b b^T term is about twice the
+//! mask's bits, far wider than a slot, so the packed plaintext of a segment is
+//! P(T_seg) mod n with its slots overlapping. Packing is linear mod n, so the user
+//! subtracts P(v'_i v'_seg) from the decrypted residue and unpacks the difference,
+//! P(N S~_seg + E'_seg). What the user decrypts is still a function of T alone (a
+//! test checks it is P(T_seg) mod n to the bit), and the slots are about half as
+//! wide as T's entries, so a study needs about half the ciphertexts.
+//!
 //! `share` is the owner's computation, `release` the proxy's, `open` the user's,
 //! and `central` the trusted-curator reference the distributed release equals.
 

@@ -1,7 +1,7 @@
 //! The user's opening of a release: decryption, unpacking, and S' = S + E.
 
 use nalgebra::{DMatrix, DVector};
-use num_bigint::BigInt;
+use num_bigint::{BigInt, BigUint};
 use num_traits::Zero;
 use rayon::prelude::*;
 
@@ -102,36 +102,18 @@ pub fn open_release(
             got: cts.len(),
         });
     }
-    let dim = layout.triangle.dim;
-    let plains: Vec<BigInt> = if layout.baseline {
-        cts.iter()
-            .map(|c| sk.to_signed(sk.decrypt_textbook(c)))
-            .collect()
+    let plains: Vec<BigUint> = if layout.baseline {
+        cts.iter().map(|c| sk.decrypt_textbook(c)).collect()
     } else {
-        cts.par_iter().map(|c| sk.decrypt_signed(c)).collect()
+        cts.par_iter().map(|c| sk.decrypt(c)).collect()
     };
-    let segs = layout.triangle.len();
-    let mut blocks = Vec::with_capacity(layout.matrix_blocks);
-    for block in plains[..layout.matrix_ciphertexts()].chunks(segs.max(1)) {
-        let mut t = vec![vec![BigInt::zero(); dim]; dim];
-        for (seg, p) in layout.triangle.segments.iter().zip(block) {
-            let vals = layout.budget.unpack(p, seg.len)?;
-            for (k, val) in vals.into_iter().enumerate() {
-                let j = seg.col + k;
-                t[j][seg.row] = val.clone();
-                t[seg.row][j] = val;
-            }
-        }
-        blocks.push(t);
-    }
+    let (matrix, vector) = plains.split_at(layout.matrix_ciphertexts());
     let mut vec = Vec::with_capacity(layout.vector_len);
-    for (&(_, len), p) in layout
-        .vector
-        .iter()
-        .zip(&plains[layout.matrix_ciphertexts()..])
-    {
-        vec.extend(layout.budget.unpack(p, len)?);
+    for (&(_, len), p) in layout.vector.iter().zip(vector) {
+        vec.extend(layout.vector_budget.unpack(&sk.to_signed(p.clone()), len)?);
     }
+    let v_prime = (centering == Centering::Mask).then_some(&vec[..]);
+    let blocks = matrix_blocks(sk, layout, matrix, v_prime)?;
     Ok(from_grid(
         &layout.shape(),
         centering,
@@ -143,8 +125,46 @@ pub fn open_release(
     ))
 }
 
-/// Forms S' from the released integers: the full matrix blocks (`mask`: the masked
-/// N-scaled T; `dp-mean`: R~ + E_R, or R~_c + E_c per class) and the vector block.
+/// Unpacks the matrix blocks from their plaintexts, full symmetric. With `v_prime`
+/// (`mask`), each segment's plaintext is T_seg, whose entries overflow their slots;
+/// v' v'^T is subtracted from it mod n first, which leaves N S~ + E' in every slot.
+fn matrix_blocks(
+    sk: &SecretKey,
+    layout: &StudyLayout,
+    plains: &[BigUint],
+    v_prime: Option<&[BigInt]>,
+) -> Result<Vec<Vec<Vec<BigInt>>>, ProtocolError> {
+    let n = sk.public().n();
+    let dim = layout.triangle.dim;
+    let segs = layout.triangle.len();
+    let mut blocks = Vec::with_capacity(layout.matrix_blocks);
+    for block in plains.chunks(segs.max(1)) {
+        let mut t = vec![vec![BigInt::zero(); dim]; dim];
+        for (seg, p) in layout.triangle.segments.iter().zip(block) {
+            let centered = match v_prime {
+                Some(v) => {
+                    let vv: Vec<BigInt> = (0..seg.len)
+                        .map(|k| &v[seg.row] * &v[seg.col + k])
+                        .collect();
+                    (p + n - layout.budget.pack_residue(&vv, n)) % n
+                }
+                None => p.clone(),
+            };
+            let vals = layout.budget.unpack(&sk.to_signed(centered), seg.len)?;
+            for (k, val) in vals.into_iter().enumerate() {
+                let j = seg.col + k;
+                t[j][seg.row] = val.clone();
+                t[seg.row][j] = val;
+            }
+        }
+        blocks.push(t);
+    }
+    Ok(blocks)
+}
+
+/// Forms S' from the released integers: the full matrix blocks (`mask`: N S~ + E',
+/// the user's T - v' v'^T; `dp-mean`: R~ + E_R, or R~_c + E_c per class) and the
+/// vector block.
 pub(super) fn from_grid(
     layout: &BlockShape,
     centering: Centering,
@@ -173,13 +193,7 @@ pub(super) fn from_grid(
     };
     let (matrix_grid, scatter, mean, classes) = match centering {
         Centering::Mask => {
-            // T - v' v'^T = N S~ + E': the masks cancel exactly.
-            let mut ns = blocks.into_iter().next().unwrap_or_default();
-            for i in 0..dim {
-                for j in 0..dim {
-                    ns[i][j] -= &vec[i] * &vec[j];
-                }
-            }
+            let ns = blocks.into_iter().next().unwrap_or_default();
             let s = DMatrix::from_fn(dim, dim, |i, j| to_f64(&ns[i][j]) / (n * scale_2));
             (vec![ns], s, None, None)
         }

@@ -161,7 +161,7 @@ fn release_noised(
         .enumerate()
         .map(|(k, &(start, len))| {
             let packed = layout
-                .budget
+                .vector_budget
                 .pack(&secrets.vector_noise[start..start + len])?;
             Ok(pk.add_plain(&agg[base + k], &pk.encode_signed(&packed)?))
         });
@@ -169,7 +169,9 @@ fn release_noised(
 }
 
 /// `mask`: T = N R + v b^T + b v^T + b b^T + E' per packed segment, and v' = v + b
-/// packed from the owners' unpacked v.
+/// packed from the owners' unpacked v. T's entries are wider than the matrix slots;
+/// the packed residues are still exact mod n, and the user decodes them only after
+/// subtracting v' v'^T, which leaves N S~ + E' in every slot.
 fn release_masked(
     layout: &StudyLayout,
     pk: &PublicKey,
@@ -229,8 +231,7 @@ fn release_masked(
         let plain: Vec<BigInt> = (0..seg.len)
             .map(|t| BigInt::from(&b[i] * &b[seg.col + t]) + &noise[t])
             .collect();
-        let packed = layout.budget.pack(&plain)?;
-        Ok(pk.add_plain(&c, &pk.encode_signed(&packed)?))
+        Ok(pk.add_plain(&c, &layout.budget.pack_residue(&plain, pk.n())))
     };
     let per_row: Vec<Vec<Result<Ciphertext, ProtocolError>>> = rows
         .par_iter()
@@ -256,19 +257,21 @@ fn release_masked(
                 .collect()
         })
         .collect();
+    // v' in the vector block's own slots, by Horner's rule on the owners' E[v_k].
+    let step = BigUint::one() << layout.vector_budget.slot_width as usize;
     let vecs: Vec<Result<Ciphertext, ProtocolError>> = layout
         .vector
         .par_iter()
         .map(|&(start, len)| {
-            let mut c = table[start][0].clone();
-            for t in 1..len {
-                c = pk.add(&c, &table[start + t][t]);
+            let mut c = v_cts[start + len - 1].clone();
+            for k in (start..start + len - 1).rev() {
+                c = pk.add(&pk.scale(&c, &step), &v_cts[k]);
             }
             let plain: Vec<BigInt> = b[start..start + len]
                 .iter()
                 .map(|b| BigInt::from(b.clone()))
                 .collect();
-            let packed = layout.budget.pack(&plain)?;
+            let packed = layout.vector_budget.pack(&plain)?;
             Ok(pk.add_plain(&c, &pk.encode_signed(&packed)?))
         })
         .collect();

@@ -175,7 +175,9 @@ impl Share {
         }
         if layout.vector_packed {
             for &(start, len) in &layout.vector {
-                let packed = layout.budget.pack_i128(&self.v[start..start + len])?;
+                let packed = layout
+                    .vector_budget
+                    .pack_i128(&self.v[start..start + len])?;
                 out.push(pk.encode_signed(&packed)?);
             }
         } else {

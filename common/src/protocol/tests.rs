@@ -205,6 +205,54 @@ fn masking_invariant_holds_exactly() {
     assert!(secrets.matrix_noise.iter().any(|x| !x.is_zero()));
 }
 
+/// What the user decrypts in `mask` centering is exactly the packed residue of
+/// T = N R + v b^T + b v^T + b b^T + E' per segment, so a function of T = N (S~ + E)
+/// + v' v'^T alone; and T's entries are wider than the slots they are packed in
+/// (b b^T alone has about twice the mask's bits), which only the user's
+/// subtraction of v' v'^T before unpacking makes decodable.
+#[test]
+fn mask_plaintexts_are_packed_t_wider_than_its_slots() {
+    let dim = 6;
+    let spec = spec(dim, Centering::Mask, Mechanism::GAUSSIAN);
+    let layout = StudyLayout::new(&spec).expect("layout");
+    assert!(
+        layout.budget.slot_width < 2 * layout.mask_bits,
+        "slots of {} bits, mask of {} bits",
+        layout.budget.slot_width,
+        layout.mask_bits
+    );
+    let (pooled, secrets, _, released) = run(&spec, None, 11);
+    let n = BigInt::from(pooled.n);
+    let r = r_full(&pooled, dim);
+    let e = noise_full(&secrets.matrix_noise, dim);
+    let v: Vec<BigInt> = pooled.v.iter().map(|&x| BigInt::from(x)).collect();
+    let b: Vec<BigInt> = secrets
+        .mask
+        .iter()
+        .map(|x| BigInt::from(x.clone()))
+        .collect();
+    let t = |i: usize, j: usize| {
+        &n * &r[i][j] + &v[i] * &b[j] + &b[i] * &v[j] + &b[i] * &b[j] + &e[i][j]
+    };
+    let modulus = key().public().n();
+    let mut widest = 0;
+    for (seg, c) in layout.triangle.segments.iter().zip(&released) {
+        let entries: Vec<BigInt> = (0..seg.len).map(|k| t(seg.row, seg.col + k)).collect();
+        widest = widest.max(entries.iter().map(|x| x.bits()).max().unwrap_or(0));
+        assert_eq!(
+            key().decrypt(c),
+            layout.budget.pack_residue(&entries, modulus),
+            "segment ({}, {})",
+            seg.row,
+            seg.col
+        );
+    }
+    assert!(
+        widest >= layout.budget.slot_width,
+        "T fitted its slots: {widest} bits"
+    );
+}
+
 /// With the noise forced to zero, the decrypted S' equals the pooled S to
 /// fixed-point precision.
 #[test]

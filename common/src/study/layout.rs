@@ -68,8 +68,11 @@ impl BlockShape {
 /// Cq N_1, ..., Cq N_G.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StudyLayout {
-    /// Slot width and slots per plaintext.
+    /// Slot width and slots per plaintext of the matrix blocks.
     pub budget: SlotBudget,
+    /// Slot width and slots per plaintext of the vector block, whose final values
+    /// (v + b, or v + e_v and the counts) have bounds of their own.
+    pub vector_budget: SlotBudget,
     /// Packed upper-triangle segments of one matrix block.
     pub triangle: TriangleLayout,
     /// Matrix blocks: 1, or one per class with per-class covariances.
@@ -94,8 +97,13 @@ pub struct StudyLayout {
 }
 
 impl StudyLayout {
-    /// Proves the slot width from the study's public bounds (N_max, Cq, kappa and the
+    /// Proves the slot widths from the study's public bounds (N_max, Cq, kappa and the
     /// noise tail at N_max) and cuts the triangle into segments.
+    ///
+    /// A slot needs to hold only the value that is decoded from it. In `mask`
+    /// centering that is N S~ + E', not T: the user subtracts v' v'^T from the
+    /// packed plaintext mod n before unpacking (packing is linear), so the mask's
+    /// b b^T (about 2 (log2(N Cq) + kappa) bits) never has to fit a slot.
     pub fn new(spec: &StudySpec) -> Result<Self, SpecError> {
         Self::of(spec)
     }
@@ -114,12 +122,9 @@ impl StudyLayout {
         let mask_bits = (&v_max << 1usize).bits() + spec.kappa as u64;
         let (t_bound, v_bound) = match spec.privacy.centering {
             Centering::Mask => {
-                let b = BigUint::one() << mask_bits as usize;
-                let t = &n * &n * &cq * &cq
-                    + (&v_max << 1usize) * &b
-                    + &b * &b
-                    + plan.matrix.tail_bound();
-                (t, &v_max + &b)
+                // |N S~_ij| <= sqrt(N S~_ii N S~_jj) <= N R~_ii <= N^2 Cq^2.
+                let t = &n * &n * &cq * &cq + plan.matrix.tail_bound();
+                (t, &v_max + (BigUint::one() << mask_bits as usize))
             }
             Centering::DpMean => {
                 let t = &n * &cq * &cq + plan.matrix.tail_bound();
@@ -131,9 +136,12 @@ impl StudyLayout {
                 (t, &v_max + tail_v)
             }
         };
-        let mut budget = SlotBudget::for_bound(&t_bound.max(v_bound), spec.public_key.bits())?;
+        let key_bits = spec.public_key.bits();
+        let mut budget = SlotBudget::for_bound(&t_bound, key_bits)?;
+        let mut vector_budget = SlotBudget::for_bound(&v_bound, key_bits)?;
         if spec.baseline {
             budget.slots = 1;
+            vector_budget.slots = 1;
         }
         let shape = BlockShape::new(m, spec.class_count(), spec.per_class_matrix(), cq_int)
             .projected(spec.matrix_dim());
@@ -146,7 +154,8 @@ impl StudyLayout {
             matrix_blocks: shape.matrix_blocks,
             classes: shape.classes,
             vector_len,
-            vector: vector_segments(vector_len, slots),
+            vector: vector_segments(vector_len, vector_budget.slots),
+            vector_budget,
             vector_packed: spec.privacy.centering == Centering::DpMean,
             count_scale: cq_int,
             mask_bits,
