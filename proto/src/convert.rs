@@ -5,12 +5,22 @@ use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::PublicKey;
 use dpca_common::study::{
     ClassCovariance, ClassSpec, NormBins, Projection, SpecDraft, SpecError, StudySpec,
+    LAYOUT_VERSION,
 };
 
 use crate::v1;
 
 /// Converts and fully validates a wire study spec.
 pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
+    let version = w.layout.max(1);
+    if version != LAYOUT_VERSION {
+        return Err(SpecError::Parameter {
+            name: "layout",
+            reason: format!(
+                "the study's ciphertexts are packed with layout version {version} and this build packs with version {LAYOUT_VERSION}: every party of a study needs a build of the same layout"
+            ),
+        });
+    }
     let mechanism = Mechanism::parse(&w.mechanism)?;
     let centering = Centering::parse(&w.centering)?;
     let privacy = PrivacyRequest::new(mechanism, centering, w.epsilon, w.delta)?;
@@ -123,6 +133,7 @@ pub fn spec_to_wire(s: &SpecDraft) -> v1::StudySpec {
         norm_bounds,
         norm_edges,
         expected_owners: s.expected_owners.clone(),
+        layout: LAYOUT_VERSION,
     }
 }
 
@@ -132,3 +143,31 @@ pub const CIPHERTEXTS_PER_CHUNK: usize = 64;
 
 /// Largest gRPC message either side accepts (bytes).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpca_common::testing::{test_draft, test_key};
+
+    /// A spec from a build of another ciphertext layout is refused by name, before
+    /// any of its ciphertexts could be read at the wrong offsets; one of this
+    /// build's layout reads back as itself.
+    #[test]
+    fn specs_of_another_layout_are_refused() {
+        let draft = test_draft(test_key().public(), 4);
+        let wire = spec_to_wire(&draft);
+        assert_eq!(wire.layout, LAYOUT_VERSION);
+        let back = spec_from_wire(&wire).expect("this build's layout");
+        assert_eq!(spec_to_wire(&back), wire);
+        for other in [0, 1, LAYOUT_VERSION + 1] {
+            let old = v1::StudySpec {
+                layout: other,
+                ..wire.clone()
+            };
+            let err = spec_from_wire(&old)
+                .expect_err("another layout")
+                .to_string();
+            assert!(err.contains("layout version"), "{other}: {err}");
+        }
+    }
+}

@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use dpca_common::arith::Elem;
 use dpca_common::dp::Centering;
 use dpca_common::paillier::PublicKey;
-use dpca_common::study::{StudyLayout, StudySpec};
+use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION};
 use dpca_proto::convert::{spec_from_wire, spec_to_wire};
 use dpca_proto::v1;
 use prost::Message;
@@ -242,9 +242,10 @@ impl Store {
                     .spec
                     .as_ref()
                     .ok_or_else(|| self.record_error(&key, "record without a spec".into()))?;
-                let width = spec_from_wire(spec)
+                // The key alone: a format-1 spec is of an older layout, which
+                // loading then turns into an aborted study.
+                let width = PublicKey::from_bytes(&spec.public_key)
                     .map_err(|e| self.record_error(&key, format!("spec: {e}")))?
-                    .public_key
                     .ciphertext_bytes();
                 let per_slice = (SLICE_BYTES / width).max(1);
                 for (i, part) in aggregate.chunks(per_slice).enumerate() {
@@ -805,8 +806,6 @@ pub fn from_record(key: &str, bytes: &[u8], parts: StoredParts) -> Result<Study,
         return Err(format!("record names study `{}`", rec.study_id));
     }
     let wire = rec.spec.as_ref().ok_or("record without a spec")?;
-    let spec = spec_from_wire(wire).map_err(|e| format!("spec: {e}"))?;
-    let layout = StudyLayout::new(&spec).map_err(|e| format!("layout: {e}"))?;
     let mut contributors = BTreeMap::new();
     for c in &parts.contributors {
         if contributors
@@ -816,6 +815,11 @@ pub fn from_record(key: &str, bytes: &[u8], parts: StoredParts) -> Result<Study,
             return Err(format!("owner `{}` stored twice", c.owner_id));
         }
     }
+    if wire.layout.max(1) != LAYOUT_VERSION {
+        return of_older_layout(&rec, wire, contributors);
+    }
+    let spec = spec_from_wire(wire).map_err(|e| format!("spec: {e}"))?;
+    let layout = StudyLayout::new(&spec).map_err(|e| format!("layout: {e}"))?;
     let phase = phase_from_record(&rec, &spec, &contributors)?;
     let aggregate = rebuild_aggregate(&spec, &layout, &phase, &parts)?;
     let opened_by = (!rec.opened_by.is_empty()).then(|| rec.opened_by.clone());
@@ -835,6 +839,41 @@ pub fn from_record(key: &str, bytes: &[u8], parts: StoredParts) -> Result<Study,
         }
     }
     Ok(study)
+}
+
+/// A study opened by a build of another ciphertext layout: none of its stored
+/// ciphertexts can be read at the right offsets, so it is loaded aborted (its
+/// owners still listed, so none is counted twice) and the proxy starts with every
+/// other study going on. Its ciphertexts stay on disk, unread.
+fn of_older_layout(
+    rec: &v1::StoredStudy,
+    wire: &v1::StudySpec,
+    contributors: BTreeMap<String, String>,
+) -> Result<Study, String> {
+    let current = v1::StudySpec {
+        layout: LAYOUT_VERSION,
+        ..wire.clone()
+    };
+    let spec = spec_from_wire(&current).map_err(|e| format!("spec: {e}"))?;
+    let layout = StudyLayout::new(&spec).map_err(|e| format!("layout: {e}"))?;
+    let reason = match rec.phase.as_str() {
+        "aborted" => rec.abort_reason.clone(),
+        _ => format!(
+            "opened by a build of ciphertext layout {}, which this proxy (layout {LAYOUT_VERSION}) cannot read: open the study again",
+            wire.layout.max(1)
+        ),
+    };
+    let aggregate = Study::identity_aggregate(&spec.public_key, &layout);
+    Study::restore(
+        rec.study_id.clone(),
+        spec,
+        layout,
+        rec.noise_free,
+        (!rec.opened_by.is_empty()).then(|| rec.opened_by.clone()),
+        contributors,
+        aggregate,
+        Phase::Aborted(reason),
+    )
 }
 
 fn phase_from_record(
@@ -1077,6 +1116,40 @@ mod tests {
         assert!(err.contains("aggregate"), "{err}");
     }
 
+    /// A study stored by a build of another ciphertext layout loads aborted, its
+    /// owner kept, instead of having its ciphertexts read at the wrong offsets or
+    /// stopping the proxy; an aborted one keeps its own reason.
+    #[test]
+    fn studies_of_another_layout_load_aborted() {
+        let pk = key().public().clone();
+        let mut s = study(3, 3);
+        let cts = contribution(&s, 1);
+        s.contribute("a", "a", &cts, |x, y| pk.ring().mul_elem(x, y))
+            .expect("contribute");
+        let parts = || StoredParts {
+            contributors: vec![contributor_row(&s, "a", false)],
+            checkpoint: slices(&pk, s.aggregate()).concat(),
+            ..Default::default()
+        };
+        let mut rec = to_record(&s);
+        if let Some(spec) = rec.spec.as_mut() {
+            spec.layout = 0;
+        }
+        for (phase, reason) in [("collecting", None), ("aborted", Some("deadline"))] {
+            rec.phase = phase.into();
+            rec.abort_reason = reason.unwrap_or_default().into();
+            let l = from_record("s1", &rec.encode_to_vec(), parts()).expect("loads");
+            let Phase::Aborted(why) = &l.phase else {
+                panic!("{phase}: loaded {}", l.phase.name());
+            };
+            match reason {
+                Some(r) => assert_eq!(why, r),
+                None => assert!(why.contains("ciphertext layout 1"), "{why}"),
+            }
+            assert_eq!(l.contributors(), s.contributors());
+        }
+    }
+
     #[test]
     fn records_that_do_not_fit_their_spec_are_refused_by_name() {
         let pk = key().public().clone();
@@ -1153,6 +1226,12 @@ mod tests {
         rec.format = 1;
         rec.legacy_contributors = vec![contributor_row(&s, "a", false)];
         rec.legacy_aggregate = s.aggregate().iter().map(|c| pk.elem_to_bytes(c)).collect();
+        // A format-1 file predates layout versions: its specs are of layout 1.
+        let mut older = rec.clone();
+        older.study_id = "s2".into();
+        if let Some(spec) = older.spec.as_mut() {
+            spec.layout = 0;
+        }
         let budget =
             crate::budget::charge("a", None, (2.0, 1e-4), "s1", (1.0, 1e-5)).expect("charge");
         {
@@ -1162,6 +1241,9 @@ mod tests {
                 let mut studies = txn.open_table(STUDIES).expect("studies");
                 studies
                     .insert("s1", rec.encode_to_vec().as_slice())
+                    .expect("record");
+                studies
+                    .insert("s2", older.encode_to_vec().as_slice())
                     .expect("record");
                 let mut budgets = txn.open_table(BUDGETS).expect("budgets");
                 budgets
@@ -1174,6 +1256,8 @@ mod tests {
         let loaded = store.load_all().expect("load");
         assert_eq!(loaded[0].contributors(), s.contributors());
         assert_eq!(loaded[0].aggregate(), s.aggregate());
+        assert_eq!(loaded[1].phase.name(), "aborted");
+        assert_eq!(loaded[1].contributors(), s.contributors());
         assert_eq!(
             store.load_budgets().expect("budgets")["a"].spent_epsilon,
             1.0

@@ -206,9 +206,9 @@ fn masking_invariant_holds_exactly() {
 }
 
 /// What the user decrypts in `mask` centering is exactly the packed residue of
-/// T = N R + v b^T + b v^T + b b^T + E' per segment, so a function of T = N (S~ + E)
-/// + v' v'^T alone; and T's entries are wider than the slots they are packed in
-/// (b b^T alone has about twice the mask's bits), which only the user's
+/// T = N R + v b^T + b v^T + b b^T + E' per segment, so a function of T alone (T is
+/// N S~ + E' plus v' v'^T); and T's entries are wider than the slots they are
+/// packed in (b b^T alone has about twice the mask's bits), which only the user's
 /// subtraction of v' v'^T before unpacking makes decodable.
 #[test]
 fn mask_plaintexts_are_packed_t_wider_than_its_slots() {

@@ -8,6 +8,20 @@ use crate::dp::Centering;
 use crate::encoding::{vector_segments, SlotBudget, TriangleLayout};
 use crate::paillier::PowerTable;
 
+/// The version of the ciphertext layout [`StudyLayout::new`] derives from a spec.
+///
+/// Every party derives the layout on its own, so two builds that derive different
+/// layouts from one spec would read each other's ciphertexts at the wrong offsets:
+/// noise added where no value is, values decoded with no noise on them. Specs carry
+/// this version on the wire and a party refuses a spec of another one. Bump it with
+/// any change to the slot widths, the segment order or the blocks.
+///
+/// - 1 (no version on the wire): one slot width for every block, sized in `mask`
+///   centering for T and its b b^T.
+/// - 2: `mask` slots sized for N S~ + E' (the user subtracts v' v'^T before it
+///   unpacks); the vector block with slots of its own.
+pub const LAYOUT_VERSION: u32 = 2;
+
 /// The shape of a study's released blocks, without the packing: all a plaintext
 /// reference computation needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,5 +218,51 @@ impl StudyLayout {
     /// vector block.
     pub fn release_ciphertexts(&self) -> usize {
         self.matrix_ciphertexts() + self.vector.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dp::{Mechanism, PrivacyRequest};
+    use crate::testing::{test_draft, test_key};
+
+    /// The layout is part of the protocol: builds that derive different layouts
+    /// from one spec misread each other's ciphertexts. A change here is a change of
+    /// [`LAYOUT_VERSION`] (bump it, and the widths below, together).
+    #[test]
+    fn layouts_are_frozen_for_this_version() {
+        let layout = |centering| {
+            let draft = SpecDraft {
+                privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, centering, 1.0, 1e-6)
+                    .expect("valid"),
+                ..test_draft(test_key().public(), 70)
+            };
+            StudyLayout::new(&draft.validate().expect("valid")).expect("layout")
+        };
+        let frozen = |l: &StudyLayout| {
+            (
+                l.budget.slot_width,
+                l.budget.slots,
+                l.vector_budget.slot_width,
+                l.vector_budget.slots,
+                l.mask_bits,
+                l.owner_ciphertexts(),
+                l.release_ciphertexts(),
+            )
+        };
+        assert_eq!(LAYOUT_VERSION, 2);
+        // N_max = 1000 rows, Cq = 2^16, kappa = 40: v_max = 65,536,000 (26 bits),
+        // so b has 27 + 40 = 67 bits and v' = v + b needs 68 bits, plus sign and
+        // margin: 70-bit vector slots, 29 to a 2046-bit plaintext.
+        assert_eq!(
+            frozen(&layout(Centering::Mask)),
+            (59, 34, 70, 29, 67, 179, 111)
+        );
+        // dp-mean: R~ + E_R in the matrix slots, v + e_v (no mask) in the vector's.
+        assert_eq!(
+            frozen(&layout(Centering::DpMean)),
+            (47, 43, 33, 62, 67, 100, 99)
+        );
     }
 }
