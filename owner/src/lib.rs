@@ -18,7 +18,7 @@ use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::risk::Risk;
-use dpca_common::study::{StudyLayout, StudySpec};
+use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION};
 use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
@@ -583,6 +583,7 @@ impl EncryptJob {
                 msg.study_id = self.study_id.clone();
                 msg.owner_id = self.owner_id.clone();
                 msg.total_ciphertexts = total as u32;
+                msg.layout = LAYOUT_VERSION;
                 msg.contribution_id = self.contribution_id.clone();
                 msg.cap_epsilon = self.cap.0;
                 msg.cap_delta = self.cap.1;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use dpca_common::arith::Elem;
 use dpca_common::dp::Centering;
 use dpca_common::paillier::{Opening, PublicKey};
-use dpca_common::study::StudyLayout;
+use dpca_common::study::{StudyLayout, LAYOUT_VERSION};
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use dpca_shell::signed_count;
@@ -499,6 +499,14 @@ impl ProxyService {
                 owner_id: &upload.owner,
             },
         )?;
+        if first.layout != LAYOUT_VERSION {
+            return Err(Refusal::Invalid(format!(
+                "contribution packed with ciphertext layout {}, study {} uses layout {LAYOUT_VERSION}: the owner needs a build of the study's layout",
+                first.layout.max(1),
+                upload.study_id
+            ))
+            .into());
+        }
         let (pk, expected, signed) = match self.admit(&upload).await? {
             Admission::Read {
                 pk,

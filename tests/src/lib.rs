@@ -454,6 +454,7 @@ impl StudyFixture {
             first.owner_id = owner.into();
             first.contribution_id = cid.into();
             first.total_ciphertexts = ciphertexts.len() as u32;
+            first.layout = dpca_common::study::LAYOUT_VERSION;
             first.cap_epsilon = 1.5;
             first.cap_delta = 1e-4;
         }

@@ -521,6 +521,7 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
         cap_epsilon: 1.5,
         cap_delta: 1e-4,
         total_ciphertexts: layout.owner_ciphertexts() as u32,
+        layout: dpca_common::study::LAYOUT_VERSION,
         ciphertexts: vec![zero.clone(); n],
         ..Default::default()
     };

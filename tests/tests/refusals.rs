@@ -129,6 +129,7 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
                 study_id: f.study.clone(),
                 owner_id: "mallory".into(),
                 total_ciphertexts: total as u32,
+                layout: dpca_common::study::LAYOUT_VERSION,
                 ciphertexts: cts,
                 contribution_id: "x".into(),
                 cap_epsilon: 10.0,
@@ -142,6 +143,33 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
             assert_eq!(err.code(), tonic::Code::InvalidArgument);
             assert!(err.message().contains("ciphertext 1"), "{}", err.message());
             assert!(err.message().contains(why), "{}", err.message());
+        }
+
+        // An owner of a build before layout versions (no `layout`) or of another
+        // layout: its valid ciphertexts would be noised at the wrong offsets.
+        let one = {
+            let mut one = vec![0u8; n_bytes];
+            one[n_bytes - 1] = 1;
+            one
+        };
+        for layout in [0, dpca_common::study::LAYOUT_VERSION + 1] {
+            let chunk = v1::ContributionChunk {
+                study_id: f.study.clone(),
+                owner_id: "mallory".into(),
+                total_ciphertexts: total as u32,
+                layout,
+                ciphertexts: vec![one.clone(); total],
+                contribution_id: "old".into(),
+                cap_epsilon: 10.0,
+                cap_delta: 1e-3,
+                ..Default::default()
+            };
+            let err = c
+                .contribute(tokio_stream_iter(vec![chunk]))
+                .await
+                .expect_err("a contribution of another layout accepted");
+            assert_eq!(err.code(), tonic::Code::InvalidArgument);
+            assert!(err.message().contains("layout"), "{}", err.message());
         }
 
         // Specs the user's own checks would stop, sent raw: the proxy checks too.

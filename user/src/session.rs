@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey, SecretKey};
 use dpca_common::protocol::{open_release, Opened};
-use dpca_common::study::{StudyLayout, StudySpec};
+use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION};
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
@@ -64,7 +64,24 @@ pub async fn open_study(
         })
         .await
         .map_err(status("proxy refused to open the study"))?;
-    Ok(resp.into_inner().study_id)
+    let study_id = resp.into_inner().study_id;
+    // A proxy of a build before layout versions drops the field it does not know
+    // and would noise the release at its own layout's offsets: read it back.
+    let info = client
+        .get_study(v1::GetStudyRequest {
+            study_id: study_id.clone(),
+        })
+        .await
+        .map_err(status("reading the opened study back"))?
+        .into_inner();
+    let layout = info.spec.map_or(0, |s| s.layout);
+    if layout != LAYOUT_VERSION {
+        anyhow::bail!(
+            "the proxy keeps study {study_id} with ciphertext layout {} and this build packs with layout {LAYOUT_VERSION}: the proxy needs a build of the same layout",
+            layout.max(1)
+        );
+    }
+    Ok(study_id)
 }
 
 /// What this process decided about each study's E[N], by key fingerprint and study

@@ -229,6 +229,7 @@ fn owner_chunks(study: &str, owner: &str, cts: &[Vec<u8>]) -> Vec<v1::Contributi
                 m.owner_id = owner.to_string();
                 m.contribution_id = format!("load-{owner}");
                 m.total_ciphertexts = cts.len() as u32;
+                m.layout = dpca_common::study::LAYOUT_VERSION;
                 m.cap_epsilon = 1.0;
                 m.cap_delta = 1e-5;
             }
