@@ -4,6 +4,7 @@
 use std::process::Command;
 
 use dpca_common::paillier::SecretKey;
+use dpca_common::study::LAYOUT_VERSION;
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
 use dpca_tests::{bin, describe, fixture, optdigits_spec, rt, run, submit};
@@ -110,6 +111,22 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
         .owner_ciphertexts();
     let n2 = f.spec.public_key.n_squared().to_bytes_be();
     let three_n = (f.spec.public_key.n() * 3u32).to_bytes_be();
+    let one = {
+        let mut one = vec![0u8; n_bytes];
+        one[n_bytes - 1] = 1;
+        one
+    };
+    let chunk = |layout: u32, ciphertexts: Vec<Vec<u8>>| v1::ContributionChunk {
+        study_id: f.study.clone(),
+        owner_id: "mallory".into(),
+        total_ciphertexts: total as u32,
+        layout,
+        ciphertexts,
+        contribution_id: "x".into(),
+        cap_epsilon: 10.0,
+        cap_delta: 1e-3,
+        ..Default::default()
+    };
     rt().block_on(async {
         let mut c = f.client("mallory").await;
         // c = n^2 (out of range), c = 0 and c = 3 n (not units), each at index 1.
@@ -118,24 +135,7 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
             (vec![0u8; n_bytes], "zero"),
             (three_n, "a multiple of n"),
         ] {
-            let mut cts = vec![vec![0u8; n_bytes]; 2];
-            cts[0] = {
-                let mut one = vec![0u8; n_bytes];
-                one[n_bytes - 1] = 1;
-                one
-            };
-            cts[1] = bad;
-            let chunk = v1::ContributionChunk {
-                study_id: f.study.clone(),
-                owner_id: "mallory".into(),
-                total_ciphertexts: total as u32,
-                layout: dpca_common::study::LAYOUT_VERSION,
-                ciphertexts: cts,
-                contribution_id: "x".into(),
-                cap_epsilon: 10.0,
-                cap_delta: 1e-3,
-                ..Default::default()
-            };
+            let chunk = chunk(LAYOUT_VERSION, vec![one.clone(), bad]);
             let err = c
                 .contribute(tokio_stream_iter(vec![chunk]))
                 .await
@@ -147,23 +147,8 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
 
         // An owner of a build before layout versions (no `layout`) or of another
         // layout: its valid ciphertexts would be noised at the wrong offsets.
-        let one = {
-            let mut one = vec![0u8; n_bytes];
-            one[n_bytes - 1] = 1;
-            one
-        };
-        for layout in [0, dpca_common::study::LAYOUT_VERSION + 1] {
-            let chunk = v1::ContributionChunk {
-                study_id: f.study.clone(),
-                owner_id: "mallory".into(),
-                total_ciphertexts: total as u32,
-                layout,
-                ciphertexts: vec![one.clone(); total],
-                contribution_id: "old".into(),
-                cap_epsilon: 10.0,
-                cap_delta: 1e-3,
-                ..Default::default()
-            };
+        for layout in [0, LAYOUT_VERSION + 1] {
+            let chunk = chunk(layout, vec![one.clone(); total]);
             let err = c
                 .contribute(tokio_stream_iter(vec![chunk]))
                 .await
