@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
@@ -139,6 +139,12 @@ pub struct ConnectionCaps {
     /// Whether a party may hold a connection here at all; others are closed right
     /// after the handshake, before they take a slot.
     pub admits: fn(&Peer) -> bool,
+    /// Of the connections, how many are kept for the parties `reserved_for`
+    /// names: every other party shares the rest, so no number of them can take
+    /// the last slot from a reserved one.
+    pub reserved: usize,
+    /// The parties the reserved slots are kept for.
+    pub reserved_for: fn(&Peer) -> bool,
 }
 
 impl ConnectionCaps {
@@ -148,7 +154,40 @@ impl ConnectionCaps {
         connections: MAX_CONNECTIONS,
         per_party: MAX_CONNECTIONS_PER_PARTY,
         admits: |_| true,
+        reserved: 0,
+        reserved_for: |_| false,
     };
+}
+
+/// The slots of a TLS listener: those every admitted party shares, and those kept
+/// for the reserved parties.
+#[derive(Clone)]
+struct Slots {
+    shared: Arc<Semaphore>,
+    kept: Arc<Semaphore>,
+}
+
+impl Slots {
+    fn new(caps: &ConnectionCaps) -> Self {
+        let reserved = caps.reserved.min(caps.connections.saturating_sub(1));
+        Self {
+            shared: Arc::new(Semaphore::new((caps.connections - reserved).max(1))),
+            kept: Arc::new(Semaphore::new(reserved)),
+        }
+    }
+
+    /// A slot for a party: a shared one, or for a reserved party whichever frees
+    /// first (a kept one preferred, so the shared ones stay for the others).
+    async fn acquire(self, reserved: bool) -> Result<OwnedSemaphorePermit, AcquireError> {
+        if !reserved {
+            return self.shared.acquire_owned().await;
+        }
+        tokio::select! {
+            biased;
+            kept = self.kept.acquire_owned() => kept,
+            shared = self.shared.acquire_owned() => shared,
+        }
+    }
 }
 
 /// The listener's TLS connections: handshakes under their caps and timeout, then
@@ -160,7 +199,7 @@ pub fn capped_tls(
     handshake_timeout: Duration,
 ) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
-    let slots = Arc::new(Semaphore::new(caps.connections.max(1)));
+    let slots = Slots::new(&caps);
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     let (sources, parties) = (PerKey::<IpAddr>::default(), PerKey::<String>::default());
     tokio::spawn(async move {
@@ -177,12 +216,8 @@ pub fn capped_tls(
             let Some(source) = sources.take(addr.ip(), MAX_HANDSHAKES_PER_SOURCE) else {
                 continue;
             };
-            let (acceptor, slots, parties, tx) = (
-                acceptor.clone(),
-                Arc::clone(&slots),
-                parties.clone(),
-                tx.clone(),
-            );
+            let (acceptor, slots, parties, tx) =
+                (acceptor.clone(), slots.clone(), parties.clone(), tx.clone());
             tokio::spawn(async move {
                 let accept = acceptor.accept(io).into_fallible();
                 let tls = match tokio::time::timeout(handshake_timeout, accept).await {
@@ -191,16 +226,17 @@ pub fn capped_tls(
                     Err(_) => return,
                 };
                 drop(source);
-                let Some(party) = party_of(&tls)
-                    .filter(|p| (caps.admits)(p))
-                    .and_then(|p| parties.take(p.to_string(), caps.per_party))
-                else {
+                let Some(peer) = party_of(&tls).filter(|p| (caps.admits)(p)) else {
+                    return;
+                };
+                let reserved = (caps.reserved_for)(&peer);
+                let Some(party) = parties.take(peer.to_string(), caps.per_party) else {
                     return;
                 };
                 // Waiting for a slot is bounded too: a client that went away while
                 // the slots were full gives its handshake place back.
                 let Ok(Ok(slot)) =
-                    tokio::time::timeout(handshake_timeout, slots.acquire_owned()).await
+                    tokio::time::timeout(handshake_timeout, slots.acquire(reserved)).await
                 else {
                     return;
                 };

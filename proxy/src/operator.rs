@@ -12,9 +12,11 @@
 //! adds no way in. A connection here is bounded as on the main port (streams,
 //! flow-control windows, keepalive), decodes no request over 1 KiB, and one party
 //! holds at most 2 of its 8 connections; a party that may not read the status
-//! (an owner) is closed right after the handshake. Bind it where only operators
-//! reach (loopback, an admin network): a user's certificate can still hold 2 of
-//! its slots.
+//! (an owner) is closed right after the handshake. Half the slots are kept for
+//! operators: users share the other half, so user certificates that hold
+//! connections here idle cannot lock the operator out. Bind it where only
+//! operators reach (loopback, an admin network) all the same: its handshake
+//! places, like the main port's, are open to anyone who reaches it.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -31,6 +33,10 @@ use crate::service::ProxyService;
 pub const MAX_OPERATOR_CONNECTIONS: usize = 8;
 /// ... and for one party (certificate name): no one party holds them all.
 pub const MAX_OPERATOR_CONNECTIONS_PER_PARTY: usize = 2;
+/// ... of them kept for operators (certificates of the proxy's role): users, who
+/// may read their own studies' status here too, share the rest, so however many
+/// user certificates reach this port, they cannot lock the operator out.
+pub const OPERATOR_RESERVED_CONNECTIONS: usize = 4;
 /// Largest request decoded: a status request is empty.
 const MAX_REQUEST_BYTES: usize = 1024;
 
@@ -99,6 +105,8 @@ async fn serve(
                 // Only a party that may read the status holds a connection here:
                 // an owner's is closed before it takes a slot.
                 admits: |p| crate::access::permit(Some(p), crate::access::Action::Status).is_ok(),
+                reserved: OPERATOR_RESERVED_CONNECTIONS,
+                reserved_for: |p| p.role == dpca_shell::tls::Role::Proxy,
             };
             let incoming = crate::listener::capped_tls(listener, caps, acceptor, handshake_timeout);
             router

@@ -127,7 +127,7 @@ impl Drop for Proc {
 }
 
 /// Users with certificates in a test proxy's development PKI.
-pub const TEST_USERS: &[&str] = &["user", "eve"];
+pub const TEST_USERS: &[&str] = &["user", "eve", "carol", "dave"];
 
 /// Owners with certificates in a test proxy's development PKI.
 pub const TEST_OWNERS: &[&str] = &["a", "b", "hospital-a", "hospital-b", "mallory", "late"];

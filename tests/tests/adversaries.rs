@@ -7,6 +7,8 @@ use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::Share;
 use dpca_proto::v1;
+use dpca_proxy::operator::OPERATOR_RESERVED_CONNECTIONS;
+use dpca_shell::tls::{Role, Transport};
 use dpca_tests::{describe, fixture, fixture_on, fixture_with, rt};
 use num_bigint::BigUint;
 use rand::rngs::OsRng;
@@ -373,6 +375,77 @@ fn status_answers_on_the_operator_listener_while_the_main_one_is_flooded() {
         "an owner's connection was served on the operator listener"
     );
     for task in flood {
+        task.abort();
+    }
+    runtime.shutdown_background();
+}
+
+/// Users may read their own studies' status on the operator listener, so four
+/// user certificates could hold all 8 of its slots (2 each) with idle
+/// connections, and the operator's `status` would wait for a slot until its
+/// handshake timed out. Half the slots are kept for operators: the users' get
+/// at most the other half, and the operator's status answers at once.
+#[test]
+fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let operator_url = format!("https://127.0.0.1:{port}");
+    let f = fixture_on(&["--operator-listen", &format!("127.0.0.1:{port}")], |_| {});
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Each user holds 2 connections, each one served once and then kept idle.
+    let held: Vec<_> = ["user", "eve", "carol", "dave"]
+        .iter()
+        .flat_map(|u| [f.proxy.transport(u), f.proxy.transport(u)])
+        .map(|user| {
+            let (url, served) = (operator_url.clone(), std::sync::Arc::clone(&served));
+            runtime.spawn(async move {
+                let mut c = dpca_shell::client::connect(&url, &user).await.ok()?;
+                let call = c.status(v1::StatusRequest::default());
+                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(4), call).await {
+                    served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_secs(120)).await;
+                Some(c)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(5));
+    // The users hold slots: without them this test would prove nothing.
+    let users_in = served.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        users_in >= 4,
+        "only {users_in} user connections were served"
+    );
+    assert!(
+        users_in <= 8 - OPERATOR_RESERVED_CONNECTIONS,
+        "users hold {users_in} of the operator listener's 8 slots"
+    );
+    let operator = f
+        .proxy
+        .pki
+        .operator
+        .load(Role::Proxy)
+        .expect("the operator's certificate");
+    let operator = Transport::Tls(std::sync::Arc::new(operator));
+    let answered = runtime.block_on(async {
+        let call = async {
+            let mut c = dpca_shell::client::connect(&operator_url, &operator)
+                .await
+                .ok()?;
+            c.status(v1::StatusRequest::default()).await.ok()
+        };
+        tokio::time::timeout(Duration::from_secs(3), call)
+            .await
+            .ok()
+            .flatten()
+    });
+    let answered =
+        answered.expect("the operator's status waited behind the users' idle connections");
+    assert_eq!(answered.into_inner().studies.len(), 1);
+    for task in held {
         task.abort();
     }
     runtime.shutdown_background();
