@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
@@ -141,7 +141,9 @@ pub struct ConnectionCaps {
     pub admits: fn(&Peer) -> bool,
     /// Of the connections, how many are kept for the parties `reserved_for`
     /// names: every other party shares the rest, so no number of them can take
-    /// the last slot from a reserved one.
+    /// the last slot from a reserved one. With a reservation, a party that is not
+    /// reserved and finds the shared slots held is closed at once instead of
+    /// waiting for one. Fewer than `connections`.
     pub reserved: usize,
     /// The parties the reserved slots are kept for.
     pub reserved_for: fn(&Peer) -> bool,
@@ -165,27 +167,37 @@ impl ConnectionCaps {
 struct Slots {
     shared: Arc<Semaphore>,
     kept: Arc<Semaphore>,
+    /// Whether a party that is not reserved waits for a shared slot (the main
+    /// listener's queue) or is closed at once when they are all held (a listener
+    /// with a reservation: waiting would hold a handshake place, and parties
+    /// waiting in numbers would fill those places, which the reserved parties
+    /// need too).
+    others_wait: bool,
 }
 
 impl Slots {
     fn new(caps: &ConnectionCaps) -> Self {
+        debug_assert!(caps.reserved < caps.connections, "no slot left to share");
         let reserved = caps.reserved.min(caps.connections.saturating_sub(1));
         Self {
             shared: Arc::new(Semaphore::new((caps.connections - reserved).max(1))),
             kept: Arc::new(Semaphore::new(reserved)),
+            others_wait: reserved == 0,
         }
     }
 
-    /// A slot for a party: a shared one, or for a reserved party whichever frees
-    /// first (a kept one preferred, so the shared ones stay for the others).
-    async fn acquire(self, reserved: bool) -> Result<OwnedSemaphorePermit, AcquireError> {
-        if !reserved {
-            return self.shared.acquire_owned().await;
-        }
-        tokio::select! {
-            biased;
-            kept = self.kept.acquire_owned() => kept,
-            shared = self.shared.acquire_owned() => shared,
+    /// A slot for a party: for a reserved one whichever frees first (a kept one
+    /// preferred, so the shared ones stay for the others); for another a shared
+    /// one, or none at once if they are all held and the listener keeps some.
+    async fn acquire(self, reserved: bool) -> Option<OwnedSemaphorePermit> {
+        match (reserved, self.others_wait) {
+            (true, _) => tokio::select! {
+                biased;
+                kept = self.kept.acquire_owned() => kept.ok(),
+                shared = self.shared.acquire_owned() => shared.ok(),
+            },
+            (false, true) => self.shared.acquire_owned().await.ok(),
+            (false, false) => self.shared.try_acquire_owned().ok(),
         }
     }
 }
@@ -235,7 +247,7 @@ pub fn capped_tls(
                 };
                 // Waiting for a slot is bounded too: a client that went away while
                 // the slots were full gives its handshake place back.
-                let Ok(Ok(slot)) =
+                let Ok(Some(slot)) =
                     tokio::time::timeout(handshake_timeout, slots.acquire(reserved)).await
                 else {
                     return;
@@ -275,4 +287,77 @@ const ALERT_LINGER: Duration = Duration::from_secs(1);
 fn party_of(tls: &TlsStream<TcpStream>) -> Option<Peer> {
     let certs = tls.get_ref().1.peer_certificates()?;
     dpca_shell::tls::peer_of(certs.first()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(connections: usize, reserved: usize) -> ConnectionCaps {
+        ConnectionCaps {
+            connections,
+            per_party: connections,
+            admits: |_| true,
+            reserved,
+            reserved_for: |_| false,
+        }
+    }
+
+    async fn within(
+        slots: &Slots,
+        reserved: bool,
+        ms: u64,
+    ) -> Result<Option<OwnedSemaphorePermit>, tokio::time::error::Elapsed> {
+        tokio::time::timeout(Duration::from_millis(ms), slots.clone().acquire(reserved)).await
+    }
+
+    /// Others take only the shared slots, and are closed at once when those are
+    /// held; a reserved party gets a kept slot, then falls back to a shared one.
+    #[tokio::test]
+    async fn others_never_take_a_kept_slot() {
+        let slots = Slots::new(&caps(3, 1));
+        let a = within(&slots, false, 100)
+            .await
+            .expect("at once")
+            .expect("shared");
+        let _b = within(&slots, false, 100)
+            .await
+            .expect("at once")
+            .expect("shared");
+        let refused = within(&slots, false, 100).await.expect("at once");
+        assert!(refused.is_none(), "another party took the kept slot");
+        let _op = within(&slots, true, 100)
+            .await
+            .expect("at once")
+            .expect("kept");
+        assert!(
+            within(&slots, true, 100).await.is_err(),
+            "a slot beyond the cap"
+        );
+        drop(a);
+        let _op2 = within(&slots, true, 100)
+            .await
+            .expect("at once")
+            .expect("shared");
+    }
+
+    /// Without a reservation (the main listener) a party waits its turn.
+    #[tokio::test]
+    async fn without_a_reservation_parties_wait_for_a_slot() {
+        let slots = Slots::new(&caps(1, 0));
+        let held = within(&slots, false, 100)
+            .await
+            .expect("at once")
+            .expect("slot");
+        assert!(within(&slots, false, 100).await.is_err(), "did not wait");
+        let waiting = tokio::spawn({
+            let slots = slots.clone();
+            async move { slots.acquire(false).await.is_some() }
+        });
+        drop(held);
+        assert!(
+            waiting.await.expect("task"),
+            "the waiting party got no slot"
+        );
+    }
 }

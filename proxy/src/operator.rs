@@ -12,11 +12,15 @@
 //! adds no way in. A connection here is bounded as on the main port (streams,
 //! flow-control windows, keepalive), decodes no request over 1 KiB, and one party
 //! holds at most 2 of its 8 connections; a party that may not read the status
-//! (an owner) is closed right after the handshake. Half the slots are kept for
-//! operators: users share the other half, so user certificates that hold
-//! connections here idle cannot lock the operator out. Bind it where only
-//! operators reach (loopback, an admin network) all the same: its handshake
-//! places, like the main port's, are open to anyone who reaches it.
+//! (an owner) is closed right after the handshake. Two slots are kept for
+//! operators: users share the other six (and a user's connection that finds them
+//! held is closed at once, holding no handshake place), so user certificates that
+//! hold connections here idle cannot lock the operator out. Bind it where only
+//! operators reach (an admin network, or loopback on a host only operators use)
+//! all the same: its handshake places, like the main port's, are open to anyone
+//! who reaches it, and on loopback every client comes from one address, whose 8
+//! places one local process can fill. Over plaintext (tests only) no party is
+//! known, so nothing is kept.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -33,10 +37,11 @@ use crate::service::ProxyService;
 pub const MAX_OPERATOR_CONNECTIONS: usize = 8;
 /// ... and for one party (certificate name): no one party holds them all.
 pub const MAX_OPERATOR_CONNECTIONS_PER_PARTY: usize = 2;
-/// ... of them kept for operators (certificates of the proxy's role): users, who
-/// may read their own studies' status here too, share the rest, so however many
-/// user certificates reach this port, they cannot lock the operator out.
-pub const OPERATOR_RESERVED_CONNECTIONS: usize = 4;
+/// ... of them kept for operators (certificates of the proxy's role): as many as
+/// one operator may hold. Users, who may read their own studies' status here too,
+/// share the rest, so however many user certificates reach this port, they cannot
+/// lock the operator out.
+pub const OPERATOR_RESERVED_CONNECTIONS: usize = MAX_OPERATOR_CONNECTIONS_PER_PARTY;
 /// Largest request decoded: a status request is empty.
 const MAX_REQUEST_BYTES: usize = 1024;
 

@@ -383,8 +383,9 @@ fn status_answers_on_the_operator_listener_while_the_main_one_is_flooded() {
 /// Users may read their own studies' status on the operator listener, so four
 /// user certificates could hold all 8 of its slots (2 each) with idle
 /// connections, and the operator's `status` would wait for a slot until its
-/// handshake timed out. Half the slots are kept for operators: the users' get
-/// at most the other half, and the operator's status answers at once.
+/// handshake timed out. Two slots are kept for operators: the users' connections
+/// are served on the other six (the rest closed at once), and the operator's
+/// status answers.
 #[test]
 fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -394,33 +395,39 @@ fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
     let operator_url = format!("https://127.0.0.1:{port}");
     let f = fixture_on(&["--operator-listen", &format!("127.0.0.1:{port}")], |_| {});
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    // Each user holds 2 connections, each one served once and then kept idle.
+    let (outcome, outcomes) = std::sync::mpsc::channel();
+    // Each user holds 2 connections, each served once (or not) and then kept idle.
     let held: Vec<_> = ["user", "eve", "carol", "dave"]
         .iter()
         .flat_map(|u| [f.proxy.transport(u), f.proxy.transport(u)])
         .map(|user| {
-            let (url, served) = (operator_url.clone(), std::sync::Arc::clone(&served));
+            let (url, outcome) = (operator_url.clone(), outcome.clone());
             runtime.spawn(async move {
-                let mut c = dpca_shell::client::connect(&url, &user).await.ok()?;
-                let call = c.status(v1::StatusRequest::default());
-                if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(4), call).await {
-                    served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
+                let wait = Duration::from_secs(20);
+                let served = async {
+                    let mut c = dpca_shell::client::connect(&url, &user).await.ok()?;
+                    let call = c.status(v1::StatusRequest::default());
+                    tokio::time::timeout(wait, call).await.ok()?.ok()?;
+                    Some(c)
+                };
+                let client = served.await;
+                let _ = outcome.send(client.is_some());
                 tokio::time::sleep(Duration::from_secs(120)).await;
-                Some(c)
+                drop(client);
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_secs(5));
-    // The users hold slots: without them this test would prove nothing.
-    let users_in = served.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        users_in >= 4,
-        "only {users_in} user connections were served"
-    );
-    assert!(
-        users_in <= 8 - OPERATOR_RESERVED_CONNECTIONS,
+    let users_in = (0..8)
+        .map(|_| {
+            outcomes
+                .recv_timeout(Duration::from_secs(60))
+                .expect("an outcome")
+        })
+        .filter(|served| *served)
+        .count();
+    assert_eq!(
+        users_in,
+        8 - OPERATOR_RESERVED_CONNECTIONS,
         "users hold {users_in} of the operator listener's 8 slots"
     );
     let operator = f
@@ -437,7 +444,7 @@ fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
                 .ok()?;
             c.status(v1::StatusRequest::default()).await.ok()
         };
-        tokio::time::timeout(Duration::from_secs(3), call)
+        tokio::time::timeout(Duration::from_secs(10), call)
             .await
             .ok()
             .flatten()
