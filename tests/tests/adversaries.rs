@@ -280,6 +280,19 @@ fn connections_that_never_finish_a_handshake_do_not_lock_owners_out() {
     runtime.shutdown_background();
 }
 
+/// A study fixture whose proxy also runs an operator listener, and its address.
+fn fixture_with_operator_listener() -> (dpca_tests::StudyFixture, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let operator_at = format!("127.0.0.1:{port}");
+    (
+        fixture_on(&["--operator-listen", &operator_at], |_| {}),
+        operator_at,
+    )
+}
+
 /// Anyone who reaches the main port can fill its handshake places (here 320
 /// silent connections from 40 addresses, 8 each, against 256 places), and so can
 /// hundreds of owners connecting at once: `proxy status` on a fresh connection is
@@ -287,12 +300,7 @@ fn connections_that_never_finish_a_handshake_do_not_lock_owners_out() {
 /// runtime: the status answers there, and nothing but the status is served.
 #[test]
 fn status_answers_on_the_operator_listener_while_the_main_one_is_flooded() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let operator_at = format!("127.0.0.1:{port}");
-    let f = fixture_on(&["--operator-listen", &operator_at], |_| {});
+    let (f, operator_at) = fixture_with_operator_listener();
     let main: std::net::SocketAddr = f.url.trim_start_matches("https://").parse().expect("addr");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let held = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -388,12 +396,8 @@ fn status_answers_on_the_operator_listener_while_the_main_one_is_flooded() {
 /// status answers.
 #[test]
 fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let operator_url = format!("https://127.0.0.1:{port}");
-    let f = fixture_on(&["--operator-listen", &format!("127.0.0.1:{port}")], |_| {});
+    let (f, operator_at) = fixture_with_operator_listener();
+    let operator_url = format!("https://{operator_at}");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let (outcome, outcomes) = std::sync::mpsc::channel();
     // Each user holds 2 connections, each served once (or not) and then kept idle.

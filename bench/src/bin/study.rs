@@ -3,7 +3,9 @@
 //! size, ciphertexts and bytes per owner, wall and CPU time and peak memory of one
 //! owner, the proxy and the user, each role's CPU time against its primitive bound,
 //! the speedup over the baseline mode, and the proxy's memory with 10 and with 200
-//! owners.
+//! owners. The end-to-end time is also given in GMP multiplications mod n^2
+//! measured in the same run: seconds are not comparable between runs on a shared
+//! machine whose speed varies, that count is.
 //!
 //! The primitive bound of a role is the count of each primitive operation the design
 //! prescribes for it (DESIGN section 9), times that primitive's one-core cost measured
@@ -300,6 +302,9 @@ struct Row {
     keygen: f64,
     /// GMP's reference multiplication over this run's: prices the bounds at GMP.
     gmp_factor: f64,
+    /// GMP's multiplication mod n^2 in this run, seconds: the end-to-end time in
+    /// these units compares across runs on machines of different speed.
+    gmp_mulmod: f64,
 }
 
 fn mib(b: u64) -> f64 {
@@ -491,17 +496,18 @@ fn row_of(
         total_wall: report.seconds.total,
         keygen: report.seconds.keygen,
         gmp_factor: p.gmp_mulmod / p.mulmod,
+        gmp_mulmod: p.gmp_mulmod,
     }
 }
 
 fn print_table(rows: &[Row]) {
     println!(
-        "\n| scenario | bits | mode | L | M | cts/owner | KB/owner | owner wall / cpu s | proxy release wall / cpu s | user wall / cpu s | total s (keygen) | peak MiB owner / proxy / user |"
+        "\n| scenario | bits | mode | L | M | cts/owner | KB/owner | owner wall / cpu s | proxy release wall / cpu s | user wall / cpu s | total s (keygen) | total in GMP mults (10^6) | peak MiB owner / proxy / user |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} {} | {} | {} | {} | {} | {} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.1} ({:.1}) | {:.0} / {:.0} / {:.0} |",
+            "| {} {} | {} | {} | {} | {} | {} | {:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.1} ({:.1}) | {:.2} | {:.0} / {:.0} / {:.0} |",
             r.scenario,
             r.name,
             r.key_bits,
@@ -518,6 +524,7 @@ fn print_table(rows: &[Row]) {
             r.user_cpu,
             r.total_wall,
             r.keygen,
+            r.total_wall / r.gmp_mulmod / 1e6,
             r.owner_peak_mib,
             r.proxy_peak_mib,
             r.user_peak_mib,
