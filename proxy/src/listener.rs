@@ -250,6 +250,7 @@ pub fn capped_tls(
                 let Ok(Some(slot)) =
                     tokio::time::timeout(handshake_timeout, slots.acquire(reserved)).await
                 else {
+                    tracing::debug!(party = %peer, "no connection slot free: closed");
                     return;
                 };
                 drop(place);
@@ -339,6 +340,23 @@ mod tests {
             .await
             .expect("at once")
             .expect("shared");
+    }
+
+    /// A reserved party takes a kept slot while one is free, leaving the shared
+    /// ones to the others.
+    #[tokio::test]
+    async fn a_reserved_party_takes_a_kept_slot_first() {
+        let slots = Slots::new(&caps(3, 1));
+        let _op = within(&slots, true, 100)
+            .await
+            .expect("at once")
+            .expect("kept");
+        let _a = within(&slots, false, 100)
+            .await
+            .expect("at once")
+            .expect("shared");
+        let b = within(&slots, false, 100).await.expect("at once");
+        assert!(b.is_some(), "the reserved party took a shared slot");
     }
 
     /// Without a reservation (the main listener) a party waits its turn.

@@ -401,15 +401,20 @@ fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let (outcome, outcomes) = std::sync::mpsc::channel();
     // Each user holds 2 connections, each served once (or not) and then kept idle.
+    // Each connection from its own loopback address, as real users have their
+    // own: the per-address handshake cap (8) is not what this test is about.
     let held: Vec<_> = ["user", "eve", "carol", "dave"]
         .iter()
         .flat_map(|u| [f.proxy.transport(u), f.proxy.transport(u)])
-        .map(|user| {
+        .enumerate()
+        .map(|(i, user)| {
             let (url, outcome) = (operator_url.clone(), outcome.clone());
+            let from = std::net::IpAddr::from([127, 0, 2, 10 + i as u8]);
             runtime.spawn(async move {
                 let wait = Duration::from_secs(20);
                 let served = async {
-                    let mut c = dpca_shell::client::connect(&url, &user).await.ok()?;
+                    let connect = dpca_shell::client::connect_from(&url, &user, Some(from));
+                    let mut c = connect.await.ok()?;
                     let call = c.status(v1::StatusRequest::default());
                     tokio::time::timeout(wait, call).await.ok()?.ok()?;
                     Some(c)
