@@ -143,7 +143,8 @@ pub struct ConnectionCaps {
     /// names: every other party shares the rest, so no number of them can take
     /// the last slot from a reserved one. With a reservation, a party that is not
     /// reserved and finds the shared slots held is closed at once instead of
-    /// waiting for one. Fewer than `connections`.
+    /// waiting for one. At most `connections - 1` are kept (more is cut), so at
+    /// least one slot is shared.
     pub reserved: usize,
     /// The parties the reserved slots are kept for.
     pub reserved_for: fn(&Peer) -> bool,
@@ -177,7 +178,6 @@ struct Slots {
 
 impl Slots {
     fn new(caps: &ConnectionCaps) -> Self {
-        debug_assert!(caps.reserved < caps.connections, "no slot left to share");
         let reserved = caps.reserved.min(caps.connections.saturating_sub(1));
         Self {
             shared: Arc::new(Semaphore::new((caps.connections - reserved).max(1))),
@@ -312,34 +312,27 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(ms), slots.clone().acquire(reserved)).await
     }
 
+    /// The answer to a request that must not wait: a slot, or none.
+    async fn now(slots: &Slots, reserved: bool) -> Option<OwnedSemaphorePermit> {
+        within(slots, reserved, 100).await.expect("at once")
+    }
+
     /// Others take only the shared slots, and are closed at once when those are
     /// held; a reserved party gets a kept slot, then falls back to a shared one.
     #[tokio::test]
     async fn others_never_take_a_kept_slot() {
         let slots = Slots::new(&caps(3, 1));
-        let a = within(&slots, false, 100)
-            .await
-            .expect("at once")
-            .expect("shared");
-        let _b = within(&slots, false, 100)
-            .await
-            .expect("at once")
-            .expect("shared");
-        let refused = within(&slots, false, 100).await.expect("at once");
+        let a = now(&slots, false).await.expect("shared");
+        let _b = now(&slots, false).await.expect("shared");
+        let refused = now(&slots, false).await;
         assert!(refused.is_none(), "another party took the kept slot");
-        let _op = within(&slots, true, 100)
-            .await
-            .expect("at once")
-            .expect("kept");
+        let _op = now(&slots, true).await.expect("kept");
         assert!(
             within(&slots, true, 100).await.is_err(),
             "a slot beyond the cap"
         );
         drop(a);
-        let _op2 = within(&slots, true, 100)
-            .await
-            .expect("at once")
-            .expect("shared");
+        let _op2 = now(&slots, true).await.expect("shared");
     }
 
     /// A reserved party takes a kept slot while one is free, leaving the shared
@@ -347,15 +340,9 @@ mod tests {
     #[tokio::test]
     async fn a_reserved_party_takes_a_kept_slot_first() {
         let slots = Slots::new(&caps(3, 1));
-        let _op = within(&slots, true, 100)
-            .await
-            .expect("at once")
-            .expect("kept");
-        let _a = within(&slots, false, 100)
-            .await
-            .expect("at once")
-            .expect("shared");
-        let b = within(&slots, false, 100).await.expect("at once");
+        let _op = now(&slots, true).await.expect("kept");
+        let _a = now(&slots, false).await.expect("shared");
+        let b = now(&slots, false).await;
         assert!(b.is_some(), "the reserved party took a shared slot");
     }
 
@@ -363,10 +350,7 @@ mod tests {
     #[tokio::test]
     async fn without_a_reservation_parties_wait_for_a_slot() {
         let slots = Slots::new(&caps(1, 0));
-        let held = within(&slots, false, 100)
-            .await
-            .expect("at once")
-            .expect("slot");
+        let held = now(&slots, false).await.expect("slot");
         assert!(within(&slots, false, 100).await.is_err(), "did not wait");
         let waiting = tokio::spawn({
             let slots = slots.clone();

@@ -7,9 +7,9 @@ use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::Share;
 use dpca_proto::v1;
-use dpca_proxy::operator::OPERATOR_RESERVED_CONNECTIONS;
+use dpca_proxy::operator::{MAX_OPERATOR_CONNECTIONS, OPERATOR_RESERVED_CONNECTIONS};
 use dpca_shell::tls::{Role, Transport};
-use dpca_tests::{describe, fixture, fixture_on, fixture_with, rt};
+use dpca_tests::{describe, fixture, fixture_on, fixture_with, rt, TEST_USERS};
 use num_bigint::BigUint;
 use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
@@ -403,7 +403,7 @@ fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
     // Each user holds 2 connections, each served once (or not) and then kept idle.
     // Each connection from its own loopback address, as real users have their
     // own: the per-address handshake cap (8) is not what this test is about.
-    let held: Vec<_> = ["user", "eve", "carol", "dave"]
+    let held: Vec<_> = TEST_USERS
         .iter()
         .flat_map(|u| [f.proxy.transport(u), f.proxy.transport(u)])
         .enumerate()
@@ -426,7 +426,7 @@ fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
             })
         })
         .collect();
-    let users_in = (0..8)
+    let users_in = (0..2 * TEST_USERS.len())
         .map(|_| {
             outcomes
                 .recv_timeout(Duration::from_secs(60))
@@ -436,7 +436,7 @@ fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
         .count();
     assert_eq!(
         users_in,
-        8 - OPERATOR_RESERVED_CONNECTIONS,
+        MAX_OPERATOR_CONNECTIONS - OPERATOR_RESERVED_CONNECTIONS,
         "users hold {users_in} of the operator listener's 8 slots"
     );
     let operator = f
