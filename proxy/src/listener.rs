@@ -10,6 +10,13 @@
 //! a connection past a cap is closed at once. So a client that reconnects without
 //! end delays no one from another address. Once authenticated, a party (named by
 //! its certificate) holds at most [`MAX_CONNECTIONS_PER_PARTY`] connections.
+//!
+//! Of the main listener's slots, [`MAIN_RESERVED_CONNECTIONS`] are kept for the
+//! parties who steer studies (users and the operator): owners, however many and
+//! however many of them collude, share the rest, so they cannot hold every slot
+//! idle and lock the user out of sealing and collecting its study, or the
+//! operator out of `proxy status`; and at hundreds of owners uploading at once
+//! those parties do not wait behind the uploads for a slot.
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -26,7 +33,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
 use crate::per_key::{Held, PerKey};
-use dpca_shell::tls::Peer;
+use dpca_shell::tls::{Peer, Role};
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -36,6 +43,9 @@ pub const MAX_HANDSHAKES: usize = 256;
 pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Connections served at once for one party (one certificate name).
 pub const MAX_CONNECTIONS_PER_PARTY: usize = 8;
+/// Of the main listener's [`MAX_CONNECTIONS`], those kept for users and the
+/// operator: as many as one party may hold.
+pub const MAIN_RESERVED_CONNECTIONS: usize = MAX_CONNECTIONS_PER_PARTY;
 
 /// An accepted connection holding one of the capped slots until it closes.
 pub struct Capped<IO> {
@@ -148,18 +158,42 @@ pub struct ConnectionCaps {
     pub reserved: usize,
     /// The parties the reserved slots are kept for.
     pub reserved_for: fn(&Peer) -> bool,
+    /// What a party that is not reserved does when every slot it may take is held.
+    pub when_full: WhenFull,
+}
+
+/// What a connection that finds every slot it may take held does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Waits for one (at most the handshake timeout), holding its handshake
+    /// place: the main listener's owners, whose uploads take their turn.
+    Wait,
+    /// Is closed at once: on a listener whose handshake places its reserved
+    /// parties need, waiting in numbers would fill them.
+    Close,
 }
 
 impl ConnectionCaps {
     /// The main listener's: [`MAX_CONNECTIONS`], [`MAX_CONNECTIONS_PER_PARTY`],
-    /// every party the CA certified.
+    /// every party the CA certified, [`MAIN_RESERVED_CONNECTIONS`] kept for the
+    /// parties who steer studies; owners wait their turn for the rest.
     pub const MAIN: Self = Self {
         connections: MAX_CONNECTIONS,
         per_party: MAX_CONNECTIONS_PER_PARTY,
         admits: |_| true,
-        reserved: 0,
-        reserved_for: |_| false,
+        reserved: MAIN_RESERVED_CONNECTIONS,
+        reserved_for: steers_studies,
+        when_full: WhenFull::Wait,
     };
+}
+
+/// Users and the operator: the parties a study cannot go on without once its
+/// owners are in (the user seals and collects it, the operator watches it).
+fn steers_studies(p: &Peer) -> bool {
+    match p.role {
+        Role::User | Role::Proxy => true,
+        Role::Owner => false,
+    }
 }
 
 /// The slots of a TLS listener: those every admitted party shares, and those kept
@@ -168,12 +202,8 @@ impl ConnectionCaps {
 struct Slots {
     shared: Arc<Semaphore>,
     kept: Arc<Semaphore>,
-    /// Whether a party that is not reserved waits for a shared slot (the main
-    /// listener's queue) or is closed at once when they are all held (a listener
-    /// with a reservation: waiting would hold a handshake place, and parties
-    /// waiting in numbers would fill those places, which the reserved parties
-    /// need too).
-    others_wait: bool,
+    /// What a party that is not reserved does when the shared slots are held.
+    when_full: WhenFull,
 }
 
 impl Slots {
@@ -182,22 +212,23 @@ impl Slots {
         Self {
             shared: Arc::new(Semaphore::new((caps.connections - reserved).max(1))),
             kept: Arc::new(Semaphore::new(reserved)),
-            others_wait: reserved == 0,
+            when_full: caps.when_full,
         }
     }
 
     /// A slot for a party: for a reserved one whichever frees first (a kept one
     /// preferred, so the shared ones stay for the others); for another a shared
-    /// one, or none at once if they are all held and the listener keeps some.
+    /// one, or none at once if they are all held and the listener closes such
+    /// connections.
     async fn acquire(self, reserved: bool) -> Option<OwnedSemaphorePermit> {
-        match (reserved, self.others_wait) {
+        match (reserved, self.when_full) {
             (true, _) => tokio::select! {
                 biased;
                 kept = self.kept.acquire_owned() => kept.ok(),
                 shared = self.shared.acquire_owned() => shared.ok(),
             },
-            (false, true) => self.shared.acquire_owned().await.ok(),
-            (false, false) => self.shared.try_acquire_owned().ok(),
+            (false, WhenFull::Wait) => self.shared.acquire_owned().await.ok(),
+            (false, WhenFull::Close) => self.shared.try_acquire_owned().ok(),
         }
     }
 }
@@ -294,13 +325,14 @@ fn party_of(tls: &TlsStream<TcpStream>) -> Option<Peer> {
 mod tests {
     use super::*;
 
-    fn caps(connections: usize, reserved: usize) -> ConnectionCaps {
+    fn caps(connections: usize, reserved: usize, when_full: WhenFull) -> ConnectionCaps {
         ConnectionCaps {
             connections,
             per_party: connections,
             admits: |_| true,
             reserved,
             reserved_for: |_| false,
+            when_full,
         }
     }
 
@@ -321,7 +353,7 @@ mod tests {
     /// held; a reserved party gets a kept slot, then falls back to a shared one.
     #[tokio::test]
     async fn others_never_take_a_kept_slot() {
-        let slots = Slots::new(&caps(3, 1));
+        let slots = Slots::new(&caps(3, 1, WhenFull::Close));
         let a = now(&slots, false).await.expect("shared");
         let _b = now(&slots, false).await.expect("shared");
         let refused = now(&slots, false).await;
@@ -339,17 +371,45 @@ mod tests {
     /// ones to the others.
     #[tokio::test]
     async fn a_reserved_party_takes_a_kept_slot_first() {
-        let slots = Slots::new(&caps(3, 1));
+        let slots = Slots::new(&caps(3, 1, WhenFull::Close));
         let _op = now(&slots, true).await.expect("kept");
         let _a = now(&slots, false).await.expect("shared");
         let b = now(&slots, false).await;
         assert!(b.is_some(), "the reserved party took a shared slot");
     }
 
-    /// Without a reservation (the main listener) a party waits its turn.
+    /// Where others wait (the main listener), a reserved party still gets a kept
+    /// slot at once while they queue for the shared ones, and a waiting party
+    /// takes a shared slot freed, never the kept one.
+    #[tokio::test]
+    async fn others_queue_for_the_shared_slots_while_a_reserved_party_gets_in() {
+        let slots = Slots::new(&caps(2, 1, WhenFull::Wait));
+        let held = now(&slots, false).await.expect("shared");
+        let waiting = tokio::spawn({
+            let slots = slots.clone();
+            async move { slots.acquire(false).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished(), "another party took the kept slot");
+        let op = now(&slots, true).await.expect("the kept slot, at once");
+        drop(op);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !waiting.is_finished(),
+            "the freed kept slot went to another"
+        );
+        drop(held);
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+        assert!(
+            matches!(got, Ok(Ok(Some(_)))),
+            "the waiting party got no shared slot"
+        );
+    }
+
+    /// Without a reservation a party waits its turn.
     #[tokio::test]
     async fn without_a_reservation_parties_wait_for_a_slot() {
-        let slots = Slots::new(&caps(1, 0));
+        let slots = Slots::new(&caps(1, 0, WhenFull::Wait));
         let held = now(&slots, false).await.expect("slot");
         assert!(within(&slots, false, 100).await.is_err(), "did not wait");
         let waiting = tokio::spawn({

@@ -112,6 +112,8 @@ async fn serve(
                 admits: |p| crate::access::permit(Some(p), crate::access::Action::Status).is_ok(),
                 reserved: OPERATOR_RESERVED_CONNECTIONS,
                 reserved_for: |p| p.role == dpca_shell::tls::Role::Proxy,
+                // Waiting would hold a handshake place, which operators need too.
+                when_full: crate::listener::WhenFull::Close,
             };
             let incoming = crate::listener::capped_tls(listener, caps, acceptor, handshake_timeout);
             router

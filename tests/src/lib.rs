@@ -130,7 +130,19 @@ impl Drop for Proc {
 pub const TEST_USERS: &[&str] = &["user", "eve", "carol", "dave"];
 
 /// Owners with certificates in a test proxy's development PKI.
-pub const TEST_OWNERS: &[&str] = &["a", "b", "hospital-a", "hospital-b", "mallory", "late"];
+/// Nine: more than fill the main listener's connections (8 each), so a test can
+/// hold every slot owners may take.
+pub const TEST_OWNERS: &[&str] = &[
+    "a",
+    "b",
+    "hospital-a",
+    "hospital-b",
+    "mallory",
+    "late",
+    "c",
+    "d",
+    "e",
+];
 
 /// A proxy process on mutual TLS, with the development PKI its parties use.
 pub struct TestProxy {

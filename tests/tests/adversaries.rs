@@ -7,9 +7,10 @@ use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::Share;
 use dpca_proto::v1;
+use dpca_proxy::listener::{MAIN_RESERVED_CONNECTIONS, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PARTY};
 use dpca_proxy::operator::{MAX_OPERATOR_CONNECTIONS, OPERATOR_RESERVED_CONNECTIONS};
 use dpca_shell::tls::{Role, Transport};
-use dpca_tests::{describe, fixture, fixture_on, fixture_with, rt, TEST_USERS};
+use dpca_tests::{describe, fixture, fixture_on, fixture_with, rt, TEST_OWNERS, TEST_USERS};
 use num_bigint::BigUint;
 use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
@@ -487,6 +488,92 @@ fn one_party_cannot_hold_every_connection() {
     assert_eq!(f.owners_in(), 1);
     drop(held);
     drop(runtime);
+}
+
+/// Owners, each holding as many idle connections as one party may (their
+/// keepalive pings answered), took all 64 of the main listener's slots: the user
+/// could not seal or collect its study, nor the operator read `proxy status`,
+/// while they held them. Now 8 are kept for users and the operator: the owners
+/// are served on the other 56 (the rest wait their turn), and the user and the
+/// operator are answered at once.
+#[test]
+fn owners_holding_every_connection_cannot_lock_the_user_or_operator_out() {
+    let f = fixture();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (outcome, outcomes) = std::sync::mpsc::channel();
+    // Every connection from its own loopback address, as real owners have their
+    // own: the per-address handshake cap is not what this test is about.
+    let held: Vec<_> = TEST_OWNERS
+        .iter()
+        .flat_map(|o| std::iter::repeat_n(f.proxy.transport(o), MAX_CONNECTIONS_PER_PARTY))
+        .enumerate()
+        .map(|(i, owner)| {
+            let (url, study, outcome) = (f.url.clone(), f.study.clone(), outcome.clone());
+            let from = std::net::IpAddr::from([127, 0, 3, 10 + i as u8]);
+            runtime.spawn(async move {
+                let served = async {
+                    let connect = dpca_shell::client::connect_from(&url, &owner, Some(from));
+                    let mut c = connect.await.ok()?;
+                    let call = c.get_study(v1::GetStudyRequest { study_id: study });
+                    tokio::time::timeout(Duration::from_secs(30), call)
+                        .await
+                        .ok()?
+                        .ok()?;
+                    Some(c)
+                };
+                let client = served.await;
+                let _ = outcome.send(client.is_some());
+                tokio::time::sleep(Duration::from_secs(120)).await;
+                drop(client);
+            })
+        })
+        .collect();
+    let owners_in = (0..held.len())
+        .map(|_| {
+            outcomes
+                .recv_timeout(Duration::from_secs(60))
+                .expect("an outcome")
+        })
+        .filter(|served| *served)
+        .count();
+    assert_eq!(
+        owners_in,
+        MAX_CONNECTIONS - MAIN_RESERVED_CONNECTIONS,
+        "owners hold {owners_in} of the main listener's {MAX_CONNECTIONS} slots"
+    );
+    let operator = f
+        .proxy
+        .pki
+        .operator
+        .load(Role::Proxy)
+        .expect("the operator's certificate");
+    let operator = Transport::Tls(std::sync::Arc::new(operator));
+    let (user, operator) = runtime.block_on(async {
+        let within = Duration::from_secs(5);
+        let user = async {
+            let mut c = dpca_shell::client::connect(&f.url, &f.proxy.transport("user"))
+                .await
+                .ok()?;
+            let call = c.get_study(v1::GetStudyRequest {
+                study_id: f.study.clone(),
+            });
+            tokio::time::timeout(within, call).await.ok()?.ok()
+        };
+        let operator = async {
+            let mut c = dpca_shell::client::connect(&f.url, &operator).await.ok()?;
+            let call = c.status(v1::StatusRequest::default());
+            tokio::time::timeout(within, call).await.ok()?.ok()
+        };
+        tokio::join!(user, operator)
+    });
+    let user = user.expect("the user waited behind the owners' idle connections");
+    assert_eq!(user.into_inner().owners_in, 0);
+    let operator = operator.expect("the operator's status waited behind the owners' connections");
+    assert_eq!(operator.into_inner().studies.len(), 1);
+    for task in held {
+        task.abort();
+    }
+    runtime.shutdown_background();
 }
 
 /// A certificate of the proxy's CA whose organizational unit names no role used
