@@ -9,7 +9,10 @@
 //! ([`MAX_HANDSHAKES`]) and per source address ([`MAX_HANDSHAKES_PER_SOURCE`]);
 //! a connection past a cap is closed at once. So a client that reconnects without
 //! end delays no one from another address. Once authenticated, a party (named by
-//! its certificate) holds at most [`MAX_CONNECTIONS_PER_PARTY`] connections.
+//! its certificate) holds at most [`MAX_CONNECTIONS_PER_PARTY`] connections, and a
+//! connection that finds no slot free gives its handshake place back and waits on
+//! one of [`MAX_WAITING`] places of their own: hundreds of owners queueing for
+//! their upload do not fill the handshake places the next party needs to get in.
 //!
 //! Of the main listener's slots, [`MAIN_RESERVED_CONNECTIONS`] are kept for the
 //! parties who steer studies (users and the operator): owners, however many and
@@ -37,8 +40,10 @@ use dpca_shell::tls::{Peer, Role};
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
-/// TLS handshakes (and authenticated connections waiting for a slot) at once.
+/// TLS handshakes at once.
 pub const MAX_HANDSHAKES: usize = 256;
+/// Authenticated connections waiting for a slot at once.
+pub const MAX_WAITING: usize = 256;
 /// TLS handshakes at once from one source address.
 pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Connections served at once for one party (one certificate name).
@@ -204,6 +209,8 @@ struct Slots {
     kept: Arc<Semaphore>,
     /// What a party that is not reserved does when the shared slots are held.
     when_full: WhenFull,
+    /// Places of the connections waiting for a slot ([`MAX_WAITING`]).
+    waiting: Arc<Semaphore>,
 }
 
 impl Slots {
@@ -213,7 +220,25 @@ impl Slots {
             shared: Arc::new(Semaphore::new((caps.connections - reserved).max(1))),
             kept: Arc::new(Semaphore::new(reserved)),
             when_full: caps.when_full,
+            waiting: Arc::new(Semaphore::new(MAX_WAITING)),
         }
+    }
+
+    /// A slot for a party: one free now, or else one it waits for (at most
+    /// `wait`) on a waiting place; none if no waiting place is free either.
+    async fn take(self, reserved: bool, wait: Duration) -> Option<OwnedSemaphorePermit> {
+        let kept = reserved.then(|| self.kept.clone().try_acquire_owned().ok());
+        let free = kept
+            .flatten()
+            .or_else(|| self.shared.clone().try_acquire_owned().ok());
+        if free.is_some() {
+            return free;
+        }
+        let _waiting = self.waiting.clone().try_acquire_owned().ok()?;
+        tokio::time::timeout(wait, self.acquire(reserved))
+            .await
+            .ok()
+            .flatten()
     }
 
     /// A slot for a party: for a reserved one whichever frees first (a kept one
@@ -276,15 +301,14 @@ pub fn capped_tls(
                 let Some(party) = parties.take(peer.to_string(), caps.per_party) else {
                     return;
                 };
-                // Waiting for a slot is bounded too: a client that went away while
-                // the slots were full gives its handshake place back.
-                let Ok(Some(slot)) =
-                    tokio::time::timeout(handshake_timeout, slots.acquire(reserved)).await
-                else {
+                // Done with the handshake: a party waiting for a slot holds a
+                // waiting place instead, for a bounded time (a client that went
+                // away while the slots were full gives it back).
+                drop(place);
+                let Some(slot) = slots.take(reserved, handshake_timeout).await else {
                     tracing::debug!(party = %peer, "no connection slot free: closed");
                     return;
                 };
-                drop(place);
                 let conn = Capped {
                     io: tls,
                     _slot: slot,
@@ -404,6 +428,33 @@ mod tests {
             matches!(got, Ok(Ok(Some(_)))),
             "the waiting party got no shared slot"
         );
+    }
+
+    /// Parties waiting for a slot hold waiting places, not handshake places: past
+    /// [`MAX_WAITING`] of them the next is closed at once, while a reserved party
+    /// with a kept slot free still gets in.
+    #[tokio::test]
+    async fn waiting_is_capped_on_places_of_its_own() {
+        let slots = Slots::new(&caps(2, 1, WhenFull::Wait));
+        let wait = Duration::from_secs(30);
+        let _held = slots.clone().take(false, wait).await.expect("shared");
+        let queued: Vec<_> = (0..MAX_WAITING)
+            .map(|_| tokio::spawn(slots.clone().take(false, wait)))
+            .collect();
+        while slots.waiting.available_permits() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let late =
+            tokio::time::timeout(Duration::from_millis(100), slots.clone().take(false, wait));
+        assert!(
+            matches!(late.await, Ok(None)),
+            "a party past the waiting places was not closed at once"
+        );
+        let op = tokio::time::timeout(Duration::from_millis(100), slots.clone().take(true, wait));
+        assert!(matches!(op.await, Ok(Some(_))), "the reserved party waited");
+        for q in queued {
+            q.abort();
+        }
     }
 
     /// Without a reservation a party waits its turn.
