@@ -15,11 +15,17 @@
 //! their upload do not fill the handshake places the next party needs to get in.
 //!
 //! Of the main listener's slots, [`MAIN_RESERVED_CONNECTIONS`] are kept for the
-//! parties who steer studies (users and the operator): owners, however many and
+//! parties who steer studies (users and the operator), at most
+//! [`MAIN_RESERVED_PER_PARTY`] of them for any one: owners, however many and
 //! however many of them collude, share the rest, so they cannot hold every slot
 //! idle and lock the user out of sealing and collecting its study, or the
 //! operator out of `proxy status`; and at hundreds of owners uploading at once
-//! those parties do not wait behind the uploads for a slot.
+//! those parties do not wait behind the uploads for a slot. Nor can one user
+//! hold every kept slot (four users or the operator and three users can).
+//!
+//! A listener holds at most its slots, [`MAX_HANDSHAKES`] and [`MAX_WAITING`] TLS
+//! connections: 576 on the main port, 520 on the operator's, each a descriptor
+//! (run the proxy with a descriptor limit of 4096 or more).
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -42,21 +48,28 @@ use dpca_shell::tls::{Peer, Role};
 pub const MAX_CONNECTIONS: usize = 64;
 /// TLS handshakes at once.
 pub const MAX_HANDSHAKES: usize = 256;
-/// Authenticated connections waiting for a slot at once.
+/// Authenticated connections waiting for a slot at once. With the handshakes and
+/// the connections served, a listener holds at most 64 + 256 + 256 TLS
+/// connections (and their descriptors).
 pub const MAX_WAITING: usize = 256;
 /// TLS handshakes at once from one source address.
 pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Connections served at once for one party (one certificate name).
 pub const MAX_CONNECTIONS_PER_PARTY: usize = 8;
 /// Of the main listener's [`MAX_CONNECTIONS`], those kept for users and the
-/// operator: as many as one party may hold.
-pub const MAIN_RESERVED_CONNECTIONS: usize = MAX_CONNECTIONS_PER_PARTY;
+/// operator.
+pub const MAIN_RESERVED_CONNECTIONS: usize = 8;
+/// ... and of a user's or the operator's connections, how many may take a kept
+/// one: no one of them holds them all.
+pub const MAIN_RESERVED_PER_PARTY: usize = 2;
 
 /// An accepted connection holding one of the capped slots until it closes.
 pub struct Capped<IO> {
     io: IO,
     _slot: OwnedSemaphorePermit,
     _party: Option<Held<String>>,
+    /// A reserved party's claim on the kept slots, while this connection lasts.
+    _kept: Option<Held<String>>,
 }
 
 impl<IO: Connected> Connected for Capped<IO> {
@@ -134,6 +147,7 @@ pub fn capped(
                 io,
                 _slot: slot,
                 _party: None,
+                _kept: None,
             };
             if tx.send(Ok(conn)).await.is_err() {
                 return;
@@ -156,25 +170,31 @@ pub struct ConnectionCaps {
     pub admits: fn(&Peer) -> bool,
     /// Of the connections, how many are kept for the parties `reserved_for`
     /// names: every other party shares the rest, so no number of them can take
-    /// the last slot from a reserved one. With a reservation, a party that is not
-    /// reserved and finds the shared slots held is closed at once instead of
-    /// waiting for one. At most `connections - 1` are kept (more is cut), so at
-    /// least one slot is shared.
+    /// the last slot from a reserved one. At most `connections - 1` are kept
+    /// (more is cut), so at least one slot is shared.
     pub reserved: usize,
     /// The parties the reserved slots are kept for.
     pub reserved_for: fn(&Peer) -> bool,
+    /// Of one reserved party's connections, how many may take a kept slot (its
+    /// others are served as any party's): one party cannot hold every kept slot.
+    pub reserved_per_party: usize,
     /// What a party that is not reserved does when every slot it may take is held.
     pub when_full: WhenFull,
+    /// TLS handshakes at once ([`MAX_HANDSHAKES`]).
+    pub handshakes: usize,
+    /// Authenticated connections waiting for a slot at once ([`MAX_WAITING`]).
+    pub waiting: usize,
 }
 
 /// What a connection that finds every slot it may take held does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WhenFull {
-    /// Waits for one (at most the handshake timeout), holding its handshake
-    /// place: the main listener's owners, whose uploads take their turn.
+    /// Waits for one (at most the handshake timeout) on a waiting place: the
+    /// main listener's owners, whose uploads take their turn.
     Wait,
-    /// Is closed at once: on a listener whose handshake places its reserved
-    /// parties need, waiting in numbers would fill them.
+    /// Is closed at once, holding nothing: the operator listener's users, whose
+    /// status call can be made again, and whose waiting would only hold a
+    /// connection open on a port kept for operators.
     Close,
 }
 
@@ -188,7 +208,10 @@ impl ConnectionCaps {
         admits: |_| true,
         reserved: MAIN_RESERVED_CONNECTIONS,
         reserved_for: steers_studies,
+        reserved_per_party: MAIN_RESERVED_PER_PARTY,
         when_full: WhenFull::Wait,
+        handshakes: MAX_HANDSHAKES,
+        waiting: MAX_WAITING,
     };
 }
 
@@ -209,7 +232,7 @@ struct Slots {
     kept: Arc<Semaphore>,
     /// What a party that is not reserved does when the shared slots are held.
     when_full: WhenFull,
-    /// Places of the connections waiting for a slot ([`MAX_WAITING`]).
+    /// Places of the connections waiting for a slot.
     waiting: Arc<Semaphore>,
 }
 
@@ -220,7 +243,7 @@ impl Slots {
             shared: Arc::new(Semaphore::new((caps.connections - reserved).max(1))),
             kept: Arc::new(Semaphore::new(reserved)),
             when_full: caps.when_full,
-            waiting: Arc::new(Semaphore::new(MAX_WAITING)),
+            waiting: Arc::new(Semaphore::new(caps.waiting)),
         }
     }
 
@@ -231,7 +254,7 @@ impl Slots {
         let free = kept
             .flatten()
             .or_else(|| self.shared.clone().try_acquire_owned().ok());
-        if free.is_some() {
+        if free.is_some() || (!reserved && self.when_full == WhenFull::Close) {
             return free;
         }
         let _waiting = self.waiting.clone().try_acquire_owned().ok()?;
@@ -267,9 +290,15 @@ pub fn capped_tls(
     handshake_timeout: Duration,
 ) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
-    let slots = Slots::new(&caps);
-    let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-    let (sources, parties) = (PerKey::<IpAddr>::default(), PerKey::<String>::default());
+    let handshakes = Arc::new(Semaphore::new(caps.handshakes));
+    let sources = PerKey::<IpAddr>::default();
+    let admission = Admission {
+        caps,
+        slots: Slots::new(&caps),
+        parties: PerKey::default(),
+        kept_by_party: PerKey::default(),
+        handshake_timeout,
+    };
     tokio::spawn(async move {
         loop {
             // Ends with the server (its receiver dropped), not at the next connection.
@@ -284,8 +313,7 @@ pub fn capped_tls(
             let Some(source) = sources.take(addr.ip(), MAX_HANDSHAKES_PER_SOURCE) else {
                 continue;
             };
-            let (acceptor, slots, parties, tx) =
-                (acceptor.clone(), slots.clone(), parties.clone(), tx.clone());
+            let (acceptor, admission, tx) = (acceptor.clone(), admission.clone(), tx.clone());
             tokio::spawn(async move {
                 let accept = acceptor.accept(io).into_fallible();
                 let tls = match tokio::time::timeout(handshake_timeout, accept).await {
@@ -294,31 +322,59 @@ pub fn capped_tls(
                     Err(_) => return,
                 };
                 drop(source);
-                let Some(peer) = party_of(&tls).filter(|p| (caps.admits)(p)) else {
-                    return;
-                };
-                let reserved = (caps.reserved_for)(&peer);
-                let Some(party) = parties.take(peer.to_string(), caps.per_party) else {
-                    return;
-                };
                 // Done with the handshake: a party waiting for a slot holds a
-                // waiting place instead, for a bounded time (a client that went
-                // away while the slots were full gives it back).
+                // waiting place instead.
                 drop(place);
-                let Some(slot) = slots.take(reserved, handshake_timeout).await else {
-                    tracing::debug!(party = %peer, "no connection slot free: closed");
-                    return;
-                };
-                let conn = Capped {
-                    io: tls,
-                    _slot: slot,
-                    _party: Some(party),
-                };
-                let _ = tx.send(Ok(conn)).await;
+                if let Some(conn) = admission.admit(tls).await {
+                    let _ = tx.send(Ok(conn)).await;
+                }
             });
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// What an authenticated connection is admitted under: the listener's caps, its
+/// slots and what each party holds.
+#[derive(Clone)]
+struct Admission {
+    caps: ConnectionCaps,
+    slots: Slots,
+    parties: PerKey<String>,
+    /// A reserved party's connections that may take a kept slot.
+    kept_by_party: PerKey<String>,
+    handshake_timeout: Duration,
+}
+
+impl Admission {
+    /// The connection with its slot, or none (closed) if its party may not hold
+    /// one here, holds its share already, or none frees in time.
+    async fn admit(self, tls: TlsStream<TcpStream>) -> Option<Capped<TlsStream<TcpStream>>> {
+        let peer = party_of(&tls).filter(|p| (self.caps.admits)(p))?;
+        let party = self.parties.take(peer.to_string(), self.caps.per_party)?;
+        let kept = (self.caps.reserved_for)(&peer)
+            .then(|| {
+                self.kept_by_party
+                    .take(peer.to_string(), self.caps.reserved_per_party)
+            })
+            .flatten();
+        // Waiting is bounded: a client that went away while the slots were full
+        // gives its waiting place back.
+        let Some(slot) = self
+            .slots
+            .take(kept.is_some(), self.handshake_timeout)
+            .await
+        else {
+            tracing::debug!(party = %peer, "no connection slot free: closed");
+            return None;
+        };
+        Some(Capped {
+            io: tls,
+            _slot: slot,
+            _party: Some(party),
+            _kept: kept,
+        })
+    }
 }
 
 /// Closes a connection whose handshake the proxy refused, after the alert that
@@ -356,7 +412,10 @@ mod tests {
             admits: |_| true,
             reserved,
             reserved_for: |_| false,
+            reserved_per_party: connections,
             when_full,
+            handshakes: MAX_HANDSHAKES,
+            waiting: MAX_WAITING,
         }
     }
 
@@ -441,9 +500,14 @@ mod tests {
         let queued: Vec<_> = (0..MAX_WAITING)
             .map(|_| tokio::spawn(slots.clone().take(false, wait)))
             .collect();
-        while slots.waiting.available_permits() > 0 {
-            tokio::task::yield_now().await;
-        }
+        let all_waiting = async {
+            while slots.waiting.available_permits() > 0 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), all_waiting)
+            .await
+            .expect("the queued parties took no waiting places");
         let late =
             tokio::time::timeout(Duration::from_millis(100), slots.clone().take(false, wait));
         assert!(
@@ -455,6 +519,55 @@ mod tests {
         for q in queued {
             q.abort();
         }
+    }
+
+    /// A connection waiting for a slot gives its handshake place back: with one
+    /// slot and one handshake place, a party queued behind the one served leaves
+    /// the place to the next, whose handshake completes (before, it was closed at
+    /// accept).
+    #[tokio::test]
+    async fn a_party_waiting_for_a_slot_holds_no_handshake_place() {
+        use dpca_shell::tls::{write_dev_pki, Transport};
+        use tokio_stream::StreamExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let owners = names(&["a", "b", "c"]);
+        let pki = write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &owners).expect("PKI");
+        let server = pki.proxy.load(Role::Proxy).expect("proxy files");
+        let acceptor = TlsAcceptor::from(Arc::new(server.rustls_server_config().expect("config")));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("https://{}", listener.local_addr().expect("address"));
+        let caps = ConnectionCaps {
+            handshakes: 1,
+            ..caps(1, 0, WhenFull::Wait)
+        };
+        let mut served = capped_tls(listener, caps, acceptor, Duration::from_secs(30));
+        let (tx, mut count) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Some(conn) = served.next().await {
+                held.push(conn);
+                let _ = tx.send(held.len());
+            }
+        });
+        let connect = |name: &str| {
+            let files = pki.files(name).expect("owner files");
+            let transport = Transport::Tls(Arc::new(files.load(Role::Owner).expect("load")));
+            let url = url.clone();
+            async move {
+                let attempt = dpca_shell::client::connect(&url, &transport);
+                tokio::time::timeout(Duration::from_secs(5), attempt).await
+            }
+        };
+        let _a = connect("a").await.expect("a in time").expect("a served");
+        assert_eq!(count.recv().await, Some(1));
+        let _b = connect("b").await.expect("b in time").expect("b queued");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let c = connect("c").await.expect("c in time");
+        assert!(
+            c.is_ok(),
+            "a party queued for a slot held the only handshake place"
+        );
     }
 
     /// Without a reservation a party waits its turn.

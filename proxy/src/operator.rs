@@ -3,8 +3,9 @@
 //!
 //! On the main listener `proxy status` takes its turn with the owners: its TLS
 //! handshake waits behind theirs for the runtime's threads, and a flood of
-//! handshakes (hundreds of owners at once, or anyone who can reach the port) fills
-//! the handshake places, so the call waits or is turned away. Here it shares
+//! handshakes (anyone who can reach the port, or hundreds of owners connecting in
+//! the same instant) fills the handshake places, so the call waits or is turned
+//! away; owners queued for a slot hold none. Here it shares
 //! neither: the operating system gives this thread its share of the cores
 //! whatever the main runtime is doing. The service is the same one (the same
 //! studies and the same access rules: the operator sees everything, a user its
@@ -14,7 +15,7 @@
 //! holds at most 2 of its 8 connections; a party that may not read the status
 //! (an owner) is closed right after the handshake. Two slots are kept for
 //! operators: users share the other six (and a user's connection that finds them
-//! held is closed at once, holding no handshake place), so user certificates that
+//! held is closed at once rather than queueing), so user certificates that
 //! hold connections here idle cannot lock the operator out. Bind it where only
 //! operators reach (an admin network, or loopback on a host only operators use)
 //! all the same: its handshake places, like the main port's, are open to anyone
@@ -112,8 +113,10 @@ async fn serve(
                 admits: |p| crate::access::permit(Some(p), crate::access::Action::Status).is_ok(),
                 reserved: OPERATOR_RESERVED_CONNECTIONS,
                 reserved_for: |p| p.role == dpca_shell::tls::Role::Proxy,
-                // Waiting would hold a handshake place, which operators need too.
+                reserved_per_party: MAX_OPERATOR_CONNECTIONS_PER_PARTY,
                 when_full: crate::listener::WhenFull::Close,
+                handshakes: crate::listener::MAX_HANDSHAKES,
+                waiting: crate::listener::MAX_WAITING,
             };
             let incoming = crate::listener::capped_tls(listener, caps, acceptor, handshake_timeout);
             router

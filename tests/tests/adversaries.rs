@@ -7,7 +7,9 @@ use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::Share;
 use dpca_proto::v1;
-use dpca_proxy::listener::{MAIN_RESERVED_CONNECTIONS, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PARTY};
+use dpca_proxy::listener::{
+    MAIN_RESERVED_CONNECTIONS, MAIN_RESERVED_PER_PARTY, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PARTY,
+};
 use dpca_proxy::operator::{MAX_OPERATOR_CONNECTIONS, OPERATOR_RESERVED_CONNECTIONS};
 use dpca_shell::tls::{Role, Transport};
 use dpca_tests::{describe, fixture, fixture_on, fixture_with, rt, TEST_OWNERS, TEST_USERS};
@@ -296,7 +298,7 @@ fn fixture_with_operator_listener() -> (dpca_tests::StudyFixture, String) {
 
 /// Anyone who reaches the main port can fill its handshake places (here 320
 /// silent connections from 40 addresses, 8 each, against 256 places), and so can
-/// hundreds of owners connecting at once: `proxy status` on a fresh connection is
+/// hundreds of owners connecting in the same instant: `proxy status` on a fresh connection is
 /// then turned away there. The operator listener has its own places, thread and
 /// runtime: the status answers there, and nothing but the status is served.
 #[test]
@@ -493,54 +495,59 @@ fn one_party_cannot_hold_every_connection() {
 /// Owners, each holding as many idle connections as one party may (their
 /// keepalive pings answered), took all 64 of the main listener's slots: the user
 /// could not seal or collect its study, nor the operator read `proxy status`,
-/// while they held them. Now 8 are kept for users and the operator: the owners
-/// are served on the other 56 (the rest wait their turn), and the user and the
-/// operator are answered at once.
+/// while they held them. Now 8 are kept for users and the operator, at most 2 for
+/// any one of them: the owners are served on the other 56 (the rest wait their
+/// turn), a user holding 8 idle connections takes 2 of the kept ones, and the
+/// user and the operator are answered at once while owners still queue.
 #[test]
 fn owners_holding_every_connection_cannot_lock_the_user_or_operator_out() {
     let f = fixture();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let (outcome, outcomes) = std::sync::mpsc::channel();
-    // Every connection from its own loopback address, as real owners have their
+    // Every connection from its own loopback address, as real parties have their
     // own: the per-address handshake cap is not what this test is about.
-    let held: Vec<_> = TEST_OWNERS
-        .iter()
-        .flat_map(|o| std::iter::repeat_n(f.proxy.transport(o), MAX_CONNECTIONS_PER_PARTY))
-        .enumerate()
-        .map(|(i, owner)| {
-            let (url, study, outcome) = (f.url.clone(), f.study.clone(), outcome.clone());
-            let from = std::net::IpAddr::from([127, 0, 3, 10 + i as u8]);
-            runtime.spawn(async move {
-                let served = async {
-                    let connect = dpca_shell::client::connect_from(&url, &owner, Some(from));
-                    let mut c = connect.await.ok()?;
-                    let call = c.get_study(v1::GetStudyRequest { study_id: study });
-                    tokio::time::timeout(Duration::from_secs(30), call)
-                        .await
-                        .ok()?
-                        .ok()?;
-                    Some(c)
-                };
-                let client = served.await;
-                let _ = outcome.send(client.is_some());
-                tokio::time::sleep(Duration::from_secs(120)).await;
-                drop(client);
-            })
+    let idle = |party: &str, i: usize| {
+        let (url, study, outcome) = (f.url.clone(), f.study.clone(), outcome.clone());
+        let transport = f.proxy.transport(party);
+        let from = std::net::IpAddr::from([127, 0, 3 + (i / 200) as u8, 10 + (i % 200) as u8]);
+        runtime.spawn(async move {
+            let served = async {
+                let connect = dpca_shell::client::connect_from(&url, &transport, Some(from));
+                let mut c = connect.await.ok()?;
+                let call = c.get_study(v1::GetStudyRequest { study_id: study });
+                tokio::time::timeout(Duration::from_secs(30), call)
+                    .await
+                    .ok()?
+                    .ok()?;
+                Some(c)
+            };
+            let client = served.await;
+            let _ = outcome.send(client.is_some());
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            drop(client);
         })
-        .collect();
-    let owners_in = (0..held.len())
-        .map(|_| {
+    };
+    let owners = TEST_OWNERS
+        .iter()
+        .flat_map(|o| std::iter::repeat_n(*o, MAX_CONNECTIONS_PER_PARTY));
+    let mut held: Vec<_> = owners.enumerate().map(|(i, o)| idle(o, i)).collect();
+    let shared = MAX_CONNECTIONS - MAIN_RESERVED_CONNECTIONS;
+    // The served answer at once; the queued only when the proxy closes them, after
+    // its handshake timeout (10 s).
+    let served_now = |n: usize| {
+        (0..n).all(|_| {
             outcomes
-                .recv_timeout(Duration::from_secs(60))
+                .recv_timeout(Duration::from_secs(8))
                 .expect("an outcome")
         })
-        .filter(|served| *served)
-        .count();
-    assert_eq!(
-        owners_in,
-        MAX_CONNECTIONS - MAIN_RESERVED_CONNECTIONS,
-        "owners hold {owners_in} of the main listener's {MAX_CONNECTIONS} slots"
-    );
+    };
+    assert!(served_now(shared), "owners got fewer than the shared slots");
+    let queued = held.len() - shared;
+    // A user takes at most its share of the kept slots; its other connections
+    // queue with the owners.
+    let first = held.len();
+    held.extend((0..MAX_CONNECTIONS_PER_PARTY).map(|i| idle("eve", first + i)));
+    assert!(served_now(MAIN_RESERVED_PER_PARTY), "eve got no kept slot");
     let operator = f
         .proxy
         .pki
@@ -566,10 +573,22 @@ fn owners_holding_every_connection_cannot_lock_the_user_or_operator_out() {
         };
         tokio::join!(user, operator)
     });
-    let user = user.expect("the user waited behind the owners' idle connections");
+    let user = user.expect("the user waited behind the owners' and eve's connections");
     assert_eq!(user.into_inner().owners_in, 0);
-    let operator = operator.expect("the operator's status waited behind the owners' connections");
+    let operator = operator.expect("the operator's status waited behind the others' connections");
     assert_eq!(operator.into_inner().studies.len(), 1);
+    let late = queued + MAX_CONNECTIONS_PER_PARTY - MAIN_RESERVED_PER_PARTY;
+    let late_served = (0..late)
+        .filter(|_| {
+            outcomes
+                .recv_timeout(Duration::from_secs(60))
+                .expect("an outcome")
+        })
+        .count();
+    assert_eq!(
+        late_served, 0,
+        "a queued connection took a slot the user's and the operator's calls left"
+    );
     for task in held {
         task.abort();
     }
