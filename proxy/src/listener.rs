@@ -175,7 +175,7 @@ pub struct ConnectionCaps {
     pub reserved: usize,
     /// The parties the reserved slots are kept for.
     pub reserved_for: fn(&Peer) -> bool,
-    /// Of one reserved party's connections, how many may take a kept slot (its
+    /// Of one reserved party's connections, how many may hold a kept slot (its
     /// others are served as any party's): one party cannot hold every kept slot.
     pub reserved_per_party: usize,
     /// What a party that is not reserved does when every slot it may take is held.
@@ -247,8 +247,11 @@ impl Slots {
         }
     }
 
-    /// A slot for a party: one free now, or else one it waits for (at most
-    /// `wait`) on a waiting place; none if no waiting place is free either.
+    /// A slot for a party: one free now (for a reserved one a kept one first, so
+    /// the shared ones stay for the others), or else one it waits for, at most
+    /// `wait`, on a waiting place (a reserved party whichever frees first);
+    /// none if the listener closes such parties when full, or no waiting place
+    /// is free.
     async fn take(self, reserved: bool, wait: Duration) -> Option<OwnedSemaphorePermit> {
         let kept = reserved.then(|| self.kept.clone().try_acquire_owned().ok());
         let free = kept
@@ -258,26 +261,22 @@ impl Slots {
             return free;
         }
         let _waiting = self.waiting.clone().try_acquire_owned().ok()?;
-        tokio::time::timeout(wait, self.acquire(reserved))
-            .await
-            .ok()
-            .flatten()
+        let freed = async {
+            match reserved {
+                true => tokio::select! {
+                    biased;
+                    kept = self.kept.clone().acquire_owned() => kept.ok(),
+                    shared = self.shared.clone().acquire_owned() => shared.ok(),
+                },
+                false => self.shared.clone().acquire_owned().await.ok(),
+            }
+        };
+        tokio::time::timeout(wait, freed).await.ok().flatten()
     }
 
-    /// A slot for a party: for a reserved one whichever frees first (a kept one
-    /// preferred, so the shared ones stay for the others); for another a shared
-    /// one, or none at once if they are all held and the listener closes such
-    /// connections.
-    async fn acquire(self, reserved: bool) -> Option<OwnedSemaphorePermit> {
-        match (reserved, self.when_full) {
-            (true, _) => tokio::select! {
-                biased;
-                kept = self.kept.acquire_owned() => kept.ok(),
-                shared = self.shared.acquire_owned() => shared.ok(),
-            },
-            (false, WhenFull::Wait) => self.shared.acquire_owned().await.ok(),
-            (false, WhenFull::Close) => self.shared.try_acquire_owned().ok(),
-        }
+    /// Whether `slot` is one of the kept ones.
+    fn is_kept(&self, slot: &OwnedSemaphorePermit) -> bool {
+        Arc::ptr_eq(slot.semaphore(), &self.kept)
     }
 }
 
@@ -358,21 +357,19 @@ impl Admission {
                     .take(peer.to_string(), self.caps.reserved_per_party)
             })
             .flatten();
-        // Waiting is bounded: a client that went away while the slots were full
-        // gives its waiting place back.
-        let Some(slot) = self
-            .slots
-            .take(kept.is_some(), self.handshake_timeout)
-            .await
-        else {
+        // Waiting is bounded by the handshake timeout.
+        let slots = self.slots.clone();
+        let Some(slot) = slots.take(kept.is_some(), self.handshake_timeout).await else {
             tracing::debug!(party = %peer, "no connection slot free: closed");
             return None;
         };
         Some(Capped {
             io: tls,
-            _slot: slot,
             _party: Some(party),
-            _kept: kept,
+            // The claim goes with a kept slot only: on a shared one the party may
+            // still take a kept slot for another connection.
+            _kept: kept.filter(|_| self.slots.is_kept(&slot)),
+            _slot: slot,
         })
     }
 }
@@ -424,7 +421,8 @@ mod tests {
         reserved: bool,
         ms: u64,
     ) -> Result<Option<OwnedSemaphorePermit>, tokio::time::error::Elapsed> {
-        tokio::time::timeout(Duration::from_millis(ms), slots.clone().acquire(reserved)).await
+        let take = slots.clone().take(reserved, Duration::from_secs(30));
+        tokio::time::timeout(Duration::from_millis(ms), take).await
     }
 
     /// The answer to a request that must not wait: a slot, or none.
@@ -470,7 +468,7 @@ mod tests {
         let held = now(&slots, false).await.expect("shared");
         let waiting = tokio::spawn({
             let slots = slots.clone();
-            async move { slots.acquire(false).await }
+            async move { slots.take(false, Duration::from_secs(30)).await }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!waiting.is_finished(), "another party took the kept slot");
@@ -562,11 +560,23 @@ mod tests {
         let _a = connect("a").await.expect("a in time").expect("a served");
         assert_eq!(count.recv().await, Some(1));
         let _b = connect("b").await.expect("b in time").expect("b queued");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let c = connect("c").await.expect("c in time");
+        // While b's handshake finishes on the server, c may still find the place
+        // held: it retries for 2 s (b, waiting, would hold it for 30 s).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let c = loop {
+            let c = connect("c").await.expect("c in time");
+            if c.is_ok() || tokio::time::Instant::now() > deadline {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         assert!(
             c.is_ok(),
             "a party queued for a slot held the only handshake place"
+        );
+        assert!(
+            count.try_recv().is_err(),
+            "a party beyond the slot was served"
         );
     }
 
@@ -578,7 +588,7 @@ mod tests {
         assert!(within(&slots, false, 100).await.is_err(), "did not wait");
         let waiting = tokio::spawn({
             let slots = slots.clone();
-            async move { slots.acquire(false).await.is_some() }
+            async move { slots.take(false, Duration::from_secs(30)).await.is_some() }
         });
         drop(held);
         assert!(

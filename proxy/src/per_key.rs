@@ -42,6 +42,10 @@ impl<K: std::hash::Hash + Eq> Drop for Held<K> {
 impl<K: std::hash::Hash + Eq + Clone> PerKey<K> {
     /// Holds one count of `key`, unless it already holds `max`.
     pub fn take(&self, key: K, max: usize) -> Option<Held<K>> {
+        // No entry for a key that may hold none: it would never be removed.
+        if max == 0 {
+            return None;
+        }
         let mut map = self.0.lock().ok()?;
         let n = map.entry(key.clone()).or_insert(0);
         if *n >= max {
