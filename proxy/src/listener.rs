@@ -350,12 +350,10 @@ impl Admission {
     /// one here, holds its share already, or none frees in time.
     async fn admit(self, tls: TlsStream<TcpStream>) -> Option<Capped<TlsStream<TcpStream>>> {
         let peer = party_of(&tls).filter(|p| (self.caps.admits)(p))?;
-        let party = self.parties.take(peer.to_string(), self.caps.per_party)?;
+        let name = peer.to_string();
+        let party = self.parties.take(name.clone(), self.caps.per_party)?;
         let kept = (self.caps.reserved_for)(&peer)
-            .then(|| {
-                self.kept_by_party
-                    .take(peer.to_string(), self.caps.reserved_per_party)
-            })
+            .then(|| self.kept_by_party.take(name, self.caps.reserved_per_party))
             .flatten();
         // Waiting is bounded by the handshake timeout.
         let slots = self.slots.clone();

@@ -172,6 +172,15 @@ impl TestProxy {
         Transport::Tls(Arc::new(files.load(role).expect("test certificate loads")))
     }
 
+    /// The operator's transport (its `dpca-proxy` client certificate), as
+    /// `proxy status` connects.
+    pub fn operator_transport(&self) -> Transport {
+        let files = &self.pki.operator;
+        Transport::Tls(Arc::new(
+            files.load(Role::Proxy).expect("operator certificate"),
+        ))
+    }
+
     /// The command-line flags pointing a program at `name`'s certificate.
     pub fn tls_args(&self, name: &str) -> Vec<OsString> {
         tls_args(

@@ -11,7 +11,6 @@ use dpca_proxy::listener::{
     MAIN_RESERVED_CONNECTIONS, MAIN_RESERVED_PER_PARTY, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PARTY,
 };
 use dpca_proxy::operator::{MAX_OPERATOR_CONNECTIONS, OPERATOR_RESERVED_CONNECTIONS};
-use dpca_shell::tls::{Role, Transport};
 use dpca_tests::{describe, fixture, fixture_on, fixture_with, rt, TEST_OWNERS, TEST_USERS};
 use num_bigint::BigUint;
 use rand::rngs::OsRng;
@@ -442,13 +441,7 @@ fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
         MAX_OPERATOR_CONNECTIONS - OPERATOR_RESERVED_CONNECTIONS,
         "users hold {users_in} of the operator listener's 8 slots"
     );
-    let operator = f
-        .proxy
-        .pki
-        .operator
-        .load(Role::Proxy)
-        .expect("the operator's certificate");
-    let operator = Transport::Tls(std::sync::Arc::new(operator));
+    let operator = f.proxy.operator_transport();
     let answered = runtime.block_on(async {
         let call = async {
             let mut c = dpca_shell::client::connect(&operator_url, &operator)
@@ -559,13 +552,7 @@ fn owners_holding_every_connection_cannot_lock_the_user_or_operator_out() {
     let first = held.len();
     held.extend((0..MAX_CONNECTIONS_PER_PARTY).map(|i| idle("eve", first + i)));
     tally_until(&|t| served(t, "users") >= MAIN_RESERVED_PER_PARTY);
-    let operator = f
-        .proxy
-        .pki
-        .operator
-        .load(Role::Proxy)
-        .expect("the operator's certificate");
-    let operator = Transport::Tls(std::sync::Arc::new(operator));
+    let operator = f.proxy.operator_transport();
     let (user, operator) = runtime.block_on(async {
         let within = Duration::from_secs(5);
         let user = async {
