@@ -11,8 +11,11 @@ venv="$target/python-venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps .
 "$venv/bin/pip" install --quiet --disable-pip-version-check ".[test]"
-# The command line the package's results are compared with.
-cargo build --release --quiet -p user -p proxy -p owner
+# The command line the package's results are compared with, built as a run from
+# the source tree builds it (the user alone, then the proxy and the owner that
+# `user local` builds beside it), so the example's run builds nothing again.
+cargo build --release --quiet -p user
+cargo build --release --quiet -p proxy -p owner
 export DPCA_USER_BIN="$target/release/user"
 "$venv/bin/pytest" -q
 "$venv/bin/python" examples/optdigits.py --key-bits 2048

@@ -19,10 +19,26 @@ pub fn data_dir() -> PathBuf {
 /// Builds the programs of `packages` into the running bench's folder (same
 /// profile) and returns that folder.
 pub fn built_programs(packages: &[&str]) -> anyhow::Result<PathBuf> {
+    let dir = bench_dir()?;
+    dpca_user::programs::build_programs(&dir, packages)?;
+    Ok(dir)
+}
+
+/// The running bench's folder (`target/<profile>`).
+fn bench_dir() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let dir = exe.parent().context("bench binary has no folder")?;
-    dpca_user::programs::build_programs(dir, packages)?;
-    Ok(dir.to_path_buf())
+    Ok(exe
+        .parent()
+        .context("bench binary has no folder")?
+        .to_path_buf())
+}
+
+/// The three programs, built into the running bench's folder as a run from the
+/// source tree builds them ([`dpca_user::programs::build_all_programs`]).
+pub fn built_all_programs() -> anyhow::Result<PathBuf> {
+    let dir = bench_dir()?;
+    dpca_user::programs::build_all_programs(&dir)?;
+    Ok(dir)
 }
 
 /// As [`built_programs`], built without GMP (every role on num-bigint) into

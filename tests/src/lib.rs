@@ -35,8 +35,7 @@ fn bin_dir() -> PathBuf {
 pub fn bin(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        dpca_user::programs::build_programs(&bin_dir(), &["proxy", "owner", "user"])
-            .expect("build proxy, owner and user");
+        dpca_user::programs::build_all_programs(&bin_dir()).expect("build proxy, owner and user");
     });
     let p = bin_dir().join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(p.exists(), "{} missing after build", p.display());

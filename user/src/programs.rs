@@ -148,6 +148,20 @@ pub fn build_programs(dir: &Path, packages: &[&str]) -> anyhow::Result<()> {
     build_programs_with(dir, packages, &[])
 }
 
+/// The packages [`sibling_binaries`] builds together.
+const SIBLINGS: [&str; 2] = ["proxy", "owner"];
+
+/// Builds all three programs into `dir` the way a run from the source tree does:
+/// the user alone (as `cargo run -p user` builds it), then the proxy and the owner
+/// together (as [`sibling_binaries`] does). cargo unifies features per build, so
+/// one build of the three would compile each differently from those two, and a
+/// `user local` run after it would build the proxy and the owner again, over the
+/// ones just built.
+pub fn build_all_programs(dir: &Path) -> anyhow::Result<()> {
+    build_programs(dir, &["user"])?;
+    build_programs(dir, &SIBLINGS)
+}
+
 /// [`build_programs`] with further cargo arguments (a bench builds the programs
 /// without GMP into their own target folder this way).
 pub fn build_programs_with(dir: &Path, packages: &[&str], extra: &[&str]) -> anyhow::Result<()> {
@@ -208,7 +222,7 @@ pub(crate) fn sibling_binaries(no_build: bool) -> anyhow::Result<Programs> {
         .context("program has no parent directory")?
         .to_path_buf();
     if !no_build && workspace_root().join("Cargo.toml").exists() {
-        build_programs(&dir, &["proxy", "owner"])?;
+        build_programs(&dir, &SIBLINGS)?;
     }
     let proxy = dir.join(format!("proxy{}", std::env::consts::EXE_SUFFIX));
     let owner = dir.join(format!("owner{}", std::env::consts::EXE_SUFFIX));

@@ -30,7 +30,7 @@
 //! proxy's work.
 
 use dpca_bench::{
-    built_programs, built_programs_on_num_bigint, program, raw_gmp_mulmod, time, workspace_root,
+    built_all_programs, built_programs_on_num_bigint, program, raw_gmp_mulmod, time, workspace_root,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -647,7 +647,7 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let root = workspace_root();
     std::fs::create_dir_all(&args.out)?;
-    let user_bin = program(&built_programs(&["user", "proxy", "owner"])?, "user");
+    let user_bin = program(&built_all_programs()?, "user");
     let all = scenarios(&root, &args.out)?;
 
     let mut out = Output {
