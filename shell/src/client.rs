@@ -1,6 +1,7 @@
 //! Connecting to the proxy with the protocol's limits, over mutual TLS unless
 //! plaintext was asked for.
 
+use rand::SeedableRng;
 use tonic::transport::Channel;
 
 use crate::tls::Transport;
@@ -128,9 +129,9 @@ pub fn transient(status: &tonic::Status) -> bool {
 }
 
 /// Runs `attempt` until it succeeds, fails with an error `retry` does not accept,
-/// or `patience` would be exceeded by the next pause; pauses double from 100 ms to
-/// 5 s. Each retried error is logged. The owner's upload and the user's wait for
-/// the seal retry this way while the proxy restarts.
+/// or `patience` would be exceeded by the next pause; pauses follow [`Backoff`].
+/// Each retried error is logged. The owner's upload and the user's wait for the
+/// seal retry this way while the proxy restarts.
 pub async fn with_retries<T, E, F, Fut>(
     patience: std::time::Duration,
     retry: impl Fn(&E) -> bool,
@@ -142,16 +143,48 @@ where
     Fut: std::future::Future<Output = Result<T, E>>,
 {
     let start = std::time::Instant::now();
-    let mut pause = std::time::Duration::from_millis(100);
+    let mut pauses = Backoff::new(rand::rngs::StdRng::from_entropy());
     loop {
+        let pause = pauses.next_pause();
         match attempt().await {
             Err(e) if retry(&e) && start.elapsed() + pause <= patience => {
                 tracing::warn!(error = %e, "proxy unreachable; trying again");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_secs(5));
             }
             other => return other,
         }
+    }
+}
+
+/// The pauses between attempts: the ceiling doubles from 100 ms to 5 s, and each
+/// pause is drawn uniformly from the upper half of its ceiling. Without the draw,
+/// the parties a proxy turned away at one moment (hundreds of owners closed when
+/// its queue was full, or when it restarted) came back at one moment, every time.
+pub struct Backoff<R> {
+    ceiling: std::time::Duration,
+    rng: R,
+}
+
+impl<R: rand::Rng> Backoff<R> {
+    /// The first ceiling.
+    pub const FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+    /// The highest ceiling.
+    pub const MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// Pauses drawn with `rng` (seeded in tests).
+    pub fn new(rng: R) -> Self {
+        Self {
+            ceiling: Self::FIRST,
+            rng,
+        }
+    }
+
+    /// The next pause, in [ceiling / 2, ceiling]; the ceiling then doubles, up to
+    /// [`Backoff::MAX`].
+    pub fn next_pause(&mut self) -> std::time::Duration {
+        let ceiling = self.ceiling;
+        self.ceiling = (ceiling * 2).min(Self::MAX);
+        ceiling.mul_f64(0.5 + 0.5 * self.rng.gen::<f64>())
     }
 }
 
@@ -202,4 +235,43 @@ pub async fn connect_from(
     Ok(ProxyClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use std::time::Duration;
+
+    #[test]
+    fn pauses_stay_in_the_upper_half_of_a_doubling_ceiling() {
+        let mut pauses = Backoff::new(StdRng::seed_from_u64(7));
+        let mut ceiling = Duration::from_millis(100);
+        for _ in 0..12 {
+            let pause = pauses.next_pause();
+            assert!(
+                pause >= ceiling / 2 && pause <= ceiling,
+                "{pause:?} outside [{:?}, {ceiling:?}]",
+                ceiling / 2
+            );
+            ceiling = (ceiling * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    #[test]
+    fn parties_turned_away_together_come_back_apart() {
+        // 200 owners closed at the same moment: their third attempts spread over
+        // the upper half of the 400 ms ceiling, not onto one instant.
+        let mut thirds: Vec<Duration> = (0..200)
+            .map(|seed| {
+                let mut pauses = Backoff::new(StdRng::seed_from_u64(seed));
+                pauses.next_pause() + pauses.next_pause()
+            })
+            .collect();
+        thirds.sort();
+        thirds.dedup();
+        assert!(thirds.len() > 190, "only {} distinct retry times", thirds.len());
+        let spread = thirds[thirds.len() - 1] - thirds[0];
+        assert!(spread > Duration::from_millis(100), "retries within {spread:?}");
+    }
 }
