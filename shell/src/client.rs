@@ -270,8 +270,15 @@ mod tests {
             .collect();
         thirds.sort();
         thirds.dedup();
-        assert!(thirds.len() > 190, "only {} distinct retry times", thirds.len());
+        assert!(
+            thirds.len() > 190,
+            "only {} distinct retry times",
+            thirds.len()
+        );
         let spread = thirds[thirds.len() - 1] - thirds[0];
-        assert!(spread > Duration::from_millis(100), "retries within {spread:?}");
+        assert!(
+            spread > Duration::from_millis(100),
+            "retries within {spread:?}"
+        );
     }
 }

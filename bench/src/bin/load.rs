@@ -9,7 +9,9 @@
 //! on one connection kept open.
 //!
 //! Prints, per run (M features x owners): wall time until every owner was
-//! acknowledged, contributions per second, ciphertexts folded per second per core
+//! acknowledged, contributions per second (and the rate the proxy's own CPU time
+//! allows on every core: here the owners' side runs on the same cores), ciphertexts
+//! folded per second per core
 //! and that rate's distance from the floor (cores over GMP's multiplication mod
 //! n^2, measured in this run), bytes the proxy wrote to its disk per contribution
 //! over the contribution's size, the writes each commit held, its peak memory,
@@ -566,14 +568,14 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
         1.0 / mul
     );
     println!(
-        "\n| M | owners | ciphertexts each | wall s | contributions/s | folded/s per core | \
+        "\n| M | owners | ciphertexts each | wall s | contributions/s | contributions/s the proxy's CPU allows | folded/s per core | \
          floor / folded | fold s | floor / fold | store s | writes per commit | proxy CPU s | \
          proxy CPU per ciphertext / mul | written / contributed | proxy peak MiB | \
          status ms, fresh connection: median / max (calls answered, refused) | status ms, \
          fresh connection to the operator listener: median / max (answered, refused) | \
          status ms, open connection: median / max (answered, refused) | refused | state (owners in) |"
     );
-    println!("|{}", "---|".repeat(20));
+    println!("|{}", "---|".repeat(21));
     for r in rows {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
@@ -582,12 +584,14 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
         let (operator, operator_max) = median_max(&r.operator_ms.ms);
         let (kept, kept_max) = median_max(&r.kept_ms.ms);
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
             r.wall,
             owners / r.wall,
+            // The owners share the cores with the proxy here; elsewhere they would not.
+            cores as f64 * owners / r.cpu,
             per_core(r.wall),
             (1.0 / mul) / per_core(r.wall),
             r.fold,
