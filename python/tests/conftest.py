@@ -27,7 +27,7 @@ def user_bin() -> Path:
     path = Path(given) if given else target / "release" / "user"
     if not path.exists():
         pytest.fail(
-            f"{path} not found: build it with `cargo build --release -p user -p proxy "
-            "-p owner` (the test command does) or set DPCA_USER_BIN"
+            f"{path} not found: build it with `cargo build --release -p user` (the "
+            "test command does) or set DPCA_USER_BIN"
         )
     return path

@@ -260,8 +260,9 @@ mod tests {
 
     #[test]
     fn parties_turned_away_together_come_back_apart() {
-        // 200 owners closed at the same moment: their third attempts spread over
-        // the upper half of the 400 ms ceiling, not onto one instant.
+        // 200 owners closed at the same moment: their third attempts, after
+        // pauses under ceilings of 100 and 200 ms, spread over 150-300 ms, not
+        // onto one instant.
         let mut thirds: Vec<Duration> = (0..200)
             .map(|seed| {
                 let mut pauses = Backoff::new(StdRng::seed_from_u64(seed));

@@ -1,0 +1,12 @@
+//! The integration tests, one module per subject, in one test program: each
+//! program links the whole workspace, and one link instead of eight saves
+//! minutes of every build of the tests.
+
+mod adversaries;
+mod cleaning;
+mod crash;
+mod e2e;
+mod operator;
+mod refusals;
+mod remote;
+mod simulation;
