@@ -165,25 +165,25 @@ pub struct Backoff<R> {
     rng: R,
 }
 
-impl<R: rand::Rng> Backoff<R> {
-    /// The first ceiling.
-    pub const FIRST: std::time::Duration = std::time::Duration::from_millis(100);
-    /// The highest ceiling.
-    pub const MAX: std::time::Duration = std::time::Duration::from_secs(5);
+/// The first ceiling of [`Backoff`].
+const FIRST_CEILING: std::time::Duration = std::time::Duration::from_millis(100);
+/// The highest ceiling of [`Backoff`].
+const MAX_CEILING: std::time::Duration = std::time::Duration::from_secs(5);
 
+impl<R: rand::Rng> Backoff<R> {
     /// Pauses drawn with `rng` (seeded in tests).
     pub fn new(rng: R) -> Self {
         Self {
-            ceiling: Self::FIRST,
+            ceiling: FIRST_CEILING,
             rng,
         }
     }
 
     /// The next pause, in [ceiling / 2, ceiling]; the ceiling then doubles, up to
-    /// [`Backoff::MAX`].
+    /// 5 s.
     pub fn next_pause(&mut self) -> std::time::Duration {
         let ceiling = self.ceiling;
-        self.ceiling = (ceiling * 2).min(Self::MAX);
+        self.ceiling = (ceiling * 2).min(MAX_CEILING);
         ceiling.mul_f64(0.5 + 0.5 * self.rng.gen::<f64>())
     }
 }
@@ -246,7 +246,7 @@ mod tests {
     #[test]
     fn pauses_stay_in_the_upper_half_of_a_doubling_ceiling() {
         let mut pauses = Backoff::new(StdRng::seed_from_u64(7));
-        let mut ceiling = Duration::from_millis(100);
+        let mut ceiling = FIRST_CEILING;
         for _ in 0..12 {
             let pause = pauses.next_pause();
             assert!(
@@ -254,7 +254,7 @@ mod tests {
                 "{pause:?} outside [{:?}, {ceiling:?}]",
                 ceiling / 2
             );
-            ceiling = (ceiling * 2).min(Duration::from_secs(5));
+            ceiling = (ceiling * 2).min(MAX_CEILING);
         }
     }
 
