@@ -179,7 +179,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let operator = match args.operator_listen {
         Some(at) => Some(
-            std::net::TcpListener::bind(at)
+            crate::listen(at)
                 .with_context(|| format!("cannot listen on {at} (--operator-listen)"))?,
         ),
         None => None,

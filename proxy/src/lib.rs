@@ -140,7 +140,39 @@ pub(crate) fn hardened_server() -> tonic::transport::Server {
 
 /// Binds a listener (port 0 picks a free port) and returns it with its address.
 pub async fn bind(addr: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
-    let listener = TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    Ok((listener, local))
+    let mut last = None;
+    for at in tokio::net::lookup_host(addr).await? {
+        match listen(at) {
+            Ok(std) => {
+                let listener = TcpListener::from_std(std)?;
+                let local = listener.local_addr()?;
+                return Ok((listener, local));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.map_or_else(|| anyhow::anyhow!("`{addr}` names no address"), Into::into))
+}
+
+/// Connections the kernel holds for a listener before it accepts them (capped by
+/// the system's `net.core.somaxconn`). The listeners accept no faster than they
+/// have handshake places, so a burst of hundreds of owners waits here, holding
+/// nothing of the proxy's; at the usual default of 128 the kernel dropped the
+/// burst's last connection attempts, which came back only a second later.
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// A listening socket on `addr` with [`LISTEN_BACKLOG`], non-blocking, as the
+/// runtime takes it.
+pub fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    // A restarted proxy binds its port again while the old connections linger.
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
 }

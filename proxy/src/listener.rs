@@ -6,9 +6,12 @@
 //! On TLS the handshake runs here, before a connection takes one of those slots:
 //! a client that connects and never finishes its handshake holds only a handshake
 //! place, for at most the handshake timeout, and the places are capped in all
-//! ([`MAX_HANDSHAKES`]) and per source address ([`MAX_HANDSHAKES_PER_SOURCE`]);
-//! a connection past a cap is closed at once. So a client that reconnects without
-//! end delays no one from another address. Once authenticated, a party (named by
+//! ([`MAX_HANDSHAKES`]) and per source address ([`MAX_HANDSHAKES_PER_SOURCE`]).
+//! A connection past its address's cap is closed at once, so a client that
+//! reconnects without end delays no one from another address. While every place
+//! is held, the listener accepts nothing and new connections wait in the kernel's
+//! listen backlog, which holds nothing of the proxy's: a burst of hundreds of
+//! owners is taken in turn rather than turned away to come back later. Once authenticated, a party (named by
 //! its certificate) holds at most [`MAX_CONNECTIONS_PER_PARTY`] connections, and a
 //! connection that finds no slot free gives its handshake place back and waits on
 //! one of [`MAX_WAITING`] places of their own: hundreds of owners queueing for
@@ -127,6 +130,19 @@ async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
             }
         }
     }
+}
+
+/// A handshake place, then the next connection (`None` once the places are
+/// closed, which they are not). While every place is held the listener accepts
+/// nothing: connections wait in the kernel's backlog ([`crate::LISTEN_BACKLOG`]),
+/// holding nothing of the proxy's, instead of being closed and coming back; so
+/// hundreds of owners connecting in one instant each connect once.
+async fn place_then_accept(
+    places: &Arc<Semaphore>,
+    listener: &TcpListener,
+) -> Option<(OwnedSemaphorePermit, (TcpStream, std::net::SocketAddr))> {
+    let place = Arc::clone(places).acquire_owned().await.ok()?;
+    Some((place, accept(listener).await))
 }
 
 /// The listener's plaintext connections, at most `cap` open at once (test only:
@@ -301,14 +317,14 @@ pub fn capped_tls(
     tokio::spawn(async move {
         loop {
             // Ends with the server (its receiver dropped), not at the next connection.
-            let (io, addr) = tokio::select! {
-                conn = accept(&listener) => conn,
+            let next = tokio::select! {
+                conn = place_then_accept(&handshakes, &listener) => conn,
                 () = tx.closed() => return,
             };
-            // Past a cap the connection is closed at once (dropped here).
-            let Ok(place) = Arc::clone(&handshakes).try_acquire_owned() else {
-                continue;
+            let Some((place, (io, addr))) = next else {
+                return;
             };
+            // Past its source's cap the connection is closed at once (dropped here).
             let Some(source) = sources.take(addr.ip(), MAX_HANDSHAKES_PER_SOURCE) else {
                 continue;
             };
@@ -576,6 +592,96 @@ mod tests {
             count.try_recv().is_err(),
             "a party beyond the slot was served"
         );
+    }
+
+    /// With every handshake place held, a new connection waits to be accepted and
+    /// is then served, instead of being closed at once to come back later (before,
+    /// it was closed: hundreds of owners connecting in one instant came back
+    /// after their retry pauses, and the last of them set the study's pace).
+    #[tokio::test]
+    async fn a_connection_past_the_handshake_places_waits_for_one() {
+        use dpca_shell::tls::{write_dev_pki, Transport};
+        use tokio_stream::StreamExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let pki =
+            write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &names(&["a"])).expect("PKI");
+        let server = pki.proxy.load(Role::Proxy).expect("proxy files");
+        let acceptor = TlsAcceptor::from(Arc::new(server.rustls_server_config().expect("config")));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let at = listener.local_addr().expect("address");
+        let caps = ConnectionCaps {
+            handshakes: 1,
+            ..caps(4, 0, WhenFull::Wait)
+        };
+        let mut served = capped_tls(listener, caps, acceptor, Duration::from_secs(30));
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Some(conn) = served.next().await {
+                held.push(conn);
+            }
+        });
+        // A silent client takes the one place (from another address: the
+        // per-address cap is not what this test is about).
+        let silent = tokio::net::TcpSocket::new_v4().expect("socket");
+        silent
+            .bind("127.0.0.2:0".parse().expect("source"))
+            .expect("bind");
+        let silent = silent.connect(at).await.expect("silent connect");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let transport = Transport::Tls(Arc::new(
+            pki.files("a")
+                .expect("files")
+                .load(Role::Owner)
+                .expect("load"),
+        ));
+        let url = format!("https://{at}");
+        let owner = tokio::spawn(async move {
+            let attempt = dpca_shell::client::connect(&url, &transport);
+            tokio::time::timeout(Duration::from_secs(5), attempt).await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !owner.is_finished(),
+            "the owner was answered while the place was held"
+        );
+        drop(silent);
+        let owner = owner.await.expect("task").expect("owner in time");
+        assert!(
+            owner.is_ok(),
+            "turned away while the handshake places were held: {:?}",
+            owner.err()
+        );
+    }
+
+    /// A listener of the proxy's keeps a burst of connections it has not yet
+    /// accepted: 300 connect at once, none accepted, all within half a second.
+    /// With the usual backlog of 128 the kernel dropped the rest, whose clients
+    /// tried again only a second later.
+    #[tokio::test]
+    async fn a_burst_waits_in_the_listen_backlog() {
+        let listener = crate::listen("127.0.0.1:0".parse().expect("address")).expect("listen");
+        let at = listener.local_addr().expect("address");
+        let connects: Vec<_> = (0..300u32)
+            .map(|i| {
+                tokio::spawn(async move {
+                    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+                    let source = std::net::Ipv4Addr::new(127, 0, 3, 1 + (i % 250) as u8);
+                    socket.bind((source, 0).into()).expect("bind");
+                    tokio::time::timeout(Duration::from_millis(500), socket.connect(at))
+                        .await
+                        .map(|c| c.map(|_| ()))
+                })
+            })
+            .collect();
+        let mut late = 0;
+        for c in connects {
+            if !matches!(c.await.expect("task"), Ok(Ok(()))) {
+                late += 1;
+            }
+        }
+        assert_eq!(late, 0, "{late} of 300 connections were not taken in time");
+        drop(listener);
     }
 
     /// Without a reservation a party waits its turn.

@@ -133,6 +133,8 @@ struct Row {
     operator_ms: Polls,
     kept_ms: Polls,
     refused: usize,
+    /// Connections the owners made in all (one each, when none was turned away).
+    attempts: usize,
     state: String,
     owners_in: u32,
 }
@@ -258,8 +260,10 @@ async fn send(
     transport: Transport,
     local: IpAddr,
     chunks: Vec<v1::ContributionChunk>,
+    attempts: Arc<std::sync::atomic::AtomicUsize>,
 ) -> Result<bool, String> {
     let attempt = || async {
+        attempts.fetch_add(1, Ordering::Relaxed);
         let mut c = connect_from(&url, &transport, Some(local))
             .await
             .map_err(Attempt::Connect)?;
@@ -405,7 +409,8 @@ async fn set_up(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Setup
 }
 
 /// Every owner at once, each from its own address; the refusals, counted.
-async fn send_all(s: &Setup) -> anyhow::Result<usize> {
+async fn send_all(s: &Setup) -> anyhow::Result<(usize, usize)> {
+    let attempts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // Every owner's TLS files are read before the owners start.
     let transports = s
         .names
@@ -423,7 +428,14 @@ async fn send_all(s: &Setup) -> anyhow::Result<usize> {
         .enumerate()
         .map(|(i, (name, transport))| {
             let chunks = owner_chunks(&s.study, name, &s.cts);
-            tokio::spawn(send(s.url.clone(), transport, owner_address(i), chunks))
+            let attempts = Arc::clone(&attempts);
+            tokio::spawn(send(
+                s.url.clone(),
+                transport,
+                owner_address(i),
+                chunks,
+                attempts,
+            ))
         })
         .collect();
     let mut refused = 0;
@@ -440,7 +452,7 @@ async fn send_all(s: &Setup) -> anyhow::Result<usize> {
             }
         }
     }
-    Ok(refused)
+    Ok((refused, attempts.load(Ordering::Relaxed)))
 }
 
 async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
@@ -469,7 +481,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         poll(&s.url, false),
     );
     let start = Instant::now();
-    let refused = send_all(&s).await?;
+    let (refused, attempts) = send_all(&s).await?;
     let wall = start.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
     let joined = |h: std::thread::JoinHandle<anyhow::Result<Polls>>| {
@@ -509,6 +521,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         operator_ms,
         kept_ms,
         refused,
+        attempts,
         state: info.state,
         owners_in: info.owners_in,
     })
@@ -573,9 +586,9 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
          proxy CPU per ciphertext / mul | written / contributed | proxy peak MiB | \
          status ms, fresh connection: median / max (calls answered, refused) | status ms, \
          fresh connection to the operator listener: median / max (answered, refused) | \
-         status ms, open connection: median / max (answered, refused) | refused | state (owners in) |"
+         status ms, open connection: median / max (answered, refused) | refused | connections per owner | state (owners in) |"
     );
-    println!("|{}", "---|".repeat(21));
+    println!("|{}", "---|".repeat(22));
     for r in rows {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
@@ -584,7 +597,7 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
         let (operator, operator_max) = median_max(&r.operator_ms.ms);
         let (kept, kept_max) = median_max(&r.kept_ms.ms);
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {:.2} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
@@ -615,6 +628,7 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
             r.kept_ms.ms.len(),
             r.kept_ms.refused,
             r.refused,
+            r.attempts as f64 / owners,
             r.state,
             r.owners_in
         );
