@@ -219,9 +219,7 @@ impl ModRing {
         match (&self.engine, &a.0, &b.0) {
             #[cfg(feature = "gmp")]
             (Engine::Gmp(m), ElemRepr::Gmp(x), ElemRepr::Gmp(y)) => {
-                let mut p = rug::Integer::from(x * y);
-                p %= m;
-                Elem(ElemRepr::Gmp(p))
+                Elem(ElemRepr::Gmp(gmp::mul_mod(x, y, m)))
             }
             _ => self.elem(&self.mul(&a.to_big(), &b.to_big())),
         }
@@ -314,6 +312,23 @@ mod gmp {
             acc %= m;
         }
         to_big(&acc)
+    }
+
+    std::thread_local! {
+        /// The product before its reduction, twice the modulus's width: one buffer
+        /// per thread, so a multiplication allocates only its result.
+        static PRODUCT: std::cell::RefCell<Integer> = std::cell::RefCell::new(Integer::new());
+    }
+
+    /// x y mod m. The result is allocated at the modulus's width: reduced in place,
+    /// the product's buffer kept twice that, so an aggregate of such results held
+    /// twice the memory (and folded about 5% slower).
+    pub(super) fn mul_mod(x: &Integer, y: &Integer, m: &Integer) -> Integer {
+        PRODUCT.with(|p| {
+            let mut p = p.borrow_mut();
+            p.assign(x * y);
+            Integer::from(&*p % m)
+        })
     }
 
     pub(super) fn mul(a: &BigUint, b: &BigUint, m: &Integer) -> BigUint {
