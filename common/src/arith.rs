@@ -317,7 +317,7 @@ mod gmp {
     std::thread_local! {
         /// The product before its reduction, twice the modulus's width: one buffer
         /// per thread, so a multiplication allocates only its result.
-        static PRODUCT: std::cell::RefCell<Integer> = std::cell::RefCell::new(Integer::new());
+        static PRODUCT: std::cell::RefCell<Integer> = const { std::cell::RefCell::new(Integer::new()) };
     }
 
     /// x y mod m. The result is allocated at the modulus's width: reduced in place,

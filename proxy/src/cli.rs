@@ -179,7 +179,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let operator = match args.operator_listen {
         Some(at) => Some(
-            crate::listen(at)
+            crate::listen(at, crate::operator::OPERATOR_LISTEN_BACKLOG)
                 .with_context(|| format!("cannot listen on {at} (--operator-listen)"))?,
         ),
         None => None,

@@ -142,7 +142,7 @@ pub(crate) fn hardened_server() -> tonic::transport::Server {
 pub async fn bind(addr: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
     let mut last = None;
     for at in tokio::net::lookup_host(addr).await? {
-        match listen(at) {
+        match listen(at, LISTEN_BACKLOG) {
             Ok(std) => {
                 let listener = TcpListener::from_std(std)?;
                 let local = listener.local_addr()?;
@@ -154,25 +154,31 @@ pub async fn bind(addr: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
     Err(last.map_or_else(|| anyhow::anyhow!("`{addr}` names no address"), Into::into))
 }
 
-/// Connections the kernel holds for a listener before it accepts them (capped by
-/// the system's `net.core.somaxconn`). The listeners accept no faster than they
-/// have handshake places, so a burst of hundreds of owners waits here, holding
-/// nothing of the proxy's; at the usual default of 128 the kernel dropped the
-/// burst's last connection attempts, which came back only a second later.
-pub const LISTEN_BACKLOG: i32 = 4096;
+/// Connections the kernel holds for the main listener before it accepts them
+/// (capped by the system's `net.core.somaxconn`). The listener accepts no faster
+/// than it has handshake places, so a burst of owners past those places waits
+/// here, holding no descriptor and no memory of the proxy process; at the usual
+/// default of 128 the kernel dropped the last connection attempts of a burst of
+/// 400, which came back only a second later. Each one waiting may hold what its
+/// client sent before it was accepted (up to a TCP window) in the kernel, hence
+/// no more than a burst of hundreds needs.
+pub const LISTEN_BACKLOG: i32 = 1024;
 
-/// A listening socket on `addr` with [`LISTEN_BACKLOG`], non-blocking, as the
-/// runtime takes it.
-pub fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// A listening socket on `addr` holding up to `backlog` connections not yet
+/// accepted, non-blocking, as the runtime takes it.
+pub fn listen(addr: SocketAddr, backlog: i32) -> std::io::Result<std::net::TcpListener> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
         socket2::Type::STREAM,
         Some(socket2::Protocol::TCP),
     )?;
-    // A restarted proxy binds its port again while the old connections linger.
+    // A restarted proxy binds its port again while the old connections linger
+    // (as the runtime's own bind does; on Windows the option would let another
+    // process take the port).
+    #[cfg(not(windows))]
     socket.set_reuse_address(true)?;
     socket.bind(&addr.into())?;
-    socket.listen(LISTEN_BACKLOG)?;
+    socket.listen(backlog)?;
     socket.set_nonblocking(true)?;
     Ok(socket.into())
 }

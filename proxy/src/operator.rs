@@ -43,6 +43,9 @@ pub const MAX_OPERATOR_CONNECTIONS_PER_PARTY: usize = 2;
 /// share the rest, so however many user certificates reach this port, they cannot
 /// lock the operator out.
 pub const OPERATOR_RESERVED_CONNECTIONS: usize = MAX_OPERATOR_CONNECTIONS_PER_PARTY;
+/// Connections the kernel holds for this listener before it accepts them: it
+/// serves a few operators, not a burst of owners.
+pub const OPERATOR_LISTEN_BACKLOG: i32 = 64;
 /// Largest request decoded: a status request is empty.
 const MAX_REQUEST_BYTES: usize = 1024;
 

@@ -296,10 +296,11 @@ fn fixture_with_operator_listener() -> (dpca_tests::StudyFixture, String) {
 }
 
 /// Anyone who reaches the main port can fill its handshake places (here 320
-/// silent connections from 40 addresses, 8 each, against 256 places), and so can
-/// hundreds of owners connecting in the same instant: `proxy status` on a fresh connection is
-/// then turned away there. The operator listener has its own places, thread and
-/// runtime: the status answers there, and nothing but the status is served.
+/// silent connections from 40 addresses, 8 each, against 256 places; the other
+/// 64 wait in the listen backlog), and so can hundreds of owners connecting in
+/// the same instant: `proxy status` on a fresh connection then waits there
+/// behind them, past its 5 s. The operator listener has its own places, thread
+/// and runtime: the status answers there, and nothing but the status is served.
 #[test]
 fn status_answers_on_the_operator_listener_while_the_main_one_is_flooded() {
     let (f, operator_at) = fixture_with_operator_listener();
