@@ -184,7 +184,13 @@ async fn study_info(cfg: &OwnerConfig) -> Option<v1::StudyInfo> {
     let req = v1::GetStudyRequest {
         study_id: cfg.study_id.clone(),
     };
-    Some(client.get_study(req).await.ok()?.into_inner())
+    let call = client.get_study(req);
+    Some(
+        dpca_shell::client::answered("the study", call)
+            .await
+            .ok()?
+            .into_inner(),
+    )
 }
 
 /// Whether the study is a row-norm histogram (a study of the same owners follows).
@@ -325,10 +331,10 @@ pub async fn fetch_study(
     study_id: &str,
     fingerprint: &str,
 ) -> anyhow::Result<(StudySpec, bool)> {
-    let info = client
-        .get_study(v1::GetStudyRequest {
-            study_id: study_id.to_string(),
-        })
+    let call = client.get_study(v1::GetStudyRequest {
+        study_id: study_id.to_string(),
+    });
+    let info = dpca_shell::client::answered("the study's spec", call)
         .await
         .map_err(|s| match s.code() {
             tonic::Code::NotFound => UnknownStudy(study_id.to_string()).into(),

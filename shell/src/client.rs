@@ -188,6 +188,34 @@ impl<R: rand::Rng> Backoff<R> {
     }
 }
 
+/// How long a connection may take to come up (TCP, then TLS and HTTP/2): a proxy
+/// that accepts a connection and never answers counts as unreachable after it,
+/// and the attempt is retried as an outage is.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long a short call (a study's spec, the status) waits for its answer: see
+/// [`answered`].
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `call`'s answer, or, if none comes within [`CALL_TIMEOUT`], an `Unavailable`
+/// status naming `what`, which callers retry as an outage: a proxy whose
+/// connection takes the request and never answers does not hold the caller
+/// forever. Only for calls whose answer does not wait on other parties (not an
+/// upload, not the wait for a seal).
+pub async fn answered<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(tonic::Status::unavailable(format!(
+                "{what}: no answer from the proxy within {} s",
+                CALL_TIMEOUT.as_secs()
+            )))
+        })
+}
+
 /// Connects to the proxy at `url` with the protocol's message size limits: `https`
 /// with this party's certificate on TLS, `http` only on the insecure transport.
 pub async fn connect(
@@ -224,7 +252,17 @@ pub async fn connect_from(
             .tls_config(tls.client_config())
             .map_err(|e| bad_url(error_chain(&e)))?;
     }
-    let channel = endpoint.local_address(local).connect().await.map_err(|e| {
+    let endpoint = endpoint.local_address(local);
+    let Ok(connected) = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect()).await else {
+        return Err(ConnectError::Connect {
+            url: url.to_string(),
+            reason: format!(
+                "no connection within {} s (TCP, TLS and HTTP/2)",
+                CONNECT_TIMEOUT.as_secs()
+            ),
+        });
+    };
+    let channel = connected.map_err(|e| {
         let (url, reason) = (url.to_string(), error_chain(&e));
         if tls_failure(&e) {
             ConnectError::Tls { url, reason }
