@@ -101,16 +101,18 @@ pub fn status_message(status: &tonic::Status) -> String {
     ) {
         return status.message().to_string();
     }
-    let cause = match status.source() {
-        Some(source) => {
-            let chain = error_chain(source);
-            if chain.starts_with(status.message()) {
-                chain
-            } else {
-                format!("{}: {chain}", status.message())
-            }
+    // A status with no transport error under it is the proxy's own answer (or a
+    // call that had none in time): no certificate is in question.
+    let Some(source) = status.source() else {
+        return status.message().to_string();
+    };
+    let cause = {
+        let chain = error_chain(source);
+        if chain.starts_with(status.message()) {
+            chain
+        } else {
+            format!("{}: {chain}", status.message())
         }
-        None => status.message().to_string(),
     };
     format!(
         "{cause} (the connection failed; if the proxy refused this party's certificate, \
@@ -188,10 +190,12 @@ impl<R: rand::Rng> Backoff<R> {
     }
 }
 
-/// How long a connection may take to come up (TCP, then TLS and HTTP/2): a proxy
-/// that accepts a connection and never answers counts as unreachable after it,
-/// and the attempt is retried as an outage is.
-pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a connection may take to come up (TCP, then TLS): a proxy that
+/// accepts a connection and never answers counts as unreachable after it, and
+/// the attempt is retried as an outage is. Longer than the proxy makes an honest
+/// party wait behind a flood: its listen backlog (1024) over its handshake places
+/// (256), plus one, times its handshake timeout (10 s) is 50 s.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How long a short call (a study's spec, the status) waits for its answer: see
 /// [`answered`].
@@ -252,27 +256,34 @@ pub async fn connect_from(
             .tls_config(tls.client_config())
             .map_err(|e| bad_url(error_chain(&e)))?;
     }
-    let endpoint = endpoint.local_address(local);
-    let Ok(connected) = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect()).await else {
+    let channel = connected(url, endpoint.local_address(local), CONNECT_TIMEOUT).await?;
+    Ok(ProxyClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// The channel of `endpoint`, connected within `timeout` (and reconnected within
+/// it too, when the connection breaks later).
+async fn connected(
+    url: &str,
+    endpoint: tonic::transport::Endpoint,
+    timeout: std::time::Duration,
+) -> Result<Channel, ConnectError> {
+    let endpoint = endpoint.connect_timeout(timeout);
+    let Ok(connected) = tokio::time::timeout(timeout, endpoint.connect()).await else {
         return Err(ConnectError::Connect {
             url: url.to_string(),
-            reason: format!(
-                "no connection within {} s (TCP, TLS and HTTP/2)",
-                CONNECT_TIMEOUT.as_secs()
-            ),
+            reason: format!("no connection within {} s", timeout.as_secs()),
         });
     };
-    let channel = connected.map_err(|e| {
+    connected.map_err(|e| {
         let (url, reason) = (url.to_string(), error_chain(&e));
         if tls_failure(&e) {
             ConnectError::Tls { url, reason }
         } else {
             ConnectError::Connect { url, reason }
         }
-    })?;
-    Ok(ProxyClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    })
 }
 
 #[cfg(test)]
@@ -280,6 +291,45 @@ mod tests {
     use super::*;
     use rand::rngs::StdRng;
     use std::time::Duration;
+
+    /// A port that takes the connection and never answers: the TLS handshake
+    /// would wait forever (before, it did); the connection gives up in time and
+    /// says so, as an outage to retry.
+    #[tokio::test]
+    async fn a_connection_to_a_port_that_never_answers_gives_up_in_time() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let at = silent.local_addr().expect("address");
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = silent.accept().await {
+                held.push(conn);
+            }
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let pki =
+            crate::tls::write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &names(&["a"]))
+                .expect("PKI");
+        let files = pki.files("a").expect("files");
+        let tls = std::sync::Arc::new(files.load(crate::tls::Role::Owner).expect("load"));
+        let url = format!("https://{at}");
+        let endpoint = Channel::from_shared(url.clone())
+            .expect("url")
+            .tls_config(tls.client_config())
+            .expect("tls");
+        let attempt = connected(&url, endpoint, Duration::from_secs(1));
+        let outcome = tokio::time::timeout(Duration::from_secs(20), attempt)
+            .await
+            .expect("still connecting after 20 s");
+        let err = outcome.expect_err("connected to a port that never answers");
+        assert!(err.transient(), "{err}");
+        assert!(
+            err.to_string().contains("no connection within 1 s"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn pauses_stay_in_the_upper_half_of_a_doubling_ceiling() {

@@ -67,10 +67,10 @@ pub async fn open_study(
     let study_id = resp.into_inner().study_id;
     // A proxy of a build before layout versions drops the field it does not know
     // and would noise the release at its own layout's offsets: read it back.
-    let info = client
-        .get_study(v1::GetStudyRequest {
-            study_id: study_id.clone(),
-        })
+    let read_back = client.get_study(v1::GetStudyRequest {
+        study_id: study_id.clone(),
+    });
+    let info = dpca_shell::client::answered("the opened study", read_back)
         .await
         .map_err(status("reading the opened study back"))?
         .into_inner();
