@@ -46,6 +46,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
+use crate::metrics::{connection_refused as refused, ConnectionRefusal};
 use crate::per_key::{Held, PerKey};
 use dpca_shell::tls::{Peer, Role};
 
@@ -179,6 +180,8 @@ pub fn capped(
 /// which parties at all (by the role and name in their certificate).
 #[derive(Clone, Copy)]
 pub struct ConnectionCaps {
+    /// The listener's name in the metrics (`main`, `operator`).
+    pub name: &'static str,
     /// Connections served at once.
     pub connections: usize,
     /// ... of them for one party.
@@ -221,6 +224,7 @@ impl ConnectionCaps {
     /// every party the CA certified, [`MAIN_RESERVED_CONNECTIONS`] kept for the
     /// parties who steer studies; owners wait their turn for the rest.
     pub const MAIN: Self = Self {
+        name: "main",
         connections: MAX_CONNECTIONS,
         per_party: MAX_CONNECTIONS_PER_PARTY,
         admits: |_| true,
@@ -329,15 +333,20 @@ pub fn capped_tls(
             };
             // Past its source's cap the connection is closed at once (dropped here).
             let Some(source) = sources.take(addr.ip(), MAX_HANDSHAKES_PER_SOURCE) else {
+                refused(caps.name, ConnectionRefusal::SourceCap);
                 continue;
             };
             let (acceptor, admission, tx) = (acceptor.clone(), admission.clone(), tx.clone());
             tokio::spawn(async move {
                 let accept = acceptor.accept(io).into_fallible();
+                let name = admission.caps.name;
                 let tls = match tokio::time::timeout(handshake_timeout, accept).await {
                     Ok(Ok(tls)) => tls,
-                    Ok(Err((_, io))) => return close_after_alert(io).await,
-                    Err(_) => return,
+                    Ok(Err((_, io))) => {
+                        refused(name, ConnectionRefusal::Handshake);
+                        return close_after_alert(io).await;
+                    }
+                    Err(_) => return refused(name, ConnectionRefusal::HandshakeTimeout),
                 };
                 drop(source);
                 // Done with the handshake: a party waiting for a slot holds a
@@ -368,9 +377,16 @@ impl Admission {
     /// The connection with its slot, or none (closed) if its party may not hold
     /// one here, holds its share already, or none frees in time.
     async fn admit(self, tls: TlsStream<TcpStream>) -> Option<Capped<TlsStream<TcpStream>>> {
-        let peer = party_of(&tls).filter(|p| (self.caps.admits)(p))?;
+        let listener = self.caps.name;
+        let Some(peer) = party_of(&tls).filter(|p| (self.caps.admits)(p)) else {
+            refused(listener, ConnectionRefusal::NotAdmitted);
+            return None;
+        };
         let name = peer.to_string();
-        let party = self.parties.take(name.clone(), self.caps.per_party)?;
+        let Some(party) = self.parties.take(name.clone(), self.caps.per_party) else {
+            refused(listener, ConnectionRefusal::PartyCap);
+            return None;
+        };
         let kept = (self.caps.reserved_for)(&peer)
             .then(|| self.kept_by_party.take(name, self.caps.reserved_per_party))
             .flatten();
@@ -378,6 +394,7 @@ impl Admission {
         let slots = self.slots.clone();
         let Some(slot) = slots.take(kept.is_some(), self.handshake_timeout).await else {
             tracing::debug!(party = %peer, "no connection slot free: closed");
+            refused(listener, ConnectionRefusal::NoSlot);
             return None;
         };
         Some(Capped {
@@ -421,6 +438,7 @@ mod tests {
 
     fn caps(connections: usize, reserved: usize, when_full: WhenFull) -> ConnectionCaps {
         ConnectionCaps {
+            name: "test",
             connections,
             per_party: connections,
             admits: |_| true,

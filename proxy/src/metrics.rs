@@ -15,7 +15,10 @@
 //!   `dpca_store_writes_total`: wall time spent writing and committing the state
 //!   file, the commits, and the writes they held (writes queued behind a commit
 //!   share the next);
-//! - `dpca_studies{phase}`: studies per phase, refreshed every second.
+//! - `dpca_studies{phase}`: studies per phase, refreshed every second;
+//! - `dpca_connections_refused_total{listener, reason}`: connections a listener
+//!   (`main`, `operator`) let go before serving them, by [`ConnectionRefusal`]:
+//!   during a burst of owners, how many were turned away to come back later.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -56,6 +59,10 @@ pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
         "microseconds spent storing contributions durably"
     );
     metrics::describe_gauge!("dpca_studies", "studies by phase");
+    metrics::describe_counter!(
+        "dpca_connections_refused_total",
+        "connections let go before they were served, by listener and reason"
+    );
     Ok(())
 }
 
@@ -88,6 +95,44 @@ pub fn store_commit(writes: usize, took: std::time::Duration) {
     counter!("dpca_store_microseconds_total").increment(micros(took));
     counter!("dpca_store_commits_total").increment(1);
     counter!("dpca_store_writes_total").increment(writes as u64);
+}
+
+/// Why a listener let a connection go before serving it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionRefusal {
+    /// Its source address had its share of handshakes under way.
+    SourceCap,
+    /// Its TLS handshake failed (a certificate refused, or no TLS at all).
+    Handshake,
+    /// Its TLS handshake did not finish within the handshake timeout.
+    HandshakeTimeout,
+    /// Its party may not hold a connection on this listener, or its certificate
+    /// names no party.
+    NotAdmitted,
+    /// Its party held its share of connections already.
+    PartyCap,
+    /// No connection slot freed for it in time, or no waiting place was free.
+    NoSlot,
+}
+
+impl ConnectionRefusal {
+    /// The value of the `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            ConnectionRefusal::SourceCap => "source_cap",
+            ConnectionRefusal::Handshake => "handshake",
+            ConnectionRefusal::HandshakeTimeout => "handshake_timeout",
+            ConnectionRefusal::NotAdmitted => "not_admitted",
+            ConnectionRefusal::PartyCap => "party_cap",
+            ConnectionRefusal::NoSlot => "no_slot",
+        }
+    }
+}
+
+/// The listener named `listener` let a connection go for `why`.
+pub fn connection_refused(listener: &'static str, why: ConnectionRefusal) {
+    counter!("dpca_connections_refused_total", "listener" => listener, "reason" => why.label())
+        .increment(1);
 }
 
 /// A release was computed in `seconds`.

@@ -109,6 +109,7 @@ async fn serve(
     match acceptor {
         Some(acceptor) => {
             let caps = crate::listener::ConnectionCaps {
+                name: "operator",
                 connections: MAX_OPERATOR_CONNECTIONS,
                 per_party: MAX_OPERATOR_CONNECTIONS_PER_PARTY,
                 // Only a party that may read the status holds a connection here:

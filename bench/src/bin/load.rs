@@ -135,6 +135,9 @@ struct Row {
     refused: usize,
     /// Connections the owners made in all (one each, when none was turned away).
     attempts: usize,
+    /// Connections the proxy's main listener let go before serving them (its
+    /// metrics: the owners', the status polls' and any other).
+    let_go: f64,
     state: String,
     owners_in: u32,
 }
@@ -340,6 +343,21 @@ fn scrape(metrics: SocketAddr, name: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("{name} on the metrics page"))
 }
 
+/// The sum of every series of the proxy's `/metrics` page whose line starts with
+/// `prefix` (a name and the start of its labels).
+fn scrape_sum(metrics: SocketAddr, prefix: &str) -> anyhow::Result<f64> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(metrics)?;
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut page = String::new();
+    conn.read_to_string(&mut page)?;
+    Ok(page
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |sum, v| sum + v))
+}
+
 /// Bytes a process has caused to be written to storage (`/proc/PID/io`).
 fn written_bytes(pid: u32) -> anyhow::Result<u64> {
     let io = std::fs::read_to_string(format!("/proc/{pid}/io")).context("/proc/PID/io")?;
@@ -498,6 +516,10 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
     let store = scrape(s.metrics, "dpca_store_microseconds_total")? / 1e6;
     let commits = scrape(s.metrics, "dpca_store_commits_total")?;
     let writes = scrape(s.metrics, "dpca_store_writes_total")?;
+    let let_go = scrape_sum(
+        s.metrics,
+        r#"dpca_connections_refused_total{listener="main""#,
+    )?;
     let info = connect(&s.url, &s.user)
         .await?
         .get_study(v1::GetStudyRequest {
@@ -522,6 +544,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         kept_ms,
         refused,
         attempts,
+        let_go,
         state: info.state,
         owners_in: info.owners_in,
     })
@@ -586,9 +609,9 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
          proxy CPU per ciphertext / mul | written / contributed | proxy peak MiB | \
          status ms, fresh connection: median / max (calls answered, refused) | status ms, \
          fresh connection to the operator listener: median / max (answered, refused) | \
-         status ms, open connection: median / max (answered, refused) | refused | connections per owner | state (owners in) |"
+         status ms, open connection: median / max (answered, refused) | refused | connections per owner | connections the proxy let go | state (owners in) |"
     );
-    println!("|{}", "---|".repeat(22));
+    println!("|{}", "---|".repeat(23));
     for r in rows {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
@@ -597,7 +620,7 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
         let (operator, operator_max) = median_max(&r.operator_ms.ms);
         let (kept, kept_max) = median_max(&r.kept_ms.ms);
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {:.2} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {:.2} | {:.0} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
@@ -629,6 +652,7 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
             r.kept_ms.refused,
             r.refused,
             r.attempts as f64 / owners,
+            r.let_go,
             r.state,
             r.owners_in
         );

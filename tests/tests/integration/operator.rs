@@ -64,6 +64,25 @@ fn metrics_count_refusals_and_logs_are_json_lines() {
         .args(["--label", "label", "--quiet"])
         .args(tls_args(pki.files("a").expect("owner a"))));
     assert!(!out.status.success(), "{}", describe(&out));
+    // An owner whose certificate another CA issued: refused in the handshake, and
+    // counted as a connection the main listener let go.
+    let (foreign, _foreign_dir) = dev_pki();
+    let out = run(Command::new(bin("owner"))
+        .args(["--proxy", &url, "--study", "nope", "--retry-for", "0"])
+        .args([
+            "--key-fingerprint",
+            &"ab".repeat(32),
+            "--budget-cap",
+            "1,1e-5",
+        ])
+        .arg("--data")
+        .arg(&data)
+        .args(["--label", "label", "--quiet"])
+        .args(tls_args(&dpca_shell::tls::TlsFiles {
+            ca: pki.proxy.ca.clone(),
+            ..foreign.files("a").expect("foreign owner a").clone()
+        })));
+    assert!(!out.status.success(), "{}", describe(&out));
     // The operator's status call succeeds (OK, 0).
     let out = run(Command::new(bin("proxy"))
         .args(["status", "--proxy", &url])
@@ -77,6 +96,12 @@ fn metrics_count_refusals_and_logs_are_json_lines() {
     ] {
         assert!(metrics.contains(expected), "no `{expected}` in:\n{metrics}");
     }
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with(r#"dpca_connections_refused_total{listener="main",reason="handshake"}"#)
+            && l.ends_with(" 1")),
+        "the refused handshake is not counted:\n{metrics}"
+    );
     assert!(
         !metrics.contains("owner=") && !metrics.contains("\"a\""),
         "owner names are not metric labels:\n{metrics}"
