@@ -138,9 +138,7 @@ pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::R
             // with the same owners: this owner waits for that study's invitation.
             // Followed once, to a study under the same key: a histogram after a
             // histogram is not followed again.
-            Ok(report)
-                if report.newly_counted && following.is_none() && histogram_study(&cfg).await =>
-            {
+            Ok(report) if report.newly_counted && following.is_none() && report.histogram => {
                 tracing::info!(study = %inv.study, "counted in a row-norm histogram; waiting for the study that follows");
                 following = Some(inv.key_fingerprint.clone());
                 stale = Some(inv);
@@ -191,15 +189,6 @@ async fn study_info(cfg: &OwnerConfig) -> Option<v1::StudyInfo> {
             .ok()?
             .into_inner(),
     )
-}
-
-/// Whether the study is a row-norm histogram (a study of the same owners follows).
-async fn histogram_study(cfg: &OwnerConfig) -> bool {
-    study_info(cfg)
-        .await
-        .and_then(|info| info.spec)
-        .and_then(|wire| spec_from_wire(&wire).ok())
-        .is_some_and(|spec| spec.norm_bins.is_some())
 }
 
 /// The study's phase if it no longer collects; `None` while it collects, or if
@@ -429,6 +418,7 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
         }
     })?;
     let (spec, noise_free) = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
+    let histogram = spec.norm_bins.is_some();
     check_risks(&cfg.study_id, &spec, noise_free, &cfg.accepted_risks)?;
     let prepared = prepare_share(&spec, &bytes, &name, cfg.label.as_deref())?;
     let (rows, clipped_rows) = (prepared.rows, prepared.clipped_rows);
@@ -470,6 +460,7 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
         ciphertexts: total,
         bytes: ct_bytes,
         newly_counted: response.newly_counted,
+        histogram,
         seconds_encrypt,
         seconds_total: start.elapsed().as_secs_f64(),
         usage: Usage::of_self(),

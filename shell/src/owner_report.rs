@@ -20,6 +20,10 @@ pub struct OwnerReport {
     pub bytes: usize,
     /// False when the proxy had already counted this very contribution (a retry).
     pub newly_counted: bool,
+    /// Whether the study was a row-norm histogram, which a study of the same
+    /// owners follows (read from the spec the owner encrypted for).
+    #[serde(default)]
+    pub histogram: bool,
     /// Wall seconds spent encrypting.
     pub seconds_encrypt: f64,
     /// Wall seconds from start to the proxy's acknowledgement.
