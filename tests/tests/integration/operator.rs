@@ -48,40 +48,33 @@ fn metrics_count_refusals_and_logs_are_json_lines() {
         line.trim().strip_prefix("listening on ").expect("address")
     );
 
-    // An owner asks for a study that does not exist: refused with NOT_FOUND (5).
+    // An owner asks for a study that does not exist, with `files`' certificate.
     let data = dir.path().join("a.csv");
     write_slice(&optdigits(), 0, 10, &data);
-    let out = run(Command::new(bin("owner"))
-        .args(["--proxy", &url, "--study", "nope", "--retry-for", "0"])
-        .args([
-            "--key-fingerprint",
-            &"ab".repeat(32),
-            "--budget-cap",
-            "1,1e-5",
-        ])
-        .arg("--data")
-        .arg(&data)
-        .args(["--label", "label", "--quiet"])
-        .args(tls_args(pki.files("a").expect("owner a"))));
+    let owner_asks = |files: &dpca_shell::tls::TlsFiles| {
+        run(Command::new(bin("owner"))
+            .args(["--proxy", &url, "--study", "nope", "--retry-for", "0"])
+            .args([
+                "--key-fingerprint",
+                &"ab".repeat(32),
+                "--budget-cap",
+                "1,1e-5",
+            ])
+            .arg("--data")
+            .arg(&data)
+            .args(["--label", "label", "--quiet"])
+            .args(tls_args(files)))
+    };
+    // Refused with NOT_FOUND (5).
+    let out = owner_asks(pki.files("a").expect("owner a"));
     assert!(!out.status.success(), "{}", describe(&out));
     // An owner whose certificate another CA issued: refused in the handshake, and
     // counted as a connection the main listener let go.
     let (foreign, _foreign_dir) = dev_pki();
-    let out = run(Command::new(bin("owner"))
-        .args(["--proxy", &url, "--study", "nope", "--retry-for", "0"])
-        .args([
-            "--key-fingerprint",
-            &"ab".repeat(32),
-            "--budget-cap",
-            "1,1e-5",
-        ])
-        .arg("--data")
-        .arg(&data)
-        .args(["--label", "label", "--quiet"])
-        .args(tls_args(&dpca_shell::tls::TlsFiles {
-            ca: pki.proxy.ca.clone(),
-            ..foreign.files("a").expect("foreign owner a").clone()
-        })));
+    let out = owner_asks(&dpca_shell::tls::TlsFiles {
+        ca: pki.proxy.ca.clone(),
+        ..foreign.files("a").expect("foreign owner a").clone()
+    });
     assert!(!out.status.success(), "{}", describe(&out));
     // The operator's status call succeeds (OK, 0).
     let out = run(Command::new(bin("proxy"))
