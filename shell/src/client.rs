@@ -262,8 +262,9 @@ pub async fn connect_from(
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
 }
 
-/// The channel of `endpoint`, connected within `timeout` (and reconnected within
-/// it too, when the connection breaks later).
+/// The channel of `endpoint`, connected within `timeout` (when the connection
+/// breaks later and the channel reconnects, only the new TCP connection is held
+/// to `timeout`: the channel has no bound of its own on a later TLS handshake).
 async fn connected(
     url: &str,
     endpoint: tonic::transport::Endpoint,
