@@ -330,32 +330,31 @@ fn free_port() -> anyhow::Result<SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-/// The proxy's counter `name` from its `/metrics` page.
-fn scrape(metrics: SocketAddr, name: &str) -> anyhow::Result<f64> {
+/// The proxy's `/metrics` page, read once per run.
+fn metrics_page(metrics: SocketAddr) -> anyhow::Result<String> {
     use std::io::{Read, Write};
     let mut conn = std::net::TcpStream::connect(metrics)?;
     conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
     let mut page = String::new();
     conn.read_to_string(&mut page)?;
+    Ok(page)
+}
+
+/// The counter `name` on the metrics `page`.
+fn scrape(page: &str, name: &str) -> anyhow::Result<f64> {
     page.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
         .with_context(|| format!("{name} on the metrics page"))
 }
 
-/// The sum of every series of the proxy's `/metrics` page whose line starts with
-/// `prefix` (a name and the start of its labels).
-fn scrape_sum(metrics: SocketAddr, prefix: &str) -> anyhow::Result<f64> {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(metrics)?;
-    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut page = String::new();
-    conn.read_to_string(&mut page)?;
-    Ok(page
-        .lines()
+/// The sum of every series on the metrics `page` whose line starts with `prefix`
+/// (a name and the start of its labels).
+fn scrape_sum(page: &str, prefix: &str) -> f64 {
+    page.lines()
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .fold(0.0, |sum, v| sum + v))
+        .fold(0.0, |sum, v| sum + v)
 }
 
 /// Bytes a process has caused to be written to storage (`/proc/PID/io`).
@@ -512,14 +511,12 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
     let written = written_bytes(pid)? - written_before;
     let proxy = Usage::of_pid(pid).context("proxy usage from /proc")?;
     let cpu = proxy.cpu_seconds - cpu_before;
-    let fold = scrape(s.metrics, "dpca_fold_microseconds_total")? / 1e6;
-    let store = scrape(s.metrics, "dpca_store_microseconds_total")? / 1e6;
-    let commits = scrape(s.metrics, "dpca_store_commits_total")?;
-    let writes = scrape(s.metrics, "dpca_store_writes_total")?;
-    let let_go = scrape_sum(
-        s.metrics,
-        r#"dpca_connections_refused_total{listener="main""#,
-    )?;
+    let page = metrics_page(s.metrics)?;
+    let fold = scrape(&page, "dpca_fold_microseconds_total")? / 1e6;
+    let store = scrape(&page, "dpca_store_microseconds_total")? / 1e6;
+    let commits = scrape(&page, "dpca_store_commits_total")?;
+    let writes = scrape(&page, "dpca_store_writes_total")?;
+    let let_go = scrape_sum(&page, r#"dpca_connections_refused_total{listener="main""#);
     let info = connect(&s.url, &s.user)
         .await?
         .get_study(v1::GetStudyRequest {
