@@ -65,12 +65,13 @@ const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20
 /// Calls open at once on one connection.
 const MAX_STREAMS_PER_CONNECTION: u32 = 16;
 
-/// HTTP/2 flow-control window per stream and per connection on the main
-/// listener (bytes). At most [`listener::MAX_CONNECTIONS`] x this is parked in
-/// the proxy by owners waiting for an upload slot (16 MiB). Windows of 16 KiB
-/// had the proxy send a window update every 8 KiB received, each a TLS record
-/// and a system call: 15-20% of its CPU at M = 1000 went to them.
-pub(crate) const UPLOAD_WINDOW_BYTES: u32 = 256 * 1024;
+/// HTTP/2 flow-control window per stream and per connection (bytes): the
+/// protocol's initial 65,535. A connection may send that much before any window
+/// update whatever the settings say (the connection's window starts there and
+/// only grows), so a smaller setting bounded nothing a hostile client holds, and
+/// had the proxy send honest uploads a window update every 8 KiB: with 16 KiB it
+/// spent about a tenth more CPU at M = 1000.
+const WINDOW_BYTES: u32 = 65_535;
 
 /// Serves the proxy on `listener` until `shutdown` resolves, and `status` alone
 /// on `operator` if given ([`operator`]: a thread and runtime of its own).
@@ -97,7 +98,7 @@ pub async fn run(
     let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
         .max_decoding_message_size(max_request_bytes)
         .max_encoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES);
-    let router = hardened_server(UPLOAD_WINDOW_BYTES)
+    let router = hardened_server()
         .layer(tower::layer::layer_fn(metrics::CountCalls))
         .add_service(server);
     match acceptor {
@@ -127,13 +128,13 @@ pub async fn run(
 
 /// The HTTP/2 settings of every listener: what one connection may hold of the
 /// proxy (streams, buffered bytes) is bounded, and a vanished peer is found.
-pub(crate) fn hardened_server(window_bytes: u32) -> tonic::transport::Server {
+pub(crate) fn hardened_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         // Bounded flow-control windows: a connection (an owner waiting for an
-        // upload slot) can park at most this much data in the proxy, so memory
+        // upload slot) parks at most about this much data in the proxy, so memory
         // stays flat in the owners.
-        .initial_stream_window_size(window_bytes)
-        .initial_connection_window_size(window_bytes)
+        .initial_stream_window_size(WINDOW_BYTES)
+        .initial_connection_window_size(WINDOW_BYTES)
         // A peer that vanished (no FIN: a cut cable, a killed VM) is found by pings
         // and its connection slot freed (TCP keepalive is set on each accepted
         // socket, `listener::accept`).

@@ -11,7 +11,7 @@
 //! studies and the same access rules: the operator sees everything, a user its
 //! own studies, an owner nothing); every other method is refused, so this port
 //! adds no way in. A connection here is bounded as on the main port (streams,
-//! keepalive; 16 KiB flow-control windows), decodes no request over 1 KiB, and one party
+//! flow-control windows, keepalive), decodes no request over 1 KiB, and one party
 //! holds at most 2 of its 8 connections; a party that may not read the status
 //! (an owner) is closed right after the handshake. Two slots are kept for
 //! operators: users share the other six (and a user's connection that finds them
@@ -48,9 +48,6 @@ pub const OPERATOR_RESERVED_CONNECTIONS: usize = MAX_OPERATOR_CONNECTIONS_PER_PA
 pub const OPERATOR_LISTEN_BACKLOG: i32 = 64;
 /// Largest request decoded: a status request is empty.
 const MAX_REQUEST_BYTES: usize = 1024;
-/// HTTP/2 flow-control window per stream and per connection: only empty status
-/// requests come here, so a connection parks no more than this.
-const OPERATOR_WINDOW_BYTES: u32 = 16 * 1024;
 
 /// The running operator listener; dropping it stops it.
 pub struct OperatorListener {
@@ -99,10 +96,10 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     // The main listener's bounds on a connection, and a status request (empty)
-    // is all that is decoded: no upload comes here, so the windows stay small.
+    // is all that is decoded.
     let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
         .max_decoding_message_size(MAX_REQUEST_BYTES);
-    let router = crate::hardened_server(OPERATOR_WINDOW_BYTES)
+    let router = crate::hardened_server()
         .layer(tower::layer::layer_fn(CountCalls))
         .layer(tower::layer::layer_fn(OnlyStatus))
         .add_service(server);
