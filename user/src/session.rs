@@ -13,7 +13,7 @@ use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION};
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
-use dpca_shell::client::{transient, with_retries};
+use dpca_shell::client::{transient, with_retries, CALL_TIMEOUT};
 use dpca_shell::signed_count::{signing_identity, verify_count, CountClaim};
 use dpca_shell::tls::Transport;
 use tonic::transport::Channel;
@@ -51,18 +51,44 @@ fn status(what: &str) -> impl Fn(tonic::Status) -> anyhow::Error + '_ {
     }
 }
 
-/// Opens a study at the proxy; returns its id.
+/// The error of a proxy that left `what` unanswered for `waited`.
+fn silent(what: &str, waited: Duration) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the proxy sent nothing of {what} for {} s",
+        waited.as_secs_f64()
+    )
+}
+
+/// Opens a study at the proxy; returns its id. The proxy must answer within
+/// [`CALL_TIMEOUT`]; the call is not repeated, since a proxy that opened the
+/// study and then failed to answer would open a second one.
 pub async fn open_study(
     client: &mut ProxyClient<Channel>,
     spec: &StudySpec,
     noise_free_for_testing: bool,
 ) -> anyhow::Result<String> {
-    let resp = client
-        .open_study(v1::OpenStudyRequest {
-            spec: Some(spec_to_wire(spec)),
-            noise_free_for_testing,
-        })
+    open_study_within(client, spec, noise_free_for_testing, CALL_TIMEOUT).await
+}
+
+async fn open_study_within(
+    client: &mut ProxyClient<Channel>,
+    spec: &StudySpec,
+    noise_free_for_testing: bool,
+    within: Duration,
+) -> anyhow::Result<String> {
+    let call = client.open_study(v1::OpenStudyRequest {
+        spec: Some(spec_to_wire(spec)),
+        noise_free_for_testing,
+    });
+    let resp = tokio::time::timeout(within, call)
         .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the proxy did not answer the opening of the study within {} s; it may have \
+                 opened it all the same (`proxy status` lists the studies)",
+                within.as_secs_f64()
+            )
+        })?
         .map_err(status("proxy refused to open the study"))?;
     let study_id = resp.into_inner().study_id;
     // A proxy of a build before layout versions drops the field it does not know
@@ -233,22 +259,50 @@ fn check_counted_owners(sealed: &v1::SealedStudy, spec: &StudySpec) -> anyhow::R
 /// it waits for the seal (a proxy restart keeps the study: see the proxy's store).
 const RECONNECT_FOR: Duration = Duration::from_secs(300);
 
+/// How long past the study's deadline the user waits for the seal: the proxy
+/// seals or aborts a study within a second of its deadline (on its own clock,
+/// which may differ from the user's), or once it is back from a restart.
+const SEAL_GRACE: Duration = RECONNECT_FOR.saturating_add(CALL_TIMEOUT);
+
+/// How long a wait for the seal may last, from `now_unix_ms` on the user's clock:
+/// until the deadline, plus [`SEAL_GRACE`]. `None` for a study without a
+/// deadline (0), which seals only at its quorum.
+fn seal_wait(deadline_unix_ms: u64, now_unix_ms: u64) -> Option<Duration> {
+    (deadline_unix_ms > 0).then(|| {
+        Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms))
+            .saturating_add(SEAL_GRACE)
+    })
+}
+
 /// Waits for the study to seal, calling again (the channel reconnects) while the
-/// proxy is unreachable, for up to [`RECONNECT_FOR`].
+/// proxy is unreachable, for up to [`RECONNECT_FOR`], and in all for at most
+/// `within`: a proxy that takes the call and never answers does not hold the user
+/// forever.
 async fn await_seal(
     client: &ProxyClient<Channel>,
     study_id: &str,
+    within: Option<Duration>,
 ) -> anyhow::Result<v1::SealedStudy> {
-    with_retries(RECONNECT_FOR, transient, || {
+    let wait = with_retries(RECONNECT_FOR, transient, || {
         let mut client = client.clone();
         let req = v1::AwaitSealRequest {
             study_id: study_id.to_string(),
         };
         async move { client.await_seal(req).await }
-    })
-    .await
-    .map(tonic::Response::into_inner)
-    .map_err(status("study did not seal"))
+    });
+    let answer = match within {
+        Some(within) => tokio::time::timeout(within, wait).await.map_err(|_| {
+            anyhow::anyhow!(
+                "study {study_id} did not seal: the proxy gave no answer within {} s, past \
+                 the study's deadline",
+                within.as_secs()
+            )
+        })?,
+        None => wait.await,
+    };
+    answer
+        .map(tonic::Response::into_inner)
+        .map_err(status("study did not seal"))
 }
 
 /// Waits for the study to seal, decrypts N (checking it against the spec), asks for
@@ -261,7 +315,11 @@ pub async fn collect(
     spec: &StudySpec,
     study_id: &str,
 ) -> anyhow::Result<Collected> {
-    let sealed = await_seal(client, study_id).await?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let within = seal_wait(spec.deadline_unix_ms, now_ms);
+    let sealed = await_seal(client, study_id, within).await?;
     let proven = count_to_prove(&sealed, transport, sk, spec, study_id)?;
     let t = Instant::now();
     client
@@ -277,7 +335,14 @@ pub async fn collect(
     let seconds_proxy = t.elapsed().as_secs_f64();
     let announced = proven.as_ref().map_or(0, |(n, _)| *n);
     let layout = StudyLayout::new(spec)?;
-    let fetched = fetch_release(client, sk.public(), &layout, study_id, announced).await?;
+    let fetched = fetch_release(
+        client,
+        sk.public(),
+        &layout,
+        (study_id, announced),
+        CALL_TIMEOUT,
+    )
+    .await?;
     let n_rows = match proven {
         Some((n, _)) => n,
         None => open_count(sk, spec, study_id, &sealed)?.0,
@@ -349,25 +414,29 @@ struct Fetched {
     noise_scale_grid: String,
 }
 
-/// Fetches the release: it must be for the N the user proved (`announced`, 0
-/// under `dp-mean`) and hold exactly the layout's ciphertexts, each in the group.
+/// Fetches the release of `study` (`(id, announced)`): it must be for the N the
+/// user proved (`announced`, 0 under `dp-mean`) and hold exactly the layout's
+/// ciphertexts, each in the group. The release is computed before it is served,
+/// so the stream's first answer and each chunk after it must come within
+/// `patience`.
 async fn fetch_release(
     client: &mut ProxyClient<Channel>,
     pk: &PublicKey,
     layout: &StudyLayout,
-    study_id: &str,
-    announced: u64,
+    (study_id, announced): (&str, u64),
+    patience: Duration,
 ) -> anyhow::Result<Fetched> {
-    let mut stream = client
-        .fetch_result(v1::FetchResultRequest {
-            study_id: study_id.to_string(),
-        })
+    let request = v1::FetchResultRequest {
+        study_id: study_id.to_string(),
+    };
+    let mut stream = tokio::time::timeout(patience, client.fetch_result(request))
         .await
+        .map_err(|_| silent("the result", patience))?
         .map_err(status("cannot fetch the result"))?
         .into_inner();
-    let first = stream
-        .message()
+    let first = tokio::time::timeout(patience, stream.message())
         .await
+        .map_err(|_| silent("the result stream", patience))?
         .map_err(status("result stream"))?
         .context("empty result stream")?;
     if first.n_rows != announced {
@@ -394,7 +463,10 @@ async fn fetch_release(
             .ciphertexts_from_bytes(&c.ciphertexts, cts.len())
             .context("invalid result ciphertext")?;
         cts.extend(parsed);
-        chunk = stream.message().await.map_err(status("result stream"))?;
+        chunk = tokio::time::timeout(patience, stream.message())
+            .await
+            .map_err(|_| silent("the result stream", patience))?
+            .map_err(status("result stream"))?;
     }
     if cts.len() != expected {
         bail!(
@@ -412,6 +484,118 @@ async fn fetch_release(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
+    use std::pin::Pin;
+    use tonic::{Request, Response, Status, Streaming};
+
+    /// A proxy that takes every call and never answers it; its result stream
+    /// opens and never sends a chunk.
+    struct Silent;
+
+    type Never<T> = Result<Response<T>, Status>;
+
+    #[tonic::async_trait]
+    impl v1::proxy_server::Proxy for Silent {
+        async fn open_study(
+            &self,
+            _: Request<v1::OpenStudyRequest>,
+        ) -> Never<v1::OpenStudyResponse> {
+            std::future::pending().await
+        }
+        async fn get_study(&self, _: Request<v1::GetStudyRequest>) -> Never<v1::StudyInfo> {
+            std::future::pending().await
+        }
+        async fn contribute(
+            &self,
+            _: Request<Streaming<v1::ContributionChunk>>,
+        ) -> Never<v1::ContributeResponse> {
+            std::future::pending().await
+        }
+        async fn await_seal(&self, _: Request<v1::AwaitSealRequest>) -> Never<v1::SealedStudy> {
+            std::future::pending().await
+        }
+        async fn release(&self, _: Request<v1::ReleaseRequest>) -> Never<v1::ReleaseResponse> {
+            std::future::pending().await
+        }
+        type FetchResultStream =
+            Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::ResultChunk, Status>> + Send>>;
+        async fn fetch_result(
+            &self,
+            _: Request<v1::FetchResultRequest>,
+        ) -> Never<Self::FetchResultStream> {
+            Ok(Response::new(Box::pin(tokio_stream::pending())))
+        }
+        async fn status(&self, _: Request<v1::StatusRequest>) -> Never<v1::ProxyStatus> {
+            std::future::pending().await
+        }
+    }
+
+    async fn silent_proxy() -> ProxyClient<Channel> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let at = listener.local_addr().expect("address");
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(v1::proxy_server::ProxyServer::new(Silent))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        ProxyClient::connect(format!("http://{at}"))
+            .await
+            .expect("connect")
+    }
+
+    /// `call`'s outcome, which must come well within 10 s: before each call was
+    /// bounded, it never came.
+    async fn ends<T>(call: impl Future<Output = anyhow::Result<T>>) -> anyhow::Error {
+        match tokio::time::timeout(Duration::from_secs(10), call).await {
+            Ok(Ok(_)) => panic!("a proxy that never answers answered"),
+            Ok(Err(e)) => e,
+            Err(_) => panic!("the user still waits on a proxy that never answers"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_user_does_not_wait_forever_on_a_proxy_that_never_answers() {
+        let mut client = silent_proxy().await;
+        let patience = Duration::from_millis(300);
+        let sk = dpca_common::testing::test_key();
+        let spec = dpca_common::testing::test_spec(sk.public(), 3);
+        let opened = ends(open_study_within(&mut client, &spec, false, patience)).await;
+        assert!(
+            opened.to_string().contains("may have opened it"),
+            "{opened}"
+        );
+        let sealed = ends(await_seal(&client, "a-study", Some(patience))).await;
+        assert!(sealed.to_string().contains("did not seal"), "{sealed}");
+        let layout = StudyLayout::new(&spec).expect("layout");
+        let fetched = ends(fetch_release(
+            &mut client,
+            sk.public(),
+            &layout,
+            ("a-study", 0),
+            patience,
+        ))
+        .await;
+        assert!(fetched.to_string().contains("result stream"), "{fetched}");
+    }
+
+    #[test]
+    fn the_wait_for_the_seal_ends_a_grace_after_the_deadline() {
+        let grace = SEAL_GRACE;
+        assert_eq!(
+            seal_wait(10_000, 4_000),
+            Some(Duration::from_secs(6) + grace)
+        );
+        // A deadline already past: the grace alone.
+        assert_eq!(seal_wait(4_000, 10_000), Some(grace));
+        // No deadline: the study seals only at its quorum, and the wait is not bounded.
+        assert_eq!(seal_wait(0, 10_000), None);
+        assert!(
+            grace >= RECONNECT_FOR,
+            "a restarting proxy gets its reconnection time"
+        );
+    }
 
     fn opening(n: u32) -> Opening {
         Opening {
