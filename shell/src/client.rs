@@ -131,9 +131,11 @@ pub fn transient(status: &tonic::Status) -> bool {
 }
 
 /// Runs `attempt` until it succeeds, fails with an error `retry` does not accept,
-/// or `patience` would be exceeded by the next pause; pauses follow [`Backoff`].
-/// Each retried error is logged. The owner's upload and the user's wait for the
-/// seal retry this way while the proxy restarts.
+/// or the next pause would end more than `patience` after the first failure;
+/// pauses follow [`Backoff`]. Each retried error is logged. The owner's upload and
+/// the user's wait for the seal retry this way while the proxy restarts. Counted
+/// from the first failure, not the first attempt: a wait for the seal that ran for
+/// an hour and then lost its proxy still gets its patience.
 pub async fn with_retries<T, E, F, Fut>(
     patience: std::time::Duration,
     retry: impl Fn(&E) -> bool,
@@ -144,12 +146,14 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
-    let start = std::time::Instant::now();
+    let mut first_failure = None;
     let mut pauses = Backoff::new(rand::rngs::StdRng::from_entropy());
     loop {
         let pause = pauses.next_pause();
-        match attempt().await {
-            Err(e) if retry(&e) && start.elapsed() + pause <= patience => {
+        let outcome = attempt().await;
+        let since = *first_failure.get_or_insert_with(std::time::Instant::now);
+        match outcome {
+            Err(e) if retry(&e) && since.elapsed() + pause <= patience => {
                 tracing::warn!(error = %e, "proxy unreachable; trying again");
                 tokio::time::sleep(pause).await;
             }
@@ -292,6 +296,40 @@ mod tests {
     use super::*;
     use rand::rngs::StdRng;
     use std::time::Duration;
+
+    /// An attempt that ran longer than the patience and then failed (a wait for
+    /// the seal that lost its proxy late) is still tried again: the patience
+    /// counts from the first failure. Before, it counted from the first attempt,
+    /// and the error was returned at once.
+    #[tokio::test]
+    async fn the_patience_counts_from_the_first_failure() {
+        let patience = Duration::from_millis(400);
+        let mut attempts = 0;
+        let outcome = with_retries(
+            patience,
+            |_: &String| true,
+            || {
+                attempts += 1;
+                let first = attempts == 1;
+                async move {
+                    if first {
+                        tokio::time::sleep(patience * 2).await;
+                        Err("the proxy went away".to_string())
+                    } else {
+                        Ok(attempts)
+                    }
+                }
+            },
+        )
+        .await;
+        assert_eq!(outcome, Ok(2));
+        // A failure that lasts is still given up on after the patience.
+        let started = std::time::Instant::now();
+        let outcome: Result<(), String> =
+            with_retries(patience, |_| true, || async { Err("down".to_string()) }).await;
+        assert_eq!(outcome, Err("down".to_string()));
+        assert!(started.elapsed() <= patience + Duration::from_secs(1));
+    }
 
     /// A port that takes the connection and never answers: the TLS handshake
     /// would wait forever (before, it did); the connection gives up in time and

@@ -6,7 +6,7 @@
 //! contributions, collection (`session`), analysis (`analysis`), report.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use dpca_common::data::{read_csv, read_schema};
@@ -314,9 +314,7 @@ async fn prepare(
     client: &mut dpca_proto::v1::proxy_client::ProxyClient<tonic::transport::Channel>,
     sk: &SecretKey,
 ) -> anyhow::Result<Prepared> {
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)?;
+    let now_ms = crate::session::now_unix_ms()?;
     // Refused before the histogram study runs, should the study itself be invalid.
     let spec = plan
         .draft(sk.public(), now_ms, opts.row_norm_bound, opts.baseline)

@@ -51,6 +51,27 @@ fn status(what: &str) -> impl Fn(tonic::Status) -> anyhow::Error + '_ {
     }
 }
 
+/// Milliseconds since the Unix epoch on this machine's clock, as study
+/// deadlines are written.
+pub fn now_unix_ms() -> anyhow::Result<u64> {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the clock is before 1970")?;
+    Ok(u64::try_from(since.as_millis())?)
+}
+
+/// The result stream's next chunk (`None` at its end), which must come within
+/// `patience`.
+async fn next_chunk(
+    stream: &mut tonic::Streaming<v1::ResultChunk>,
+    patience: Duration,
+) -> anyhow::Result<Option<v1::ResultChunk>> {
+    tokio::time::timeout(patience, stream.message())
+        .await
+        .map_err(|_| silent("the result stream", patience))?
+        .map_err(status("result stream"))
+}
+
 /// The error of a proxy that left `what` unanswered for `waited`.
 fn silent(what: &str, waited: Duration) -> anyhow::Error {
     anyhow::anyhow!(
@@ -259,29 +280,28 @@ fn check_counted_owners(sealed: &v1::SealedStudy, spec: &StudySpec) -> anyhow::R
 /// it waits for the seal (a proxy restart keeps the study: see the proxy's store).
 const RECONNECT_FOR: Duration = Duration::from_secs(300);
 
-/// How long past the study's deadline the user waits for the seal: the proxy
-/// seals or aborts a study within a second of its deadline (on its own clock,
-/// which may differ from the user's), or once it is back from a restart.
+/// How long past the study's deadline the user waits for the seal. The proxy
+/// seals or aborts a study within a second of its deadline on its own clock; the
+/// rest is for a restart around the deadline (the user calls again for
+/// [`RECONNECT_FOR`] from its first failed call) and for a difference between the
+/// two clocks.
 const SEAL_GRACE: Duration = RECONNECT_FOR.saturating_add(CALL_TIMEOUT);
 
 /// How long a wait for the seal may last, from `now_unix_ms` on the user's clock:
-/// until the deadline, plus [`SEAL_GRACE`]. `None` for a study without a
-/// deadline (0), which seals only at its quorum.
-fn seal_wait(deadline_unix_ms: u64, now_unix_ms: u64) -> Option<Duration> {
-    (deadline_unix_ms > 0).then(|| {
-        Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms))
-            .saturating_add(SEAL_GRACE)
-    })
+/// until the deadline, plus [`SEAL_GRACE`]. (The proxy opens no study whose
+/// deadline has passed, and closes every study at its deadline.)
+fn seal_wait(deadline_unix_ms: u64, now_unix_ms: u64) -> Duration {
+    Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms)).saturating_add(SEAL_GRACE)
 }
 
 /// Waits for the study to seal, calling again (the channel reconnects) while the
-/// proxy is unreachable, for up to [`RECONNECT_FOR`], and in all for at most
-/// `within`: a proxy that takes the call and never answers does not hold the user
-/// forever.
+/// proxy is unreachable, for up to [`RECONNECT_FOR`] from the first failed call,
+/// and in all for at most `within`: a proxy that takes the call and never answers
+/// does not hold the user forever.
 async fn await_seal(
     client: &ProxyClient<Channel>,
     study_id: &str,
-    within: Option<Duration>,
+    within: Duration,
 ) -> anyhow::Result<v1::SealedStudy> {
     let wait = with_retries(RECONNECT_FOR, transient, || {
         let mut client = client.clone();
@@ -290,17 +310,15 @@ async fn await_seal(
         };
         async move { client.await_seal(req).await }
     });
-    let answer = match within {
-        Some(within) => tokio::time::timeout(within, wait).await.map_err(|_| {
+    tokio::time::timeout(within, wait)
+        .await
+        .map_err(|_| {
             anyhow::anyhow!(
                 "study {study_id} did not seal: the proxy gave no answer within {} s, past \
                  the study's deadline",
-                within.as_secs()
+                within.as_secs_f64()
             )
-        })?,
-        None => wait.await,
-    };
-    answer
+        })?
         .map(tonic::Response::into_inner)
         .map_err(status("study did not seal"))
 }
@@ -315,10 +333,7 @@ pub async fn collect(
     spec: &StudySpec,
     study_id: &str,
 ) -> anyhow::Result<Collected> {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let within = seal_wait(spec.deadline_unix_ms, now_ms);
+    let within = seal_wait(spec.deadline_unix_ms, now_unix_ms()?);
     let sealed = await_seal(client, study_id, within).await?;
     let proven = count_to_prove(&sealed, transport, sk, spec, study_id)?;
     let t = Instant::now();
@@ -339,7 +354,8 @@ pub async fn collect(
         client,
         sk.public(),
         &layout,
-        (study_id, announced),
+        study_id,
+        announced,
         CALL_TIMEOUT,
     )
     .await?;
@@ -414,16 +430,16 @@ struct Fetched {
     noise_scale_grid: String,
 }
 
-/// Fetches the release of `study` (`(id, announced)`): it must be for the N the
-/// user proved (`announced`, 0 under `dp-mean`) and hold exactly the layout's
-/// ciphertexts, each in the group. The release is computed before it is served,
-/// so the stream's first answer and each chunk after it must come within
-/// `patience`.
+/// Fetches the release: it must be for the N the user proved (`announced`, 0
+/// under `dp-mean`) and hold exactly the layout's ciphertexts, each in the group.
+/// The release is computed and stored before it is served, so the stream's first
+/// answer and each chunk after it must come within `patience`.
 async fn fetch_release(
     client: &mut ProxyClient<Channel>,
     pk: &PublicKey,
     layout: &StudyLayout,
-    (study_id, announced): (&str, u64),
+    study_id: &str,
+    announced: u64,
     patience: Duration,
 ) -> anyhow::Result<Fetched> {
     let request = v1::FetchResultRequest {
@@ -434,10 +450,8 @@ async fn fetch_release(
         .map_err(|_| silent("the result", patience))?
         .map_err(status("cannot fetch the result"))?
         .into_inner();
-    let first = tokio::time::timeout(patience, stream.message())
-        .await
-        .map_err(|_| silent("the result stream", patience))?
-        .map_err(status("result stream"))?
+    let first = next_chunk(&mut stream, patience)
+        .await?
         .context("empty result stream")?;
     if first.n_rows != announced {
         bail!(
@@ -463,10 +477,7 @@ async fn fetch_release(
             .ciphertexts_from_bytes(&c.ciphertexts, cts.len())
             .context("invalid result ciphertext")?;
         cts.extend(parsed);
-        chunk = tokio::time::timeout(patience, stream.message())
-            .await
-            .map_err(|_| silent("the result stream", patience))?
-            .map_err(status("result stream"))?;
+        chunk = next_chunk(&mut stream, patience).await?;
     }
     if cts.len() != expected {
         bail!(
@@ -488,9 +499,11 @@ mod tests {
     use std::pin::Pin;
     use tonic::{Request, Response, Status, Streaming};
 
-    /// A proxy that takes every call and never answers it; its result stream
-    /// opens and never sends a chunk.
-    struct Silent;
+    /// A proxy that takes every call and never answers it, but for its result
+    /// stream, which it opens and never sends a chunk on if `opens_streams`.
+    struct Silent {
+        opens_streams: bool,
+    }
 
     type Never<T> = Result<Response<T>, Status>;
 
@@ -523,6 +536,9 @@ mod tests {
             &self,
             _: Request<v1::FetchResultRequest>,
         ) -> Never<Self::FetchResultStream> {
+            if !self.opens_streams {
+                std::future::pending::<()>().await;
+            }
             Ok(Response::new(Box::pin(tokio_stream::pending())))
         }
         async fn status(&self, _: Request<v1::StatusRequest>) -> Never<v1::ProxyStatus> {
@@ -530,14 +546,14 @@ mod tests {
         }
     }
 
-    async fn silent_proxy() -> ProxyClient<Channel> {
+    async fn silent_proxy(opens_streams: bool) -> ProxyClient<Channel> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let at = listener.local_addr().expect("address");
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(v1::proxy_server::ProxyServer::new(Silent))
+                .add_service(v1::proxy_server::ProxyServer::new(Silent { opens_streams }))
                 .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
         ProxyClient::connect(format!("http://{at}"))
@@ -557,7 +573,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_user_does_not_wait_forever_on_a_proxy_that_never_answers() {
-        let mut client = silent_proxy().await;
+        let mut client = silent_proxy(true).await;
         let patience = Duration::from_millis(300);
         let sk = dpca_common::testing::test_key();
         let spec = dpca_common::testing::test_spec(sk.public(), 3);
@@ -566,35 +582,45 @@ mod tests {
             opened.to_string().contains("may have opened it"),
             "{opened}"
         );
-        let sealed = ends(await_seal(&client, "a-study", Some(patience))).await;
+        let sealed = ends(await_seal(&client, "a-study", patience)).await;
         assert!(sealed.to_string().contains("did not seal"), "{sealed}");
         let layout = StudyLayout::new(&spec).expect("layout");
-        let fetched = ends(fetch_release(
+        let pk = sk.public();
+        let stalled = ends(fetch_release(
             &mut client,
-            sk.public(),
+            pk,
             &layout,
-            ("a-study", 0),
+            "a-study",
+            0,
             patience,
         ))
         .await;
-        assert!(fetched.to_string().contains("result stream"), "{fetched}");
+        assert!(stalled.to_string().contains("result stream"), "{stalled}");
+        // A proxy that does not even open the stream.
+        let mut client = silent_proxy(false).await;
+        let unopened = ends(fetch_release(
+            &mut client,
+            pk,
+            &layout,
+            "a-study",
+            0,
+            patience,
+        ))
+        .await;
+        assert!(
+            unopened.to_string().contains("of the result for"),
+            "{unopened}"
+        );
     }
 
     #[test]
     fn the_wait_for_the_seal_ends_a_grace_after_the_deadline() {
-        let grace = SEAL_GRACE;
         assert_eq!(
             seal_wait(10_000, 4_000),
-            Some(Duration::from_secs(6) + grace)
+            Duration::from_secs(6) + SEAL_GRACE
         );
-        // A deadline already past: the grace alone.
-        assert_eq!(seal_wait(4_000, 10_000), Some(grace));
-        // No deadline: the study seals only at its quorum, and the wait is not bounded.
-        assert_eq!(seal_wait(0, 10_000), None);
-        assert!(
-            grace >= RECONNECT_FOR,
-            "a restarting proxy gets its reconnection time"
-        );
+        // A deadline already past on the user's clock: the grace alone.
+        assert_eq!(seal_wait(4_000, 10_000), SEAL_GRACE);
     }
 
     fn opening(n: u32) -> Opening {
