@@ -585,32 +585,13 @@ mod tests {
         let sealed = ends(await_seal(&client, "a-study", patience)).await;
         assert!(sealed.to_string().contains("did not seal"), "{sealed}");
         let layout = StudyLayout::new(&spec).expect("layout");
-        let pk = sk.public();
-        let stalled = ends(fetch_release(
-            &mut client,
-            pk,
-            &layout,
-            "a-study",
-            0,
-            patience,
-        ))
-        .await;
-        assert!(stalled.to_string().contains("result stream"), "{stalled}");
-        // A proxy that does not even open the stream.
-        let mut client = silent_proxy(false).await;
-        let unopened = ends(fetch_release(
-            &mut client,
-            pk,
-            &layout,
-            "a-study",
-            0,
-            patience,
-        ))
-        .await;
-        assert!(
-            unopened.to_string().contains("of the result for"),
-            "{unopened}"
-        );
+        // A result stream that opens and stalls, and one that never opens.
+        for (opens, says) in [(true, "of the result stream"), (false, "of the result for")] {
+            let mut client = silent_proxy(opens).await;
+            let fetch = fetch_release(&mut client, sk.public(), &layout, "a-study", 0, patience);
+            let err = ends(fetch).await;
+            assert!(err.to_string().contains(says), "{err}");
+        }
     }
 
     #[test]
