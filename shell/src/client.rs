@@ -150,10 +150,12 @@ where
     let mut pauses = Backoff::new(rand::rngs::StdRng::from_entropy());
     loop {
         let pause = pauses.next_pause();
-        let outcome = attempt().await;
-        let since = *first_failure.get_or_insert_with(std::time::Instant::now);
-        match outcome {
-            Err(e) if retry(&e) && since.elapsed() + pause <= patience => {
+        match attempt().await {
+            Err(e) if retry(&e) => {
+                let since = *first_failure.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() + pause > patience {
+                    return Err(e);
+                }
                 tracing::warn!(error = %e, "proxy unreachable; trying again");
                 tokio::time::sleep(pause).await;
             }
