@@ -9,7 +9,7 @@
 pub mod cli;
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use dpca_common::data::read_csv;
@@ -23,6 +23,7 @@ use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use dpca_shell::client::{connect, status_message, transient, with_retries};
+use dpca_shell::clock::{now_unix_ms, until_past};
 use dpca_shell::invitation::{Invitation, InvitationError};
 use dpca_shell::signed_count::signing_identity;
 use dpca_shell::tls::Transport;
@@ -429,6 +430,7 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
     // signed (`signed_count`); on plaintext there is no key to sign with.
     let signer = signing_identity(spec.privacy.centering, &cfg.transport)
         .map(|tls| tls.private_key_pem().to_vec());
+    let deadline_unix_ms = spec.deadline_unix_ms;
     let job = EncryptJob {
         spec,
         plaintexts: prepared.plaintexts,
@@ -447,12 +449,15 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
         .await
         .context("encryption task panicked")??;
     let seconds_encrypt = t.elapsed().as_secs_f64();
-    let response = client
-        .contribute(tokio_stream::iter(chunks))
-        .await
-        .map_err(|s| refusal("proxy refused the contribution".into(), &s));
+    let now = now_unix_ms().context("the clock reads before 1970")?;
+    let response = upload(
+        &mut client,
+        chunks,
+        until_past(deadline_unix_ms, now, UPLOAD_GRACE),
+    )
+    .await;
     bar.finish_and_clear();
-    let response = response?.into_inner();
+    let response = response?;
     Ok(OwnerReport {
         owner_id: cfg.owner_id.clone(),
         rows,
@@ -471,6 +476,38 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
             cap_delta: response.cap_delta,
         }),
     })
+}
+
+/// How long past the study's deadline, on the owner's clock, the owner waits for
+/// its upload's answer. The proxy counts nothing past the deadline on its own
+/// clock: an upload still waiting for a slot, or still arriving, then can only be
+/// refused. The grace is for the write of a contribution counted just before the
+/// deadline, and for a difference between the two clocks.
+const UPLOAD_GRACE: Duration = Duration::from_secs(300);
+
+/// Sends the contribution and waits `within` for the proxy's answer: a proxy that
+/// takes the upload and never answers does not hold the owner forever (nor one
+/// that keeps it waiting for a slot past the study's deadline). No answer is not
+/// retried: the proxy may have counted the contribution, and says so to a retry
+/// only if it answers at all.
+async fn upload(
+    client: &mut ProxyClient<Channel>,
+    chunks: Vec<v1::ContributionChunk>,
+    within: Duration,
+) -> anyhow::Result<v1::ContributeResponse> {
+    let call = client.contribute(tokio_stream::iter(chunks));
+    match tokio::time::timeout(within, call).await {
+        Ok(answer) => answer
+            .map(tonic::Response::into_inner)
+            .map_err(|s| refusal("proxy refused the contribution".into(), &s)),
+        Err(_) => bail!(
+            "the proxy gave no answer to the upload within {:.0} s ({} s past the study's \
+             deadline): it may have counted the contribution; running the owner again asks \
+             (the proxy counts a contribution once)",
+            within.as_secs_f64(),
+            UPLOAD_GRACE.as_secs()
+        ),
+    }
 }
 
 /// An owner's share, ready to encrypt: its plaintexts, with what the report says
@@ -649,5 +686,22 @@ mod tests {
     fn plaintext_owners_draw_a_fresh_secret() {
         let t = Transport::InsecurePlaintext;
         assert_ne!(contribution_secret(&t), contribution_secret(&t));
+    }
+
+    /// Before the upload was bounded, an owner whose upload the proxy took and
+    /// never answered waited for ever.
+    #[tokio::test]
+    async fn an_upload_the_proxy_never_answers_ends_in_time() {
+        let mut client = dpca_shell::testing::silent_proxy(false).await;
+        let chunk = v1::ContributionChunk::default();
+        let upload = upload(&mut client, vec![chunk], Duration::from_millis(300));
+        let err = match tokio::time::timeout(Duration::from_secs(10), upload).await {
+            Ok(Ok(_)) => panic!("a proxy that never answers answered"),
+            Ok(Err(e)) => e,
+            Err(_) => panic!("the owner still waits on a proxy that never answers its upload"),
+        };
+        assert!(err.to_string().contains("no answer to the upload"), "{err}");
+        // Not retried as an outage: it may have been counted.
+        assert!(err.downcast_ref::<Unreachable>().is_none(), "{err}");
     }
 }

@@ -155,10 +155,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             // Field names as in the protocol's StudySummary and OwnerBudgetSummary.
             println!("{}", serde_json::to_string(&status)?);
         } else {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0);
+            let now = dpca_shell::clock::now_unix_ms().unwrap_or(0);
             print!("{}", crate::status::render(&status, now));
         }
         return Ok(());

@@ -3,7 +3,7 @@
 //! and replay the randomness of a run from a seed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rand::rngs::OsRng;
 use rand::{CryptoRng, RngCore, SeedableRng};
@@ -22,10 +22,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
+        dpca_shell::clock::now_unix_ms().unwrap_or(0)
     }
 }
 

@@ -94,10 +94,7 @@ pub fn optdigits_spec(pk: &PublicKey) -> StudySpec {
 /// a deadline ten minutes away, open to any owner.
 pub fn optdigits_draft(pk: &PublicKey) -> SpecDraft {
     let features = optdigits().features;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as u64;
+    let now = dpca_shell::clock::now_unix_ms().expect("a clock after 1970");
     SpecDraft {
         bounds: vec![(0.0, 16.0); features.len()],
         features,

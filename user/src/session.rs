@@ -14,6 +14,7 @@ use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use dpca_shell::client::{transient, with_retries, CALL_TIMEOUT};
+use dpca_shell::clock::until_past;
 use dpca_shell::signed_count::{signing_identity, verify_count, CountClaim};
 use dpca_shell::tls::Transport;
 use tonic::transport::Channel;
@@ -54,10 +55,7 @@ fn status(what: &str) -> impl Fn(tonic::Status) -> anyhow::Error + '_ {
 /// Milliseconds since the Unix epoch on this machine's clock, as study
 /// deadlines are written.
 pub fn now_unix_ms() -> anyhow::Result<u64> {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .context("the clock is before 1970")?;
-    Ok(u64::try_from(since.as_millis())?)
+    dpca_shell::clock::now_unix_ms().context("the clock reads before 1970")
 }
 
 /// The result stream's next chunk (`None` at its end), which must come within
@@ -287,13 +285,6 @@ const RECONNECT_FOR: Duration = Duration::from_secs(300);
 /// two clocks.
 const SEAL_GRACE: Duration = RECONNECT_FOR.saturating_add(CALL_TIMEOUT);
 
-/// How long a wait for the seal may last, from `now_unix_ms` on the user's clock:
-/// until the deadline, plus [`SEAL_GRACE`]. (The proxy opens no study whose
-/// deadline has passed, and closes every study at its deadline.)
-fn seal_wait(deadline_unix_ms: u64, now_unix_ms: u64) -> Duration {
-    Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms)).saturating_add(SEAL_GRACE)
-}
-
 /// Waits for the study to seal, calling again (the channel reconnects) while the
 /// proxy is unreachable, for up to [`RECONNECT_FOR`] from the first failed call,
 /// and in all for at most `within`: a proxy that takes the call and never answers
@@ -333,23 +324,17 @@ pub async fn collect(
     spec: &StudySpec,
     study_id: &str,
 ) -> anyhow::Result<Collected> {
-    let within = seal_wait(spec.deadline_unix_ms, now_unix_ms()?);
+    // The proxy opens no study whose deadline has passed, and closes every study at
+    // its deadline.
+    let within = until_past(spec.deadline_unix_ms, now_unix_ms()?, SEAL_GRACE);
     let sealed = await_seal(client, study_id, within).await?;
     let proven = count_to_prove(&sealed, transport, sk, spec, study_id)?;
+    let layout = StudyLayout::new(spec)?;
     let t = Instant::now();
-    client
-        .release(v1::ReleaseRequest {
-            study_id: study_id.to_string(),
-            count: proven.as_ref().map(|(n_rows, opening)| v1::CountOpening {
-                n_rows: *n_rows,
-                root: opening.root.to_bytes_be(),
-            }),
-        })
-        .await
-        .map_err(status("proxy refused to release"))?;
+    let patience = release_patience(&layout, sk.public().bits());
+    request_release(client, study_id, proven.as_ref(), patience).await?;
     let seconds_proxy = t.elapsed().as_secs_f64();
     let announced = proven.as_ref().map_or(0, |(n, _)| *n);
-    let layout = StudyLayout::new(spec)?;
     let fetched = fetch_release(
         client,
         sk.public(),
@@ -383,6 +368,46 @@ pub async fn collect(
         seconds_proxy,
         seconds_decrypt: t.elapsed().as_secs_f64(),
     })
+}
+
+/// How long the user waits for the proxy to compute and store the release:
+/// [`CALL_TIMEOUT`], plus 50 ms per released ciphertext at 2048 bits, growing with
+/// the cube of the key's size (an exponentiation's cost). The proxy took 11 ms of
+/// CPU per released ciphertext at 3072 bits (`study` bench, scenario 4, `mask`:
+/// 132 s for 11,894), so this leaves it 15x that, for the slower num-bigint build,
+/// a busy machine and other releases computed alongside: 33 minutes at M = 1000.
+fn release_patience(layout: &StudyLayout, key_bits: u64) -> Duration {
+    let per_ciphertext = 0.05 * (key_bits as f64 / 2048.0).powi(3);
+    let computing = per_ciphertext * layout.release_ciphertexts() as f64;
+    CALL_TIMEOUT.saturating_add(Duration::try_from_secs_f64(computing).unwrap_or(Duration::MAX))
+}
+
+/// Asks for the release (with the proof of N, where the noise depends on it) and
+/// waits at most `patience` for the proxy to have computed and stored it.
+async fn request_release(
+    client: &mut ProxyClient<Channel>,
+    study_id: &str,
+    proven: Option<&(u64, Opening)>,
+    patience: Duration,
+) -> anyhow::Result<()> {
+    let request = v1::ReleaseRequest {
+        study_id: study_id.to_string(),
+        count: proven.map(|(n_rows, opening)| v1::CountOpening {
+            n_rows: *n_rows,
+            root: opening.root.to_bytes_be(),
+        }),
+    };
+    tokio::time::timeout(patience, client.release(request))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the proxy gave no answer to the request for the release of study {study_id} \
+                 within {:.0} s (it may still be computing it)",
+                patience.as_secs_f64()
+            )
+        })?
+        .map_err(status("proxy refused to release"))?;
+    Ok(())
 }
 
 /// N and its opening where the study's noise depends on it (`mask`), else `None`.
@@ -495,71 +520,8 @@ async fn fetch_release(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dpca_shell::testing::silent_proxy;
     use std::future::Future;
-    use std::pin::Pin;
-    use tonic::{Request, Response, Status, Streaming};
-
-    /// A proxy that takes every call and never answers it, but for its result
-    /// stream, which it opens and never sends a chunk on if `opens_streams`.
-    struct Silent {
-        opens_streams: bool,
-    }
-
-    type Never<T> = Result<Response<T>, Status>;
-
-    #[tonic::async_trait]
-    impl v1::proxy_server::Proxy for Silent {
-        async fn open_study(
-            &self,
-            _: Request<v1::OpenStudyRequest>,
-        ) -> Never<v1::OpenStudyResponse> {
-            std::future::pending().await
-        }
-        async fn get_study(&self, _: Request<v1::GetStudyRequest>) -> Never<v1::StudyInfo> {
-            std::future::pending().await
-        }
-        async fn contribute(
-            &self,
-            _: Request<Streaming<v1::ContributionChunk>>,
-        ) -> Never<v1::ContributeResponse> {
-            std::future::pending().await
-        }
-        async fn await_seal(&self, _: Request<v1::AwaitSealRequest>) -> Never<v1::SealedStudy> {
-            std::future::pending().await
-        }
-        async fn release(&self, _: Request<v1::ReleaseRequest>) -> Never<v1::ReleaseResponse> {
-            std::future::pending().await
-        }
-        type FetchResultStream =
-            Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::ResultChunk, Status>> + Send>>;
-        async fn fetch_result(
-            &self,
-            _: Request<v1::FetchResultRequest>,
-        ) -> Never<Self::FetchResultStream> {
-            if !self.opens_streams {
-                std::future::pending::<()>().await;
-            }
-            Ok(Response::new(Box::pin(tokio_stream::pending())))
-        }
-        async fn status(&self, _: Request<v1::StatusRequest>) -> Never<v1::ProxyStatus> {
-            std::future::pending().await
-        }
-    }
-
-    async fn silent_proxy(opens_streams: bool) -> ProxyClient<Channel> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let at = listener.local_addr().expect("address");
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(v1::proxy_server::ProxyServer::new(Silent { opens_streams }))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
-        ProxyClient::connect(format!("http://{at}"))
-            .await
-            .expect("connect")
-    }
 
     /// `call`'s outcome, which must come well within 10 s: before each call was
     /// bounded, it never came.
@@ -584,6 +546,11 @@ mod tests {
         );
         let sealed = ends(await_seal(&client, "a-study", patience)).await;
         assert!(sealed.to_string().contains("did not seal"), "{sealed}");
+        let released = ends(request_release(&mut client, "a-study", None, patience)).await;
+        assert!(
+            released.to_string().contains("request for the release"),
+            "{released}"
+        );
         let layout = StudyLayout::new(&spec).expect("layout");
         // A result stream that opens and stalls, and one that never opens.
         for (opens, says) in [(true, "of the result stream"), (false, "of the result for")] {
@@ -592,16 +559,6 @@ mod tests {
             let err = ends(fetch).await;
             assert!(err.to_string().contains(says), "{err}");
         }
-    }
-
-    #[test]
-    fn the_wait_for_the_seal_ends_a_grace_after_the_deadline() {
-        assert_eq!(
-            seal_wait(10_000, 4_000),
-            Duration::from_secs(6) + SEAL_GRACE
-        );
-        // A deadline already past on the user's clock: the grace alone.
-        assert_eq!(seal_wait(4_000, 10_000), SEAL_GRACE);
     }
 
     fn opening(n: u32) -> Opening {

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -186,7 +186,7 @@ fn start_proxy(
 
 /// The study of a run: M features in [0, 1], every owner needed.
 fn load_spec(pk: &PublicKey, plan: Plan) -> anyhow::Result<StudySpec> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+    let now = dpca_shell::clock::now_unix_ms()?;
     Ok(SpecDraft {
         features: (0..plan.features).map(|j| format!("x{j}")).collect(),
         bounds: vec![(0.0, 1.0); plan.features],

@@ -1,0 +1,77 @@
+//! What the roles' tests share of the network (feature `test-support`): a proxy
+//! that takes every call and never answers, against which each bound a party
+//! puts on its waits is tested.
+
+use dpca_proto::v1;
+use dpca_proto::v1::proxy_client::ProxyClient;
+use std::pin::Pin;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status, Streaming};
+
+/// A proxy that takes every call and never answers it, but for its result
+/// stream, which it opens and never sends a chunk on if `opens_streams`. An
+/// upload's stream is read to its end first, so that what waits is the answer,
+/// not the transfer.
+struct Silent {
+    opens_streams: bool,
+}
+
+type Never<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl v1::proxy_server::Proxy for Silent {
+    async fn open_study(&self, _: Request<v1::OpenStudyRequest>) -> Never<v1::OpenStudyResponse> {
+        std::future::pending().await
+    }
+    async fn get_study(&self, _: Request<v1::GetStudyRequest>) -> Never<v1::StudyInfo> {
+        std::future::pending().await
+    }
+    async fn contribute(
+        &self,
+        req: Request<Streaming<v1::ContributionChunk>>,
+    ) -> Never<v1::ContributeResponse> {
+        let mut stream = req.into_inner();
+        while let Ok(Some(_)) = stream.message().await {}
+        std::future::pending().await
+    }
+    async fn await_seal(&self, _: Request<v1::AwaitSealRequest>) -> Never<v1::SealedStudy> {
+        std::future::pending().await
+    }
+    async fn release(&self, _: Request<v1::ReleaseRequest>) -> Never<v1::ReleaseResponse> {
+        std::future::pending().await
+    }
+    type FetchResultStream =
+        Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::ResultChunk, Status>> + Send>>;
+    async fn fetch_result(
+        &self,
+        _: Request<v1::FetchResultRequest>,
+    ) -> Never<Self::FetchResultStream> {
+        if !self.opens_streams {
+            std::future::pending::<()>().await;
+        }
+        Ok(Response::new(Box::pin(tokio_stream::pending())))
+    }
+    async fn status(&self, _: Request<v1::StatusRequest>) -> Never<v1::ProxyStatus> {
+        std::future::pending().await
+    }
+}
+
+/// A client of a new [`Silent`] proxy on a loopback port, served on the calling
+/// runtime (plaintext).
+///
+/// # Panics
+/// If the port cannot be bound or connected to: a test's setup.
+pub async fn silent_proxy(opens_streams: bool) -> ProxyClient<Channel> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let at = listener.local_addr().expect("its address");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(v1::proxy_server::ProxyServer::new(Silent { opens_streams }))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    ProxyClient::connect(format!("http://{at}"))
+        .await
+        .expect("connect to the silent proxy")
+}
