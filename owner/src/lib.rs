@@ -450,12 +450,7 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
         .context("encryption task panicked")??;
     let seconds_encrypt = t.elapsed().as_secs_f64();
     let now = now_unix_ms().context("the clock reads before 1970")?;
-    let response = upload(
-        &mut client,
-        chunks,
-        until_past(deadline_unix_ms, now, UPLOAD_GRACE),
-    )
-    .await;
+    let response = upload(&mut client, chunks, upload_wait(deadline_unix_ms, now)).await;
     bar.finish_and_clear();
     let response = response?;
     Ok(OwnerReport {
@@ -479,11 +474,27 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
 }
 
 /// How long past the study's deadline, on the owner's clock, the owner waits for
-/// its upload's answer. The proxy counts nothing past the deadline on its own
-/// clock: an upload still waiting for a slot, or still arriving, then can only be
-/// refused. The grace is for the write of a contribution counted just before the
-/// deadline, and for a difference between the two clocks.
+/// its upload's answer. The proxy counts nothing whose fold starts past the
+/// deadline on its own clock: a new upload still waiting for a slot, or still
+/// arriving, then can only be refused. The grace is for the fold and the write of
+/// a contribution counted just before the deadline, and for a difference between
+/// the two clocks.
 const UPLOAD_GRACE: Duration = Duration::from_secs(300);
+
+/// The longest the owner waits for its upload's answer, however far the study's
+/// deadline: the deadline comes from the proxy's copy of the spec, which a proxy
+/// that never answers could set centuries away. An honest proxy keeps an owner
+/// waiting only for one of its upload slots (8 by default), each held at most for
+/// its upload's allowance (`--min-upload-rate`: 210 s for a contribution at
+/// M = 1000 and 3072 bits), so two hours is 270 such uploads ahead, each at the
+/// slowest rate the proxy accepts.
+const UPLOAD_WAIT_CAP: Duration = Duration::from_secs(2 * 3600);
+
+/// How long an upload started at `now_unix_ms` waits for its answer: until
+/// [`UPLOAD_GRACE`] past the study's deadline, and at most [`UPLOAD_WAIT_CAP`].
+fn upload_wait(deadline_unix_ms: u64, now_unix_ms: u64) -> Duration {
+    until_past(deadline_unix_ms, now_unix_ms, UPLOAD_GRACE).min(UPLOAD_WAIT_CAP)
+}
 
 /// Sends the contribution and waits `within` for the proxy's answer: a proxy that
 /// takes the upload and never answers does not hold the owner forever (nor one
@@ -501,11 +512,10 @@ async fn upload(
             .map(tonic::Response::into_inner)
             .map_err(|s| refusal("proxy refused the contribution".into(), &s)),
         Err(_) => bail!(
-            "the proxy gave no answer to the upload within {:.0} s ({} s past the study's \
-             deadline): it may have counted the contribution; running the owner again asks \
-             (the proxy counts a contribution once)",
-            within.as_secs_f64(),
-            UPLOAD_GRACE.as_secs()
+            "the proxy gave no answer to the upload within {:.0} s: it may have counted \
+             the contribution; running the owner again asks (the proxy counts a \
+             contribution once)",
+            within.as_secs_f64()
         ),
     }
 }
@@ -703,5 +713,18 @@ mod tests {
         assert!(err.to_string().contains("no answer to the upload"), "{err}");
         // Not retried as an outage: it may have been counted.
         assert!(err.downcast_ref::<Unreachable>().is_none(), "{err}");
+    }
+
+    #[test]
+    fn an_upload_waits_until_a_grace_past_the_deadline_and_two_hours_at_most() {
+        let minute = 60_000;
+        assert_eq!(
+            upload_wait(10 * minute, 0),
+            Duration::from_secs(600) + UPLOAD_GRACE
+        );
+        // A deadline passed on the owner's clock: the grace alone.
+        assert_eq!(upload_wait(0, 10 * minute), UPLOAD_GRACE);
+        // A deadline a proxy set centuries away: the cap.
+        assert_eq!(upload_wait(u64::MAX, 0), UPLOAD_WAIT_CAP);
     }
 }

@@ -47,7 +47,7 @@ pub const DEFAULT_MAX_OPEN_STUDIES: usize = 64;
 pub const DEFAULT_MAX_OPEN_STUDIES_PER_USER: usize = 8;
 
 /// Default [`Limits::min_upload_rate`]: 64 KiB/s, a contribution of M = 1000 at
-/// 3072 bits (20 MB) in about five minutes.
+/// 3072 bits (9.9 MB) in about two and a half minutes.
 pub const DEFAULT_MIN_UPLOAD_RATE: u64 = 64 * 1024;
 
 /// Default [`Limits::max_spec_bytes`]: a spec of a few thousand features with a

@@ -9,11 +9,13 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 /// A proxy that takes every call and never answers it, but for its result
-/// stream, which it opens and never sends a chunk on if `opens_streams`. An
-/// upload's stream is read to its end first, so that what waits is the answer,
-/// not the transfer.
+/// stream, which it opens and never sends a chunk on if `opens_streams`, and the
+/// call for a study, which it answers (with an empty study) if `answers_study`.
+/// An upload's stream is read to its end first, so that what waits is the
+/// answer, not the transfer.
 struct Silent {
     opens_streams: bool,
+    answers_study: bool,
 }
 
 type Never<T> = Result<Response<T>, Status>;
@@ -24,7 +26,10 @@ impl v1::proxy_server::Proxy for Silent {
         std::future::pending().await
     }
     async fn get_study(&self, _: Request<v1::GetStudyRequest>) -> Never<v1::StudyInfo> {
-        std::future::pending().await
+        if !self.answers_study {
+            std::future::pending::<()>().await;
+        }
+        Ok(Response::new(v1::StudyInfo::default()))
     }
     async fn contribute(
         &self,
@@ -56,22 +61,44 @@ impl v1::proxy_server::Proxy for Silent {
     }
 }
 
-/// A client of a new [`Silent`] proxy on a loopback port, served on the calling
-/// runtime (plaintext).
+/// A client of a new proxy that never answers (but opens its result stream if
+/// `opens_streams`), on a loopback port, served on the calling runtime
+/// (plaintext).
 ///
 /// # Panics
 /// If the port cannot be bound or connected to: a test's setup.
 pub async fn silent_proxy(opens_streams: bool) -> ProxyClient<Channel> {
+    serve(Silent {
+        opens_streams,
+        answers_study: false,
+    })
+    .await
+}
+
+/// A client of a new proxy that answers the call for a study, and nothing else:
+/// one that is there but never gets on.
+///
+/// # Panics
+/// As [`silent_proxy`].
+pub async fn stalled_proxy() -> ProxyClient<Channel> {
+    serve(Silent {
+        opens_streams: false,
+        answers_study: true,
+    })
+    .await
+}
+
+async fn serve(proxy: Silent) -> ProxyClient<Channel> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");
     let at = listener.local_addr().expect("its address");
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(v1::proxy_server::ProxyServer::new(Silent { opens_streams }))
+            .add_service(v1::proxy_server::ProxyServer::new(proxy))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     ProxyClient::connect(format!("http://{at}"))
         .await
-        .expect("connect to the silent proxy")
+        .expect("connect to the fake proxy")
 }

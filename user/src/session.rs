@@ -331,8 +331,8 @@ pub async fn collect(
     let proven = count_to_prove(&sealed, transport, sk, spec, study_id)?;
     let layout = StudyLayout::new(spec)?;
     let t = Instant::now();
-    let patience = release_patience(&layout, sk.public().bits());
-    request_release(client, study_id, proven.as_ref(), patience).await?;
+    let wait = ReleaseWait::for_study(&layout, sk.public().bits());
+    request_release(client, study_id, proven.as_ref(), &wait).await?;
     let seconds_proxy = t.elapsed().as_secs_f64();
     let announced = proven.as_ref().map_or(0, |(n, _)| *n);
     let fetched = fetch_release(
@@ -370,25 +370,46 @@ pub async fn collect(
     })
 }
 
-/// How long the user waits for the proxy to compute and store the release:
-/// [`CALL_TIMEOUT`], plus 50 ms per released ciphertext at 2048 bits, growing with
-/// the cube of the key's size (an exponentiation's cost). The proxy took 11 ms of
-/// CPU per released ciphertext at 3072 bits (`study` bench, scenario 4, `mask`:
-/// 132 s for 11,894), so this leaves it 15x that, for the slower num-bigint build,
-/// a busy machine and other releases computed alongside: 33 minutes at M = 1000.
-fn release_patience(layout: &StudyLayout, key_bits: u64) -> Duration {
-    let per_ciphertext = 0.05 * (key_bits as f64 / 2048.0).powi(3);
-    let computing = per_ciphertext * layout.release_ciphertexts() as f64;
-    CALL_TIMEOUT.saturating_add(Duration::try_from_secs_f64(computing).unwrap_or(Duration::MAX))
+/// How the user waits for the proxy to compute and store a release: the release
+/// is computed while the user's request waits (minutes at M = 1000), so the user
+/// asks every `poll` whether the proxy is still there, and gives up on a proxy
+/// that does not answer that call within `answer`, or has not released within
+/// `cap`.
+struct ReleaseWait {
+    poll: Duration,
+    answer: Duration,
+    cap: Duration,
+}
+
+impl ReleaseWait {
+    /// For a study of this layout under a key of `key_bits`: asked every 30 s,
+    /// answered within [`CALL_TIMEOUT`], and a cap of [`CALL_TIMEOUT`] plus 0.5 s
+    /// per released ciphertext at 2048 bits, growing with the cube of the key's
+    /// size (an exponentiation's cost). The proxy took 11 ms of CPU per released
+    /// ciphertext at 3072 bits (`study` bench, scenario 4, `mask`: 132 s for
+    /// 11,894), so the cap leaves it 150x that (5.6 hours at M = 1000): room for the
+    /// slower num-bigint build, the one-thread baseline, a slow machine and many
+    /// releases computed at once. A slow proxy that answers is waited for; a
+    /// silent one is left within a minute.
+    fn for_study(layout: &StudyLayout, key_bits: u64) -> Self {
+        let per_ciphertext = 0.5 * (key_bits as f64 / 2048.0).powi(3);
+        let computing = per_ciphertext * layout.release_ciphertexts() as f64;
+        ReleaseWait {
+            poll: Duration::from_secs(30),
+            answer: CALL_TIMEOUT,
+            cap: CALL_TIMEOUT
+                .saturating_add(Duration::try_from_secs_f64(computing).unwrap_or(Duration::MAX)),
+        }
+    }
 }
 
 /// Asks for the release (with the proof of N, where the noise depends on it) and
-/// waits at most `patience` for the proxy to have computed and stored it.
+/// waits, as `wait` says, for the proxy to have computed and stored it.
 async fn request_release(
     client: &mut ProxyClient<Channel>,
     study_id: &str,
     proven: Option<&(u64, Opening)>,
-    patience: Duration,
+    wait: &ReleaseWait,
 ) -> anyhow::Result<()> {
     let request = v1::ReleaseRequest {
         study_id: study_id.to_string(),
@@ -397,17 +418,51 @@ async fn request_release(
             root: opening.root.to_bytes_be(),
         }),
     };
-    tokio::time::timeout(patience, client.release(request))
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "the proxy gave no answer to the request for the release of study {study_id} \
-                 within {:.0} s (it may still be computing it)",
-                patience.as_secs_f64()
-            )
-        })?
-        .map_err(status("proxy refused to release"))?;
-    Ok(())
+    let mut poller = client.clone();
+    let started = Instant::now();
+    let release = client.release(request);
+    tokio::pin!(release);
+    loop {
+        let left = wait.cap.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            bail!(
+                "the proxy did not release study {study_id} within {:.0} s (it may still be \
+                 computing it)",
+                wait.cap.as_secs_f64()
+            );
+        }
+        tokio::select! {
+            answer = &mut release => {
+                answer.map_err(status("proxy refused to release"))?;
+                return Ok(());
+            }
+            () = tokio::time::sleep(wait.poll.min(left)) => {
+                still_there(&mut poller, study_id, wait.answer).await?;
+            }
+        }
+    }
+}
+
+/// Whether the proxy computing the release of `study_id` still answers a call for
+/// the study within `within`.
+async fn still_there(
+    client: &mut ProxyClient<Channel>,
+    study_id: &str,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let call = client.get_study(v1::GetStudyRequest {
+        study_id: study_id.to_string(),
+    });
+    match tokio::time::timeout(within, call).await {
+        Ok(answer) => answer
+            .map(drop)
+            .map_err(status("the proxy failed while computing the release")),
+        Err(_) => bail!(
+            "the proxy stopped answering while computing the release of study {study_id}: \
+             no answer to a call for the study within {:.0} s",
+            within.as_secs_f64()
+        ),
+    }
 }
 
 /// N and its opening where the study's noise depends on it (`mask`), else `None`.
@@ -546,9 +601,27 @@ mod tests {
         );
         let sealed = ends(await_seal(&client, "a-study", patience)).await;
         assert!(sealed.to_string().contains("did not seal"), "{sealed}");
-        let released = ends(request_release(&mut client, "a-study", None, patience)).await;
+        // Before the proxy was asked whether it is still there, a user waited for the
+        // release for ever.
+        let wait = ReleaseWait {
+            poll: patience,
+            answer: patience,
+            cap: Duration::from_secs(3600),
+        };
+        let released = ends(request_release(&mut client, "a-study", None, &wait)).await;
         assert!(
-            released.to_string().contains("request for the release"),
+            released.to_string().contains("stopped answering"),
+            "{released}"
+        );
+        // One that answers the call for the study and never releases: the cap.
+        let wait = ReleaseWait {
+            cap: Duration::from_secs(1),
+            ..wait
+        };
+        let mut stalled = dpca_shell::testing::stalled_proxy().await;
+        let released = ends(request_release(&mut stalled, "a-study", None, &wait)).await;
+        assert!(
+            released.to_string().contains("did not release"),
             "{released}"
         );
         let layout = StudyLayout::new(&spec).expect("layout");
@@ -559,6 +632,19 @@ mod tests {
             let err = ends(fetch).await;
             assert!(err.to_string().contains(says), "{err}");
         }
+    }
+
+    #[test]
+    fn the_release_is_waited_for_in_proportion_to_its_work() {
+        let sk = dpca_common::testing::test_key();
+        let layout =
+            StudyLayout::new(&dpca_common::testing::test_spec(sk.public(), 3)).expect("layout");
+        let n = layout.release_ciphertexts() as f64;
+        let at = |bits| ReleaseWait::for_study(&layout, bits).cap;
+        assert_eq!(at(2048), CALL_TIMEOUT + Duration::from_secs_f64(0.5 * n));
+        assert_eq!(at(4096), CALL_TIMEOUT + Duration::from_secs_f64(4.0 * n));
+        // No key makes the cap overflow.
+        assert_eq!(at(u64::MAX), Duration::MAX);
     }
 
     fn opening(n: u32) -> Opening {
