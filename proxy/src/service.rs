@@ -348,28 +348,32 @@ impl ProxyService {
         }
     }
 
-    /// Takes this owner's upload slot and one of the proxy's; both are released
-    /// when the returned guard is dropped.
-    async fn upload_slot(&self, owner: Option<&str>) -> Result<UploadSlot, Refusal> {
-        let owner = match owner {
-            Some(name) => Some(self.uploading.take(name.to_string(), 1).ok_or_else(|| {
+    /// Takes this owner's upload slot (none on plaintext), released when the
+    /// returned guard is dropped: one upload per owner at a time.
+    fn owner_slot(&self, owner: Option<&str>) -> Result<Option<Held<String>>, Refusal> {
+        let Some(name) = owner else {
+            return Ok(None);
+        };
+        self.uploading
+            .take(name.to_string(), 1)
+            .map(Some)
+            .ok_or_else(|| {
                 // Unavailable, which owners retry: the earlier upload may be one whose
                 // connection died and whose slot frees when it times out.
                 Refusal::Unavailable(format!(
                     "owner `{name}` already has an upload in progress; one at a time"
                 ))
-            })?),
-            None => None,
-        };
-        // Taken after the owner's own slot: a refused second upload never waits.
-        let permit = Arc::clone(&self.uploads)
+            })
+    }
+
+    /// Waits for one of the proxy's upload slots, released when the returned
+    /// permit is dropped: at most `max_concurrent_uploads` contributions are read
+    /// at once.
+    async fn upload_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
+        Arc::clone(&self.uploads)
             .acquire_owned()
             .await
-            .map_err(|_| Refusal::Unavailable("proxy is shutting down".into()))?;
-        Ok(UploadSlot {
-            _owner: owner,
-            _permit: permit,
-        })
+            .map_err(|_| Refusal::Unavailable("proxy is shutting down".into()))
     }
 
     /// The caller as its certificate names it; `None` on plaintext.
@@ -473,9 +477,7 @@ impl ProxyService {
         if let Some(p) = &peer {
             Self::authorize(Some(p), Action::Contribute { owner_id: &p.name })?;
         }
-        let _slot = self
-            .upload_slot(peer.as_ref().map(|p| p.name.as_str()))
-            .await?;
+        let _owner_slot = self.owner_slot(peer.as_ref().map(|p| p.name.as_str()))?;
         let mut stream = IdleLimited::new(req.into_inner(), self.config.limits.upload_idle_timeout);
         let first = stream
             .next()
@@ -515,6 +517,10 @@ impl ProxyService {
             } => (pk, expected, signed),
             Admission::AlreadyCounted(response) => return Ok(Response::new(response)),
         };
+        // Taken only by an upload that is to be read: a retry answered from memory,
+        // or a refusal, does not wait behind other owners' transfers (an owner whose
+        // answer was lost would wait past the deadline for a slot it does not need).
+        let _permit = self.upload_permit().await?;
         let signature = first.count_signature.clone();
         if first.total_ciphertexts as usize != expected {
             return Err(Refusal::Invalid(format!(
@@ -710,12 +716,6 @@ struct Upload {
     cap: (f64, f64),
     /// Its signed E[N_i], once verified (`mask` over TLS).
     count: Option<SignedCount>,
-}
-
-/// An owner's upload slot and one of the proxy's, released on drop.
-struct UploadSlot {
-    _owner: Option<Held<String>>,
-    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Whether an upload's refusal was read off the studies or the budgets (a phase,

@@ -778,6 +778,82 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
     assert_eq!(f.owners_in(), 1, "only the honest owner is counted");
 }
 
+/// An owner whose counted upload lost its answer asks again with the same
+/// contribution. Before, the retry waited for an upload slot as a new upload does,
+/// behind whatever held them (here the one slot, held by a stalled upload for
+/// 20 s), so an owner asking past the study's deadline could give up before it
+/// learned it was counted. Now the retry is answered from its first chunk, before
+/// a slot is taken.
+#[test]
+fn a_counted_owner_asking_again_does_not_wait_for_an_upload_slot() {
+    let f = fixture_on(
+        &[
+            "--max-concurrent-uploads",
+            "1",
+            "--upload-idle-timeout",
+            "20",
+        ],
+        |_| {},
+    );
+    let data = f.good_file("a.csv", 20, 0);
+    let o = f.owner("hospital-a", &data);
+    assert!(o.status.success(), "{}", describe(&o));
+    // Another owner takes the one slot with its first chunk and sends no more.
+    let layout = dpca_common::study::StudyLayout::new(&f.spec).expect("layout");
+    let pk = f.sk.public().clone();
+    let zero = pk.ciphertext_to_bytes(
+        &pk.encrypt(&BigUint::from(0u8), &mut OsRng)
+            .expect("encrypt"),
+    );
+    let first = v1::ContributionChunk {
+        study_id: f.study.clone(),
+        owner_id: "mallory".into(),
+        contribution_id: "stall".into(),
+        cap_epsilon: 1.5,
+        cap_delta: 1e-4,
+        total_ciphertexts: layout.owner_ciphertexts() as u32,
+        layout: dpca_common::study::LAYOUT_VERSION,
+        ciphertexts: vec![zero; dpca_proto::convert::CIPHERTEXTS_PER_CHUNK],
+        ..Default::default()
+    };
+    assert!(layout.owner_ciphertexts() > first.ciphertexts.len());
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let (transport, url) = (f.proxy.transport("mallory"), f.url.clone());
+    let stalled = runtime.spawn(async move {
+        tx.send(first).await.expect("first chunk queued");
+        let mut c = dpca_shell::client::connect(&url, &transport)
+            .await
+            .expect("connect");
+        let answer = c
+            .contribute(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await;
+        drop(tx);
+        answer
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let started = std::time::Instant::now();
+    let o = f.owner("hospital-a", &data);
+    let took = started.elapsed();
+    assert!(o.status.success(), "{}", describe(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("\"newly_counted\":false"),
+        "{}",
+        describe(&o)
+    );
+    assert!(!stalled.is_finished(), "the stalled upload let its slot go");
+    assert!(
+        took < Duration::from_secs(12),
+        "the counted owner waited {took:?} for a slot it did not need"
+    );
+    let stalled = runtime.block_on(stalled).expect("task");
+    assert_eq!(
+        stalled.expect_err("a stalled upload was counted").code(),
+        tonic::Code::DeadlineExceeded
+    );
+    assert_eq!(f.owners_in(), 1);
+}
+
 /// Under `mask` the user decrypts E[N] for the proxy. A proxy that sent another
 /// ciphertext (one owner's E[N_i], a class count, a histogram bin) would read an
 /// exact statistic off the user's answer. The user now decrypts only the product
