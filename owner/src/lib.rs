@@ -341,7 +341,31 @@ pub async fn fetch_study(
             fingerprint.trim()
         );
     }
+    if let Some(late) = now_unix_ms()
+        .ok()
+        .and_then(|now| collecting_past_deadline(&info.state, spec.deadline_unix_ms, now))
+    {
+        tracing::warn!(
+            "the proxy still collects study `{study_id}` {:.0} s past its deadline on this \
+             machine's clock: the two clocks differ, and this owner waits for its upload's \
+             answer only {} s past the deadline on its own",
+            late.as_secs_f64(),
+            UPLOAD_GRACE.as_secs()
+        );
+    }
     Ok((spec, info.noise_free))
+}
+
+/// How far past the deadline on the owner's clock (`now_unix_ms`) a study the
+/// proxy says is in `state` still collects; `None` if it is not collecting, or
+/// the deadline has not passed here.
+fn collecting_past_deadline(
+    state: &str,
+    deadline_unix_ms: u64,
+    now_unix_ms: u64,
+) -> Option<Duration> {
+    (state == "collecting" && now_unix_ms > deadline_unix_ms)
+        .then(|| Duration::from_millis(now_unix_ms - deadline_unix_ms))
 }
 
 /// The proxy does not know the study: a typo, or an invitation older than the
@@ -726,5 +750,15 @@ mod tests {
         assert_eq!(upload_wait(0, 10 * minute), UPLOAD_GRACE);
         // A deadline a proxy set centuries away: the cap.
         assert_eq!(upload_wait(u64::MAX, 0), UPLOAD_WAIT_CAP);
+    }
+
+    #[test]
+    fn a_proxy_collecting_past_the_owners_deadline_is_noticed() {
+        assert_eq!(
+            collecting_past_deadline("collecting", 1_000, 4_000),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(collecting_past_deadline("collecting", 4_000, 1_000), None);
+        assert_eq!(collecting_past_deadline("sealed", 1_000, 4_000), None);
     }
 }
