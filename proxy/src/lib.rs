@@ -131,8 +131,8 @@ pub async fn run(
 pub(crate) fn hardened_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         // Bounded flow-control windows: a connection (an owner waiting for an
-        // upload slot) parks at most about this much data in the proxy, so memory
-        // stays flat in the owners.
+        // upload slot, its first chunk read) parks at most about this much more
+        // data in the proxy, so memory stays flat in the owners.
         .initial_stream_window_size(WINDOW_BYTES)
         .initial_connection_window_size(WINDOW_BYTES)
         // A peer that vanished (no FIN: a cut cable, a killed VM) is found by pings

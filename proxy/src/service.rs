@@ -483,32 +483,13 @@ impl ProxyService {
             .next()
             .await?
             .ok_or_else(|| Refusal::Invalid("empty contribution stream".into()))?;
-        let mut upload = Upload {
-            study_id: first.study_id.clone(),
-            owner: first.owner_id.clone(),
-            cid: first.contribution_id.clone(),
-            cap: (first.cap_epsilon, first.cap_delta),
-            count: None,
-        };
-        if upload.owner.is_empty() || upload.cid.is_empty() {
-            return Err(
-                Refusal::Invalid("owner_id and contribution_id are required".into()).into(),
-            );
-        }
+        let mut upload = upload_header(&first)?;
         Self::authorize(
             peer.as_ref(),
             Action::Contribute {
                 owner_id: &upload.owner,
             },
         )?;
-        if first.layout != LAYOUT_VERSION {
-            return Err(Refusal::Invalid(format!(
-                "contribution packed with ciphertext layout {}, study {} uses layout {LAYOUT_VERSION}: the owner needs a build of the study's layout",
-                first.layout.max(1),
-                upload.study_id
-            ))
-            .into());
-        }
         let (pk, expected, signed) = match self.admit(&upload).await? {
             Admission::Read {
                 pk,
@@ -517,24 +498,19 @@ impl ProxyService {
             } => (pk, expected, signed),
             Admission::AlreadyCounted(response) => return Ok(Response::new(response)),
         };
+        // Its raw bytes are dropped here: an upload waiting for a slot holds its first
+        // chunk's ciphertexts, parsed and checked, and nothing more.
+        let (cts, signature) = first_chunk(first, &pk, expected, &upload.owner)?;
         // Taken only by an upload that is to be read: a retry answered from memory,
         // or a refusal, does not wait behind other owners' transfers (an owner whose
         // answer was lost would wait past the deadline for a slot it does not need).
         let _permit = self.upload_permit().await?;
-        let signature = first.count_signature.clone();
-        if first.total_ciphertexts as usize != expected {
-            return Err(Refusal::Invalid(format!(
-                "contribution announces {} ciphertexts, study {} expects {expected}",
-                first.total_ciphertexts, upload.study_id
-            ))
-            .into());
-        }
         stream.allow(
             self.config
                 .limits
                 .upload_allowance(expected * pk.ciphertext_bytes()),
         );
-        let cts = read_ciphertexts(&mut stream, first, &pk, expected, &upload.owner).await?;
+        let cts = read_rest(&mut stream, cts, &pk, expected, &upload.owner).await?;
         let bytes = cts.len() * pk.ciphertext_bytes();
         if signed {
             upload.count = Some(self.signed_count(&upload, &pk, &cts, signature, leaf)?);
@@ -622,39 +598,118 @@ enum Admission {
     AlreadyCounted(v1::ContributeResponse),
 }
 
-/// Reads and validates the ciphertexts of a contribution, `first` chunk included;
-/// refuses more or fewer than `expected`, and chunks not of the protocol's size
-/// (every chunk carries [`CIPHERTEXTS_PER_CHUNK`], the last the rest): an upload
-/// makes progress with every chunk or is refused.
-async fn read_ciphertexts(
-    stream: &mut IdleLimited,
+/// The longest id (of a study, an owner, a contribution) an upload's header may
+/// carry: each is kept with the study, in memory and in its stored record.
+const MAX_ID_BYTES: usize = 256;
+
+/// The longest count signature an upload may carry: an owner's ECDSA or RSA
+/// signature is far shorter.
+const MAX_SIGNATURE_BYTES: usize = 4096;
+
+/// What an upload's first chunk says it is: its ids present and short, packed in
+/// the layout this build reads.
+fn upload_header(first: &v1::ContributionChunk) -> Result<Upload, Refusal> {
+    if first.owner_id.is_empty() || first.contribution_id.is_empty() {
+        return Err(Refusal::Invalid(
+            "owner_id and contribution_id are required".into(),
+        ));
+    }
+    for (what, id) in [
+        ("study_id", &first.study_id),
+        ("owner_id", &first.owner_id),
+        ("contribution_id", &first.contribution_id),
+    ] {
+        if id.len() > MAX_ID_BYTES {
+            return Err(Refusal::Invalid(format!(
+                "{what} is {} bytes; at most {MAX_ID_BYTES}",
+                id.len()
+            )));
+        }
+    }
+    if first.layout != LAYOUT_VERSION {
+        return Err(Refusal::Invalid(format!(
+            "contribution packed with ciphertext layout {}, study {} uses layout {LAYOUT_VERSION}: the owner needs a build of the study's layout",
+            first.layout.max(1),
+            first.study_id
+        )));
+    }
+    Ok(Upload {
+        study_id: first.study_id.clone(),
+        owner: first.owner_id.clone(),
+        cid: first.contribution_id.clone(),
+        cap: (first.cap_epsilon, first.cap_delta),
+        count: None,
+    })
+}
+
+/// The first chunk of a contribution of `expected` ciphertexts, checked as
+/// [`take_chunk`] checks every chunk, with the count signature it carries.
+fn first_chunk(
     first: v1::ContributionChunk,
     pk: &PublicKey,
     expected: usize,
     owner: &str,
+) -> Result<(Vec<Elem>, Vec<u8>), Refusal> {
+    if first.total_ciphertexts as usize != expected {
+        return Err(Refusal::Invalid(format!(
+            "contribution announces {} ciphertexts, study {} expects {expected}",
+            first.total_ciphertexts, first.study_id
+        )));
+    }
+    if first.count_signature.len() > MAX_SIGNATURE_BYTES {
+        return Err(Refusal::Invalid(format!(
+            "a count signature of {} bytes; at most {MAX_SIGNATURE_BYTES}",
+            first.count_signature.len()
+        )));
+    }
+    let mut cts = Vec::new();
+    take_chunk(&mut cts, &first.ciphertexts, pk, expected, owner)?;
+    Ok((cts, first.count_signature))
+}
+
+/// Parses and validates one chunk's ciphertexts onto `cts`: every chunk carries
+/// [`CIPHERTEXTS_PER_CHUNK`], the last the rest, so an upload makes progress with
+/// every chunk or is refused; none past `expected`.
+fn take_chunk(
+    cts: &mut Vec<Elem>,
+    chunk: &[Vec<u8>],
+    pk: &PublicKey,
+    expected: usize,
+    owner: &str,
+) -> Result<(), Refusal> {
+    if cts.len() + chunk.len() > expected {
+        return Err(Refusal::Invalid(format!(
+            "more than {expected} ciphertexts"
+        )));
+    }
+    let want = CIPHERTEXTS_PER_CHUNK.min(expected - cts.len());
+    let parsed = pk
+        .elems_from_bytes(chunk, cts.len())
+        .map_err(|e| Refusal::Invalid(format!("owner `{owner}`: {e}")))?;
+    if parsed.len() != want {
+        return Err(Refusal::Invalid(format!(
+            "a chunk of {} ciphertexts after {}; every chunk carries \
+             {CIPHERTEXTS_PER_CHUNK}, the last the rest ({want} here); nothing was counted",
+            parsed.len(),
+            cts.len()
+        )));
+    }
+    cts.extend(parsed);
+    Ok(())
+}
+
+/// Reads the rest of a contribution of `expected` ciphertexts onto `cts` (its
+/// first chunk), each chunk checked by [`take_chunk`]; refuses fewer.
+async fn read_rest(
+    stream: &mut IdleLimited,
+    mut cts: Vec<Elem>,
+    pk: &PublicKey,
+    expected: usize,
+    owner: &str,
 ) -> Result<Vec<Elem>, Refusal> {
-    let mut cts: Vec<Elem> = Vec::with_capacity(expected);
-    let mut chunk = Some(first);
-    while let Some(c) = chunk {
-        if cts.len() + c.ciphertexts.len() > expected {
-            return Err(Refusal::Invalid(format!(
-                "more than {expected} ciphertexts"
-            )));
-        }
-        let want = CIPHERTEXTS_PER_CHUNK.min(expected - cts.len());
-        let parsed = pk
-            .elems_from_bytes(&c.ciphertexts, cts.len())
-            .map_err(|e| Refusal::Invalid(format!("owner `{owner}`: {e}")))?;
-        if parsed.len() != want {
-            return Err(Refusal::Invalid(format!(
-                "a chunk of {} ciphertexts after {}; every chunk carries \
-                 {CIPHERTEXTS_PER_CHUNK}, the last the rest ({want} here); nothing was counted",
-                parsed.len(),
-                cts.len()
-            )));
-        }
-        cts.extend(parsed);
-        chunk = stream.next().await?;
+    cts.reserve_exact(expected - cts.len());
+    while let Some(chunk) = stream.next().await? {
+        take_chunk(&mut cts, &chunk.ciphertexts, pk, expected, owner)?;
     }
     if cts.len() != expected {
         return Err(Refusal::Invalid(format!(
@@ -1083,6 +1138,46 @@ mod tests {
     use super::*;
     use crate::study::tests::study;
     use dpca_common::study::SpecDraft;
+
+    /// Checked before the upload waits for a slot: what waits is its parsed first
+    /// chunk, not whatever its first message could hold (a megabyte of empty
+    /// entries decodes to about 24 MiB).
+    #[test]
+    fn a_first_chunk_is_checked_before_its_upload_waits_for_a_slot() {
+        fn invalid<T>(r: Result<T, Refusal>) -> String {
+            match r {
+                Err(Refusal::Invalid(m)) => m,
+                Err(other) => panic!("refused as {other:?}"),
+                Ok(_) => panic!("accepted"),
+            }
+        }
+        let header = v1::ContributionChunk {
+            study_id: "s".into(),
+            owner_id: "a".into(),
+            contribution_id: "c".into(),
+            layout: LAYOUT_VERSION,
+            total_ciphertexts: 100,
+            ..Default::default()
+        };
+        assert!(upload_header(&header).is_ok());
+        let long = v1::ContributionChunk {
+            contribution_id: "c".repeat(MAX_ID_BYTES + 1),
+            ..header.clone()
+        };
+        assert!(invalid(upload_header(&long)).contains("contribution_id is 257 bytes"));
+        let pk = dpca_common::testing::test_key().public().clone();
+        let empties = v1::ContributionChunk {
+            ciphertexts: vec![Vec::new(); 10_000],
+            ..header.clone()
+        };
+        assert!(invalid(first_chunk(empties, &pk, 100, "a")).contains("more than 100"));
+        assert!(invalid(first_chunk(header.clone(), &pk, 99, "a")).contains("announces 100"));
+        let signed = v1::ContributionChunk {
+            count_signature: vec![0; MAX_SIGNATURE_BYTES + 1],
+            ..header
+        };
+        assert!(invalid(first_chunk(signed, &pk, 100, "a")).contains("count signature"));
+    }
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
