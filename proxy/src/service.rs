@@ -463,7 +463,8 @@ impl ProxyService {
         })
     }
 
-    /// Reads, checks, folds and stores one upload (see [`ProxyService::commit_contribution`]).
+    /// One upload: its caller authorized, its owner's slot held throughout
+    /// ([`ProxyService::read_and_count`] reads, checks, folds and stores it).
     async fn contribute_upload(
         &self,
         req: Request<Streaming<v1::ContributionChunk>>,
@@ -478,7 +479,30 @@ impl ProxyService {
             Self::authorize(Some(p), Action::Contribute { owner_id: &p.name })?;
         }
         let _owner_slot = self.owner_slot(peer.as_ref().map(|p| p.name.as_str()))?;
-        let mut stream = IdleLimited::new(req.into_inner(), self.config.limits.upload_idle_timeout);
+        let answer = self.read_and_count(peer, leaf, req.into_inner()).await;
+        if let Err(status) = &answer {
+            if rests_on_state(status) {
+                // A refusal read off the studies or budgets may rest on a
+                // transition still on its way to disk (the study sealed by another
+                // owner's contribution): told only once that is durable, or, if it
+                // never will be, told to retry. The owner's slot is held meanwhile:
+                // one owner waits on one thread at most.
+                self.settled("").await?;
+            }
+        }
+        answer
+    }
+
+    /// The upload of an authorized caller holding its owner's slot: header,
+    /// admission, first chunk, then one of the proxy's slots for the rest, the
+    /// fold and the durable write.
+    async fn read_and_count(
+        &self,
+        peer: Option<Peer>,
+        leaf: Option<Vec<u8>>,
+        stream: Streaming<v1::ContributionChunk>,
+    ) -> Result<Response<v1::ContributeResponse>, Status> {
+        let mut stream = IdleLimited::new(stream, self.config.limits.upload_idle_timeout);
         let first = stream
             .next()
             .await?
@@ -918,17 +942,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         &self,
         req: Request<Streaming<v1::ContributionChunk>>,
     ) -> Result<Response<v1::ContributeResponse>, Status> {
-        let answer = self.contribute_upload(req).await;
-        if let Err(status) = &answer {
-            if rests_on_state(status) {
-                // A refusal read off the studies or budgets may rest on a
-                // transition still on its way to disk (the study sealed by another
-                // owner's contribution): told only once that is durable, or, if it
-                // never will be, told to retry.
-                self.settled("").await?;
-            }
-        }
-        answer
+        self.contribute_upload(req).await
     }
 
     async fn await_seal(
