@@ -514,6 +514,7 @@ impl ProxyService {
                 owner_id: &upload.owner,
             },
         )?;
+        check_layout(&first)?;
         let (pk, expected, signed) = match self.admit(&upload).await? {
             Admission::Read {
                 pk,
@@ -630,8 +631,7 @@ const MAX_ID_BYTES: usize = 256;
 /// signature is far shorter.
 const MAX_SIGNATURE_BYTES: usize = 4096;
 
-/// What an upload's first chunk says it is: its ids present and short, packed in
-/// the layout this build reads.
+/// What an upload's first chunk says it is: its ids present and short.
 fn upload_header(first: &v1::ContributionChunk) -> Result<Upload, Refusal> {
     if first.owner_id.is_empty() || first.contribution_id.is_empty() {
         return Err(Refusal::Invalid(
@@ -650,13 +650,6 @@ fn upload_header(first: &v1::ContributionChunk) -> Result<Upload, Refusal> {
             )));
         }
     }
-    if first.layout != LAYOUT_VERSION {
-        return Err(Refusal::Invalid(format!(
-            "contribution packed with ciphertext layout {}, study {} uses layout {LAYOUT_VERSION}: the owner needs a build of the study's layout",
-            first.layout.max(1),
-            first.study_id
-        )));
-    }
     Ok(Upload {
         study_id: first.study_id.clone(),
         owner: first.owner_id.clone(),
@@ -664,6 +657,18 @@ fn upload_header(first: &v1::ContributionChunk) -> Result<Upload, Refusal> {
         cap: (first.cap_epsilon, first.cap_delta),
         count: None,
     })
+}
+
+/// Refuses a contribution packed in another layout than this build reads.
+fn check_layout(first: &v1::ContributionChunk) -> Result<(), Refusal> {
+    if first.layout == LAYOUT_VERSION {
+        return Ok(());
+    }
+    Err(Refusal::Invalid(format!(
+        "contribution packed with ciphertext layout {}, study {} uses layout {LAYOUT_VERSION}: the owner needs a build of the study's layout",
+        first.layout.max(1),
+        first.study_id
+    )))
 }
 
 /// The first chunk of a contribution of `expected` ciphertexts, checked as
