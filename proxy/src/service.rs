@@ -474,7 +474,8 @@ impl ProxyService {
             .peer_certs()
             .and_then(|certs| certs.first().map(|c| c.to_vec()));
         // Authorized before a slot is taken: only an owner uploads, under its own
-        // name, one upload at a time (checked again against the header below).
+        // name, one upload at a time (checked again against the header, in
+        // `read_and_count`).
         if let Some(p) = &peer {
             Self::authorize(Some(p), Action::Contribute { owner_id: &p.name })?;
         }
@@ -523,8 +524,9 @@ impl ProxyService {
             } => (pk, expected, signed),
             Admission::AlreadyCounted(response) => return Ok(Response::new(response)),
         };
-        // Its raw bytes are dropped here: an upload waiting for a slot holds its first
-        // chunk's ciphertexts, parsed and checked, and nothing more.
+        // The decoded message is dropped here: an upload waiting for a slot holds its
+        // first chunk's ciphertexts, parsed and checked (and the stream's receive
+        // buffer, at most `Limits::max_request_bytes`).
         let (cts, signature) = first_chunk(first, &pk, expected, &upload.owner)?;
         // Taken only by an upload that is to be read: a retry answered from memory,
         // or a refusal, does not wait behind other owners' transfers (an owner whose
@@ -631,8 +633,24 @@ const MAX_ID_BYTES: usize = 256;
 /// signature is far shorter.
 const MAX_SIGNATURE_BYTES: usize = 4096;
 
-/// What an upload's first chunk says it is: its ids present and short.
+/// What an upload's first chunk says it is: its owner and contribution ids
+/// present, every id short, and no more ciphertexts, nor a longer signature,
+/// than any chunk carries (checked before the upload waits for the study's lock:
+/// what was decoded stays about what was received).
 fn upload_header(first: &v1::ContributionChunk) -> Result<Upload, Refusal> {
+    if first.ciphertexts.len() > CIPHERTEXTS_PER_CHUNK {
+        return Err(Refusal::Invalid(format!(
+            "a chunk of {} ciphertexts; every chunk carries at most {CIPHERTEXTS_PER_CHUNK}; \
+             nothing was counted",
+            first.ciphertexts.len()
+        )));
+    }
+    if first.count_signature.len() > MAX_SIGNATURE_BYTES {
+        return Err(Refusal::Invalid(format!(
+            "a count signature of {} bytes; at most {MAX_SIGNATURE_BYTES}",
+            first.count_signature.len()
+        )));
+    }
     if first.owner_id.is_empty() || first.contribution_id.is_empty() {
         return Err(Refusal::Invalid(
             "owner_id and contribution_id are required".into(),
@@ -671,8 +689,9 @@ fn check_layout(first: &v1::ContributionChunk) -> Result<(), Refusal> {
     )))
 }
 
-/// The first chunk of a contribution of `expected` ciphertexts, checked as
-/// [`take_chunk`] checks every chunk, with the count signature it carries.
+/// The first chunk of a contribution of `expected` ciphertexts (its header
+/// checked by [`upload_header`]), checked as [`take_chunk`] checks every chunk,
+/// with the count signature it carries.
 fn first_chunk(
     first: v1::ContributionChunk,
     pk: &PublicKey,
@@ -683,12 +702,6 @@ fn first_chunk(
         return Err(Refusal::Invalid(format!(
             "contribution announces {} ciphertexts, study {} expects {expected}",
             first.total_ciphertexts, first.study_id
-        )));
-    }
-    if first.count_signature.len() > MAX_SIGNATURE_BYTES {
-        return Err(Refusal::Invalid(format!(
-            "a count signature of {} bytes; at most {MAX_SIGNATURE_BYTES}",
-            first.count_signature.len()
         )));
     }
     let mut cts = Vec::new();
@@ -1170,32 +1183,50 @@ mod tests {
                 Ok(_) => panic!("accepted"),
             }
         }
+        let sk = dpca_common::testing::test_key();
+        let pk = sk.public().clone();
+        let ct = pk.ciphertext_to_bytes(
+            &pk.encrypt(&num_bigint::BigUint::from(7u8), &mut rand::rngs::OsRng)
+                .expect("encrypt"),
+        );
         let header = v1::ContributionChunk {
-            study_id: "s".into(),
+            study_id: "s".repeat(MAX_ID_BYTES),
             owner_id: "a".into(),
-            contribution_id: "c".into(),
+            contribution_id: "c".repeat(MAX_ID_BYTES),
             layout: LAYOUT_VERSION,
             total_ciphertexts: 100,
+            ciphertexts: vec![ct; CIPHERTEXTS_PER_CHUNK],
+            count_signature: vec![1; MAX_SIGNATURE_BYTES],
             ..Default::default()
         };
+        // The longest ids and signature, and a full first chunk, pass.
         assert!(upload_header(&header).is_ok());
+        let (cts, signature) = first_chunk(header.clone(), &pk, 100, "a").expect("a first chunk");
+        assert_eq!(
+            (cts.len(), signature.len()),
+            (CIPHERTEXTS_PER_CHUNK, MAX_SIGNATURE_BYTES)
+        );
         let long = v1::ContributionChunk {
             contribution_id: "c".repeat(MAX_ID_BYTES + 1),
             ..header.clone()
         };
         assert!(invalid(upload_header(&long)).contains("contribution_id is 257 bytes"));
-        let pk = dpca_common::testing::test_key().public().clone();
-        let empties = v1::ContributionChunk {
-            ciphertexts: vec![Vec::new(); 10_000],
-            ..header.clone()
-        };
-        assert!(invalid(first_chunk(empties, &pk, 100, "a")).contains("more than 100"));
+        // A megabyte of empty entries is refused off the header, before the study
+        // is looked at; fewer than a chunk's, each entry is checked.
+        for (entries, says) in [(10_000, "at most 64"), (CIPHERTEXTS_PER_CHUNK, "zero")] {
+            let empties = v1::ContributionChunk {
+                ciphertexts: vec![Vec::new(); entries],
+                ..header.clone()
+            };
+            let refused = upload_header(&empties).and_then(|_| first_chunk(empties, &pk, 100, "a"));
+            assert!(invalid(refused).contains(says), "{entries} empty entries");
+        }
         assert!(invalid(first_chunk(header.clone(), &pk, 99, "a")).contains("announces 100"));
         let signed = v1::ContributionChunk {
             count_signature: vec![0; MAX_SIGNATURE_BYTES + 1],
             ..header
         };
-        assert!(invalid(first_chunk(signed, &pk, 100, "a")).contains("count signature"));
+        assert!(invalid(upload_header(&signed)).contains("count signature"));
     }
 
     fn rt() -> tokio::runtime::Runtime {
