@@ -515,7 +515,7 @@ impl ProxyService {
                 owner_id: &upload.owner,
             },
         )?;
-        check_layout(&first)?;
+        check_packing(&first)?;
         let (pk, expected, signed) = match self.admit(&upload).await? {
             Admission::Read {
                 pk,
@@ -634,23 +634,8 @@ const MAX_ID_BYTES: usize = 256;
 const MAX_SIGNATURE_BYTES: usize = 4096;
 
 /// What an upload's first chunk says it is: its owner and contribution ids
-/// present, every id short, and no more ciphertexts, nor a longer signature,
-/// than any chunk carries (checked before the upload waits for the study's lock:
-/// what was decoded stays about what was received).
+/// present, every id short.
 fn upload_header(first: &v1::ContributionChunk) -> Result<Upload, Refusal> {
-    if first.ciphertexts.len() > CIPHERTEXTS_PER_CHUNK {
-        return Err(Refusal::Invalid(format!(
-            "a chunk of {} ciphertexts; every chunk carries at most {CIPHERTEXTS_PER_CHUNK}; \
-             nothing was counted",
-            first.ciphertexts.len()
-        )));
-    }
-    if first.count_signature.len() > MAX_SIGNATURE_BYTES {
-        return Err(Refusal::Invalid(format!(
-            "a count signature of {} bytes; at most {MAX_SIGNATURE_BYTES}",
-            first.count_signature.len()
-        )));
-    }
     if first.owner_id.is_empty() || first.contribution_id.is_empty() {
         return Err(Refusal::Invalid(
             "owner_id and contribution_id are required".into(),
@@ -677,20 +662,36 @@ fn upload_header(first: &v1::ContributionChunk) -> Result<Upload, Refusal> {
     })
 }
 
-/// Refuses a contribution packed in another layout than this build reads.
-fn check_layout(first: &v1::ContributionChunk) -> Result<(), Refusal> {
-    if first.layout == LAYOUT_VERSION {
-        return Ok(());
+/// Refuses a first chunk packed in another layout than this build reads, or
+/// carrying more ciphertexts, or a longer signature, than any chunk does: checked
+/// before the upload waits for the study's lock, so what was decoded stays about
+/// what was received.
+fn check_packing(first: &v1::ContributionChunk) -> Result<(), Refusal> {
+    if first.layout != LAYOUT_VERSION {
+        return Err(Refusal::Invalid(format!(
+            "contribution packed with ciphertext layout {}, study {} uses layout {LAYOUT_VERSION}: the owner needs a build of the study's layout",
+            first.layout.max(1),
+            first.study_id
+        )));
     }
-    Err(Refusal::Invalid(format!(
-        "contribution packed with ciphertext layout {}, study {} uses layout {LAYOUT_VERSION}: the owner needs a build of the study's layout",
-        first.layout.max(1),
-        first.study_id
-    )))
+    if first.ciphertexts.len() > CIPHERTEXTS_PER_CHUNK {
+        return Err(Refusal::Invalid(format!(
+            "a chunk of {} ciphertexts; every chunk carries at most {CIPHERTEXTS_PER_CHUNK}; \
+             nothing was counted",
+            first.ciphertexts.len()
+        )));
+    }
+    if first.count_signature.len() > MAX_SIGNATURE_BYTES {
+        return Err(Refusal::Invalid(format!(
+            "a count signature of {} bytes; at most {MAX_SIGNATURE_BYTES}",
+            first.count_signature.len()
+        )));
+    }
+    Ok(())
 }
 
-/// The first chunk of a contribution of `expected` ciphertexts (its header
-/// checked by [`upload_header`]), checked as [`take_chunk`] checks every chunk,
+/// The first chunk of a contribution of `expected` ciphertexts (its packing
+/// checked by [`check_packing`]), checked as [`take_chunk`] checks every chunk,
 /// with the count signature it carries.
 fn first_chunk(
     first: v1::ContributionChunk,
@@ -1201,6 +1202,7 @@ mod tests {
         };
         // The longest ids and signature, and a full first chunk, pass.
         assert!(upload_header(&header).is_ok());
+        assert!(check_packing(&header).is_ok());
         let (cts, signature) = first_chunk(header.clone(), &pk, 100, "a").expect("a first chunk");
         assert_eq!(
             (cts.len(), signature.len()),
@@ -1212,13 +1214,14 @@ mod tests {
         };
         assert!(invalid(upload_header(&long)).contains("contribution_id is 257 bytes"));
         // A megabyte of empty entries is refused off the header, before the study
-        // is looked at; fewer than a chunk's, each entry is checked.
+        // is looked at; no more than a chunk's, each entry is checked.
         for (entries, says) in [(10_000, "at most 64"), (CIPHERTEXTS_PER_CHUNK, "zero")] {
             let empties = v1::ContributionChunk {
                 ciphertexts: vec![Vec::new(); entries],
                 ..header.clone()
             };
-            let refused = upload_header(&empties).and_then(|_| first_chunk(empties, &pk, 100, "a"));
+            let refused =
+                check_packing(&empties).and_then(|()| first_chunk(empties, &pk, 100, "a"));
             assert!(invalid(refused).contains(says), "{entries} empty entries");
         }
         assert!(invalid(first_chunk(header.clone(), &pk, 99, "a")).contains("announces 100"));
@@ -1226,7 +1229,7 @@ mod tests {
             count_signature: vec![0; MAX_SIGNATURE_BYTES + 1],
             ..header
         };
-        assert!(invalid(upload_header(&signed)).contains("count signature"));
+        assert!(invalid(check_packing(&signed)).contains("count signature"));
     }
 
     fn rt() -> tokio::runtime::Runtime {
