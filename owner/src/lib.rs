@@ -500,7 +500,8 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
 /// How long past the study's deadline, on the owner's clock, the owner waits for
 /// its upload's answer. The proxy counts nothing whose fold starts past the
 /// deadline on its own clock: a new upload still waiting for a slot, or still
-/// arriving, then can only be refused. The grace is for the fold and the write of
+/// arriving, then can only be refused (a retry of one already counted is answered
+/// before it would wait for a slot). The grace is for the fold and the write of
 /// a contribution counted just before the deadline, and for a difference between
 /// the two clocks.
 const UPLOAD_GRACE: Duration = Duration::from_secs(300);
