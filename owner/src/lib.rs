@@ -18,7 +18,7 @@ use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::risk::Risk;
-use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION};
+use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION, MAX_ID_BYTES};
 use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
@@ -244,6 +244,10 @@ pub fn owner_id(given: Option<&str>, transport: &Transport) -> anyhow::Result<St
             "--owner-id `{id}` is not the name in this owner's certificate (`{}`); the \
              proxy knows an owner by its certificate",
             tls.me.name
+        ),
+        (Transport::InsecurePlaintext, Some(id)) if id.len() > MAX_ID_BYTES => bail!(
+            "--owner-id is {} bytes; the proxy hears from owners of at most {MAX_ID_BYTES}",
+            id.len()
         ),
         (Transport::InsecurePlaintext, Some(id)) if !id.is_empty() => Ok(id.to_string()),
         (Transport::InsecurePlaintext, _) => {
@@ -761,5 +765,16 @@ mod tests {
         );
         assert_eq!(collecting_past_deadline("collecting", 4_000, 1_000), None);
         assert_eq!(collecting_past_deadline("sealed", 1_000, 4_000), None);
+    }
+
+    #[test]
+    fn a_plaintext_owner_id_the_proxy_would_refuse_is_refused_here() {
+        let t = Transport::InsecurePlaintext;
+        let long = "a".repeat(MAX_ID_BYTES + 1);
+        let err = owner_id(Some(&long), &t)
+            .expect_err("a long id")
+            .to_string();
+        assert!(err.contains("257 bytes"), "{err}");
+        assert_eq!(owner_id(Some("a"), &t).expect("a short id"), "a");
     }
 }

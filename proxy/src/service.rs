@@ -9,7 +9,7 @@ use std::time::Duration;
 use dpca_common::arith::Elem;
 use dpca_common::dp::Centering;
 use dpca_common::paillier::{Opening, PublicKey};
-use dpca_common::study::{StudyLayout, LAYOUT_VERSION};
+use dpca_common::study::{StudyLayout, LAYOUT_VERSION, MAX_ID_BYTES};
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use dpca_shell::signed_count;
@@ -624,10 +624,6 @@ enum Admission {
     /// A retry of a contribution already counted: this is the answer.
     AlreadyCounted(v1::ContributeResponse),
 }
-
-/// The longest id (of a study, an owner, a contribution) an upload's header may
-/// carry: each is kept with the study, in memory and in its stored record.
-const MAX_ID_BYTES: usize = 256;
 
 /// The longest count signature an upload may carry: an owner's ECDSA or RSA
 /// signature is far shorter.

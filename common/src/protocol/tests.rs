@@ -666,6 +666,10 @@ fn invited_owner_lists_are_checked() {
     s.expected_owners = vec!["a".into(), "a".into()];
     let err = s.clone().validate().expect_err("duplicate").to_string();
     assert!(err.contains("duplicate owner id `a`"), "{err}");
+    // An owner the proxy would refuse to hear from cannot be invited.
+    s.expected_owners = vec!["a".into(), "b".repeat(crate::study::MAX_ID_BYTES + 1)];
+    let err = s.clone().validate().expect_err("long id").to_string();
+    assert!(err.contains("an owner id of 257 bytes"), "{err}");
     s.expected_owners = vec!["a".into()];
     let err = s.validate().expect_err("quorum").to_string();
     assert!(err.contains("more than the 1 owners invited"), "{err}");

@@ -15,7 +15,7 @@ pub use classes::{ClassCovariance, ClassSpec};
 pub use layout::{BlockShape, StudyLayout, LAYOUT_VERSION};
 pub use norm_bins::{NormBins, MAX_NORM_BINS, STANDARD_NORM_BINS};
 pub use projection::Projection;
-pub use spec::{SpecDraft, StudySpec, MAX_CLASSES};
+pub use spec::{SpecDraft, StudySpec, MAX_CLASSES, MAX_ID_BYTES};
 
 use crate::dp::DpError;
 use crate::encoding::EncodingError;

@@ -11,6 +11,11 @@ use crate::paillier::PublicKey;
 /// Most classes a study may declare (every class adds M + 1 released values).
 pub const MAX_CLASSES: usize = 1000;
 
+/// The longest id (of a study, an owner, a contribution) the protocol carries: the
+/// proxy keeps each with its study, in memory and in its stored record, and
+/// refuses an upload naming a longer one, so no longer owner may be invited.
+pub const MAX_ID_BYTES: usize = 256;
+
 /// A study specification as written (by a user, a test, or read off the wire),
 /// not yet checked: fill it in, then [`SpecDraft::validate`] it into a
 /// [`StudySpec`]. Nothing but a draft can be changed; a [`StudySpec`] is edited by
@@ -173,6 +178,12 @@ impl SpecDraft {
                     return Err(param(
                         "expected_owners",
                         format!("empty or duplicate owner id `{o}`"),
+                    ));
+                }
+                if o.len() > MAX_ID_BYTES {
+                    return Err(param(
+                        "expected_owners",
+                        format!("an owner id of {} bytes; at most {MAX_ID_BYTES}", o.len()),
                     ));
                 }
             }
