@@ -4,7 +4,9 @@
 
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
+use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -101,4 +103,19 @@ async fn serve(proxy: Silent) -> ProxyClient<Channel> {
     ProxyClient::connect(format!("http://{at}"))
         .await
         .expect("connect to the fake proxy")
+}
+
+/// The error `call` ends with against a proxy that never answers, which must come
+/// well within 10 s (a party's own bound in such a test is a fraction of a
+/// second).
+///
+/// # Panics
+/// If the call succeeds, or is still waiting after 10 s: the bound under test
+/// does not hold.
+pub async fn gives_up<T, E>(call: impl Future<Output = Result<T, E>>) -> E {
+    match tokio::time::timeout(Duration::from_secs(10), call).await {
+        Ok(Ok(_)) => panic!("a proxy that never answers answered"),
+        Ok(Err(e)) => e,
+        Err(_) => panic!("still waiting on a proxy that never answers"),
+    }
 }

@@ -575,18 +575,7 @@ async fn fetch_release(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dpca_shell::testing::silent_proxy;
-    use std::future::Future;
-
-    /// `call`'s outcome, which must come well within 10 s: before each call was
-    /// bounded, it never came.
-    async fn ends<T>(call: impl Future<Output = anyhow::Result<T>>) -> anyhow::Error {
-        match tokio::time::timeout(Duration::from_secs(10), call).await {
-            Ok(Ok(_)) => panic!("a proxy that never answers answered"),
-            Ok(Err(e)) => e,
-            Err(_) => panic!("the user still waits on a proxy that never answers"),
-        }
-    }
+    use dpca_shell::testing::{gives_up, silent_proxy};
 
     #[tokio::test]
     async fn a_user_does_not_wait_forever_on_a_proxy_that_never_answers() {
@@ -594,12 +583,12 @@ mod tests {
         let patience = Duration::from_millis(300);
         let sk = dpca_common::testing::test_key();
         let spec = dpca_common::testing::test_spec(sk.public(), 3);
-        let opened = ends(open_study_within(&mut client, &spec, false, patience)).await;
+        let opened = gives_up(open_study_within(&mut client, &spec, false, patience)).await;
         assert!(
             opened.to_string().contains("may have opened it"),
             "{opened}"
         );
-        let sealed = ends(await_seal(&client, "a-study", patience)).await;
+        let sealed = gives_up(await_seal(&client, "a-study", patience)).await;
         assert!(sealed.to_string().contains("did not seal"), "{sealed}");
         // Before the proxy was asked whether it is still there, a user waited for the
         // release for ever.
@@ -608,7 +597,7 @@ mod tests {
             answer: patience,
             cap: Duration::from_secs(3600),
         };
-        let released = ends(request_release(&mut client, "a-study", None, &wait)).await;
+        let released = gives_up(request_release(&mut client, "a-study", None, &wait)).await;
         assert!(
             released.to_string().contains("stopped answering"),
             "{released}"
@@ -619,7 +608,7 @@ mod tests {
             ..wait
         };
         let mut stalled = dpca_shell::testing::stalled_proxy().await;
-        let released = ends(request_release(&mut stalled, "a-study", None, &wait)).await;
+        let released = gives_up(request_release(&mut stalled, "a-study", None, &wait)).await;
         assert!(
             released.to_string().contains("did not release"),
             "{released}"
@@ -629,7 +618,7 @@ mod tests {
         for (opens, says) in [(true, "of the result stream"), (false, "of the result for")] {
             let mut client = silent_proxy(opens).await;
             let fetch = fetch_release(&mut client, sk.public(), &layout, "a-study", 0, patience);
-            let err = ends(fetch).await;
+            let err = gives_up(fetch).await;
             assert!(err.to_string().contains(says), "{err}");
         }
     }

@@ -716,31 +716,8 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
         ..Default::default()
     };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    // Each hostile upload: the chunks it sends, a pause after each, and its
-    // sender kept open until the call ends.
-    let upload = |name: &'static str, chunks: Vec<v1::ContributionChunk>, pause: Duration| {
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let transport = f.proxy.transport(name);
-        let url = f.url.clone();
-        runtime.spawn(async move {
-            let sender = tokio::spawn(async move {
-                for c in chunks {
-                    if tx.send(c).await.is_err() {
-                        return;
-                    }
-                    tokio::time::sleep(pause).await;
-                }
-                tx.closed().await;
-            });
-            let mut c = dpca_shell::client::connect(&url, &transport)
-                .await
-                .expect("connect");
-            let r = c
-                .contribute(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await;
-            sender.abort();
-            r
-        })
+    let upload = |name: &str, chunks: Vec<v1::ContributionChunk>, pause: Duration| {
+        spawn_upload(&runtime, &f, name, chunks, pause)
     };
     let second = Duration::from_secs(1);
     // A user's certificate, sending nothing at all.
@@ -776,6 +753,39 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
         assert!(late.1.contains("every chunk carries"), "{late:?}");
     });
     assert_eq!(f.owners_in(), 1, "only the honest owner is counted");
+}
+
+/// An upload by party `name` on `runtime`: its `chunks`, a pause after each, and
+/// its stream kept open (sending nothing more) until the proxy answers.
+fn spawn_upload(
+    runtime: &tokio::runtime::Runtime,
+    f: &dpca_tests::StudyFixture,
+    name: &str,
+    chunks: Vec<v1::ContributionChunk>,
+    pause: Duration,
+) -> tokio::task::JoinHandle<Result<tonic::Response<v1::ContributeResponse>, tonic::Status>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let transport = f.proxy.transport(name);
+    let url = f.url.clone();
+    runtime.spawn(async move {
+        let sender = tokio::spawn(async move {
+            for c in chunks {
+                if tx.send(c).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+            }
+            tx.closed().await;
+        });
+        let mut c = dpca_shell::client::connect(&url, &transport)
+            .await
+            .expect("connect");
+        let r = c
+            .contribute(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await;
+        sender.abort();
+        r
+    })
 }
 
 /// An owner whose counted upload lost its answer asks again with the same
@@ -818,19 +828,7 @@ fn a_counted_owner_asking_again_does_not_wait_for_an_upload_slot() {
     };
     assert!(layout.owner_ciphertexts() > first.ciphertexts.len());
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    let (transport, url) = (f.proxy.transport("mallory"), f.url.clone());
-    let stalled = runtime.spawn(async move {
-        tx.send(first).await.expect("first chunk queued");
-        let mut c = dpca_shell::client::connect(&url, &transport)
-            .await
-            .expect("connect");
-        let answer = c
-            .contribute(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await;
-        drop(tx);
-        answer
-    });
+    let stalled = spawn_upload(&runtime, &f, "mallory", vec![first], Duration::ZERO);
     std::thread::sleep(Duration::from_secs(2));
     let started = std::time::Instant::now();
     let o = f.owner("hospital-a", &data);
