@@ -477,7 +477,7 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
         .await
         .context("encryption task panicked")??;
     let seconds_encrypt = t.elapsed().as_secs_f64();
-    let now = now_unix_ms().context("the clock reads before 1970")?;
+    let now = now_unix_ms()?;
     let response = upload(&mut client, chunks, upload_wait(deadline_unix_ms, now)).await;
     bar.finish_and_clear();
     let response = response?;

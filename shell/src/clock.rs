@@ -2,12 +2,20 @@
 //! the Unix epoch, and a party bounds a wait that a deadline ends by that deadline
 //! on its own clock.
 
-use std::time::{Duration, SystemTime, SystemTimeError, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// This machine's clock reads before the Unix epoch, so no deadline can be
+/// compared with it.
+#[derive(Debug, thiserror::Error)]
+#[error("the clock reads before 1970")]
+pub struct ClockBeforeEpoch;
 
 /// Milliseconds since the Unix epoch on this machine's clock, as study deadlines
 /// are written; an error if the clock reads before 1970.
-pub fn now_unix_ms() -> Result<u64, SystemTimeError> {
-    let since = SystemTime::now().duration_since(UNIX_EPOCH)?;
+pub fn now_unix_ms() -> Result<u64, ClockBeforeEpoch> {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| ClockBeforeEpoch)?;
     // u64 milliseconds last 584 million years.
     Ok(u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }

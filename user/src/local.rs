@@ -314,7 +314,7 @@ async fn prepare(
     client: &mut dpca_proto::v1::proxy_client::ProxyClient<tonic::transport::Channel>,
     sk: &SecretKey,
 ) -> anyhow::Result<Prepared> {
-    let now_ms = crate::session::now_unix_ms()?;
+    let now_ms = dpca_shell::clock::now_unix_ms()?;
     // Refused before the histogram study runs, should the study itself be invalid.
     let spec = plan
         .draft(sk.public(), now_ms, opts.row_norm_bound, opts.baseline)

@@ -14,7 +14,7 @@ use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use dpca_shell::client::{transient, with_retries, CALL_TIMEOUT};
-use dpca_shell::clock::until_past;
+use dpca_shell::clock::{now_unix_ms, until_past};
 use dpca_shell::signed_count::{signing_identity, verify_count, CountClaim};
 use dpca_shell::tls::Transport;
 use tonic::transport::Channel;
@@ -50,12 +50,6 @@ fn status(what: &str) -> impl Fn(tonic::Status) -> anyhow::Error + '_ {
             s.code()
         )
     }
-}
-
-/// Milliseconds since the Unix epoch on this machine's clock, as study
-/// deadlines are written.
-pub fn now_unix_ms() -> anyhow::Result<u64> {
-    dpca_shell::clock::now_unix_ms().context("the clock reads before 1970")
 }
 
 /// The result stream's next chunk (`None` at its end), which must come within
