@@ -2,7 +2,7 @@
 //! proof of N where the noise depends on it), fetch the released aggregate and open
 //! it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -104,6 +104,7 @@ async fn open_study_within(
         })?
         .map_err(status("proxy refused to open the study"))?;
     let study_id = resp.into_inner().study_id;
+    claim_study_id(&spec.public_key.fingerprint(), &study_id)?;
     // A proxy of a build before layout versions drops the field it does not know
     // and would noise the release at its own layout's offsets: read it back.
     let read_back = client.get_study(v1::GetStudyRequest {
@@ -123,19 +124,45 @@ async fn open_study_within(
     Ok(study_id)
 }
 
+/// The study ids this process was given, by key fingerprint.
+static OPENED: std::sync::OnceLock<Mutex<HashSet<(String, String)>>> = std::sync::OnceLock::new();
+
+/// Takes `study_id`, which the proxy gave a study this process opened under the
+/// key `fingerprint`, refusing an id it was given before: the proxy chooses ids,
+/// and the owners' signed counts and this user's one decision on each study's
+/// count (`count_once`) are bound to the id, so two studies under one id would
+/// let what was signed or decided for the first serve the second.
+pub fn claim_study_id(fingerprint: &str, study_id: &str) -> anyhow::Result<()> {
+    let table = OPENED.get_or_init(|| Mutex::new(HashSet::new()));
+    let mut opened = table
+        .lock()
+        .map_err(|_| anyhow::anyhow!("study id guard poisoned"))?;
+    if !opened.insert((fingerprint.to_string(), study_id.to_string())) {
+        bail!(
+            "the proxy gave the new study the id {study_id}, which a study this user opened              under the same key already has: refusing it"
+        );
+    }
+    Ok(())
+}
+
 /// What this process decided about each study's E[N], by key fingerprint and study
-/// id: the opening, or why it refused to decrypt.
-type Decided = HashMap<(String, String), Result<Opening, String>>;
+/// id: the ciphertext decided on, and its opening or why it refused to decrypt.
+type Decided = HashMap<(String, String), (Vec<u8>, Result<Opening, String>)>;
 
 static DECRYPTED_COUNTS: std::sync::OnceLock<Mutex<Decided>> = std::sync::OnceLock::new();
 
-/// The opening of a study's E[N], computed by `open` the first time only. A proxy
-/// that sends another ciphertext for the same study could only be probing the key,
-/// so it gets the first answer again; a refusal (an implausible value) is
-/// remembered too, so that retrying never buys the proxy one more bit.
+/// The opening of a study's E[N] (`ciphertext`), computed by `open` the first time
+/// only. The same ciphertext gets the first answer again, a refusal (an
+/// implausible value) included, so that retrying never buys the proxy one more
+/// bit. Another ciphertext for a study already decided is refused undecrypted:
+/// the first answer handed over for it would be the opening of a value the proxy
+/// chose (a study id given out twice under one key: the row-norm histogram's
+/// E[N], forged and decrypted after its release, then the study that follows
+/// under the same id, whose opening is sent to the proxy).
 pub fn count_once(
     fingerprint: &str,
     study_id: &str,
+    ciphertext: &[u8],
     open: impl FnOnce() -> anyhow::Result<Opening>,
 ) -> anyhow::Result<Opening> {
     let key = (fingerprint.to_string(), study_id.to_string());
@@ -144,10 +171,13 @@ pub fn count_once(
         .lock()
         .map_err(|_| anyhow::anyhow!("decryption guard poisoned"))?;
     let decided = match map.get(&key) {
-        Some(decided) => decided.clone(),
+        Some((decided_on, _)) if decided_on.as_slice() != ciphertext => bail!(
+            "the proxy sent another E[N] for study {study_id} than the one this user decided              on before: not decrypted"
+        ),
+        Some((_, decided)) => decided.clone(),
         None => {
             let decided = open().map_err(|e| format!("{e:#}"));
-            map.insert(key, decided.clone());
+            map.insert(key, (ciphertext.to_vec(), decided.clone()));
             decided
         }
     };
@@ -167,7 +197,8 @@ fn open_count(
         .ciphertext_from_bytes(&sealed.encrypted_count, 0)
         .context("proxy sent an invalid encrypted count")?;
     let min = (sealed.owners_in.len() as u64).max(1);
-    let opening = count_once(&sk.public().fingerprint(), study_id, || {
+    let fingerprint = sk.public().fingerprint();
+    let opening = count_once(&fingerprint, study_id, &sealed.encrypted_count, || {
         let opening = sk.open(&count_ct)?;
         match u64::try_from(&opening.plaintext) {
             Ok(n) if n >= min && n <= spec.max_rows => Ok(opening),
@@ -638,27 +669,62 @@ mod tests {
     }
 
     #[test]
+    fn a_study_id_is_taken_once_per_key() {
+        claim_study_id("fp-ids", "study-a").expect("a new id");
+        let err = claim_study_id("fp-ids", "study-a").expect_err("the same id again");
+        assert!(err.to_string().contains("already has"), "{err}");
+        claim_study_id("fp-ids", "study-b").expect("another id");
+        claim_study_id("fp-ids-2", "study-a").expect("the id under another key");
+    }
+
+    #[test]
     fn the_row_count_of_a_study_is_decrypted_once() {
         let mut calls = 0;
-        let n = count_once("fp", "study-a", || {
+        let n = count_once("fp", "study-a", b"E[N]", || {
             calls += 1;
             Ok(opening(40))
         })
         .expect("first");
         assert_eq!(n, opening(40));
-        // The proxy sends a different E[N] for the same study: not decrypted again.
-        let again = count_once("fp", "study-a", || panic!("decrypted twice")).expect("again");
+        // The same E[N] again: the same answer, not decrypted again.
+        let again =
+            count_once("fp", "study-a", b"E[N]", || panic!("decrypted twice")).expect("again");
         assert_eq!((again, calls), (opening(40), 1));
-        // A refused (implausible) count stays refused: a retry with another
-        // ciphertext is not decrypted, so it cannot buy the proxy another bit.
-        assert!(count_once("fp", "study-b", || bail!("implausible")).is_err());
-        let err = count_once("fp", "study-b", || panic!("decrypted after a refusal"))
-            .expect_err("refused again");
+        // A refused (implausible) count stays refused: a retry is not decrypted, so
+        // it cannot buy the proxy another bit.
+        assert!(count_once("fp", "study-b", b"E[x]", || bail!("implausible")).is_err());
+        let err = count_once("fp", "study-b", b"E[x]", || {
+            panic!("decrypted after a refusal")
+        })
+        .expect_err("refused again");
         assert!(err.to_string().contains("implausible"), "{err}");
         // Another study, or another key, is its own.
         assert_eq!(
-            count_once("fp2", "study-a", || Ok(opening(7))).expect("other key"),
+            count_once("fp2", "study-a", b"E[N']", || Ok(opening(7))).expect("other key"),
             opening(7)
         );
+    }
+
+    /// The proxy hands out one study id twice under one key (the row-norm
+    /// histogram, then the study that follows it): the opening decided for the
+    /// first E[N], a value the proxy forged and the user decrypted only after its
+    /// release, must not be handed over as the opening of the second, whose
+    /// opening the user sends to the proxy.
+    #[test]
+    fn another_count_for_a_study_already_decided_is_not_answered_with_the_first() {
+        let forged = count_once("fp", "study-x", b"E[x] the proxy chose", || Ok(opening(29)))
+            .expect("decrypted after the histogram's release");
+        assert_eq!(forged, opening(29));
+        let err = count_once("fp", "study-x", b"E[N] the owners signed", || {
+            panic!("decrypted again")
+        })
+        .expect_err("the first opening handed over for another E[N]");
+        assert!(err.to_string().contains("another E[N]"), "{err}");
+        // ... and that refusal leaves the first decision as it was.
+        let first = count_once("fp", "study-x", b"E[x] the proxy chose", || {
+            panic!("decrypted again")
+        })
+        .expect("the first E[N] again");
+        assert_eq!(first, opening(29));
     }
 }
