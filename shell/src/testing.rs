@@ -1,6 +1,7 @@
 //! What the roles' tests share of the network (feature `test-support`): a proxy
 //! that takes every call and never answers, against which each bound a party
-//! puts on its waits is tested.
+//! puts on its waits is tested, and one that seals and releases as a test
+//! scripts it, against which the user's checks of a seal are tested.
 
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
@@ -18,6 +19,13 @@ use tonic::{Request, Response, Status, Streaming};
 struct Silent {
     opens_streams: bool,
     answers_study: bool,
+    scripted: Option<Scripted>,
+}
+
+/// The seal and the release a scripted proxy answers with.
+struct Scripted {
+    sealed: v1::SealedStudy,
+    result: v1::ResultChunk,
 }
 
 type Never<T> = Result<Response<T>, Status>;
@@ -42,10 +50,16 @@ impl v1::proxy_server::Proxy for Silent {
         std::future::pending().await
     }
     async fn await_seal(&self, _: Request<v1::AwaitSealRequest>) -> Never<v1::SealedStudy> {
-        std::future::pending().await
+        match &self.scripted {
+            Some(s) => Ok(Response::new(s.sealed.clone())),
+            None => std::future::pending().await,
+        }
     }
     async fn release(&self, _: Request<v1::ReleaseRequest>) -> Never<v1::ReleaseResponse> {
-        std::future::pending().await
+        match &self.scripted {
+            Some(_) => Ok(Response::new(v1::ReleaseResponse::default())),
+            None => std::future::pending().await,
+        }
     }
     type FetchResultStream =
         Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::ResultChunk, Status>> + Send>>;
@@ -53,6 +67,11 @@ impl v1::proxy_server::Proxy for Silent {
         &self,
         _: Request<v1::FetchResultRequest>,
     ) -> Never<Self::FetchResultStream> {
+        if let Some(s) = &self.scripted {
+            return Ok(Response::new(Box::pin(tokio_stream::once(Ok(s
+                .result
+                .clone())))));
+        }
         if !self.opens_streams {
             std::future::pending::<()>().await;
         }
@@ -73,6 +92,7 @@ pub async fn silent_proxy(opens_streams: bool) -> ProxyClient<Channel> {
     serve(Silent {
         opens_streams,
         answers_study: false,
+        scripted: None,
     })
     .await
 }
@@ -86,6 +106,25 @@ pub async fn stalled_proxy() -> ProxyClient<Channel> {
     serve(Silent {
         opens_streams: false,
         answers_study: true,
+        scripted: None,
+    })
+    .await
+}
+
+/// A client of a new proxy that seals every study with `sealed`, takes every
+/// request for the release, and serves `result` as the release's one chunk:
+/// whatever a test has a deviating proxy send.
+///
+/// # Panics
+/// As [`silent_proxy`].
+pub async fn scripted_proxy(
+    sealed: v1::SealedStudy,
+    result: v1::ResultChunk,
+) -> ProxyClient<Channel> {
+    serve(Silent {
+        opens_streams: true,
+        answers_study: true,
+        scripted: Some(Scripted { sealed, result }),
     })
     .await
 }

@@ -10,7 +10,7 @@ use tonic::transport::Channel;
 
 use crate::cohort::Cohort;
 use crate::report::RowNormChoice;
-use crate::session::{collect, open_study};
+use crate::session::{collect_bins, open_study};
 
 /// Runs the histogram study of `spec`'s rows with request `h` and returns C as
 /// the `q` quantile of the rows' norms, with what the histogram spent.
@@ -37,10 +37,7 @@ pub(crate) async fn choose_row_norm(
     cohort
         .contribute(&hid, &sk.public().fingerprint(), &spec_h)
         .await?;
-    let got = collect(client, cohort.transport(), sk, &spec_h, &hid).await?;
-    let counts = got
-        .opened
-        .bin_counts(&bins, &spec_h.noise_plan(got.n_rows), &spec_h.fixed);
+    let counts = collect_bins(client, cohort.transport(), sk, &spec_h, &hid).await?;
     let chosen = bins.quantile(&counts, q);
     eprintln!("row-norm bound C = {chosen:.4}: the {q} quantile of the row norms");
     let choice = RowNormChoice {

@@ -349,6 +349,59 @@ pub async fn collect(
     spec: &StudySpec,
     study_id: &str,
 ) -> anyhow::Result<Collected> {
+    let got = fetch_sealed(client, transport, sk, spec, study_id).await?;
+    let n_rows = match &got.proven {
+        Some((n, _)) => *n,
+        None => open_count(sk, spec, study_id, &got.sealed)?.0,
+    };
+    open_collected(sk, spec, got, n_rows)
+}
+
+/// The noisy counts of a row-norm histogram study's bins, collected as
+/// [`collect`] collects a study but for its E[N], which is not decrypted: the
+/// bins are read off the release's grids, and a histogram is `dp-mean`, whose
+/// noise reads no N. A proxy that sent a value of its choice as E[N] would
+/// otherwise learn whether it lies in [owners, max_rows] from whether this user
+/// goes on to open the study that follows (and under the histogram's study id,
+/// had the proxy given the next study the same one, have it sent back opened).
+pub async fn collect_bins(
+    client: &mut ProxyClient<Channel>,
+    transport: &Transport,
+    sk: &SecretKey,
+    spec: &StudySpec,
+    study_id: &str,
+) -> anyhow::Result<Vec<f64>> {
+    let bins = spec
+        .norm_bins
+        .as_ref()
+        .context("a row-norm histogram study has bins")?;
+    if spec.privacy.centering != dpca_common::dp::Centering::DpMean {
+        bail!("a row-norm histogram study is dp-mean");
+    }
+    let got = fetch_sealed(client, transport, sk, spec, study_id).await?;
+    // N enters a dp-mean release only in S' = R' - v' v'^T / N, which no bin is
+    // read off: 1 stands in for it.
+    let opened = open_collected(sk, spec, got, 1)?.opened;
+    Ok(opened.bin_counts(bins, &spec.noise_plan(0), &spec.fixed))
+}
+
+/// A sealed study's release as fetched, with N where it was proven to the proxy.
+struct Released {
+    sealed: v1::SealedStudy,
+    proven: Option<(u64, Opening)>,
+    fetched: Fetched,
+    seconds_proxy: f64,
+}
+
+/// Waits for the study to seal, asks for the release (proving N where the noise
+/// is calibrated to it) and fetches it.
+async fn fetch_sealed(
+    client: &mut ProxyClient<Channel>,
+    transport: &Transport,
+    sk: &SecretKey,
+    spec: &StudySpec,
+    study_id: &str,
+) -> anyhow::Result<Released> {
     // The proxy opens no study whose deadline has passed, and closes every study at
     // its deadline.
     let within = until_past(spec.deadline_unix_ms, now_unix_ms()?, SEAL_GRACE);
@@ -369,28 +422,40 @@ pub async fn collect(
         CALL_TIMEOUT,
     )
     .await?;
-    let n_rows = match proven {
-        Some((n, _)) => n,
-        None => open_count(sk, spec, study_id, &sealed)?.0,
-    };
+    Ok(Released {
+        sealed,
+        proven,
+        fetched,
+        seconds_proxy,
+    })
+}
+
+/// Decrypts a fetched release with the row count `n_rows`.
+fn open_collected(
+    sk: &SecretKey,
+    spec: &StudySpec,
+    got: Released,
+    n_rows: u64,
+) -> anyhow::Result<Collected> {
+    let layout = StudyLayout::new(spec)?;
     let t = Instant::now();
     let opened = open_release(
         sk,
         &layout,
         spec.privacy.centering,
         spec.projection.as_ref(),
-        &fetched.ciphertexts,
+        &got.fetched.ciphertexts,
         n_rows,
         spec.fixed.frac_bits,
     )?;
     Ok(Collected {
         n_rows,
-        owners_in: sealed.owners_in,
-        owners_missing: sealed.owners_missing,
-        noise_scale: fetched.noise_scale,
-        noise_scale_grid: fetched.noise_scale_grid,
+        owners_in: got.sealed.owners_in,
+        owners_missing: got.sealed.owners_missing,
+        noise_scale: got.fetched.noise_scale,
+        noise_scale_grid: got.fetched.noise_scale_grid,
         opened,
-        seconds_proxy,
+        seconds_proxy: got.seconds_proxy,
         seconds_decrypt: t.elapsed().as_secs_f64(),
     })
 }
@@ -666,6 +731,60 @@ mod tests {
             plaintext: n.into(),
             root: 1u32.into(),
         }
+    }
+
+    /// A seal whose E[N] is `count` and a release of zeros for `spec`, as a
+    /// scripted proxy serves them.
+    fn forged_seal(spec: &StudySpec, count: u64) -> (v1::SealedStudy, v1::ResultChunk) {
+        let pk = dpca_common::testing::test_key().public();
+        let zero = |m: u64| {
+            pk.encrypt(&num_bigint::BigUint::from(m), &mut rand::rngs::OsRng)
+                .map(|c| pk.ciphertext_to_bytes(&c))
+                .expect("encrypt")
+        };
+        let layout = StudyLayout::new(spec).expect("layout");
+        let sealed = v1::SealedStudy {
+            encrypted_count: zero(count),
+            owners_in: vec!["owner-1".into()],
+            ..Default::default()
+        };
+        let result = v1::ResultChunk {
+            noise_scale: 1.0,
+            noise_scale_grid: "1".into(),
+            n_owners: 1,
+            ciphertexts: (0..layout.release_ciphertexts()).map(|_| zero(0)).collect(),
+            total_ciphertexts: layout.release_ciphertexts() as u32,
+            ..Default::default()
+        };
+        (sealed, result)
+    }
+
+    /// A row-norm histogram's E[N] is not decrypted: a value the proxy chose,
+    /// out of the plausible range, is answered with the bins all the same, so
+    /// whether the user goes on to the study that follows says nothing of it.
+    #[tokio::test]
+    async fn a_histograms_row_count_is_not_decrypted() {
+        let sk = dpca_common::testing::test_key();
+        let request = dpca_common::dp::PrivacyRequest {
+            epsilon: 0.5,
+            ..dpca_common::testing::test_spec(sk.public(), 3).privacy
+        };
+        let spec = dpca_common::testing::test_spec(sk.public(), 3)
+            .norm_histogram(request)
+            .expect("histogram spec");
+        let bins = spec.norm_bins.clone().expect("bins");
+        let (sealed, result) = forged_seal(&spec, spec.max_rows + 1);
+        let mut client = dpca_shell::testing::scripted_proxy(sealed, result).await;
+        let plain = Transport::InsecurePlaintext;
+        let counts = collect_bins(&mut client, &plain, sk, &spec, "histogram-1")
+            .await
+            .expect("the bins, whatever E[N] holds");
+        assert_eq!(counts.len(), bins.edges.len());
+        // The same seal where the count is read: refused, undecided for the proxy.
+        let err = collect(&mut client, &plain, sk, &spec, "histogram-2")
+            .await
+            .expect_err("an implausible count decrypted and used");
+        assert!(format!("{err:#}").contains("not in ["), "{err:#}");
     }
 
     #[test]
