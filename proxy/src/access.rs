@@ -31,6 +31,83 @@ pub enum Action<'a> {
     },
 }
 
+/// The proxy's methods, as `dpca.proto` declares them: the one list the gate
+/// (`gate`), the metrics' labels and the operator listener read a call's path
+/// against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// OpenStudy.
+    OpenStudy,
+    /// GetStudy.
+    GetStudy,
+    /// Contribute.
+    Contribute,
+    /// AwaitSeal.
+    AwaitSeal,
+    /// Release.
+    Release,
+    /// FetchResult.
+    FetchResult,
+    /// Status.
+    Status,
+}
+
+impl Method {
+    /// Every method.
+    pub const ALL: [Method; 7] = [
+        Method::OpenStudy,
+        Method::GetStudy,
+        Method::Contribute,
+        Method::AwaitSeal,
+        Method::Release,
+        Method::FetchResult,
+        Method::Status,
+    ];
+
+    /// Its name in `dpca.proto`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::OpenStudy => "OpenStudy",
+            Method::GetStudy => "GetStudy",
+            Method::Contribute => "Contribute",
+            Method::AwaitSeal => "AwaitSeal",
+            Method::Release => "Release",
+            Method::FetchResult => "FetchResult",
+            Method::Status => "Status",
+        }
+    }
+
+    /// The method a gRPC path calls (`/dpca.v1.Proxy/Contribute`), `None` for a
+    /// path that is none of the proxy's.
+    pub fn from_path(path: &str) -> Option<Method> {
+        let service = dpca_proto::v1::proxy_server::SERVICE_NAME;
+        let method = path
+            .strip_prefix('/')?
+            .strip_prefix(service)?
+            .strip_prefix('/')?;
+        Method::ALL.into_iter().find(|m| m.name() == method)
+    }
+}
+
+/// Whether `peer`'s role may call `method` at all: what [`permit`] decides from
+/// the certificate alone, before the request names a study or an owner. Each
+/// method is asked as the action most open to the caller (its own name as the
+/// owner or the study's opener), so a call refused here is refused by `permit`
+/// whatever the request holds.
+pub fn may_call(peer: &Peer, method: Method) -> Result<(), String> {
+    let own = peer.name.as_str();
+    let action = match method {
+        Method::OpenStudy => Action::OpenStudy,
+        Method::GetStudy => Action::ReadSpec,
+        Method::Contribute => Action::Contribute { owner_id: own },
+        Method::Status => Action::Status,
+        Method::AwaitSeal | Method::Release | Method::FetchResult => Action::UseStudy {
+            opened_by: Some(own),
+        },
+    };
+    permit(Some(peer), action)
+}
+
 /// Allows or refuses `action` by `peer` (`None` on plaintext: allowed), saying why.
 pub fn permit(peer: Option<&Peer>, action: Action<'_>) -> Result<(), String> {
     let Some(peer) = peer else { return Ok(()) };
@@ -103,5 +180,48 @@ mod tests {
         assert!(permit(Some(&h1), Action::Status).is_err());
         // Plaintext: nothing to check.
         assert!(permit(None, Action::Contribute { owner_id: "x" }).is_ok());
+    }
+
+    /// The gate lets each role call exactly the methods some request of theirs
+    /// could be allowed.
+    #[test]
+    fn each_role_may_call_its_methods_only() {
+        use Method::*;
+        let allowed = |role| match role {
+            Role::User => vec![OpenStudy, GetStudy, AwaitSeal, Release, FetchResult, Status],
+            Role::Owner => vec![GetStudy, Contribute],
+            Role::Proxy => vec![Status],
+        };
+        for role in [Role::User, Role::Owner, Role::Proxy] {
+            let caller = peer(role, "x");
+            for method in Method::ALL {
+                assert_eq!(
+                    may_call(&caller, method).is_ok(),
+                    allowed(role).contains(&method),
+                    "{role:?} calling {method:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_path_names_a_method_of_the_proxy_or_none() {
+        for m in Method::ALL {
+            let path = format!(
+                "/{}/{}",
+                dpca_proto::v1::proxy_server::SERVICE_NAME,
+                m.name()
+            );
+            assert_eq!(Method::from_path(&path), Some(m));
+        }
+        for made_up in [
+            "x",
+            "/dpca.v1.Proxy/Xyz123",
+            "/other.Service/Status",
+            "/",
+            "",
+        ] {
+            assert_eq!(Method::from_path(made_up), None, "{made_up}");
+        }
     }
 }

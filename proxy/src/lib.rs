@@ -14,6 +14,7 @@ pub mod access;
 pub mod budget;
 pub mod cell;
 pub mod cli;
+pub mod gate;
 pub mod group_commit;
 pub mod limits;
 pub mod listener;
@@ -89,6 +90,8 @@ pub async fn run(
     };
     let handshake_timeout = config.limits.handshake_timeout;
     let max_request_bytes = config.limits.max_request_bytes();
+    let limits = config.limits.clone();
+    let tls = acceptor.is_some();
     let svc = service::ProxyService::new(config)?;
     svc.spawn_deadline_ticker();
     // Stopped when this returns.
@@ -98,8 +101,12 @@ pub async fn run(
     let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
         .max_decoding_message_size(max_request_bytes)
         .max_encoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES);
+    // The gate runs inside the count, so a call it refuses is counted too.
     let router = hardened_server()
         .layer(tower::layer::layer_fn(metrics::CountCalls))
+        .layer(tower::layer::layer_fn(move |s| {
+            gate::Gate::new(s, limits.clone(), tls)
+        }))
         .add_service(server);
     match acceptor {
         // The listener runs the handshake (client certificates required and checked

@@ -13,6 +13,8 @@ use dpca_common::study::StudyLayout;
 use dpca_proto::v1;
 use prost::Message;
 
+use crate::access::Method;
+
 /// Bounds on what a study may ask of the proxy and how long a connection may wait.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Limits {
@@ -143,11 +145,21 @@ pub enum LimitError {
 /// public key, the protobuf framing.
 const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
 
+/// The 5 bytes gRPC puts before each message: a flag and the message's length.
+const GRPC_FRAME_BYTES: usize = 5;
+
+/// The largest request of a call that carries a study id and nothing else
+/// (`GetStudy`, `AwaitSeal`, `FetchResult`; `Status` carries nothing): an id of
+/// at most `study::MAX_ID_BYTES` and its framing, with room to spare.
+pub const SMALL_REQUEST_BYTES: usize = 1024;
+
 impl Limits {
     /// The largest request message the proxy decodes: a spec at the spec limit or a
     /// chunk of ciphertexts at the key limit, with room for the rest. tonic decodes
     /// a unary request whole before the handler can authorize its caller, so this,
-    /// not the protocol's 4 MiB, bounds what one stalled call pins in memory.
+    /// not the protocol's 4 MiB, bounds what one stalled call pins in memory; the
+    /// gate holds every call but a user's `OpenStudy` and an owner's upload far
+    /// below it ([`Limits::request_cap`]).
     pub fn max_request_bytes(&self) -> usize {
         let ciphertext_bytes = usize::try_from(self.max_key_bits / 4).unwrap_or(usize::MAX);
         let chunk = ciphertext_bytes.saturating_mul(dpca_proto::convert::CIPHERTEXTS_PER_CHUNK);
@@ -155,6 +167,25 @@ impl Limits {
             .max(chunk)
             .saturating_add(REQUEST_OVERHEAD_BYTES)
             .min(dpca_proto::convert::MAX_MESSAGE_BYTES)
+    }
+
+    /// The largest request body (its gRPC framing included) a call of `method`
+    /// may send, which the gate (`gate::Gate`) checks as the body arrives, before
+    /// the handler decodes it: a spec for `OpenStudy`, an id for the calls that
+    /// name a study, and an id with the opening of E[N] (N and a root below n)
+    /// for `Release`. `None` for an upload, whose chunks tonic bounds one by one
+    /// at [`Limits::max_request_bytes`] and whose whole its time allowance bounds
+    /// ([`Limits::upload_allowance`]).
+    pub fn request_cap(&self, method: Method) -> Option<usize> {
+        let key_bytes = usize::try_from(self.max_key_bits / 8).unwrap_or(usize::MAX);
+        match method {
+            Method::OpenStudy => Some(self.max_request_bytes().saturating_add(GRPC_FRAME_BYTES)),
+            Method::GetStudy | Method::AwaitSeal | Method::FetchResult | Method::Status => {
+                Some(SMALL_REQUEST_BYTES)
+            }
+            Method::Release => Some(SMALL_REQUEST_BYTES.saturating_add(key_bytes)),
+            Method::Contribute => None,
+        }
     }
 
     /// Checks a spec as it arrived, before anything (the key's tables, the layout)

@@ -27,6 +27,8 @@ use std::task::{Context, Poll};
 
 use metrics::{counter, gauge, histogram};
 
+use crate::access::Method;
+
 /// Starts the HTTP listener serving `/metrics` on `addr`; call inside the runtime.
 pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
     metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -155,29 +157,13 @@ pub fn phases<'a>(names: impl Iterator<Item = &'a str>) {
     }
 }
 
-/// The proxy's methods: the only values the `rpc` label takes. Any other path
-/// is counted as `other`, so that a client calling made-up paths cannot grow the
-/// metrics without bound. A test keeps the list equal to the service in
-/// `dpca.proto`.
-const METHODS: [&str; 7] = [
-    "OpenStudy",
-    "GetStudy",
-    "Contribute",
-    "AwaitSeal",
-    "Release",
-    "FetchResult",
-    "Status",
-];
-
 /// The method name of a gRPC path (`/dpca.v1.Proxy/Contribute` -> `Contribute`),
-/// `other` for a path that is none of the proxy's methods.
+/// `other` for a path that is none of the proxy's methods: the only values the
+/// `rpc` label takes, so that a client calling made-up paths cannot grow the
+/// metrics without bound. A test keeps [`Method::ALL`] equal to the service in
+/// `dpca.proto`.
 pub(crate) fn rpc_name(path: &str) -> &'static str {
-    let service = dpca_proto::v1::proxy_server::SERVICE_NAME;
-    path.strip_prefix('/')
-        .and_then(|p| p.strip_prefix(service))
-        .and_then(|p| p.strip_prefix('/'))
-        .and_then(|method| METHODS.iter().find(|m| **m == method).copied())
-        .unwrap_or("other")
+    Method::from_path(path).map_or("other", Method::name)
 }
 
 /// Counts every call by method and status code. A handler's error comes back as a
@@ -237,7 +223,7 @@ mod tests {
             .filter_map(|l| l.trim().strip_prefix("rpc "))
             .filter_map(|l| l.split('(').next())
             .collect();
-        let mut labels = METHODS.to_vec();
+        let mut labels: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
         declared.sort_unstable();
         labels.sort_unstable();
         assert_eq!(declared, labels);

@@ -31,7 +31,8 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::metrics::{rpc_name, CountCalls};
+use crate::access::Method;
+use crate::metrics::CountCalls;
 use crate::service::ProxyService;
 
 /// Connections the operator listener serves at once.
@@ -47,7 +48,7 @@ pub const OPERATOR_RESERVED_CONNECTIONS: usize = MAX_OPERATOR_CONNECTIONS_PER_PA
 /// serves a few operators, not a burst of owners.
 pub const OPERATOR_LISTEN_BACKLOG: i32 = 64;
 /// Largest request decoded: a status request is empty.
-const MAX_REQUEST_BYTES: usize = 1024;
+const MAX_REQUEST_BYTES: usize = crate::limits::SMALL_REQUEST_BYTES;
 
 /// The running operator listener; dropping it stops it.
 pub struct OperatorListener {
@@ -159,7 +160,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if rpc_name(req.uri().path()) == "Status" {
+        if Method::from_path(req.uri().path()) == Some(Method::Status) {
             return Box::pin(self.0.call(req));
         }
         let refusal = tonic::Status::unimplemented(

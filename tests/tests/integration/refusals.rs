@@ -267,6 +267,54 @@ fn oversized_messages_are_refused_without_state_change() {
     assert_eq!(f.owners_in(), 1);
 }
 
+/// The gate before the handlers: a request larger than its method ever needs (an
+/// owner's `GetStudy` naming a study id of 64 KiB) is cut short at the method's
+/// cap as it arrives, instead of being buffered whole up to the proxy's largest
+/// request (a spec's) and then answered; a method the caller's role may not call
+/// is refused before its body is read, and requests of the sizes their methods
+/// have are answered as before.
+#[test]
+fn requests_past_their_methods_cap_are_cut_short_before_the_handler() {
+    let f = fixture();
+    rt().block_on(async {
+        let mut owner = f.client("a").await;
+        let err = owner
+            .get_study(v1::GetStudyRequest {
+                study_id: "x".repeat(64 * 1024),
+            })
+            .await
+            .expect_err("a 64 KiB study id read whole");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+        assert!(err.message().contains("GetStudy"), "{}", err.message());
+        let err = owner
+            .get_study(v1::GetStudyRequest {
+                study_id: "no-such-study".into(),
+            })
+            .await
+            .expect_err("an unknown study");
+        assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+        owner
+            .get_study(v1::GetStudyRequest {
+                study_id: f.study.clone(),
+            })
+            .await
+            .expect("the study's spec");
+        // The fixture's user opened its study through the gate, which it reads too.
+        let mut user = f.client("user").await;
+        user.get_study(v1::GetStudyRequest {
+            study_id: f.study.clone(),
+        })
+        .await
+        .expect("the user reads its study");
+        let err = owner
+            .status(v1::StatusRequest {})
+            .await
+            .expect_err("an owner read the status");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+    });
+    assert_eq!(f.owners_in(), 0);
+}
+
 /// Mutual TLS: a certificate from another CA, no certificate, an owner claiming
 /// another owner's id, an owner opening a study, a user contributing and another
 /// user using the study's result are each refused with a reason, nothing is

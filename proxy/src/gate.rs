@@ -1,0 +1,180 @@
+//! The gate in front of the service on the main listener: who may call a method,
+//! and how large a request it may send, decided from the path and the caller's
+//! certificate before the request's body is read.
+//!
+//! tonic decodes a unary request whole before its handler runs, so without the
+//! gate any certificate holder could have the proxy buffer a request of up to
+//! `Limits::max_request_bytes` (about 1 MiB) on each of its streams whatever the
+//! method: an owner calling `OpenStudy`, which only a user may, or sending a
+//! `GetStudy` whose study id is a megabyte. The handlers still authorize each
+//! call in full (names, the study's opener: `access::permit`); the gate refuses
+//! by role ([`access::may_call`]) and size ([`Limits::request_cap`]) only.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http_body::{Body, Frame, SizeHint};
+use tonic::body::Body as TonicBody;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+use tonic::Status;
+
+use crate::access::{may_call, Method};
+use crate::limits::Limits;
+
+/// The gate as a tower service around the proxy's routes.
+#[derive(Clone, Debug)]
+pub struct Gate<S> {
+    inner: S,
+    limits: Limits,
+    tls: bool,
+}
+
+impl<S> Gate<S> {
+    /// The gate of a proxy with `limits`; on TLS (`tls`) every call must carry
+    /// a client certificate, on plaintext (tests only) no party is known.
+    pub fn new(inner: S, limits: Limits, tls: bool) -> Self {
+        Gate { inner, limits, tls }
+    }
+}
+
+impl<S> tower::Service<http::Request<TonicBody>> for Gate<S>
+where
+    S: tower::Service<
+        http::Request<TonicBody>,
+        Response = http::Response<TonicBody>,
+        Error = Infallible,
+    >,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<TonicBody>) -> Self::Future {
+        let req = match self.admit(&req) {
+            Ok(Some((method, cap))) => {
+                req.map(|body| TonicBody::new(CappedBody::new(body, method, cap)))
+            }
+            Ok(None) => req,
+            Err(refusal) => return Box::pin(std::future::ready(Ok(refusal.into_http()))),
+        };
+        Box::pin(self.inner.call(req))
+    }
+}
+
+impl<S> Gate<S> {
+    /// The method called and the cap on its request (`None`: no cap here, or a
+    /// path that names no method of the proxy, which the routes answer
+    /// "unimplemented" with nothing read), or why the call is refused before its
+    /// body is read.
+    fn admit<B>(&self, req: &http::Request<B>) -> Result<Option<(Method, usize)>, Status> {
+        let Some(method) = Method::from_path(req.uri().path()) else {
+            return Ok(None);
+        };
+        if self.tls {
+            let certs = req
+                .extensions()
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(TlsConnectInfo::peer_certs)
+                .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
+            let leaf = certs
+                .first()
+                .ok_or_else(|| Status::unauthenticated("empty client certificate chain"))?;
+            let peer = dpca_shell::tls::peer_of(leaf)
+                .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
+            may_call(&peer, method).map_err(Status::permission_denied)?;
+        }
+        Ok(self.limits.request_cap(method).map(|cap| (method, cap)))
+    }
+}
+
+/// A request body that ends in an error, naming the method and its cap, once it
+/// has carried more than the cap's bytes (gRPC framing included).
+struct CappedBody {
+    inner: TonicBody,
+    method: Method,
+    cap: usize,
+    left: usize,
+}
+
+impl CappedBody {
+    fn new(inner: TonicBody, method: Method, cap: usize) -> Self {
+        CappedBody {
+            inner,
+            method,
+            cap,
+            left: cap,
+        }
+    }
+}
+
+impl Body for CappedBody {
+    type Data = <TonicBody as Body>::Data;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        let bytes = frame.data_ref().map_or(0, |d| d.len());
+        match this.left.checked_sub(bytes) {
+            Some(left) => {
+                this.left = left;
+                Poll::Ready(Some(Ok(frame)))
+            }
+            None => Poll::Ready(Some(Err(Status::resource_exhausted(format!(
+                "a {} request is at most {} bytes here, and this one sent more",
+                this.method.name(),
+                this.cap
+            ))))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    fn body_of(parts: &[usize]) -> TonicBody {
+        let frames: Vec<Result<Frame<bytes::Bytes>, Status>> = parts
+            .iter()
+            .map(|&n| Ok(Frame::data(bytes::Bytes::from(vec![7u8; n]))))
+            .collect();
+        TonicBody::new(http_body_util::StreamBody::new(tokio_stream::iter(frames)))
+    }
+
+    #[tokio::test]
+    async fn a_body_within_its_cap_passes_whole_and_one_past_it_is_cut_short() {
+        let within = CappedBody::new(body_of(&[400, 600]), Method::GetStudy, 1000);
+        let got = within.collect().await.expect("within the cap").to_bytes();
+        assert_eq!(got.len(), 1000);
+        let past = CappedBody::new(body_of(&[400, 601, 50_000]), Method::GetStudy, 1000);
+        let err = past.collect().await.expect_err("past the cap");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            err.message().contains("GetStudy") && err.message().contains("1000"),
+            "{}",
+            err.message()
+        );
+    }
+}
