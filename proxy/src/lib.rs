@@ -66,6 +66,9 @@ const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20
 /// Calls open at once on one connection.
 const MAX_STREAMS_PER_CONNECTION: u32 = 16;
 
+/// The headers of one call (bytes, as HTTP/2 counts them).
+const MAX_HEADER_LIST_BYTES: u32 = 8 * 1024;
+
 /// HTTP/2 flow-control window per stream and per connection (bytes): the
 /// protocol's initial 65,535. A connection may send that much before any window
 /// update whatever the settings say (the connection's window starts there and
@@ -149,6 +152,9 @@ pub(crate) fn hardened_server() -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         // Bounds the calls one connection can have waiting on the proxy.
         .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
+        // ... and what each keeps of its headers (hyper's default is 16 KiB; a
+        // party's calls carry a path, a content type and a timeout).
+        .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
 }
 
 /// Binds a listener (port 0 picks a free port) and returns it with its address.
