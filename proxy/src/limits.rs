@@ -290,6 +290,43 @@ mod tests {
         );
     }
 
+    /// Each method's cap holds the largest request an honest party sends: an
+    /// id at its longest, the opening of E[N] under the largest key allowed, a
+    /// spec at its limit.
+    #[test]
+    fn every_methods_cap_holds_its_largest_honest_request() {
+        let limits = Limits::default();
+        let id = "x".repeat(dpca_common::study::MAX_ID_BYTES);
+        let framed = |len: usize| len + GRPC_FRAME_BYTES;
+        let study = v1::GetStudyRequest {
+            study_id: id.clone(),
+        };
+        let release = v1::ReleaseRequest {
+            study_id: id.clone(),
+            count: Some(v1::CountOpening {
+                n_rows: u64::MAX,
+                root: vec![0xff; (limits.max_key_bits / 8) as usize],
+            }),
+        };
+        for method in Method::ALL {
+            let largest = match method {
+                Method::GetStudy | Method::AwaitSeal | Method::FetchResult => {
+                    framed(study.encoded_len())
+                }
+                Method::Status => framed(v1::StatusRequest {}.encoded_len()),
+                Method::Release => framed(release.encoded_len()),
+                // A spec at its limit, with its field's tag and length.
+                Method::OpenStudy => framed(limits.max_spec_bytes + 16),
+                Method::Contribute => {
+                    assert_eq!(limits.request_cap(method), None, "an upload is a stream");
+                    continue;
+                }
+            };
+            let cap = limits.request_cap(method).expect("a unary call's cap");
+            assert!(largest <= cap, "{method:?}: {largest} > {cap}");
+        }
+    }
+
     fn wire(features: usize, key_bytes: usize) -> v1::StudySpec {
         v1::StudySpec {
             features: (0..features).map(|i| format!("f{i}")).collect(),
