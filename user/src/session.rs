@@ -139,7 +139,8 @@ pub fn claim_study_id(fingerprint: &str, study_id: &str) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("study id guard poisoned"))?;
     if !opened.insert((fingerprint.to_string(), study_id.to_string())) {
         bail!(
-            "the proxy gave the new study the id {study_id}, which a study this user opened              under the same key already has: refusing it"
+            "the proxy gave the new study the id {study_id}, which a study this user opened \
+             under the same key already has: refusing it"
         );
     }
     Ok(())
@@ -172,7 +173,8 @@ pub fn count_once(
         .map_err(|_| anyhow::anyhow!("decryption guard poisoned"))?;
     let decided = match map.get(&key) {
         Some((decided_on, _)) if decided_on.as_slice() != ciphertext => bail!(
-            "the proxy sent another E[N] for study {study_id} than the one this user decided              on before: not decrypted"
+            "the proxy sent another E[N] for study {study_id} than the one this user decided \
+             on before: not decrypted"
         ),
         Some((_, decided)) => decided.clone(),
         None => {
@@ -737,14 +739,14 @@ mod tests {
     /// scripted proxy serves them.
     fn forged_seal(spec: &StudySpec, count: u64) -> (v1::SealedStudy, v1::ResultChunk) {
         let pk = dpca_common::testing::test_key().public();
-        let zero = |m: u64| {
+        let encrypted = |m: u64| {
             pk.encrypt(&num_bigint::BigUint::from(m), &mut rand::rngs::OsRng)
                 .map(|c| pk.ciphertext_to_bytes(&c))
                 .expect("encrypt")
         };
         let layout = StudyLayout::new(spec).expect("layout");
         let sealed = v1::SealedStudy {
-            encrypted_count: zero(count),
+            encrypted_count: encrypted(count),
             owners_in: vec!["owner-1".into()],
             ..Default::default()
         };
@@ -752,7 +754,9 @@ mod tests {
             noise_scale: 1.0,
             noise_scale_grid: "1".into(),
             n_owners: 1,
-            ciphertexts: (0..layout.release_ciphertexts()).map(|_| zero(0)).collect(),
+            ciphertexts: (0..layout.release_ciphertexts())
+                .map(|_| encrypted(0))
+                .collect(),
             total_ciphertexts: layout.release_ciphertexts() as u32,
             ..Default::default()
         };
