@@ -12,10 +12,11 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 /// A proxy that takes every call and never answers it, but for its result
-/// stream, which it opens and never sends a chunk on if `opens_streams`, and the
-/// call for a study, which it answers (with an empty study) if `answers_study`.
-/// An upload's stream is read to its end first, so that what waits is the
-/// answer, not the transfer.
+/// stream, which it opens and never sends a chunk on if `opens_streams`, the
+/// call for a study, which it answers (with an empty study) if `answers_study`,
+/// and, if `scripted`, the seal, the request for the release and the result
+/// stream, which it answers as scripted. An upload's stream is read to its end
+/// first, so that what waits is the answer, not the transfer.
 struct Silent {
     opens_streams: bool,
     answers_study: bool,
