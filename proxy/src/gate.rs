@@ -8,7 +8,8 @@
 //! method: an owner calling `OpenStudy`, which only a user may, or sending a
 //! `GetStudy` whose study id is a megabyte. The handlers still authorize each
 //! call in full (names, the study's opener: `access::permit`); the gate refuses
-//! by role ([`access::may_call`]) and size ([`Limits::request_cap`]) only.
+//! by role ([`access::may_call`]) and size ([`Limits::request_cap`]) only. The
+//! operator listener screens its calls the same way ([`Screened`]), by method.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,23 +24,29 @@ use tonic::Status;
 use crate::access::{may_call, Method};
 use crate::limits::Limits;
 
-/// The gate as a tower service around the proxy's routes.
-#[derive(Clone, Debug)]
-pub struct Gate<S> {
-    inner: S,
-    limits: Limits,
-    tls: bool,
+/// A listener's screening of each call before the routes: the call passed on (its
+/// body possibly wrapped), or a refusal to answer it with, decided before anything
+/// of its body is read.
+pub trait Screening {
+    /// The call to pass on, or why it is refused.
+    fn screen(&self, req: http::Request<TonicBody>) -> Result<http::Request<TonicBody>, Status>;
 }
 
-impl<S> Gate<S> {
-    /// The gate of a proxy with `limits`; on TLS (`tls`) every call must carry
-    /// a client certificate, on plaintext (tests only) no party is known.
-    pub fn new(inner: S, limits: Limits, tls: bool) -> Self {
-        Gate { inner, limits, tls }
+/// The routes behind a [`Screening`], as a tower service.
+#[derive(Clone, Debug)]
+pub struct Screened<S, G> {
+    inner: S,
+    screening: G,
+}
+
+impl<S, G> Screened<S, G> {
+    /// `inner` behind `screening`.
+    pub fn new(inner: S, screening: G) -> Self {
+        Screened { inner, screening }
     }
 }
 
-impl<S> tower::Service<http::Request<TonicBody>> for Gate<S>
+impl<S, G> tower::Service<http::Request<TonicBody>> for Screened<S, G>
 where
     S: tower::Service<
         http::Request<TonicBody>,
@@ -47,30 +54,41 @@ where
         Error = Infallible,
     >,
     S::Future: Send + 'static,
+    G: Screening,
 {
     type Response = S::Response;
     type Error = S::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
-    // The routes inside are always ready, so readying them for a call the gate
-    // then refuses holds nothing back.
+    // The routes inside are always ready, so readying them for a call the
+    // screening then refuses holds nothing back.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: http::Request<TonicBody>) -> Self::Future {
-        let req = match self.admit(&req) {
-            Ok(Some((method, cap))) => {
-                req.map(|body| TonicBody::new(CappedBody::new(body, method, cap)))
-            }
-            Ok(None) => req,
-            Err(refusal) => return Box::pin(std::future::ready(Ok(refusal.into_http()))),
-        };
-        Box::pin(self.inner.call(req))
+        match self.screening.screen(req) {
+            Ok(req) => Box::pin(self.inner.call(req)),
+            Err(refusal) => Box::pin(std::future::ready(Ok(refusal.into_http()))),
+        }
     }
 }
 
-impl<S> Gate<S> {
+/// The main listener's screening: by the caller's role, and by the size of its
+/// request as the body arrives.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    limits: Limits,
+    tls: bool,
+}
+
+impl Gate {
+    /// The gate of a proxy with `limits`; on TLS (`tls`) every call must carry
+    /// a client certificate, on plaintext (tests only) no party is known.
+    pub fn new(limits: Limits, tls: bool) -> Self {
+        Gate { limits, tls }
+    }
+
     /// The method called and the cap on its request (`None`: no cap here, or a
     /// path that names no method of the proxy, which the routes answer
     /// "unimplemented" with nothing read), or why the call is refused before its
@@ -93,6 +111,17 @@ impl<S> Gate<S> {
             may_call(&peer, method).map_err(Status::permission_denied)?;
         }
         Ok(self.limits.request_cap(method).map(|cap| (method, cap)))
+    }
+}
+
+impl Screening for Gate {
+    fn screen(&self, req: http::Request<TonicBody>) -> Result<http::Request<TonicBody>, Status> {
+        Ok(match self.admit(&req)? {
+            Some((method, cap)) => {
+                req.map(|body| TonicBody::new(CappedBody::new(body, method, cap)))
+            }
+            None => req,
+        })
     }
 }
 

@@ -108,7 +108,7 @@ pub async fn run(
     let router = hardened_server()
         .layer(tower::layer::layer_fn(metrics::CountCalls))
         .layer(tower::layer::layer_fn(move |s| {
-            gate::Gate::new(s, limits.clone(), tls)
+            gate::Screened::new(s, gate::Gate::new(limits.clone(), tls))
         }))
         .add_service(server);
     match acceptor {

@@ -23,15 +23,14 @@
 //! places one local process can fill. Over plaintext (tests only) no party is
 //! known, so nothing is kept.
 
-use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tonic::body::Body as TonicBody;
+use tonic::Status;
 
 use crate::access::Method;
+use crate::gate::{Screened, Screening};
 use crate::metrics::CountCalls;
 use crate::service::ProxyService;
 
@@ -102,7 +101,7 @@ async fn serve(
         .max_decoding_message_size(MAX_REQUEST_BYTES);
     let router = crate::hardened_server()
         .layer(tower::layer::layer_fn(CountCalls))
-        .layer(tower::layer::layer_fn(OnlyStatus))
+        .layer(tower::layer::layer_fn(|s| Screened::new(s, OnlyStatus)))
         .add_service(server);
     let shutdown = async {
         let _ = stopped.await;
@@ -139,34 +138,17 @@ async fn serve(
 }
 
 /// Passes `Status` calls on and answers every other path "unimplemented".
-#[derive(Clone, Debug)]
-pub struct OnlyStatus<S>(pub S);
+#[derive(Clone, Copy, Debug)]
+pub struct OnlyStatus;
 
-impl<S, B> tower::Service<http::Request<B>> for OnlyStatus<S>
-where
-    S: tower::Service<
-        http::Request<B>,
-        Response = http::Response<tonic::body::Body>,
-        Error = Infallible,
-    >,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+impl Screening for OnlyStatus {
+    fn screen(&self, req: http::Request<TonicBody>) -> Result<http::Request<TonicBody>, Status> {
         if Method::from_path(req.uri().path()) == Some(Method::Status) {
-            return Box::pin(self.0.call(req));
+            return Ok(req);
         }
-        let refusal = tonic::Status::unimplemented(
+        Err(Status::unimplemented(
             "the operator listener answers `status` only; other calls go to the proxy's \
              main listener",
-        );
-        Box::pin(std::future::ready(Ok(refusal.into_http())))
+        ))
     }
 }
