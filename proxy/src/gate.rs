@@ -23,6 +23,13 @@ use tonic::Status;
 
 use crate::access::{may_call, Method};
 use crate::limits::Limits;
+use crate::per_key::{Held, PerKey};
+
+/// A study's openings one user may have in flight at once: each may carry a spec
+/// of up to `Limits::max_request_bytes` (about 1 MiB), which the proxy buffers
+/// until the request ends, so a user that leaves them unfinished pins this many
+/// at most, not one on each of its streams (136 MiB).
+pub const MAX_OPENINGS_PER_USER: usize = 4;
 
 /// A listener's screening of each call before the routes: the call passed on (its
 /// body possibly wrapped), or a refusal to answer it with, decided before anything
@@ -74,29 +81,44 @@ where
     }
 }
 
-/// The main listener's screening: by the caller's role, and by the size of its
-/// request as the body arrives.
-#[derive(Clone, Debug)]
+/// The main listener's screening: by the caller's role, by the size of its
+/// request as the body arrives, and by the openings its user has in flight. One
+/// gate serves every connection (its clones share the count of openings).
+#[derive(Clone)]
 pub struct Gate {
     limits: Limits,
     tls: bool,
+    openings: PerKey<String>,
+}
+
+/// What the gate admits a call with: the cap on its request, and the opening it
+/// holds while that request is read.
+struct Admitted {
+    method: Method,
+    cap: usize,
+    opening: Option<Held<String>>,
 }
 
 impl Gate {
     /// The gate of a proxy with `limits`; on TLS (`tls`) every call must carry
     /// a client certificate, on plaintext (tests only) no party is known.
     pub fn new(limits: Limits, tls: bool) -> Self {
-        Gate { limits, tls }
+        Gate {
+            limits,
+            tls,
+            openings: PerKey::default(),
+        }
     }
 
     /// The method called and the cap on its request (`None`: no cap here, or a
     /// path that names no method of the proxy, which the routes answer
     /// "unimplemented" with nothing read), or why the call is refused before its
     /// body is read.
-    fn admit<B>(&self, req: &http::Request<B>) -> Result<Option<(Method, usize)>, Status> {
+    fn admit<B>(&self, req: &http::Request<B>) -> Result<Option<Admitted>, Status> {
         let Some(method) = Method::from_path(req.uri().path()) else {
             return Ok(None);
         };
+        let mut opening = None;
         if self.tls {
             let certs = req
                 .extensions()
@@ -109,38 +131,58 @@ impl Gate {
             let peer = dpca_shell::tls::peer_of(leaf)
                 .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
             may_call(&peer, method).map_err(Status::permission_denied)?;
+            if method == Method::OpenStudy {
+                opening = Some(self.take_opening(&peer.name)?);
+            }
         }
-        Ok(self.limits.request_cap(method).map(|cap| (method, cap)))
+        Ok(self.limits.request_cap(method).map(|cap| Admitted {
+            method,
+            cap,
+            opening,
+        }))
+    }
+
+    /// One of `user`'s openings in flight, or the refusal of one past its cap.
+    fn take_opening(&self, user: &str) -> Result<Held<String>, Status> {
+        self.openings
+            .take(user.to_string(), MAX_OPENINGS_PER_USER)
+            .ok_or_else(|| {
+                Status::resource_exhausted(format!(
+                    "user `{user}` has {MAX_OPENINGS_PER_USER} studies being opened at once, \
+                     the most one user may: open this one when one of them is answered"
+                ))
+            })
     }
 }
 
 impl Screening for Gate {
     fn screen(&self, req: http::Request<TonicBody>) -> Result<http::Request<TonicBody>, Status> {
         Ok(match self.admit(&req)? {
-            Some((method, cap)) => {
-                req.map(|body| TonicBody::new(CappedBody::new(body, method, cap)))
-            }
+            Some(admitted) => req.map(|body| TonicBody::new(CappedBody::new(body, admitted))),
             None => req,
         })
     }
 }
 
 /// A request body that ends in an error, naming the method and its cap, once it
-/// has carried more than the cap's bytes (gRPC framing included).
+/// has carried more than the cap's bytes (gRPC framing included). It holds its
+/// user's opening until tonic has read it and lets it go.
 struct CappedBody {
     inner: TonicBody,
     method: Method,
     cap: usize,
     left: usize,
+    _opening: Option<Held<String>>,
 }
 
 impl CappedBody {
-    fn new(inner: TonicBody, method: Method, cap: usize) -> Self {
+    fn new(inner: TonicBody, admitted: Admitted) -> Self {
         CappedBody {
             inner,
-            method,
-            cap,
-            left: cap,
+            method: admitted.method,
+            cap: admitted.cap,
+            left: admitted.cap,
+            _opening: admitted.opening,
         }
     }
 }
@@ -194,12 +236,20 @@ mod tests {
         TonicBody::new(http_body_util::StreamBody::new(tokio_stream::iter(frames)))
     }
 
+    fn admitted(cap: usize, opening: Option<Held<String>>) -> Admitted {
+        Admitted {
+            method: Method::GetStudy,
+            cap,
+            opening,
+        }
+    }
+
     #[tokio::test]
     async fn a_body_within_its_cap_passes_whole_and_one_past_it_is_cut_short() {
-        let within = CappedBody::new(body_of(&[400, 600]), Method::GetStudy, 1000);
+        let within = CappedBody::new(body_of(&[400, 600]), admitted(1000, None));
         let got = within.collect().await.expect("within the cap").to_bytes();
         assert_eq!(got.len(), 1000);
-        let past = CappedBody::new(body_of(&[400, 601, 50_000]), Method::GetStudy, 1000);
+        let past = CappedBody::new(body_of(&[400, 601, 50_000]), admitted(1000, None));
         let err = past.collect().await.expect_err("past the cap");
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
         assert!(
@@ -207,5 +257,31 @@ mod tests {
             "{}",
             err.message()
         );
+    }
+
+    /// A user's openings are held while their requests are read, and no more
+    /// than the cap of them: the one past it is refused, a body read and let go
+    /// gives its opening back.
+    #[test]
+    fn a_user_has_at_most_its_openings_in_flight() {
+        let gate = Gate::new(Limits::default(), true);
+        let held: Vec<Held<String>> = (0..MAX_OPENINGS_PER_USER)
+            .map(|_| gate.take_opening("alice").expect("within the cap"))
+            .collect();
+        let Err(err) = gate.take_opening("alice") else {
+            panic!("one past the cap");
+        };
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(err.message().contains("`alice`"), "{}", err.message());
+        gate.take_opening("bob").expect("another user has its own");
+        let mut held = held.into_iter();
+        let body = CappedBody::new(body_of(&[10]), admitted(1000, held.next()));
+        assert!(
+            gate.take_opening("alice").is_err(),
+            "held by the unread body"
+        );
+        drop(body);
+        gate.take_opening("alice")
+            .expect("given back with the body");
     }
 }

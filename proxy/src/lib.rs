@@ -93,8 +93,9 @@ pub async fn run(
     };
     let handshake_timeout = config.limits.handshake_timeout;
     let max_request_bytes = config.limits.max_request_bytes();
-    let limits = config.limits.clone();
-    let tls = acceptor.is_some();
+    // One gate for every connection: its count of openings in flight is the
+    // proxy's.
+    let gate = gate::Gate::new(config.limits.clone(), acceptor.is_some());
     let svc = service::ProxyService::new(config)?;
     svc.spawn_deadline_ticker();
     // Stopped when this returns.
@@ -108,7 +109,7 @@ pub async fn run(
     let router = hardened_server()
         .layer(tower::layer::layer_fn(metrics::CountCalls))
         .layer(tower::layer::layer_fn(move |s| {
-            gate::Screened::new(s, gate::Gate::new(limits.clone(), tls))
+            gate::Screened::new(s, gate.clone())
         }))
         .add_service(server);
     match acceptor {

@@ -315,6 +315,93 @@ fn requests_past_their_methods_cap_are_cut_short_before_the_handler() {
     assert_eq!(f.owners_in(), 0);
 }
 
+/// An opening of a study whose request never ends, as a user that leaves it
+/// unfinished sends it: a gRPC frame announcing a spec of about 1 MB, 16 KiB of
+/// it, then nothing more. The response, when the proxy answers before the body
+/// ends.
+async fn unfinished_opening(
+    mut channel: tonic::transport::Channel,
+) -> Result<http::Response<tonic::body::Body>, tonic::transport::Error> {
+    let mut head = vec![0u8];
+    head.extend_from_slice(&1_000_000u32.to_be_bytes());
+    head.extend(vec![0u8; 16 * 1024]);
+    let first = Ok::<_, tonic::Status>(http_body::Frame::data(bytes::Bytes::from(head)));
+    let frames =
+        tokio_stream::StreamExt::chain(tokio_stream::iter(vec![first]), tokio_stream::pending());
+    let body = tonic::body::Body::new(http_body_util::StreamBody::new(frames));
+    let request = http::Request::post("/dpca.v1.Proxy/OpenStudy")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body)
+        .expect("a request");
+    std::future::poll_fn(|cx| tower::Service::poll_ready(&mut channel, cx)).await?;
+    tower::Service::call(&mut channel, request).await
+}
+
+/// A user that leaves its openings of studies unfinished has the proxy buffer
+/// four of them at most (`gate::MAX_OPENINGS_PER_USER`): the fifth is answered at
+/// once with a refusal, where before every stream of every connection of the
+/// user could pin a spec of about 1 MB; one given up frees its place.
+#[test]
+fn a_user_leaves_at_most_four_openings_unfinished() {
+    let f = fixture();
+    rt().block_on(async {
+        let dpca_shell::tls::Transport::Tls(tls) = f.proxy.transport("user") else {
+            unreachable!("the fixture is on TLS");
+        };
+        let channel = tonic::transport::Channel::from_shared(f.url.clone())
+            .expect("url")
+            .tls_config(tls.client_config())
+            .expect("tls")
+            .connect()
+            .await
+            .expect("connect");
+        let mut held: Vec<_> = (0..dpca_proxy::gate::MAX_OPENINGS_PER_USER)
+            .map(|_| tokio::spawn(unfinished_opening(channel.clone())))
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert!(
+            held.iter().all(|call| !call.is_finished()),
+            "an unfinished opening answered"
+        );
+        let refused = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            unfinished_opening(channel.clone()),
+        )
+        .await
+        .expect("the opening past the cap waited with the others")
+        .expect("a response");
+        let code = refused
+            .headers()
+            .get("grpc-status")
+            .map(|v| v.as_bytes().to_vec());
+        assert_eq!(code.as_deref(), Some(&b"8"[..]), "{:?}", refused.headers());
+        // One given up (its stream reset) gives its place back.
+        held.pop().expect("a held opening").abort();
+        let mut user = f.client("user").await;
+        let mut opened = false;
+        for _ in 0..50 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            let call = user.open_study(v1::OpenStudyRequest {
+                spec: Some(spec_to_wire(&f.spec)),
+                noise_free_for_testing: false,
+            });
+            match call.await {
+                Ok(_) => {
+                    opened = true;
+                    break;
+                }
+                Err(e) if e.code() == tonic::Code::ResourceExhausted => continue,
+                Err(e) => panic!("the opening after one was given up: {e}"),
+            }
+        }
+        assert!(
+            opened,
+            "the place of the opening given up was not given back"
+        );
+    });
+}
+
 /// Mutual TLS: a certificate from another CA, no certificate, an owner claiming
 /// another owner's id, an owner opening a study, a user contributing and another
 /// user using the study's result are each refused with a reason, nothing is
