@@ -165,15 +165,22 @@ impl Screening for Gate {
 }
 
 /// A request body that ends in an error, naming the method and its cap, once it
-/// has carried more than the cap's bytes (gRPC framing included). It holds its
-/// user's opening until tonic has read it and lets it go.
+/// has carried more than the cap's bytes (gRPC framing included), or as soon as
+/// its message announces a length past the cap: tonic reserves room for the
+/// length a message announces before it reads it. It holds its user's opening
+/// until tonic has read it and lets it go.
 struct CappedBody {
     inner: TonicBody,
     method: Method,
     cap: usize,
     left: usize,
+    /// The first bytes of the body: the message's flag and announced length.
+    prefix: Vec<u8>,
     _opening: Option<Held<String>>,
 }
+
+/// A gRPC message's prefix: a flag byte, then its length (4 bytes, big-endian).
+const PREFIX_BYTES: usize = 5;
 
 impl CappedBody {
     fn new(inner: TonicBody, admitted: Admitted) -> Self {
@@ -182,8 +189,34 @@ impl CappedBody {
             method: admitted.method,
             cap: admitted.cap,
             left: admitted.cap,
+            prefix: Vec::with_capacity(PREFIX_BYTES),
             _opening: admitted.opening,
         }
+    }
+
+    /// Takes the prefix's bytes from `data`; whether the length the message
+    /// announces, once known, fits the cap.
+    fn announced_fits(&mut self, data: &[u8]) -> bool {
+        if self.prefix.len() == PREFIX_BYTES {
+            return true;
+        }
+        let wanted = PREFIX_BYTES - self.prefix.len();
+        self.prefix.extend(data.iter().take(wanted));
+        let Some(len) = self.prefix.get(1..PREFIX_BYTES) else {
+            return true;
+        };
+        let announced = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        usize::try_from(announced)
+            .map(|n| n.saturating_add(PREFIX_BYTES) <= self.cap)
+            .unwrap_or(false)
+    }
+
+    fn too_large(&self) -> Status {
+        Status::resource_exhausted(format!(
+            "a {} request is at most {} bytes here, and this one is longer",
+            self.method.name(),
+            self.cap
+        ))
     }
 }
 
@@ -200,17 +233,16 @@ impl Body for CappedBody {
             Poll::Ready(Some(Ok(frame))) => frame,
             other => return other,
         };
-        let bytes = frame.data_ref().map_or(0, |d| d.len());
-        match this.left.checked_sub(bytes) {
-            Some(left) => {
+        let Some(data) = frame.data_ref() else {
+            return Poll::Ready(Some(Ok(frame)));
+        };
+        let fits = this.announced_fits(data);
+        match this.left.checked_sub(data.len()) {
+            Some(left) if fits => {
                 this.left = left;
                 Poll::Ready(Some(Ok(frame)))
             }
-            None => Poll::Ready(Some(Err(Status::resource_exhausted(format!(
-                "a {} request is at most {} bytes here, and this one sent more",
-                this.method.name(),
-                this.cap
-            ))))),
+            _ => Poll::Ready(Some(Err(this.too_large()))),
         }
     }
 
@@ -228,10 +260,11 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
-    fn body_of(parts: &[usize]) -> TonicBody {
+    /// A body of `parts`, each sent as one frame.
+    fn body_of(parts: Vec<Vec<u8>>) -> TonicBody {
         let frames: Vec<Result<Frame<bytes::Bytes>, Status>> = parts
-            .iter()
-            .map(|&n| Ok(Frame::data(bytes::Bytes::from(vec![7u8; n]))))
+            .into_iter()
+            .map(|p| Ok(Frame::data(bytes::Bytes::from(p))))
             .collect();
         TonicBody::new(http_body_util::StreamBody::new(tokio_stream::iter(frames)))
     }
@@ -244,12 +277,29 @@ mod tests {
         }
     }
 
+    /// A message of 1000 bytes in all, its prefix included, cut into frames of
+    /// `sizes`.
+    fn message_of_1000(sizes: &[usize]) -> Vec<Vec<u8>> {
+        let message = framed(995, 995);
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&n| {
+                at += n;
+                message[at - n..at].to_vec()
+            })
+            .collect()
+    }
+
     #[tokio::test]
     async fn a_body_within_its_cap_passes_whole_and_one_past_it_is_cut_short() {
-        let within = CappedBody::new(body_of(&[400, 600]), admitted(1000, None));
+        let within = CappedBody::new(body_of(message_of_1000(&[400, 600])), admitted(1000, None));
         let got = within.collect().await.expect("within the cap").to_bytes();
         assert_eq!(got.len(), 1000);
-        let past = CappedBody::new(body_of(&[400, 601, 50_000]), admitted(1000, None));
+        // What it announced fits, and then it sends more.
+        let mut parts = message_of_1000(&[400, 600]);
+        parts.push(vec![7u8; 50_000]);
+        let past = CappedBody::new(body_of(parts), admitted(1000, None));
         let err = past.collect().await.expect_err("past the cap");
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
         assert!(
@@ -257,6 +307,36 @@ mod tests {
             "{}",
             err.message()
         );
+    }
+
+    /// A gRPC frame of `payload` bytes announcing a message of `announced`.
+    fn framed(announced: u32, payload: usize) -> Vec<u8> {
+        let mut bytes = vec![0u8];
+        bytes.extend_from_slice(&announced.to_be_bytes());
+        bytes.extend(vec![7u8; payload]);
+        bytes
+    }
+
+    /// A message announcing more than the cap is refused on its first bytes,
+    /// before tonic would reserve room for it, even with its prefix split
+    /// across frames; one announcing what fits passes.
+    #[tokio::test]
+    async fn a_message_announcing_more_than_the_cap_is_refused_at_once() {
+        let big = framed(1_000_000, 10);
+        let mut body = CappedBody::new(body_of(vec![big.clone()]), admitted(1000, None));
+        let first = body.frame().await.expect("a frame");
+        assert_eq!(
+            first.expect_err("refused").code(),
+            tonic::Code::ResourceExhausted
+        );
+        let split = vec![big[..2].to_vec(), big[2..].to_vec()];
+        let err = CappedBody::new(body_of(split), admitted(1000, None))
+            .collect()
+            .await
+            .expect_err("refused with its prefix split");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        let fits = CappedBody::new(body_of(message_of_1000(&[1000])), admitted(1000, None));
+        assert_eq!(fits.collect().await.expect("fits").to_bytes().len(), 1000);
     }
 
     /// A user's openings are held while their requests are read, and no more
@@ -275,7 +355,7 @@ mod tests {
         assert!(err.message().contains("`alice`"), "{}", err.message());
         gate.take_opening("bob").expect("another user has its own");
         let mut held = held.into_iter();
-        let body = CappedBody::new(body_of(&[10]), admitted(1000, held.next()));
+        let body = CappedBody::new(body_of(message_of_1000(&[10])), admitted(1000, held.next()));
         assert!(
             gate.take_opening("alice").is_err(),
             "held by the unread body"

@@ -356,21 +356,29 @@ fn a_user_leaves_at_most_four_openings_unfinished() {
             .connect()
             .await
             .expect("connect");
-        let mut held: Vec<_> = (0..dpca_proxy::gate::MAX_OPENINGS_PER_USER)
+        // One past the cap, sent together: exactly one is answered, at once, with
+        // a refusal; the others wait for the rest of their requests.
+        let mut calls: Vec<_> = (0..=dpca_proxy::gate::MAX_OPENINGS_PER_USER)
             .map(|_| tokio::spawn(unfinished_opening(channel.clone())))
             .collect();
+        let started = std::time::Instant::now();
+        while calls.iter().all(|c| !c.is_finished()) {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "the opening past the cap waited with the others"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        assert!(
-            held.iter().all(|call| !call.is_finished()),
-            "an unfinished opening answered"
-        );
-        let refused = tokio::time::timeout(
-            std::time::Duration::from_secs(10),
-            unfinished_opening(channel.clone()),
-        )
-        .await
-        .expect("the opening past the cap waited with the others")
-        .expect("a response");
+        let (answered, mut held): (Vec<_>, Vec<_>) = calls.drain(..).partition(|c| c.is_finished());
+        assert_eq!(answered.len(), 1, "more than one opening answered");
+        let refused = answered
+            .into_iter()
+            .next()
+            .expect("one")
+            .await
+            .expect("the call's task")
+            .expect("a response");
         let code = refused
             .headers()
             .get("grpc-status")
