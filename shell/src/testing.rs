@@ -23,6 +23,9 @@ struct Silent {
     scripted: Option<Scripted>,
 }
 
+/// The id a scripted proxy gives every study it is asked to open.
+pub const SCRIPTED_STUDY: &str = "scripted-study";
+
 /// The seal and the release a scripted proxy answers with.
 struct Scripted {
     sealed: v1::SealedStudy,
@@ -34,13 +37,26 @@ type Never<T> = Result<Response<T>, Status>;
 #[tonic::async_trait]
 impl v1::proxy_server::Proxy for Silent {
     async fn open_study(&self, _: Request<v1::OpenStudyRequest>) -> Never<v1::OpenStudyResponse> {
-        std::future::pending().await
+        match &self.scripted {
+            Some(_) => Ok(Response::new(v1::OpenStudyResponse {
+                study_id: SCRIPTED_STUDY.into(),
+            })),
+            None => std::future::pending().await,
+        }
     }
     async fn get_study(&self, _: Request<v1::GetStudyRequest>) -> Never<v1::StudyInfo> {
         if !self.answers_study {
             std::future::pending::<()>().await;
         }
-        Ok(Response::new(v1::StudyInfo::default()))
+        // A scripted proxy's study is read back with this build's layout.
+        let spec = self.scripted.as_ref().map(|_| v1::StudySpec {
+            layout: dpca_common::study::LAYOUT_VERSION,
+            ..Default::default()
+        });
+        Ok(Response::new(v1::StudyInfo {
+            spec,
+            ..Default::default()
+        }))
     }
     async fn contribute(
         &self,
@@ -112,9 +128,10 @@ pub async fn stalled_proxy() -> ProxyClient<Channel> {
     .await
 }
 
-/// A client of a new proxy that seals every study with `sealed`, takes every
-/// request for the release, and serves `result` as the release's one chunk:
-/// whatever a test has a deviating proxy send.
+/// A client of a new proxy that opens every study under one id
+/// ([`SCRIPTED_STUDY`]), seals every study with `sealed`, takes every request
+/// for the release, and serves `result` as the release's one chunk: whatever a
+/// test has a deviating proxy send.
 ///
 /// # Panics
 /// As [`silent_proxy`].

@@ -791,6 +791,24 @@ mod tests {
         assert!(format!("{err:#}").contains("not in ["), "{err:#}");
     }
 
+    /// A proxy that gives a second study the id of the first is refused when it
+    /// answers the opening, before anything is signed or decided for it.
+    #[tokio::test]
+    async fn a_proxy_that_gives_two_studies_one_id_is_refused() {
+        let sk = dpca_common::testing::test_key();
+        let spec = dpca_common::testing::test_spec(sk.public(), 3);
+        let (sealed, result) = forged_seal(&spec, 1);
+        let mut client = dpca_shell::testing::scripted_proxy(sealed, result).await;
+        let id = open_study(&mut client, &spec, false)
+            .await
+            .expect("the first study");
+        assert_eq!(id, dpca_shell::testing::SCRIPTED_STUDY);
+        let err = open_study(&mut client, &spec, false)
+            .await
+            .expect_err("a second study under the first one's id");
+        assert!(err.to_string().contains("already has"), "{err}");
+    }
+
     #[test]
     fn a_study_id_is_taken_once_per_key() {
         claim_study_id("fp-ids", "study-a").expect("a new id");
