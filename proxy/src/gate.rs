@@ -213,10 +213,27 @@ impl CappedBody {
 
     fn too_large(&self) -> Status {
         Status::resource_exhausted(format!(
-            "a {} request is at most {} bytes here, and this one is longer",
+            "a {} request is at most {} bytes here, and this one is longer{}",
             self.method.name(),
-            self.cap
+            self.cap,
+            set_by(self.method)
         ))
+    }
+}
+
+/// What sets `method`'s cap, for its refusal: a flag of the proxy where one does.
+fn set_by(method: Method) -> &'static str {
+    match method {
+        Method::OpenStudy => {
+            " (the proxy's --max-spec-bytes and --max-key-bits set it: a study this large \
+             is refused by its operator's limits)"
+        }
+        Method::Release => " (the proxy's --max-key-bits sets it)",
+        Method::GetStudy
+        | Method::AwaitSeal
+        | Method::FetchResult
+        | Method::Status
+        | Method::Contribute => "",
     }
 }
 
@@ -335,6 +352,21 @@ mod tests {
             .await
             .expect_err("refused with its prefix split");
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        // A spec past the opening's cap is told which flags set it.
+        let spec = Admitted {
+            method: Method::OpenStudy,
+            cap: 1000,
+            opening: None,
+        };
+        let err = CappedBody::new(body_of(vec![framed(2_000_000, 10)]), spec)
+            .collect()
+            .await
+            .expect_err("a spec past the cap");
+        assert!(
+            err.message().contains("--max-spec-bytes"),
+            "{}",
+            err.message()
+        );
         let fits = CappedBody::new(body_of(message_of_1000(&[1000])), admitted(1000, None));
         assert_eq!(fits.collect().await.expect("fits").to_bytes().len(), 1000);
     }
