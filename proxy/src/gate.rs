@@ -16,6 +16,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use dpca_shell::tls::{peer_of, Peer};
 use http_body::{Body, Frame, SizeHint};
 use tonic::body::Body as TonicBody;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
@@ -24,6 +25,31 @@ use tonic::Status;
 use crate::access::{may_call, Method};
 use crate::limits::Limits;
 use crate::per_key::{Held, PerKey};
+use crate::refusal::Refusal;
+
+/// The caller of a call as its certificate names it, from the call's extensions;
+/// `None` on plaintext (`tls` false), where no party is known. The certificate is
+/// read once per call: the gate leaves the peer it read in the extensions, and the
+/// handlers take it from there.
+pub(crate) fn caller_of(extensions: &http::Extensions, tls: bool) -> Result<Option<Peer>, Refusal> {
+    if !tls {
+        return Ok(None);
+    }
+    if let Some(peer) = extensions.get::<Peer>() {
+        return Ok(Some(peer.clone()));
+    }
+    // The handshake already required a certificate from the CA; this reads it.
+    let certs = extensions
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(TlsConnectInfo::peer_certs)
+        .ok_or_else(|| Refusal::Unauthenticated("no client certificate".into()))?;
+    let leaf = certs
+        .first()
+        .ok_or_else(|| Refusal::Unauthenticated("empty client certificate chain".into()))?;
+    peer_of(leaf)
+        .map(Some)
+        .map_err(|e| Refusal::Unauthenticated(format!("client certificate: {e}")))
+}
 
 /// A study's openings one user may have in flight at once: each may carry a spec
 /// of up to `Limits::max_request_bytes` (about 1 MiB), which the proxy buffers
@@ -110,44 +136,41 @@ impl Gate {
         }
     }
 
-    /// The method called and the cap on its request (`None`: no cap here, or a
-    /// path that names no method of the proxy, which the routes answer
+    /// The method called, its caller and the cap on its request (`None`: no cap
+    /// here, or a path that names no method of the proxy, which the routes answer
     /// "unimplemented" with nothing read), or why the call is refused before its
     /// body is read.
-    fn admit<B>(&self, req: &http::Request<B>) -> Result<Option<Admitted>, Status> {
+    fn admit<B>(
+        &self,
+        req: &http::Request<B>,
+    ) -> Result<Option<(Option<Peer>, Admitted)>, Refusal> {
         let Some(method) = Method::from_path(req.uri().path()) else {
             return Ok(None);
         };
+        let peer = caller_of(req.extensions(), self.tls)?;
         let mut opening = None;
-        if self.tls {
-            let certs = req
-                .extensions()
-                .get::<TlsConnectInfo<TcpConnectInfo>>()
-                .and_then(TlsConnectInfo::peer_certs)
-                .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
-            let leaf = certs
-                .first()
-                .ok_or_else(|| Status::unauthenticated("empty client certificate chain"))?;
-            let peer = dpca_shell::tls::peer_of(leaf)
-                .map_err(|e| Status::unauthenticated(format!("client certificate: {e}")))?;
-            may_call(&peer, method).map_err(Status::permission_denied)?;
+        if let Some(peer) = &peer {
+            may_call(peer, method).map_err(Refusal::Denied)?;
             if method == Method::OpenStudy {
                 opening = Some(self.take_opening(&peer.name)?);
             }
         }
-        Ok(self.limits.request_cap(method).map(|cap| Admitted {
-            method,
-            cap,
-            opening,
+        Ok(self.limits.request_cap(method).map(|cap| {
+            let admitted = Admitted {
+                method,
+                cap,
+                opening,
+            };
+            (peer, admitted)
         }))
     }
 
     /// One of `user`'s openings in flight, or the refusal of one past its cap.
-    fn take_opening(&self, user: &str) -> Result<Held<String>, Status> {
+    fn take_opening(&self, user: &str) -> Result<Held<String>, Refusal> {
         self.openings
             .take(user.to_string(), MAX_OPENINGS_PER_USER)
             .ok_or_else(|| {
-                Status::resource_exhausted(format!(
+                Refusal::OverLimit(format!(
                     "user `{user}` has {MAX_OPENINGS_PER_USER} studies being opened at once, \
                      the most one user may: open this one when one of them is answered"
                 ))
@@ -156,11 +179,17 @@ impl Gate {
 }
 
 impl Screening for Gate {
-    fn screen(&self, req: http::Request<TonicBody>) -> Result<http::Request<TonicBody>, Status> {
-        Ok(match self.admit(&req)? {
-            Some(admitted) => req.map(|body| TonicBody::new(CappedBody::new(body, admitted))),
-            None => req,
-        })
+    fn screen(
+        &self,
+        mut req: http::Request<TonicBody>,
+    ) -> Result<http::Request<TonicBody>, Status> {
+        let Some((peer, admitted)) = self.admit(&req)? else {
+            return Ok(req);
+        };
+        if let Some(peer) = peer {
+            req.extensions_mut().insert(peer);
+        }
+        Ok(req.map(|body| TonicBody::new(CappedBody::new(body, admitted))))
     }
 }
 
@@ -212,12 +241,13 @@ impl CappedBody {
     }
 
     fn too_large(&self) -> Status {
-        Status::resource_exhausted(format!(
+        Refusal::OverLimit(format!(
             "a {} request is at most {} bytes here, and this one is longer{}",
             self.method.name(),
             self.cap,
             set_by(self.method)
         ))
+        .into()
     }
 }
 
@@ -380,9 +410,10 @@ mod tests {
         let held: Vec<Held<String>> = (0..MAX_OPENINGS_PER_USER)
             .map(|_| gate.take_opening("alice").expect("within the cap"))
             .collect();
-        let Err(err) = gate.take_opening("alice") else {
+        let Err(refusal) = gate.take_opening("alice") else {
             panic!("one past the cap");
         };
+        let err = Status::from(refusal);
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
         assert!(err.message().contains("`alice`"), "{}", err.message());
         gate.take_opening("bob").expect("another user has its own");

@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use dpca_shell::tls::{peer_of, Peer, Transport};
+use dpca_shell::tls::{Peer, Transport};
 
 use crate::access::{permit, Action};
 use crate::budget::{charge, OwnerBudget};
@@ -378,19 +378,8 @@ impl ProxyService {
 
     /// The caller as its certificate names it; `None` on plaintext.
     fn caller<T>(&self, req: &Request<T>) -> Result<Option<Peer>, Refusal> {
-        if matches!(self.config.transport, Transport::InsecurePlaintext) {
-            return Ok(None);
-        }
-        // The handshake already required a certificate from the CA; this reads it.
-        let certs = req
-            .peer_certs()
-            .ok_or_else(|| Refusal::Unauthenticated("no client certificate".into()))?;
-        let leaf = certs
-            .first()
-            .ok_or_else(|| Refusal::Unauthenticated("empty client certificate chain".into()))?;
-        peer_of(leaf)
-            .map(Some)
-            .map_err(|e| Refusal::Unauthenticated(format!("client certificate: {e}")))
+        let tls = !matches!(self.config.transport, Transport::InsecurePlaintext);
+        crate::gate::caller_of(req.extensions(), tls)
     }
 
     /// Refuses `action` unless the caller may do it.

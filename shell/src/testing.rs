@@ -1,7 +1,8 @@
 //! What the roles' tests share of the network (feature `test-support`): a proxy
 //! that takes every call and never answers, against which each bound a party
-//! puts on its waits is tested, and one that seals and releases as a test
-//! scripts it, against which the user's checks of a seal are tested.
+//! puts on its waits is tested, and one that opens every study under one id and
+//! seals and releases as a test scripts it, against which the user's checks of
+//! the ids it is given and of a seal are tested.
 
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;

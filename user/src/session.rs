@@ -387,8 +387,10 @@ pub async fn collect_bins(
     Ok(opened.bin_counts(bins, &spec.noise_plan(0), &spec.fixed))
 }
 
-/// A sealed study's release as fetched, with N where it was proven to the proxy.
+/// A sealed study's release as fetched, with N where it was proven to the proxy,
+/// and the layout it was fetched in.
 struct Released {
+    layout: StudyLayout,
     sealed: v1::SealedStudy,
     proven: Option<(u64, Opening)>,
     fetched: Fetched,
@@ -425,6 +427,7 @@ async fn fetch_sealed(
     )
     .await?;
     Ok(Released {
+        layout,
         sealed,
         proven,
         fetched,
@@ -439,11 +442,10 @@ fn open_collected(
     got: Released,
     n_rows: u64,
 ) -> anyhow::Result<Collected> {
-    let layout = StudyLayout::new(spec)?;
     let t = Instant::now();
     let opened = open_release(
         sk,
-        &layout,
+        &got.layout,
         spec.privacy.centering,
         spec.projection.as_ref(),
         &got.fetched.ciphertexts,
