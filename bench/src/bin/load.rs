@@ -13,11 +13,14 @@
 //! allows on every core: here the owners' side runs on the same cores), ciphertexts
 //! folded per second per core
 //! and that rate's distance from the floor (cores over GMP's multiplication mod
-//! n^2, measured in this run), bytes the proxy wrote to its disk per contribution
+//! n^2, measured in this run); the same distance for the fold alone, in memory
+//! with nothing else running (what these cores give a fold before any network,
+//! validation or storage), and the CPU the owners' side took of the same cores;
+//! bytes the proxy wrote to its disk per contribution
 //! over the contribution's size, the writes each commit held, its peak memory,
 //! and the status call's latency.
 
-use dpca_bench::{built_programs, program, raw_gmp_mulmod};
+use dpca_bench::{built_programs, fastest, program, raw_gmp_mulmod};
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -123,6 +126,12 @@ struct Row {
     cpu: f64,
     /// Seconds the proxy spent folding and committing the state file.
     fold: f64,
+    /// The fold alone, in memory, on every core: seconds per ciphertext per core
+    /// over GMP's multiplication measured beside it.
+    bare_fold: f64,
+    /// This program's CPU seconds during the load: the owners' TLS and framing,
+    /// and the status polls, on the cores the proxy runs on.
+    owners_cpu: f64,
     store: f64,
     /// Writes per commit of the state file (queued writes share a commit).
     writes_per_commit: f64,
@@ -379,6 +388,7 @@ struct Setup {
     user: Transport,
     study: String,
     cts: Arc<Vec<Vec<u8>>>,
+    pk: PublicKey,
 }
 
 async fn set_up(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Setup> {
@@ -422,6 +432,7 @@ async fn set_up(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Setup
         user,
         study,
         cts,
+        pk: sk.public().clone(),
     })
 }
 
@@ -497,9 +508,12 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         poll(&s.operator_url, true),
         poll(&s.url, false),
     );
+    let own_cpu = || Usage::of_self().map_or(f64::NAN, |u| u.cpu_seconds);
+    let owners_before = own_cpu();
     let start = Instant::now();
     let (refused, attempts) = send_all(&s).await?;
     let wall = start.elapsed().as_secs_f64();
+    let owners_cpu = own_cpu() - owners_before;
     done.store(true, Ordering::Relaxed);
     let joined = |h: std::thread::JoinHandle<anyhow::Result<Polls>>| {
         h.join()
@@ -525,6 +539,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         .await
         .map_err(|e| anyhow::anyhow!("get study: {}", e.message()))?
         .into_inner();
+    let bare_fold = bare_fold(&s.pk, &s.cts)?;
     Ok(Row {
         plan,
         ciphertexts: s.cts.len(),
@@ -533,6 +548,8 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         written,
         cpu,
         fold,
+        bare_fold,
+        owners_cpu,
         store,
         writes_per_commit: writes / commits,
         proxy,
@@ -585,6 +602,32 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Seconds per ciphertext per core of folding one contribution of `cts` into an
+/// aggregate as `Study::contribute` does (positions in parallel on every core), in
+/// memory with nothing else running: what this machine's cores give the fold
+/// before any network, validation or storage (the fastest of five), over GMP's
+/// multiplication measured in turn with it (this machine's speed drifts between
+/// a run's start and its end).
+fn bare_fold(pk: &PublicKey, cts: &[Vec<u8>]) -> anyhow::Result<f64> {
+    let ring = pk.ring();
+    let elems = pk.elems_from_bytes(cts, 0)?;
+    let aggregate = elems.clone();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fold = || -> Vec<_> {
+        aggregate
+            .par_iter()
+            .zip(elems.par_iter())
+            .map(|(a, c)| ring.mul_elem(a, c))
+            .collect()
+    };
+    let (mut folded, mut mul) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        folded = folded.min(fastest(1, 1, fold));
+        mul = mul.min(raw_gmp_mulmod(pk, &mut OsRng));
+    }
+    Ok(folded * cores as f64 / cts.len() as f64 / mul)
+}
+
 /// Median and largest of `ms`.
 fn median_max(ms: &[f64]) -> (f64, f64) {
     let mut ms = ms.to_vec();
@@ -602,13 +645,13 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
     );
     println!(
         "\n| M | owners | ciphertexts each | wall s | contributions/s | contributions/s the proxy's CPU allows | folded/s per core | \
-         floor / folded | fold s | floor / fold | store s | writes per commit | proxy CPU s | \
-         proxy CPU per ciphertext / mul | written / contributed | proxy peak MiB | \
+         floor / folded | fold s | floor / fold | floor / bare fold | store s | writes per commit | proxy CPU s | \
+         proxy CPU per ciphertext / mul | owners' CPU s | written / contributed | proxy peak MiB | \
          status ms, fresh connection: median / max (calls answered, refused) | status ms, \
          fresh connection to the operator listener: median / max (answered, refused) | \
          status ms, open connection: median / max (answered, refused) | refused | connections per owner | connections the proxy let go | state (owners in) |"
     );
-    println!("|{}", "---|".repeat(23));
+    println!("|{}", "---|".repeat(25));
     for r in rows {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
@@ -617,7 +660,7 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
         let (operator, operator_max) = median_max(&r.operator_ms.ms);
         let (kept, kept_max) = median_max(&r.kept_ms.ms);
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {:.2} | {:.0} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {:.2} | {:.0} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
@@ -629,10 +672,12 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
             (1.0 / mul) / per_core(r.wall),
             r.fold,
             (1.0 / mul) / per_core(r.fold),
+            r.bare_fold,
             r.store,
             r.writes_per_commit,
             r.cpu,
             r.cpu / (mul * total),
+            r.owners_cpu,
             r.written as f64 / (owners * r.contribution_bytes as f64),
             r.proxy.peak_rss_bytes as f64 / (1024.0 * 1024.0),
             fresh,
