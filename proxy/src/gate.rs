@@ -23,7 +23,7 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::Status;
 
 use crate::access::{may_call, Method};
-use crate::limits::Limits;
+use crate::limits::{Limits, GRPC_FRAME_BYTES};
 use crate::per_key::{Held, PerKey};
 use crate::refusal::Refusal;
 
@@ -136,16 +136,16 @@ impl Gate {
         }
     }
 
-    /// The method called, its caller and the cap on its request (`None`: no cap
-    /// here, or a path that names no method of the proxy, which the routes answer
-    /// "unimplemented" with nothing read), or why the call is refused before its
-    /// body is read.
+    /// The caller of the method called and the cap on its request (`None`: no cap
+    /// here), or why the call is refused before its body is read. A path that
+    /// names no method of the proxy is passed on unscreened: the routes answer it
+    /// "unimplemented" with nothing read.
     fn admit<B>(
         &self,
         req: &http::Request<B>,
-    ) -> Result<Option<(Option<Peer>, Admitted)>, Refusal> {
+    ) -> Result<(Option<Peer>, Option<Admitted>), Refusal> {
         let Some(method) = Method::from_path(req.uri().path()) else {
-            return Ok(None);
+            return Ok((None, None));
         };
         let peer = caller_of(req.extensions(), self.tls)?;
         let mut opening = None;
@@ -155,14 +155,12 @@ impl Gate {
                 opening = Some(self.take_opening(&peer.name)?);
             }
         }
-        Ok(self.limits.request_cap(method).map(|cap| {
-            let admitted = Admitted {
-                method,
-                cap,
-                opening,
-            };
-            (peer, admitted)
-        }))
+        let admitted = self.limits.request_cap(method).map(|cap| Admitted {
+            method,
+            cap,
+            opening,
+        });
+        Ok((peer, admitted))
     }
 
     /// One of `user`'s openings in flight, or the refusal of one past its cap.
@@ -183,13 +181,15 @@ impl Screening for Gate {
         &self,
         mut req: http::Request<TonicBody>,
     ) -> Result<http::Request<TonicBody>, Status> {
-        let Some((peer, admitted)) = self.admit(&req)? else {
-            return Ok(req);
-        };
+        let (peer, admitted) = self.admit(&req)?;
+        // The handlers read the caller from here, an upload's included.
         if let Some(peer) = peer {
             req.extensions_mut().insert(peer);
         }
-        Ok(req.map(|body| TonicBody::new(CappedBody::new(body, admitted))))
+        Ok(match admitted {
+            Some(admitted) => req.map(|body| TonicBody::new(CappedBody::new(body, admitted))),
+            None => req,
+        })
     }
 }
 
@@ -208,9 +208,6 @@ struct CappedBody {
     _opening: Option<Held<String>>,
 }
 
-/// A gRPC message's prefix: a flag byte, then its length (4 bytes, big-endian).
-const PREFIX_BYTES: usize = 5;
-
 impl CappedBody {
     fn new(inner: TonicBody, admitted: Admitted) -> Self {
         CappedBody {
@@ -218,7 +215,7 @@ impl CappedBody {
             method: admitted.method,
             cap: admitted.cap,
             left: admitted.cap,
-            prefix: Vec::with_capacity(PREFIX_BYTES),
+            prefix: Vec::with_capacity(GRPC_FRAME_BYTES),
             _opening: admitted.opening,
         }
     }
@@ -226,17 +223,17 @@ impl CappedBody {
     /// Takes the prefix's bytes from `data`; whether the length the message
     /// announces, once known, fits the cap.
     fn announced_fits(&mut self, data: &[u8]) -> bool {
-        if self.prefix.len() == PREFIX_BYTES {
+        if self.prefix.len() == GRPC_FRAME_BYTES {
             return true;
         }
-        let wanted = PREFIX_BYTES - self.prefix.len();
+        let wanted = GRPC_FRAME_BYTES - self.prefix.len();
         self.prefix.extend(data.iter().take(wanted));
-        let Some(len) = self.prefix.get(1..PREFIX_BYTES) else {
+        let Some(len) = self.prefix.get(1..GRPC_FRAME_BYTES) else {
             return true;
         };
         let announced = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
         usize::try_from(announced)
-            .map(|n| n.saturating_add(PREFIX_BYTES) <= self.cap)
+            .map(|n| n.saturating_add(GRPC_FRAME_BYTES) <= self.cap)
             .unwrap_or(false)
     }
 

@@ -145,8 +145,9 @@ pub enum LimitError {
 /// public key, the protobuf framing.
 const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
 
-/// The 5 bytes gRPC puts before each message: a flag and the message's length.
-const GRPC_FRAME_BYTES: usize = 5;
+/// The 5 bytes gRPC puts before each message: a flag, then the message's length
+/// (4 bytes, big-endian).
+pub(crate) const GRPC_FRAME_BYTES: usize = 5;
 
 /// The largest request of a call that carries a study id and nothing else
 /// (`GetStudy`, `AwaitSeal`, `FetchResult`; `Status` carries nothing): an id of

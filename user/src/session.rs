@@ -382,9 +382,10 @@ pub async fn collect_bins(
     }
     let got = fetch_sealed(client, transport, sk, spec, study_id).await?;
     // N enters a dp-mean release only in S' = R' - v' v'^T / N, which no bin is
-    // read off: 1 stands in for it.
-    let opened = open_collected(sk, spec, got, 1)?.opened;
-    Ok(opened.bin_counts(bins, &spec.noise_plan(0), &spec.fixed))
+    // read off, and its noise plan reads none: 1 stands in for it.
+    const STAND_IN_ROWS: u64 = 1;
+    let opened = open_collected(sk, spec, got, STAND_IN_ROWS)?.opened;
+    Ok(opened.bin_counts(bins, &spec.noise_plan(STAND_IN_ROWS), &spec.fixed))
 }
 
 /// A sealed study's release as fetched, with N where it was proven to the proxy,

@@ -20,7 +20,7 @@
 //! over the contribution's size, the writes each commit held, its peak memory,
 //! and the status call's latency.
 
-use dpca_bench::{built_programs, fastest, program, raw_gmp_mulmod};
+use dpca_bench::{built_programs, program, raw_gmp_mulmod, time};
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -622,7 +622,7 @@ fn bare_fold(pk: &PublicKey, cts: &[Vec<u8>]) -> anyhow::Result<f64> {
     };
     let (mut folded, mut mul) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..5 {
-        folded = folded.min(fastest(1, 1, fold));
+        folded = folded.min(time(1, fold));
         mul = mul.min(raw_gmp_mulmod(pk, &mut OsRng));
     }
     Ok(folded * cores as f64 / cts.len() as f64 / mul)
