@@ -61,6 +61,17 @@ pub fn program(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
 }
 
+/// `f` run on a pool of one thread: the one-core cost of a primitive that
+/// spreads its work over rayon's threads (the randomizer's table). Timed on the
+/// global pool it gives the wall time on every core, less than its CPU.
+pub fn on_one_core<T: Send>(f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .context("a one-thread pool")?;
+    Ok(pool.install(f))
+}
+
 /// Mean seconds per call of `f` over `reps` calls.
 pub fn time<T>(reps: usize, mut f: impl FnMut() -> T) -> f64 {
     let t = std::time::Instant::now();

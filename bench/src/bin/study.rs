@@ -30,12 +30,11 @@
 //! proxy's work.
 
 use dpca_bench::{
-    built_all_programs, built_programs_on_num_bigint, fastest, program, raw_gmp_mulmod, time,
-    workspace_root,
+    built_all_programs, built_programs_on_num_bigint, fastest, on_one_core, program,
+    raw_gmp_mulmod, workspace_root,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Parser;
@@ -117,9 +116,9 @@ impl Keyed {
             mulmod: fastest(9, 1000, || pk.add(&a, &b)),
             gmp_mulmod: raw_gmp_mulmod(&pk, &mut rng),
             // Per ciphertext, in chunks as the proxy receives them.
-            validate: time(20, || pk.ciphertexts_from_bytes(&chunk, 0))
+            validate: fastest(5, 4, || pk.ciphertexts_from_bytes(&chunk, 0))
                 / CIPHERTEXTS_PER_CHUNK as f64,
-            decrypt_crt: time(100, || sk.decrypt(&a)),
+            decrypt_crt: fastest(5, 20, || sk.decrypt(&a)),
         };
         Ok(Self { sk, rng, prims })
     }
@@ -128,17 +127,18 @@ impl Keyed {
         self.sk.public()
     }
 
-    /// (table build, one encryption) with the window a job of `count` gets.
-    fn randomizer_costs(&mut self, count: usize) -> (f64, f64) {
+    /// (table build, one encryption) with the window a job of `count` gets, each
+    /// on one core: the table's rows are built on every core of the pool, and
+    /// timed there its wall time is a third to a half less than its CPU.
+    fn randomizer_costs(&mut self, count: usize) -> anyhow::Result<(f64, f64)> {
         let pk = self.pk().clone();
         let window = Randomizer::window_for(count);
-        let t = Instant::now();
-        let r = Randomizer::new(&pk, window, &mut self.rng);
-        let build = t.elapsed().as_secs_f64();
-        let m = BigUint::from(7u8);
         let rng = &mut self.rng;
-        let enc = time(50, || r.encrypt(&m, rng));
-        (build, enc)
+        let build = on_one_core(|| fastest(3, 1, || Randomizer::new(&pk, window, rng)))?;
+        let r = Randomizer::new(&pk, window, rng);
+        let m = BigUint::from(7u8);
+        let enc = fastest(5, 10, || r.encrypt(&m, rng));
+        Ok((build, enc))
     }
 
     /// Costs of the windowed multi-exponentiation as the release runs it: (building
@@ -155,11 +155,11 @@ impl Keyed {
             .collect();
         let build = cts
             .first()
-            .map(|c| time(10, || pk.power_table(c, window)))
+            .map(|c| fastest(3, 4, || pk.power_table(c, window)))
             .unwrap_or(0.0);
         let tables: Vec<PowerTable> = cts.iter().map(|c| pk.power_table(c, window)).collect();
         let pairs: Vec<(&PowerTable, &BigUint)> = tables.iter().zip(&exps).collect();
-        (build, time(10, || pk.multi_scale_tables(&pairs)))
+        (build, fastest(3, 4, || pk.multi_scale_tables(&pairs)))
     }
 
     /// One exact draw of the study's matrix noise (its mechanism at its scale on
@@ -176,7 +176,7 @@ impl Keyed {
         };
         const DRAWS: usize = 2000;
         let rng = &mut self.rng;
-        Ok(time(3, || scale.sample_vector(DRAWS, rng)) / DRAWS as f64)
+        Ok(fastest(3, 1, || scale.sample_vector(DRAWS, rng)) / DRAWS as f64)
     }
 
     fn scale_cost(&mut self, bits: u64) -> f64 {
@@ -186,7 +186,7 @@ impl Keyed {
             &Ciphertext(BigUint::from(3u8)),
         );
         let e = exponent_of_bits(&mut self.rng, bits);
-        time(20, || pk.scale(&c, &e))
+        fastest(5, 4, || pk.scale(&c, &e))
     }
 }
 
@@ -369,9 +369,9 @@ fn measure(
 ) -> anyhow::Result<Row> {
     let p = keyed.prims.clone();
     let k = report.ciphertexts_per_owner;
-    let (owner_table, owner_enc) = keyed.randomizer_costs(k);
+    let (owner_table, owner_enc) = keyed.randomizer_costs(k)?;
     let owner_bound = owner_table + k as f64 * owner_enc;
-    let (proxy_table, rerand) = keyed.randomizer_costs(report.release_ciphertexts);
+    let (proxy_table, rerand) = keyed.randomizer_costs(report.release_ciphertexts)?;
     let received = (owners * k) as f64 * (p.validate + p.mulmod);
     // Every released entry's noise is one exact draw, in either centering; the
     // vector block's too under dp-mean.
