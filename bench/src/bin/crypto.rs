@@ -4,10 +4,11 @@
 //! encryption r^n, short-exponent fixed-base encryption, decryption with and
 //! without CRT (GMP: `mpz_powm_sec`, constant time in the secret exponent), and a
 //! 16-term multi-exponentiation (the proxy's release). GMP's raw multiplication,
-//! with no conversion from and to num-bigint, is the floor. One thread.
+//! with no conversion from and to num-bigint, is the floor. One thread; each cost
+//! is the fastest of a few blocks of calls, as the floor is read.
 
 use clap::Parser;
-use dpca_bench::{fastest, raw_gmp_mulmod, time};
+use dpca_bench::{fastest, raw_gmp_mulmod};
 use dpca_common::paillier::{Ciphertext, SecretKey};
 use dpca_common::randomizer::Randomizer;
 use num_bigint::BigUint;
@@ -45,12 +46,12 @@ fn measure(sk: &SecretKey, rng: &mut ChaCha20Rng) -> anyhow::Result<Costs> {
     // As the raw floor it is compared with is read.
     let mul = fastest(9, 1000, || ring.mul(&a, &b));
     let m = BigUint::from(123_456_789u64);
-    let enc_textbook = time(10, || pk.encrypt(&m, &mut *rng));
+    let enc_textbook = fastest(3, 4, || pk.encrypt(&m, &mut *rng));
     let table = Randomizer::new(pk, Randomizer::DEFAULT_WINDOW_BITS, &mut *rng);
-    let enc_short = time(200, || table.encrypt(&m, &mut *rng));
+    let enc_short = fastest(5, 40, || table.encrypt(&m, &mut *rng));
     let c: Ciphertext = table.encrypt(&m, &mut *rng)?;
-    let dec_crt = time(20, || sk.decrypt(&c));
-    let dec_textbook = time(5, || sk.decrypt_textbook(&c));
+    let dec_crt = fastest(5, 4, || sk.decrypt(&c));
+    let dec_textbook = fastest(3, 2, || sk.decrypt_textbook(&c));
     anyhow::ensure!(sk.decrypt(&c) == m, "CRT decryption");
     anyhow::ensure!(sk.decrypt_textbook(&c) == m, "textbook decryption");
     // The proxy's release: 16 ciphertexts, each to a 64-bit power, multiplied.
@@ -61,7 +62,7 @@ fn measure(sk: &SecretKey, rng: &mut ChaCha20Rng) -> anyhow::Result<Costs> {
         .map(|i| BigUint::from(0x9e37_79b9_7f4a_7c15u64 ^ i))
         .collect();
     let terms: Vec<(&Ciphertext, &BigUint)> = cts.iter().zip(&ks).collect();
-    let multi_exp = time(20, || pk.multi_scale(&terms));
+    let multi_exp = fastest(5, 4, || pk.multi_scale(&terms));
     Ok(Costs {
         mul,
         enc_textbook,
@@ -84,7 +85,7 @@ fn powm_sec_cost(sk: &SecretKey, rng: &mut ChaCha20Rng) -> (f64, f64) {
         .collect();
     let c = sk.public().random_mask(rng);
     let run = |secret: bool| {
-        time(20, || {
+        fastest(5, 4, || {
             let mut out = Vec::with_capacity(2);
             for (ring, e) in &halves {
                 out.push(if secret {
