@@ -5,10 +5,12 @@
 //! without CRT (GMP: `mpz_powm_sec`, constant time in the secret exponent), and a
 //! 16-term multi-exponentiation (the proxy's release). GMP's raw multiplication,
 //! with no conversion from and to num-bigint, is the floor. One thread; each cost
-//! is the fastest of a few blocks of calls, as the floor is read.
+//! is the fastest of a few blocks of calls, as the floor is read. Last, the
+//! randomizer's table, the one primitive spread over the cores: on one core and
+//! on all of them.
 
 use clap::Parser;
-use dpca_bench::{fastest, raw_gmp_mulmod};
+use dpca_bench::{fastest, on_one_core, raw_gmp_mulmod};
 use dpca_common::paillier::{Ciphertext, SecretKey};
 use dpca_common::randomizer::Randomizer;
 use num_bigint::BigUint;
@@ -100,6 +102,27 @@ fn powm_sec_cost(sk: &SecretKey, rng: &mut ChaCha20Rng) -> (f64, f64) {
     (run(true), run(false))
 }
 
+/// The randomizer's table at widths an owner and the proxy use, built on one
+/// core and on every core of the pool in turn (the fastest of five each): its
+/// bound in the study bench is the first, a role's wall time the second.
+fn table_costs(
+    pk: &dpca_common::paillier::PublicKey,
+    rng: &mut ChaCha20Rng,
+) -> anyhow::Result<Vec<(usize, f64, f64)>> {
+    let mut out = Vec::new();
+    for w in [5, 6, 8] {
+        let (mut one, mut all) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..5 {
+            one = one.min(on_one_core(|| {
+                fastest(1, 1, || Randomizer::new(pk, w, rng))
+            })?);
+            all = all.min(fastest(1, 1, || Randomizer::new(pk, w, rng)));
+        }
+        out.push((w, one, all));
+    }
+    Ok(out)
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut rows = Vec::new();
@@ -172,6 +195,33 @@ fn main() -> anyhow::Result<()> {
                 plain * 1e3,
                 sec / plain
             );
+            let tables = table_costs(gmp_key.public(), &mut rng)?;
+            let shown: Vec<String> = tables
+                .iter()
+                .map(|(w, one, all)| {
+                    format!(
+                        "{w}-bit {:.1}/{:.1}ms ({:.2}x)",
+                        one * 1e3,
+                        all * 1e3,
+                        one / all
+                    )
+                })
+                .collect();
+            println!(
+                "{bits:>5}  {:>10}  fixed-base table, one core/all cores: {}",
+                "table",
+                shown.join(", ")
+            );
+            rows.push(serde_json::json!({
+                "key_bits": bits,
+                "engine": "gmp",
+                "table_build": tables
+                    .iter()
+                    .map(|(w, one, all)| serde_json::json!({
+                        "window_bits": w, "one_core_s": one, "all_cores_s": all,
+                    }))
+                    .collect::<Vec<_>>(),
+            }));
         }
     }
     if let Some(p) = &args.json {
