@@ -21,8 +21,10 @@
 //!   vector block but the last of each segment one shift and one multiplication
 //!   (Horner's rule); per released segment the
 //!   power table of its v_seg, one windowed multi-exponentiation over its len + 1
-//!   short mask exponents, one exponentiation by N and one re-randomization; per
-//!   vector segment one re-randomization; one fixed-base table;
+//!   short mask exponents, one exponentiation by N, len + 1 multiplications (v_seg
+//!   assembled, the mask term and the clear term added) and one re-randomization;
+//!   per vector segment one multiplication (its clear term) and one
+//!   re-randomization; one fixed-base table;
 //!   (that is the paper's `mask` centering; under `dp-mean`, the default, the proxy
 //!   adds its noise to each released ciphertext with one multiplication and
 //!   re-randomizes it, with no mask term);
@@ -112,6 +114,10 @@ struct Keyed {
     /// share a width share a price, which a slow spell of the machine during
     /// one row's reading no longer sets apart.
     randomizer: HashMap<usize, (f64, f64)>,
+    /// Exponentiations of a ciphertext, by kind and length of exponent.
+    scales: HashMap<(Exponent, u64), f64>,
+    /// A ciphertext of this key, the base the exponentiations are priced on.
+    sample: Ciphertext,
 }
 
 impl Keyed {
@@ -143,6 +149,8 @@ impl Keyed {
             rng,
             prims,
             randomizer: HashMap::new(),
+            scales: HashMap::new(),
+            sample: a,
         })
     }
 
@@ -210,25 +218,42 @@ impl Keyed {
 
     /// One shift E[x] -> E[x 2^width], as the release computes it: one
     /// exponentiation by 2^width, that is width squarings inside GMP's.
-    fn shift_cost(&self, width: u64) -> f64 {
-        let pk = self.pk();
-        let c = pk.add(
-            &Ciphertext(BigUint::from(2u8)),
-            &Ciphertext(BigUint::from(3u8)),
-        );
-        let step = BigUint::from(1u8) << width as usize;
-        fastest(5, 4, || pk.scale(&c, &step))
+    fn shift_cost(&mut self, width: u64) -> f64 {
+        self.scale_priced((Exponent::Shift, width), |_| {
+            BigUint::from(1u8) << width as usize
+        })
     }
 
+    /// One exponentiation of a ciphertext by an exponent of `bits` bits.
     fn scale_cost(&mut self, bits: u64) -> f64 {
-        let pk = self.pk().clone();
-        let c = pk.add(
-            &Ciphertext(BigUint::from(2u8)),
-            &Ciphertext(BigUint::from(3u8)),
-        );
-        let e = exponent_of_bits(&mut self.rng, bits);
-        fastest(5, 4, || pk.scale(&c, &e))
+        self.scale_priced((Exponent::Bits, bits), |rng| exponent_of_bits(rng, bits))
     }
+
+    /// A ciphertext's exponentiation by the exponent `draw` gives, on a real
+    /// ciphertext, priced once per kind and length of exponent.
+    fn scale_priced(
+        &mut self,
+        key: (Exponent, u64),
+        draw: impl FnOnce(&mut ChaCha20Rng) -> BigUint,
+    ) -> f64 {
+        if let Some(&cost) = self.scales.get(&key) {
+            return cost;
+        }
+        let e = draw(&mut self.rng);
+        let (pk, c) = (self.sk.public(), &self.sample);
+        let cost = fastest(5, 8, || pk.scale(c, &e));
+        self.scales.insert(key, cost);
+        cost
+    }
+}
+
+/// The kinds of exponent a release raises ciphertexts to.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Exponent {
+    /// 2^w: a shift by w bits.
+    Shift,
+    /// A number of the given bits, its top bit set (N, say).
+    Bits,
 }
 
 /// An exponent of exactly `bits` bits (top bit set): a short exponent's worst case.
@@ -348,6 +373,11 @@ struct Row {
     /// GMP's multiplication mod n^2 in this run, seconds: the end-to-end time in
     /// these units compares across runs on machines of different speed.
     gmp_mulmod: f64,
+    /// GMP's multiplication read again right after the study, over the one the
+    /// bounds are priced at: above 1, the machine was slower around the study
+    /// than when its primitives were priced, and every ratio of the row reads
+    /// that much high.
+    floor_drift: f64,
 }
 
 fn mib(b: u64) -> f64 {
@@ -408,6 +438,8 @@ fn measure(
     centering: Centering,
     owners: usize,
 ) -> anyhow::Result<Row> {
+    // Read first, while the machine is as it was during the study.
+    let floor_after = raw_gmp_mulmod(keyed.sk.public(), &mut keyed.rng);
     let p = keyed.prims.clone();
     let k = report.ciphertexts_per_owner;
     let (owner_table, owner_enc) = keyed.randomizer_costs(k)?;
@@ -430,7 +462,9 @@ fn measure(
     let proxy_bound = received + noise + release + proxy_table;
     let user_bound = (report.release_ciphertexts + 1) as f64 * p.decrypt_crt;
     let bounds = [owner_bound, proxy_bound, user_bound];
-    Ok(row_of(sc, report, centering, owners, bounds, &p))
+    let mut row = row_of(sc, report, centering, owners, bounds, &p);
+    row.floor_drift = floor_after / p.gmp_mulmod;
+    Ok(row)
 }
 
 /// The `mask` release's bound: the noise, re-randomization and mask terms of DESIGN
@@ -475,14 +509,24 @@ fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f
         .triangle
         .segments
         .iter()
-        .map(|s| table_build + one + per_term * s.len as f64 + scale_n + rerand)
+        // Besides the exponentiations: v_seg assembled by len - 1 additions, the
+        // mask term's and the clear term's additions, the re-randomization.
+        .map(|s| {
+            table_build
+                + one
+                + per_term * s.len as f64
+                + scale_n
+                + (s.len + 1) as f64 * p.mulmod
+                + rerand
+        })
         .sum::<f64>()
         + row_tables;
     let shifted = (m * (slots - 1)) as f64 * keyed.shift_cost(report.slot_width);
     // v' by Horner's rule: a shift of the vector slot width per value.
     let horner =
         (m - layout.vector.len()) as f64 * (keyed.shift_cost(report.vector_slot_width) + p.mulmod);
-    shifted + segs + horner + layout.vector.len() as f64 * rerand
+    // Each vector segment: its clear term's addition and a re-randomization.
+    shifted + segs + horner + layout.vector.len() as f64 * (p.mulmod + rerand)
 }
 
 /// A row of the tables from a study's report and its roles' bounds (owner, proxy,
@@ -541,6 +585,7 @@ fn row_of(
         keygen: report.seconds.keygen,
         gmp_factor: p.gmp_mulmod / p.mulmod,
         gmp_mulmod: p.gmp_mulmod,
+        floor_drift: 1.0,
     }
 }
 
@@ -577,12 +622,12 @@ fn print_table(rows: &[Row]) {
     println!(
         "\nCPU time / primitive bound (bound priced with this run's primitives; in brackets priced with GMP's multiplication):"
     );
-    println!("\n| scenario | bits | centering | owner bound s | owner x | proxy bound s | proxy x | user bound s | user x |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("\n| scenario | bits | centering | owner bound s | owner x | proxy bound s | proxy x | user bound s | user x | floor after / priced |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in rows.iter().filter(|r| !r.baseline) {
         let g = r.gmp_factor;
         println!(
-            "| {} {} | {} | {} | {:.2} | {:.2} ({:.2}) | {:.2} | {:.2} ({:.2}) | {:.2} | {:.2} ({:.2}) |",
+            "| {} {} | {} | {} | {:.2} | {:.2} ({:.2}) | {:.2} | {:.2} ({:.2}) | {:.2} | {:.2} ({:.2}) | {:.2} |",
             r.scenario,
             r.name,
             r.key_bits,
@@ -596,6 +641,7 @@ fn print_table(rows: &[Row]) {
             r.user_bound,
             r.user_cpu / r.user_bound,
             r.user_cpu / (r.user_bound * g),
+            r.floor_drift,
         );
     }
 }
