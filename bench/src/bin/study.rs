@@ -96,7 +96,8 @@ struct Args {
 struct Primitives {
     key_bits: u64,
     /// A multiplication of ciphertexts held as `BigUint` (`PublicKey::add`), as
-    /// the release and the owners' encryptions multiply.
+    /// the release's additions and the last multiplication of an encryption or
+    /// a re-randomization multiply (their other products stay in GMP).
     mulmod: f64,
     /// A multiplication of the proxy's fold, on values held in the key's ring.
     fold_mulmod: f64,
