@@ -463,9 +463,15 @@ fn measure(
     let proxy_bound = received + noise + release + proxy_table;
     let user_bound = (report.release_ciphertexts + 1) as f64 * p.decrypt_crt;
     let bounds = [owner_bound, proxy_bound, user_bound];
-    let mut row = row_of(sc, report, centering, owners, bounds, &p);
-    row.floor_drift = floor_after / p.gmp_mulmod;
-    Ok(row)
+    Ok(row_of(
+        sc,
+        report,
+        centering,
+        owners,
+        bounds,
+        &p,
+        floor_after,
+    ))
 }
 
 /// The `mask` release's bound: the noise, re-randomization and mask terms of DESIGN
@@ -530,8 +536,8 @@ fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f
     shifted + segs + horner + layout.vector.len() as f64 * (p.mulmod + rerand)
 }
 
-/// A row of the tables from a study's report and its roles' bounds (owner, proxy,
-/// user).
+/// A row of the tables from a study's report, its roles' bounds (owner, proxy,
+/// user) and GMP's multiplication read right after it.
 fn row_of(
     sc: &Scenario,
     report: &StudyReport,
@@ -539,6 +545,7 @@ fn row_of(
     owners: usize,
     [owner_bound, proxy_bound, user_bound]: [f64; 3],
     p: &Primitives,
+    floor_after: f64,
 ) -> Row {
     let owner_usage = report
         .usage
@@ -586,7 +593,7 @@ fn row_of(
         keygen: report.seconds.keygen,
         gmp_factor: p.gmp_mulmod / p.mulmod,
         gmp_mulmod: p.gmp_mulmod,
-        floor_drift: 1.0,
+        floor_drift: floor_after / p.gmp_mulmod,
     }
 }
 
