@@ -16,13 +16,14 @@
 //!   the study's mechanism and scale in this run;
 //! - proxy: per received ciphertext one validation (range, and a divisibility test
 //!   by n) and one multiplication of its fold (on values held in the key's ring);
-//!   the shifted table E[v_i 2^(t w)] (M (s - 1) shifts, each an exponentiation by
-//!   2^w) and a small power table of each shifted base a row uses; per value of the
-//!   vector block but the last of each segment one shift and one multiplication
-//!   (Horner's rule); per released segment the
-//!   power table of its v_seg, one windowed multi-exponentiation over its len + 1
-//!   short mask exponents, one exponentiation by N, len + 1 multiplications (v_seg
-//!   assembled, the mask term and the clear term added) and one re-randomization;
+//!   per column k one chain of squarings of E[v_k] (`StudyLayout::mask_chain`: as
+//!   far as its shifts E[v_k 2^(t w)] and the radix powers of row k's mask
+//!   exponents reach); per value of the vector block but the last of each segment
+//!   one shift and one multiplication (Horner's rule); per released segment len - 1
+//!   multiplications assembling v_seg, the radix powers of v_seg (a chain over the
+//!   mask's bits), one Yao product over the digits of B_seg and b_i
+//!   (`dpca_common::radix`), one exponentiation by N, two multiplications (the mask
+//!   and clear terms added) and one re-randomization;
 //!   per vector segment one multiplication (its clear term) and one
 //!   re-randomization; one fixed-base table;
 //!   (that is the paper's `mask` centering; under `dp-mean`, the default, the proxy
@@ -46,7 +47,8 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use dpca_common::dp::{Centering, NoiseScale};
 use dpca_common::encoding::{vector_segments, SlotBudget, TriangleLayout};
-use dpca_common::paillier::{random_below, Ciphertext, PowerTable, PublicKey, SecretKey};
+use dpca_common::paillier::{random_below, Ciphertext, PublicKey, SecretKey};
+use dpca_common::radix::{self, RadixPowers};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::study::StudyLayout;
 use dpca_proto::convert::CIPHERTEXTS_PER_CHUNK;
@@ -101,6 +103,9 @@ struct Primitives {
     mulmod: f64,
     /// A multiplication of the proxy's fold, on values held in the key's ring.
     fold_mulmod: f64,
+    /// A squaring on a value held in the key's ring, as the mask term's chains
+    /// run them.
+    square: f64,
     /// GMP's raw multiplication mod n^2, measured in this run.
     gmp_mulmod: f64,
     validate: f64,
@@ -137,6 +142,11 @@ impl Keyed {
                 let ring = pk.ring();
                 let (x, y) = (ring.elem(&a.0), ring.elem(&b.0));
                 fastest(9, 1000, || ring.mul_elem(&x, &y))
+            },
+            square: {
+                let ring = pk.ring();
+                let x = ring.elem(&a.0);
+                fastest(9, 1000, || ring.mul_elem(&x, &x))
             },
             gmp_mulmod: raw_gmp_mulmod(&pk, &mut rng),
             // Per ciphertext, in chunks as the proxy receives them, read into the
@@ -179,25 +189,17 @@ impl Keyed {
         Ok((build, enc))
     }
 
-    /// Costs of the windowed multi-exponentiation as the release runs it: (building
-    /// one base's power table, one multi-exponentiation over prebuilt tables with
-    /// `terms` bases and `bits`-bit exponents).
-    fn multi_scale_costs(&mut self, terms: usize, bits: u64, window: usize) -> (f64, f64) {
+    /// One Yao product of the mask term as the release runs it
+    /// ([`radix::product`]): B_seg of `b_bits` bits on a row's radix powers and a
+    /// mask of `mask_bits` bits on v_seg's, in radix 2^`radix`.
+    fn radix_product_cost(&mut self, radix: usize, b_bits: u64, mask_bits: u64) -> f64 {
         let pk = self.pk().clone();
-        let cts: Vec<Ciphertext> = (0..terms)
-            .map(|i| pk.encrypt(&BigUint::from(i as u64), &mut self.rng))
-            .collect::<Result<_, _>>()
-            .unwrap_or_default();
-        let exps: Vec<BigUint> = (0..terms)
-            .map(|_| exponent_of_bits(&mut self.rng, bits))
-            .collect();
-        let build = cts
-            .first()
-            .map(|c| fastest(3, 4, || pk.power_table(c, window)))
-            .unwrap_or(0.0);
-        let tables: Vec<PowerTable> = cts.iter().map(|c| pk.power_table(c, window)).collect();
-        let pairs: Vec<(&PowerTable, &BigUint)> = tables.iter().zip(&exps).collect();
-        (build, fastest(3, 4, || pk.multi_scale_tables(&pairs)))
+        let ring = pk.ring();
+        let row = RadixPowers::new(&pk, ring.elem(&self.sample.0), radix, b_bits);
+        let v_seg = RadixPowers::new(&pk, ring.elem(&self.sample.0), radix, mask_bits);
+        let b_seg = exponent_of_bits(&mut self.rng, b_bits);
+        let b_i = exponent_of_bits(&mut self.rng, mask_bits);
+        fastest(3, 4, || radix::product(&pk, &[(&row, &b_seg), (&v_seg, &b_i)]))
     }
 
     /// One exact draw of the study's matrix noise (its mechanism at its scale on
@@ -480,9 +482,6 @@ fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f
     let p = keyed.prims.clone();
     let m = report.n_features;
     let slots = report.slots.max(1);
-    // The release's mask term: per row, power tables of its shifted bases; per
-    // segment, the table of v_seg and one multi-exponentiation over len + 1 tables,
-    // whose cost grows linearly in its terms (fit a + b t from two sizes).
     // The study's layout, rebuilt from what study.json reports of it.
     let layout = StudyLayout {
         budget: SlotBudget {
@@ -505,35 +504,47 @@ fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f
         mask_bits: report.mask_bits,
         baseline: report.baseline,
     };
-    let window = layout.mask_window();
-    let (table_build, one) = keyed.multi_scale_costs(1, report.mask_bits, window);
-    let (_, full) = keyed.multi_scale_costs(slots + 1, report.mask_bits, window);
-    let per_term = (full - one) / slots as f64;
+    // The mask term: per column one chain of squarings (its shifts and its row's
+    // radix powers); per segment v_seg assembled by len - 1 multiplications in the
+    // ring, v_seg's radix powers (a chain over the mask's bits) and one Yao
+    // product, whose cost grows linearly in the segment's digits (fit a + b len
+    // from a one-entry and a full segment).
+    let radix = layout.mask_radix();
+    let one = keyed.radix_product_cost(radix, layout.mask_exponent_bits(1), report.mask_bits);
+    let full = keyed.radix_product_cost(
+        radix,
+        layout.mask_exponent_bits(slots),
+        report.mask_bits,
+    );
+    let per_entry = (full - one) / (slots.max(2) - 1) as f64;
+    let v_seg_chain = radix::digits_of(report.mask_bits, radix).saturating_sub(1) * radix;
     let n_bits = u64::from(64 - report.n_rows.leading_zeros());
     let scale_n = keyed.scale_cost(n_bits.max(1));
-    let row_tables: f64 = (0..m).map(|i| slots.min(m - i) as f64 * table_build).sum();
     let segs: f64 = layout
         .triangle
         .segments
         .iter()
-        // Besides the exponentiations: v_seg assembled by len - 1 additions, the
-        // mask term's and the clear term's additions, the re-randomization.
+        // Besides the mask term: the exponentiation by N, the mask term's and the
+        // clear term's additions, the re-randomization.
         .map(|s| {
-            table_build
+            (s.len - 1) as f64 * p.fold_mulmod
+                + v_seg_chain as f64 * p.square
                 + one
-                + per_term * s.len as f64
+                + per_entry * (s.len - 1) as f64
                 + scale_n
-                + (s.len + 1) as f64 * p.mulmod
+                + 2.0 * p.mulmod
                 + rerand
         })
-        .sum::<f64>()
-        + row_tables;
-    let shifted = (m * (slots - 1)) as f64 * keyed.shift_cost(report.slot_width);
+        .sum();
+    let chains = (0..m)
+        .map(|k| layout.mask_chain(k).squarings())
+        .sum::<u64>() as f64
+        * p.square;
     // v' by Horner's rule: a shift of the vector slot width per value.
     let horner =
         (m - layout.vector.len()) as f64 * (keyed.shift_cost(report.vector_slot_width) + p.mulmod);
     // Each vector segment: its clear term's addition and a re-randomization.
-    shifted + segs + horner + layout.vector.len() as f64 * (p.mulmod + rerand)
+    chains + segs + horner + layout.vector.len() as f64 * (p.mulmod + rerand)
 }
 
 /// A row of the tables from a study's report, its roles' bounds (owner, proxy,

@@ -50,6 +50,10 @@ pub enum ProtocolError {
     /// Key or ciphertext problem.
     #[error(transparent)]
     Paillier(#[from] PaillierError),
+    /// A mask exponent longer than the layout's radix powers read: a layout and a
+    /// mask of different studies.
+    #[error(transparent)]
+    Radix(#[from] crate::radix::ExponentTooLong),
     /// A ciphertext vector of the wrong length.
     #[error("expected {expected} ciphertexts, got {got}")]
     Count {

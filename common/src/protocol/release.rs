@@ -9,10 +9,12 @@ use rayon::prelude::*;
 
 use super::ProtocolError;
 use crate::dp::{Centering, NoisePlan};
-use crate::encoding::TriangleLayout;
-use crate::paillier::{random_below, Ciphertext, PowerTable, PublicKey};
+use crate::arith::Elem;
+use crate::encoding::{Segment, TriangleLayout};
+use crate::paillier::{random_below, Ciphertext, PublicKey};
+use crate::radix::{self, RadixPowers};
 use crate::randomizer::Randomness;
-use crate::study::StudyLayout;
+use crate::study::{MaskChain, StudyLayout};
 
 /// The proxy's per-study secrets, sampled once when the study is noised and kept
 /// (a retry must re-serve the same release, or the user could average noise away).
@@ -180,100 +182,217 @@ fn release_masked(
     secrets: &ReleaseSecrets,
 ) -> Result<Vec<Ciphertext>, ProtocolError> {
     let dim = layout.triangle.dim;
-    let slots = layout.budget.slots;
-    let width = layout.budget.slot_width;
     let r_cts = &agg[..layout.triangle.len()];
     let v_cts = &agg[layout.triangle.len()..layout.triangle.len() + dim];
+    let b = &secrets.mask;
+    let mask_terms = match layout.baseline {
+        true => mask_terms_baseline(layout, pk, v_cts, b),
+        false => mask_terms(layout, pk, v_cts, b)?,
+    };
+    let n_big = BigUint::from(n_rows);
+    let matrix = layout
+        .triangle
+        .segments
+        .par_iter()
+        .zip(r_cts.par_iter().zip(mask_terms.par_iter()))
+        .map(|(seg, (r, mask_term))| {
+            let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
+            let noise = &secrets.matrix_noise[start..start + seg.len];
+            // b_i b_j + E'_ij in clear.
+            let plain: Vec<BigInt> = (0..seg.len)
+                .map(|t| BigInt::from(&b[seg.row] * &b[seg.col + t]) + &noise[t])
+                .collect();
+            let c = pk.add(&pk.scale(r, &n_big), mask_term);
+            Ok(pk.add_plain(&c, &layout.budget.pack_residue(&plain, pk.n())))
+        });
+    matrix.chain(masked_vector(layout, pk, v_cts, b)).collect()
+}
+
+/// v' in the vector block's own slots, by Horner's rule on the owners' E[v_k].
+fn masked_vector<'a>(
+    layout: &'a StudyLayout,
+    pk: &'a PublicKey,
+    v_cts: &'a [Ciphertext],
+    b: &'a [BigUint],
+) -> impl IndexedParallelIterator<Item = Result<Ciphertext, ProtocolError>> + 'a {
+    let step = BigUint::one() << layout.vector_budget.slot_width as usize;
+    layout.vector.par_iter().map(move |&(start, len)| {
+        let mut c = v_cts[start + len - 1].clone();
+        for k in (start..start + len - 1).rev() {
+            c = pk.add(&pk.scale(&c, &step), &v_cts[k]);
+        }
+        let plain: Vec<BigInt> = b[start..start + len]
+            .iter()
+            .map(|b| BigInt::from(b.clone()))
+            .collect();
+        let packed = layout.vector_budget.pack(&plain)?;
+        Ok(pk.add_plain(&c, &pk.encode_signed(&packed)?))
+    })
+}
+
+/// The mask term of every matrix segment (row i, columns j..j+len), in segment
+/// order: E[v_seg]^(b_i) * E[v_i]^(B_seg), with v_seg = sum_t v_(j+t) 2^(t w) and
+/// B_seg = sum_t b_(j+t) 2^(t w), that is E[sum_t (b_i v_(j+t) + v_i b_(j+t)) 2^(t w)].
+///
+/// One chain of squarings per column k gives both what v_seg is assembled from
+/// (E[v_k 2^(t w)]) and the radix powers of E[v_k] that every B_seg of row k is
+/// read through ([`radix::product`]). Rows go from the last up, a chunk at a time:
+/// a row's segments read the shifts of the columns at and right of it, all on
+/// chains already run, and only the chunk's radix powers are held (about |n^2| |n|
+/// / r bytes a row, where all rows' would be hundreds of megabytes at M = 1000).
+fn mask_terms(
+    layout: &StudyLayout,
+    pk: &PublicKey,
+    v_cts: &[Ciphertext],
+    b: &[BigUint],
+) -> Result<Vec<Ciphertext>, ProtocolError> {
+    let triangle = &layout.triangle;
+    let first_segment = first_segments(triangle);
+    let chunk = (8 * rayon::current_num_threads()).max(8);
+    let mut shifts: Vec<Vec<Elem>> = vec![Vec::new(); triangle.dim];
+    let mut chunks = Vec::new();
+    let mut hi = triangle.dim;
+    while hi > 0 {
+        let lo = hi.saturating_sub(chunk);
+        let chains: Vec<(Vec<Elem>, RadixPowers)> = (lo..hi)
+            .into_par_iter()
+            .map(|k| column_chain(pk, &v_cts[k], layout.mask_chain(k)))
+            .collect();
+        let mut row_powers = Vec::with_capacity(hi - lo);
+        for (k, (shifted, powers)) in (lo..hi).zip(chains) {
+            shifts[k] = shifted;
+            row_powers.push(powers);
+        }
+        let terms: Vec<Result<Ciphertext, ProtocolError>> = (first_segment[lo]
+            ..first_segment[hi])
+            .into_par_iter()
+            .map(|s| {
+                let seg = &triangle.segments[s];
+                segment_mask_term(layout, pk, seg, &shifts, &row_powers[seg.row - lo], b)
+            })
+            .collect();
+        chunks.push(terms);
+        hi = lo;
+    }
+    chunks.into_iter().rev().flatten().collect()
+}
+
+/// Index of each row's first segment, and the segment count last.
+fn first_segments(triangle: &TriangleLayout) -> Vec<usize> {
+    let mut first = vec![triangle.len(); triangle.dim + 1];
+    for (s, seg) in triangle.segments.iter().enumerate().rev() {
+        first[seg.row] = s;
+    }
+    first
+}
+
+/// Column k's shifts E[v_k 2^(t w)] and E[v_k]'s radix powers, off one chain.
+fn column_chain(pk: &PublicKey, v: &Ciphertext, chain: MaskChain) -> (Vec<Elem>, RadixPowers) {
+    let a = pk.ring().elem(&(&v.0 % pk.n_squared()));
+    let spaced = [
+        (chain.width, chain.shifts),
+        (chain.radix as u64, chain.digits),
+    ];
+    let mut powers = radix::squarings(pk, a, &spaced).into_iter();
+    let shifted = powers.next().unwrap_or_default();
+    let radix_powers = RadixPowers::from_chain(chain.radix, powers.next().unwrap_or_default());
+    (shifted, radix_powers)
+}
+
+/// E[v_seg]^(b_i) * E[v_i]^(B_seg) for one segment: one Yao product over the
+/// digits of B_seg on row i's radix powers and of b_i on v_seg's.
+fn segment_mask_term(
+    layout: &StudyLayout,
+    pk: &PublicKey,
+    seg: &Segment,
+    shifts: &[Vec<Elem>],
+    row_powers: &RadixPowers,
+    b: &[BigUint],
+) -> Result<Ciphertext, ProtocolError> {
+    let ring = pk.ring();
+    let width = layout.budget.slot_width as usize;
+    let mut v_seg = shifts[seg.col][0].clone();
+    for t in 1..seg.len {
+        v_seg = ring.mul_elem(&v_seg, &shifts[seg.col + t][t]);
+    }
+    let v_powers = RadixPowers::new(pk, v_seg, layout.mask_radix(), layout.mask_bits);
+    let b_seg = (0..seg.len).fold(BigUint::zero(), |acc, t| {
+        acc + (&b[seg.col + t] << (t * width))
+    });
+    Ok(radix::product(
+        pk,
+        &[(row_powers, &b_seg), (&v_powers, &b[seg.row])],
+    )?)
+}
+
+/// The paper's way, the baseline's: E[v_seg]^(b_i) and each E[v_i 2^(t w)]^(b_(j+t))
+/// one exponentiation apiece, on shifts of every column by squarings.
+fn mask_terms_baseline(
+    layout: &StudyLayout,
+    pk: &PublicKey,
+    v_cts: &[Ciphertext],
+    b: &[BigUint],
+) -> Vec<Ciphertext> {
+    let (slots, width) = (layout.budget.slots, layout.budget.slot_width);
     let table: Vec<Vec<Ciphertext>> = v_cts
         .par_iter()
         .map(|v| shifted(pk, v, slots, width))
         .collect();
-    let n_big = BigUint::from(n_rows);
-    let b = &secrets.mask;
+    layout
+        .triangle
+        .segments
+        .par_iter()
+        .map(|seg| {
+            let mut v_seg = table[seg.col][0].clone();
+            for t in 1..seg.len {
+                v_seg = pk.add(&v_seg, &table[seg.col + t][t]);
+            }
+            let mut c = pk.scale(&v_seg, &b[seg.row]);
+            for t in 0..seg.len {
+                c = pk.add(&c, &pk.scale(&table[seg.row][t], &b[seg.col + t]));
+            }
+            c
+        })
+        .collect()
+}
 
-    // Segments are laid out row by row; each row's segments share the row bases
-    // E[v_i 2^(t w)] of the mask term, so their power tables are built once per row.
-    let mut rows: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-    for (s_idx, seg) in layout.triangle.segments.iter().enumerate() {
-        match rows.last_mut() {
-            Some((row, range)) if *row == seg.row => range.end = s_idx + 1,
-            _ => rows.push((seg.row, s_idx..s_idx + 1)),
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{test_key, test_spec};
+    use rand_chacha::ChaCha20Rng;
+
+    /// Several segments to a row and several chunks of rows (M = 40, 3 slots, on
+    /// two threads or more): every segment's mask term decrypts to
+    /// sum_t (b_i v_(j+t) + v_i b_(j+t)) 2^(t w) mod n, and equals the baseline's.
+    #[test]
+    fn mask_terms_decrypt_to_the_masked_segment() {
+        let sk = test_key();
+        let pk = sk.public();
+        let dim = 40;
+        let mut layout = StudyLayout::new(&test_spec(pk, dim)).expect("layout");
+        layout.budget.slots = 3;
+        layout.triangle = TriangleLayout::new(dim, 3);
+        layout.mask_bits = 74;
+        let mut rng = ChaCha20Rng::seed_from_u64(40);
+        let v: Vec<BigUint> = (0..dim).map(|_| random_below(&BigUint::from(1u64 << 40), &mut rng)).collect();
+        let b: Vec<BigUint> = (0..dim)
+            .map(|_| random_below(&(BigUint::one() << 74usize), &mut rng))
+            .collect();
+        let v_cts: Vec<Ciphertext> = v
+            .iter()
+            .map(|x| pk.encrypt(x, &mut rng).expect("encrypts"))
+            .collect();
+        let fast = mask_terms(&layout, pk, &v_cts, &b).expect("mask terms");
+        assert_eq!(fast, mask_terms_baseline(&layout, pk, &v_cts, &b));
+        let w = layout.budget.slot_width as usize;
+        assert!(layout.triangle.len() > 2 * dim, "rows of several segments");
+        for (seg, c) in layout.triangle.segments.iter().zip(&fast) {
+            let want = (0..seg.len).fold(BigUint::zero(), |acc, t| {
+                let (i, k) = (seg.row, seg.col + t);
+                acc + ((&b[i] * &v[k] + &v[i] * &b[k]) << (t * w))
+            }) % pk.n();
+            assert_eq!(sk.decrypt(c), want, "segment {seg:?}");
         }
     }
-    let window = layout.mask_window();
-    let segment = |s_idx: usize, row_tables: &[PowerTable]| -> Result<Ciphertext, ProtocolError> {
-        let seg = &layout.triangle.segments[s_idx];
-        let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
-        let noise = &secrets.matrix_noise[start..start + seg.len];
-        let i = seg.row;
-        // E[N R_seg]
-        let mut c = pk.scale(&r_cts[s_idx], &n_big);
-        // E[v_seg]^(b_i): v_seg assembled from the shifted table.
-        let mut v_seg = table[seg.col][0].clone();
-        for t in 1..seg.len {
-            v_seg = pk.add(&v_seg, &table[seg.col + t][t]);
-        }
-        if layout.baseline {
-            // The paper's way: one exponentiation per term.
-            c = pk.add(&c, &pk.scale(&v_seg, &b[i]));
-            for t in 0..seg.len {
-                c = pk.add(&c, &pk.scale(&table[i][t], &b[seg.col + t]));
-            }
-        } else {
-            // E[v_seg]^(b_i) * prod_t E[v_i 2^(t w)]^(b_(j+t)): one simultaneous
-            // exponentiation over short exponents.
-            let v_table = pk.power_table(&v_seg, window);
-            let mut terms = vec![(&v_table, &b[i])];
-            terms.extend((0..seg.len).map(|t| (&row_tables[t], &b[seg.col + t])));
-            c = pk.add(&c, &pk.multi_scale_tables(&terms));
-        }
-        // b_i b_j + E'_ij in clear.
-        let plain: Vec<BigInt> = (0..seg.len)
-            .map(|t| BigInt::from(&b[i] * &b[seg.col + t]) + &noise[t])
-            .collect();
-        Ok(pk.add_plain(&c, &layout.budget.pack_residue(&plain, pk.n())))
-    };
-    let per_row: Vec<Vec<Result<Ciphertext, ProtocolError>>> = rows
-        .par_iter()
-        .map(|(row, range)| {
-            let row_tables: Vec<PowerTable> = if layout.baseline {
-                Vec::new()
-            } else {
-                let longest = range
-                    .clone()
-                    .map(|s| layout.triangle.segments[s].len)
-                    .max()
-                    .unwrap_or(0);
-                table[*row][..longest]
-                    .iter()
-                    .map(|c| pk.power_table(c, window))
-                    .collect()
-            };
-            // Rows near the top hold many segments: spread them over the cores too.
-            range
-                .clone()
-                .into_par_iter()
-                .map(|s_idx| segment(s_idx, &row_tables))
-                .collect()
-        })
-        .collect();
-    // v' in the vector block's own slots, by Horner's rule on the owners' E[v_k].
-    let step = BigUint::one() << layout.vector_budget.slot_width as usize;
-    let vecs: Vec<Result<Ciphertext, ProtocolError>> = layout
-        .vector
-        .par_iter()
-        .map(|&(start, len)| {
-            let mut c = v_cts[start + len - 1].clone();
-            for k in (start..start + len - 1).rev() {
-                c = pk.add(&pk.scale(&c, &step), &v_cts[k]);
-            }
-            let plain: Vec<BigInt> = b[start..start + len]
-                .iter()
-                .map(|b| BigInt::from(b.clone()))
-                .collect();
-            let packed = layout.vector_budget.pack(&plain)?;
-            Ok(pk.add_plain(&c, &pk.encode_signed(&packed)?))
-        })
-        .collect();
-    per_row.into_iter().flatten().chain(vecs).collect()
 }

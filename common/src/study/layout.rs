@@ -6,7 +6,7 @@ use num_traits::One;
 use super::{SpecDraft, SpecError, StudySpec};
 use crate::dp::Centering;
 use crate::encoding::{vector_segments, SlotBudget, TriangleLayout};
-use crate::paillier::PowerTable;
+use crate::radix;
 
 /// The version of the ciphertext layout [`StudyLayout::new`] derives from a spec.
 ///
@@ -207,17 +207,58 @@ impl StudyLayout {
         self.matrix_ciphertexts() + self.owner_vector_ciphertexts() + 1
     }
 
-    /// Window of the power tables in the proxy's mask term: each row's shifted bases
-    /// serve every segment of that row, about (segments / M) uses each.
-    pub fn mask_window(&self) -> usize {
-        let uses = self.triangle.len().div_ceil(self.triangle.dim.max(1));
-        PowerTable::window_for(self.mask_bits, uses)
+    /// The radix of the Yao products of the proxy's mask term ([`crate::radix`]):
+    /// one product reads a full segment's B_seg and v_seg's b_i.
+    pub fn mask_radix(&self) -> usize {
+        let longest = self.budget.slots.min(self.triangle.dim);
+        radix::radix_for(self.mask_exponent_bits(longest) + self.mask_bits)
+    }
+
+    /// Bits of B_seg = sum_t b_(j+t) 2^(t w) for a segment of `len` entries.
+    pub fn mask_exponent_bits(&self, len: usize) -> u64 {
+        (len.max(1) as u64 - 1) * self.budget.slot_width + self.mask_bits
+    }
+
+    /// What the mask term takes off the chain of squarings of E[v_k]: the shifts
+    /// E[v_k 2^(t w)] that segments starting at columns j = k - t read (t <= k), and
+    /// the radix powers that read B_seg of every segment of row k.
+    pub fn mask_chain(&self, k: usize) -> MaskChain {
+        let slots = self.budget.slots.max(1);
+        let longest = slots.min(self.triangle.dim.saturating_sub(k)).max(1);
+        MaskChain {
+            shifts: slots.min(k + 1),
+            width: self.budget.slot_width,
+            digits: radix::digits_of(self.mask_exponent_bits(longest), self.mask_radix()),
+            radix: self.mask_radix(),
+        }
     }
 
     /// Ciphertexts the proxy releases: the packed matrix blocks, then the packed
     /// vector block.
     pub fn release_ciphertexts(&self) -> usize {
         self.matrix_ciphertexts() + self.vector.len()
+    }
+}
+
+/// The powers the `mask` release takes off one chain of squarings of a column's
+/// E[v_k] ([`StudyLayout::mask_chain`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaskChain {
+    /// Shifts E[v_k 2^(t w)], t below this.
+    pub shifts: usize,
+    /// The slot width w, in bits.
+    pub width: u64,
+    /// Radix powers E[v_k]^(2^(r u)), u below this.
+    pub digits: usize,
+    /// The radix r, in bits.
+    pub radix: usize,
+}
+
+impl MaskChain {
+    /// Squarings the chain takes to reach its last power.
+    pub fn squarings(&self) -> u64 {
+        let last = |count: usize, step: u64| count.saturating_sub(1) as u64 * step;
+        last(self.shifts, self.width).max(last(self.digits, self.radix as u64))
     }
 }
 
