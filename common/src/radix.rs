@@ -208,7 +208,10 @@ mod tests {
         let pk = test_key().public().clone();
         let a = BigUint::from(12345u32);
         let got = squarings(&pk, pk.ring().elem(&a), &[(3, 4), (5, 2), (7, 0)]);
-        let power = |e: u64| pk.ring().elem(&a.modpow(&(BigUint::one() << e as usize), pk.n_squared()));
+        let power = |e: u64| {
+            pk.ring()
+                .elem(&a.modpow(&(BigUint::one() << e as usize), pk.n_squared()))
+        };
         let want = vec![
             vec![power(0), power(3), power(6), power(9)],
             vec![power(0), power(5)],

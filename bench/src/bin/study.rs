@@ -199,7 +199,9 @@ impl Keyed {
         let v_seg = RadixPowers::new(&pk, ring.elem(&self.sample.0), radix, mask_bits);
         let b_seg = exponent_of_bits(&mut self.rng, b_bits);
         let b_i = exponent_of_bits(&mut self.rng, mask_bits);
-        fastest(3, 4, || radix::product(&pk, &[(&row, &b_seg), (&v_seg, &b_i)]))
+        fastest(3, 4, || {
+            radix::product(&pk, &[(&row, &b_seg), (&v_seg, &b_i)])
+        })
     }
 
     /// One exact draw of the study's matrix noise (its mechanism at its scale on
@@ -511,11 +513,7 @@ fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f
     // from a one-entry and a full segment).
     let radix = layout.mask_radix();
     let one = keyed.radix_product_cost(radix, layout.mask_exponent_bits(1), report.mask_bits);
-    let full = keyed.radix_product_cost(
-        radix,
-        layout.mask_exponent_bits(slots),
-        report.mask_bits,
-    );
+    let full = keyed.radix_product_cost(radix, layout.mask_exponent_bits(slots), report.mask_bits);
     let per_entry = (full - one) / (slots.max(2) - 1) as f64;
     let v_seg_chain = radix::digits_of(report.mask_bits, radix).saturating_sub(1) * radix;
     let n_bits = u64::from(64 - report.n_rows.leading_zeros());

@@ -8,8 +8,8 @@ use rand::{CryptoRng, RngCore, SeedableRng};
 use rayon::prelude::*;
 
 use super::ProtocolError;
-use crate::dp::{Centering, NoisePlan};
 use crate::arith::Elem;
+use crate::dp::{Centering, NoisePlan};
 use crate::encoding::{Segment, TriangleLayout};
 use crate::paillier::{random_below, Ciphertext, PublicKey};
 use crate::radix::{self, RadixPowers};
@@ -263,8 +263,7 @@ fn mask_terms(
             shifts[k] = shifted;
             row_powers.push(powers);
         }
-        let terms: Vec<Result<Ciphertext, ProtocolError>> = (first_segment[lo]
-            ..first_segment[hi])
+        let terms: Vec<Result<Ciphertext, ProtocolError>> = (first_segment[lo]..first_segment[hi])
             .into_par_iter()
             .map(|s| {
                 let seg = &triangle.segments[s];
@@ -375,7 +374,9 @@ mod tests {
         layout.triangle = TriangleLayout::new(dim, 3);
         layout.mask_bits = 74;
         let mut rng = ChaCha20Rng::seed_from_u64(40);
-        let v: Vec<BigUint> = (0..dim).map(|_| random_below(&BigUint::from(1u64 << 40), &mut rng)).collect();
+        let v: Vec<BigUint> = (0..dim)
+            .map(|_| random_below(&BigUint::from(1u64 << 40), &mut rng))
+            .collect();
         let b: Vec<BigUint> = (0..dim)
             .map(|_| random_below(&(BigUint::one() << 74usize), &mut rng))
             .collect();
