@@ -122,6 +122,8 @@ struct Keyed {
     randomizer: HashMap<usize, (f64, f64)>,
     /// Exponentiations of a ciphertext, by kind and length of exponent.
     scales: HashMap<(Exponent, u64), f64>,
+    /// The mask term's Yao products, by radix and the bits of their two exponents.
+    products: HashMap<(usize, u64, u64), f64>,
     /// A ciphertext of this key, the base the exponentiations are priced on.
     sample: Ciphertext,
 }
@@ -161,6 +163,7 @@ impl Keyed {
             prims,
             randomizer: HashMap::new(),
             scales: HashMap::new(),
+            products: HashMap::new(),
             sample: a,
         })
     }
@@ -193,15 +196,21 @@ impl Keyed {
     /// ([`radix::product`]): B_seg of `b_bits` bits on a row's radix powers and a
     /// mask of `mask_bits` bits on v_seg's, in radix 2^`radix`.
     fn radix_product_cost(&mut self, radix: usize, b_bits: u64, mask_bits: u64) -> f64 {
+        let key = (radix, b_bits, mask_bits);
+        if let Some(&cost) = self.products.get(&key) {
+            return cost;
+        }
         let pk = self.pk().clone();
         let ring = pk.ring();
         let row = RadixPowers::new(&pk, ring.elem(&self.sample.0), radix, b_bits);
         let v_seg = RadixPowers::new(&pk, ring.elem(&self.sample.0), radix, mask_bits);
         let b_seg = exponent_of_bits(&mut self.rng, b_bits);
         let b_i = exponent_of_bits(&mut self.rng, mask_bits);
-        fastest(3, 4, || {
+        let cost = fastest(5, 4, || {
             radix::product(&pk, &[(&row, &b_seg), (&v_seg, &b_i)])
-        })
+        });
+        self.products.insert(key, cost);
+        cost
     }
 
     /// One exact draw of the study's matrix noise (its mechanism at its scale on
