@@ -10,7 +10,7 @@
 //! 2^r, and for d = 2^r - 1 down to 1 multiply into a running A every radix power
 //! whose digit is d, then A into the result, so that a radix power of digit d enters
 //! the result d times. Its cost is one multiplication per nonzero digit plus about
-//! 2^r, and no squaring: a 3041-bit exponent in radix 2^6 costs about 570
+//! 2^r, and no squaring: a 3041-bit exponent in radix 2^7 costs about 560
 //! multiplications, where the windowed simultaneous exponentiation over the same
 //! chain's powers spaced a slot apart costs about 820 and a small table per base.
 

@@ -53,8 +53,9 @@ pub enum ProtocolError {
     /// Key or ciphertext problem.
     #[error(transparent)]
     Paillier(#[from] PaillierError),
-    /// A mask exponent longer than the layout's radix powers read: a layout and a
-    /// mask of different studies.
+    /// A mask exponent longer than the radix powers the layout has the release
+    /// take ([`crate::study::StudyLayout::mask_exponent_bits`] bounds every one):
+    /// an error rather than a product missing its high digits.
     #[error(transparent)]
     Radix(#[from] crate::radix::ExponentTooLong),
     /// A ciphertext vector of the wrong length.

@@ -248,7 +248,7 @@ fn mask_terms(
 ) -> Result<Vec<Ciphertext>, ProtocolError> {
     let triangle = &layout.triangle;
     let first_segment = first_segments(triangle);
-    let chunk = (8 * rayon::current_num_threads()).max(8);
+    let chunk = rows_a_chunk();
     let mut shifts: Vec<Vec<Elem>> = vec![Vec::new(); triangle.dim];
     let mut chunks = Vec::new();
     let mut hi = triangle.dim;
@@ -274,6 +274,11 @@ fn mask_terms(
         hi = lo;
     }
     chunks.into_iter().rev().flatten().collect()
+}
+
+/// Rows whose chains run together: enough to keep every thread of the pool busy.
+fn rows_a_chunk() -> usize {
+    (8 * rayon::current_num_threads()).max(8)
 }
 
 /// Index of each row's first segment, and the segment count last.
@@ -361,11 +366,19 @@ mod tests {
     use crate::testing::{test_key, test_spec};
     use rand_chacha::ChaCha20Rng;
 
-    /// Several segments to a row and several chunks of rows (M = 40, 3 slots, on
-    /// two threads or more): every segment's mask term decrypts to
+    /// Several segments to a row and several chunks of rows (M = 40, 3 slots, on a
+    /// pool of two threads): every segment's mask term decrypts to
     /// sum_t (b_i v_(j+t) + v_i b_(j+t)) 2^(t w) mod n, and equals the baseline's.
     #[test]
     fn mask_terms_decrypt_to_the_masked_segment() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("a pool of two threads");
+        pool.install(mask_terms_decrypt_on_this_pool);
+    }
+
+    fn mask_terms_decrypt_on_this_pool() {
         let sk = test_key();
         let pk = sk.public();
         let dim = 40;
@@ -388,6 +401,7 @@ mod tests {
         assert_eq!(fast, mask_terms_baseline(&layout, pk, &v_cts, &b));
         let w = layout.budget.slot_width as usize;
         assert!(layout.triangle.len() > 2 * dim, "rows of several segments");
+        assert!(dim > 2 * rows_a_chunk(), "several chunks of rows");
         for (seg, c) in layout.triangle.segments.iter().zip(&fast) {
             let want = (0..seg.len).fold(BigUint::zero(), |acc, t| {
                 let (i, k) = (seg.row, seg.col + t);
@@ -395,5 +409,31 @@ mod tests {
             }) % pk.n();
             assert_eq!(sk.decrypt(c), want, "segment {seg:?}");
         }
+    }
+
+    /// B_seg with every mask at its largest carries past the last mask's top bit
+    /// (masks are wider than slots); the layout's bound and the release's radix
+    /// powers cover it.
+    #[test]
+    fn the_widest_b_seg_fits_its_radix_powers() {
+        let sk = test_key();
+        let pk = sk.public();
+        let dim = 6;
+        let mut layout = StudyLayout::new(&test_spec(pk, dim)).expect("layout");
+        layout.budget.slots = 3;
+        layout.triangle = TriangleLayout::new(dim, 3);
+        layout.mask_bits = layout.budget.slot_width + 5;
+        let w = layout.budget.slot_width as usize;
+        let top = (BigUint::one() << layout.mask_bits as usize) - 1u8;
+        for len in 1..=3 {
+            let widest = (0..len).fold(BigUint::zero(), |acc, t| acc + (&top << (t * w)));
+            assert!(widest.bits() <= layout.mask_exponent_bits(len), "len {len}");
+        }
+        let b = vec![top; dim];
+        let v_cts: Vec<Ciphertext> = (0..dim)
+            .map(|k| Ciphertext(BigUint::from(k as u64 + 2)))
+            .collect();
+        let fast = mask_terms(&layout, pk, &v_cts, &b).expect("every B_seg is read");
+        assert_eq!(fast, mask_terms_baseline(&layout, pk, &v_cts, &b));
     }
 }

@@ -214,9 +214,12 @@ impl StudyLayout {
         radix::radix_for(self.mask_exponent_bits(longest) + self.mask_bits)
     }
 
-    /// Bits of B_seg = sum_t b_(j+t) 2^(t w) for a segment of `len` entries.
+    /// Bits B_seg = sum_t b_(j+t) 2^(t w) can have, for a segment of `len`
+    /// entries: the last mask's top bit, and one more for the carry of the masks
+    /// below it, which overlap (a mask is wider than a slot).
     pub fn mask_exponent_bits(&self, len: usize) -> u64 {
-        (len.max(1) as u64 - 1) * self.budget.slot_width + self.mask_bits
+        let len = len.max(1) as u64;
+        (len - 1) * self.budget.slot_width + self.mask_bits + u64::from(len > 1)
     }
 
     /// What the mask term takes off the chain of squarings of E[v_k]: the shifts
