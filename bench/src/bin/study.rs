@@ -487,14 +487,11 @@ fn measure(
     ))
 }
 
-/// The `mask` release's bound: the noise, re-randomization and mask terms of DESIGN
-/// section 4, priced with this run's primitives.
-fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f64 {
-    let p = keyed.prims.clone();
+/// The study's layout, rebuilt from what study.json reports of it.
+fn layout_of(report: &StudyReport) -> StudyLayout {
     let m = report.n_features;
     let slots = report.slots.max(1);
-    // The study's layout, rebuilt from what study.json reports of it.
-    let layout = StudyLayout {
+    StudyLayout {
         budget: SlotBudget {
             slot_width: report.slot_width,
             slots,
@@ -514,7 +511,16 @@ fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f
         count_scale: 0,
         mask_bits: report.mask_bits,
         baseline: report.baseline,
-    };
+    }
+}
+
+/// The `mask` release's bound: the noise, re-randomization and mask terms of DESIGN
+/// section 4, priced with this run's primitives.
+fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f64 {
+    let p = keyed.prims.clone();
+    let m = report.n_features;
+    let slots = report.slots.max(1);
+    let layout = layout_of(report);
     // The mask term: per column one chain of squarings (its shifts and its row's
     // radix powers); per segment v_seg assembled by len - 1 multiplications in the
     // ring, v_seg's radix powers (a chain over the mask's bits) and one Yao

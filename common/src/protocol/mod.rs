@@ -53,11 +53,12 @@ pub enum ProtocolError {
     /// Key or ciphertext problem.
     #[error(transparent)]
     Paillier(#[from] PaillierError),
-    /// A mask exponent longer than the radix powers the layout has the release
-    /// take ([`crate::study::StudyLayout::mask_exponent_bits`] bounds every one):
-    /// an error rather than a product missing its high digits.
+    /// A mask term's product refused ([`crate::radix::RadixError`]): a mask
+    /// exponent longer than the radix powers the layout has the release take
+    /// ([`crate::study::StudyLayout::mask_exponent_bits`] bounds every one), or
+    /// powers of two radixes: an error rather than a wrong value.
     #[error(transparent)]
-    Radix(#[from] crate::radix::ExponentTooLong),
+    Radix(#[from] crate::radix::RadixError),
     /// A ciphertext vector of the wrong length.
     #[error("expected {expected} ciphertexts, got {got}")]
     Count {

@@ -185,9 +185,10 @@ fn release_masked(
     let r_cts = &agg[..layout.triangle.len()];
     let v_cts = &agg[layout.triangle.len()..layout.triangle.len() + dim];
     let b = &secrets.mask;
-    let mask_terms = match layout.baseline {
-        true => mask_terms_baseline(layout, pk, v_cts, b),
-        false => mask_terms(layout, pk, v_cts, b)?,
+    let mask_terms = if layout.baseline {
+        mask_terms_baseline(layout, pk, v_cts, b)
+    } else {
+        mask_terms(layout, pk, v_cts, b)?
     };
     let n_big = BigUint::from(n_rows);
     let matrix = layout
@@ -238,8 +239,9 @@ fn masked_vector<'a>(
 /// (E[v_k 2^(t w)]) and the radix powers of E[v_k] that every B_seg of row k is
 /// read through ([`radix::product`]). Rows go from the last up, a chunk at a time:
 /// a row's segments read the shifts of the columns at and right of it, all on
-/// chains already run, and only the chunk's radix powers are held (about |n^2| |n|
-/// / r bytes a row, where all rows' would be hundreds of megabytes at M = 1000).
+/// chains already run, and only the chunk's radix powers are held: about
+/// |n^2| |n| / (8 r) bytes a row, 8 rows a thread (5 MiB on two threads at
+/// M = 1000 and 3072 bits, where all rows' would be over 300 MB).
 fn mask_terms(
     layout: &StudyLayout,
     pk: &PublicKey,

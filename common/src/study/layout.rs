@@ -216,7 +216,8 @@ impl StudyLayout {
 
     /// Bits B_seg = sum_t b_(j+t) 2^(t w) can have, for a segment of `len`
     /// entries: the last mask's top bit, and one more for the carry of the masks
-    /// below it, which overlap (a mask is wider than a slot).
+    /// below it, which overlap where a mask is wider than a slot (at M = 1000,
+    /// 74 bits in slots of 69).
     pub fn mask_exponent_bits(&self, len: usize) -> u64 {
         let len = len.max(1) as u64;
         (len - 1) * self.budget.slot_width + self.mask_bits + u64::from(len > 1)
