@@ -50,6 +50,11 @@ impl RadixPowers {
         Self::from_chain(radix_bits, chain.into_iter().next().unwrap_or_default())
     }
 
+    /// The radix, in bits: a product's other terms must have the same.
+    pub fn radix_bits(&self) -> usize {
+        self.radix_bits
+    }
+
     /// Bits of the largest exponent these powers read.
     pub fn bits(&self) -> u64 {
         (self.powers.len() * self.radix_bits) as u64

@@ -109,10 +109,7 @@ fn powm_sec_cost(sk: &SecretKey, rng: &mut ChaCha20Rng) -> (f64, f64) {
 /// The randomizer's table at widths an owner and the proxy use, built on one
 /// core and on every core of the pool in turn (the fastest of five each): its
 /// bound in the study bench is the first, a role's wall time the second.
-fn table_costs(
-    pk: &dpca_common::paillier::PublicKey,
-    rng: &mut ChaCha20Rng,
-) -> anyhow::Result<Vec<(usize, f64, f64)>> {
+fn table_costs(pk: &PublicKey, rng: &mut ChaCha20Rng) -> anyhow::Result<Vec<(usize, f64, f64)>> {
     let mut out = Vec::new();
     for w in [5, 6, 8] {
         let (mut one, mut all) = (f64::INFINITY, f64::INFINITY);
@@ -145,13 +142,11 @@ fn mask_term_costs(pk: &PublicKey, rng: &mut ChaCha20Rng) -> anyhow::Result<(f64
     let b: Vec<BigUint> = (0..=slots)
         .map(|_| random_below(&(BigUint::from(1u8) << MASK_BITS), rng))
         .collect();
-    let shifted: Vec<Ciphertext> = (0..slots)
-        .map(|t| {
-            pk.scale(
-                &Ciphertext(v_i.clone()),
-                &(BigUint::from(1u8) << (WIDTH * t)),
-            )
-        })
+    let ring = pk.ring();
+    let shifted: Vec<Ciphertext> = radix::squarings(pk, ring.elem(&v_i), &[(WIDTH as u64, slots)])
+        .into_iter()
+        .flatten()
+        .map(|e| Ciphertext(e.to_big()))
         .collect();
     let window = PowerTable::window_for(MASK_BITS as u64, segments_a_row);
     let row_tables = fastest(3, 1, || {
@@ -169,7 +164,6 @@ fn mask_term_costs(pk: &PublicKey, rng: &mut ChaCha20Rng) -> anyhow::Result<(f64
     };
     let b_seg = (0..slots).fold(BigUint::from(0u8), |acc, t| acc + (&b[t] << (WIDTH * t)));
     let r = radix::radix_for(b_seg.bits() + MASK_BITS as u64);
-    let ring = pk.ring();
     let row = RadixPowers::new(pk, ring.elem(&v_i), r, b_seg.bits());
     let yao = || {
         let powers = RadixPowers::new(pk, ring.elem(&v_seg), r, MASK_BITS as u64);

@@ -518,9 +518,8 @@ fn layout_of(report: &StudyReport) -> StudyLayout {
 /// section 4, priced with this run's primitives.
 fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f64 {
     let p = keyed.prims.clone();
-    let m = report.n_features;
-    let slots = report.slots.max(1);
     let layout = layout_of(report);
+    let (m, slots) = (layout.triangle.dim, layout.budget.slots);
     // The mask term: per column one chain of squarings (its shifts and its row's
     // radix powers); per segment v_seg assembled by len - 1 multiplications in the
     // ring, v_seg's radix powers (a chain over the mask's bits) and one Yao

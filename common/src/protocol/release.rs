@@ -78,18 +78,9 @@ impl ReleaseSecrets {
     }
 }
 
-/// E[v_k 2^(t w)] for t < slots: only squarings, computed once per k.
-fn shifted(pk: &PublicKey, v: &Ciphertext, slots: usize, width: u64) -> Vec<Ciphertext> {
-    let mut out = Vec::with_capacity(slots);
-    let mut cur = v.clone();
-    let step = BigUint::one() << width as usize;
-    for t in 0..slots {
-        if t > 0 {
-            cur = pk.scale(&cur, &step);
-        }
-        out.push(cur.clone());
-    }
-    out
+/// A ciphertext held in the key's ring, where the mask term's chains square it.
+fn in_ring(pk: &PublicKey, c: &Ciphertext) -> Elem {
+    pk.ring().elem(&(&c.0 % pk.n_squared()))
 }
 
 /// Computes the released ciphertexts from the aggregate of all owners' contributions
@@ -294,7 +285,7 @@ fn first_segments(triangle: &TriangleLayout) -> Vec<usize> {
 
 /// Column k's shifts E[v_k 2^(t w)] and E[v_k]'s radix powers, off one chain.
 fn column_chain(pk: &PublicKey, v: &Ciphertext, chain: MaskChain) -> (Vec<Elem>, RadixPowers) {
-    let a = pk.ring().elem(&(&v.0 % pk.n_squared()));
+    let a = in_ring(pk, v);
     let spaced = [
         (chain.width, chain.shifts),
         (chain.radix as u64, chain.digits),
@@ -321,7 +312,7 @@ fn segment_mask_term(
     for t in 1..seg.len {
         v_seg = ring.mul_elem(&v_seg, &shifts[seg.col + t][t]);
     }
-    let v_powers = RadixPowers::new(pk, v_seg, layout.mask_radix(), layout.mask_bits);
+    let v_powers = RadixPowers::new(pk, v_seg, row_powers.radix_bits(), layout.mask_bits);
     let b_seg = (0..seg.len).fold(BigUint::zero(), |acc, t| {
         acc + (&b[seg.col + t] << (t * width))
     });
@@ -339,10 +330,17 @@ fn mask_terms_baseline(
     v_cts: &[Ciphertext],
     b: &[BigUint],
 ) -> Vec<Ciphertext> {
-    let (slots, width) = (layout.budget.slots, layout.budget.slot_width);
+    let spaced = [(layout.budget.slot_width, layout.budget.slots)];
     let table: Vec<Vec<Ciphertext>> = v_cts
         .par_iter()
-        .map(|v| shifted(pk, v, slots, width))
+        .map(|v| {
+            let shifts = radix::squarings(pk, in_ring(pk, v), &spaced);
+            shifts
+                .into_iter()
+                .flatten()
+                .map(|e| Ciphertext(e.to_big()))
+                .collect()
+        })
         .collect();
     layout
         .triangle
@@ -380,13 +378,19 @@ mod tests {
         pool.install(mask_terms_decrypt_on_this_pool);
     }
 
+    /// The test spec's layout at `dim` features cut into segments of 3 slots.
+    fn three_slot_layout(pk: &PublicKey, dim: usize) -> StudyLayout {
+        let mut layout = StudyLayout::new(&test_spec(pk, dim)).expect("layout");
+        layout.budget.slots = 3;
+        layout.triangle = TriangleLayout::new(dim, 3);
+        layout
+    }
+
     fn mask_terms_decrypt_on_this_pool() {
         let sk = test_key();
         let pk = sk.public();
         let dim = 40;
-        let mut layout = StudyLayout::new(&test_spec(pk, dim)).expect("layout");
-        layout.budget.slots = 3;
-        layout.triangle = TriangleLayout::new(dim, 3);
+        let mut layout = three_slot_layout(pk, dim);
         layout.mask_bits = 74;
         let mut rng = ChaCha20Rng::seed_from_u64(40);
         let v: Vec<BigUint> = (0..dim)
@@ -421,9 +425,7 @@ mod tests {
         let sk = test_key();
         let pk = sk.public();
         let dim = 6;
-        let mut layout = StudyLayout::new(&test_spec(pk, dim)).expect("layout");
-        layout.budget.slots = 3;
-        layout.triangle = TriangleLayout::new(dim, 3);
+        let mut layout = three_slot_layout(pk, dim);
         layout.mask_bits = layout.budget.slot_width + 5;
         let w = layout.budget.slot_width as usize;
         let top = (BigUint::one() << layout.mask_bits as usize) - 1u8;

@@ -229,11 +229,12 @@ impl StudyLayout {
     pub fn mask_chain(&self, k: usize) -> MaskChain {
         let slots = self.budget.slots.max(1);
         let longest = slots.min(self.triangle.dim.saturating_sub(k)).max(1);
+        let radix = self.mask_radix();
         MaskChain {
             shifts: slots.min(k + 1),
             width: self.budget.slot_width,
-            digits: radix::digits_of(self.mask_exponent_bits(longest), self.mask_radix()),
-            radix: self.mask_radix(),
+            digits: radix::digits_of(self.mask_exponent_bits(longest), radix),
+            radix,
         }
     }
 
