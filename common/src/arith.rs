@@ -11,9 +11,13 @@
 //! these sizes is as much as a third of a multiplication in a loop that streams
 //! through memory: the proxy's fold keeps its aggregate as `Elem`s and reads what
 //! owners send straight into them ([`ModRing::elem_from_be_bytes`]).
+//!
+//! Also here, below every module that draws numbers: [`random_below`], the
+//! uniform integers that keys, masks and the exact samplers are drawn from.
 
 use num_bigint::BigUint;
 use num_traits::{One, Zero};
+use rand::{CryptoRng, RngCore};
 
 /// A residue held in its ring's engine, converted once: a table of values that
 /// many products read (the randomizer's fixed-base windows) and the proxy's
@@ -248,6 +252,25 @@ impl ModRing {
             Engine::Gmp(m) => {
                 gmp::pow_secret(base, exp, m).unwrap_or_else(|| base.modpow(exp, &self.m))
             }
+        }
+    }
+}
+
+/// Uniform integer in [0, bound) by rejection sampling on the bit length.
+pub fn random_below<R: RngCore + CryptoRng>(bound: &BigUint, rng: &mut R) -> BigUint {
+    let bits = bound.bits();
+    if bits == 0 {
+        return BigUint::zero();
+    }
+    let bytes = bits.div_ceil(8) as usize;
+    let excess = (bytes as u64) * 8 - bits;
+    let mut buf = vec![0u8; bytes];
+    loop {
+        rng.fill_bytes(&mut buf);
+        buf[0] &= 0xffu8 >> excess;
+        let x = BigUint::from_bytes_be(&buf);
+        if &x < bound {
+            return x;
         }
     }
 }

@@ -7,6 +7,7 @@
 //! - [`arith`]: arithmetic mod n^2 (and p^2, q^2) on GMP, or on num-bigint without
 //!   the `gmp` feature.
 //! - [`paillier`]: keys, encryption with g = n + 1, CRT decryption, ciphertext checks.
+//! - [`primes`]: random primes for keys, sieved and tested on every core.
 //! - [`radix`]: long exponents on a few bases, shared chains of squarings and Yao's
 //!   method (the `mask` release's mask term).
 //! - [`encoding`]: fixed-point rows, slot packing and its overflow proof.
@@ -34,6 +35,7 @@ pub mod dp;
 pub mod encoding;
 pub mod linalg;
 pub mod paillier;
+pub mod primes;
 pub mod protocol;
 pub mod radix;
 pub mod randomizer;

@@ -15,7 +15,9 @@ use num_traits::{One, Zero};
 use rand::{CryptoRng, RngCore};
 use sha2::{Digest, Sha256};
 
+pub use crate::arith::random_below;
 use crate::arith::{Elem, ModRing};
+use crate::primes::random_prime;
 
 /// Smallest modulus size accepted (bits). Below it factoring is within reach.
 pub const MIN_KEY_BITS: u64 = 2048;
@@ -583,91 +585,12 @@ impl SecretKey {
     }
 }
 
-/// Uniform integer in [0, bound) by rejection sampling on the bit length.
-pub fn random_below<R: RngCore + CryptoRng>(bound: &BigUint, rng: &mut R) -> BigUint {
-    let bits = bound.bits();
-    if bits == 0 {
-        return BigUint::zero();
-    }
-    let bytes = bits.div_ceil(8) as usize;
-    let excess = (bytes as u64) * 8 - bits;
-    let mut buf = vec![0u8; bytes];
-    loop {
-        rng.fill_bytes(&mut buf);
-        buf[0] &= 0xffu8 >> excess;
-        let x = BigUint::from_bytes_be(&buf);
-        if &x < bound {
-            return x;
-        }
-    }
-}
-
 /// Uniform unit of Z*_n.
 pub fn random_unit<R: RngCore + CryptoRng>(n: &BigUint, rng: &mut R) -> BigUint {
     loop {
         let r = random_below(n, rng);
         if !r.is_zero() && r.gcd(n).is_one() {
             return r;
-        }
-    }
-}
-
-const SMALL_PRIMES: [u32; 53] = [
-    3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97,
-    101, 103, 107, 109, 113, 127, 131, 137, 139, 149, 151, 157, 163, 167, 173, 179, 181, 191, 193,
-    197, 199, 211, 223, 227, 229, 233, 239, 241, 251,
-];
-
-/// Miller-Rabin with `rounds` random bases; error probability <= 4^-rounds.
-pub fn is_probable_prime<R: RngCore + CryptoRng>(n: &BigUint, rounds: u32, rng: &mut R) -> bool {
-    let two = BigUint::from(2u32);
-    if n < &two {
-        return false;
-    }
-    for &sp in SMALL_PRIMES.iter() {
-        let sp = BigUint::from(sp);
-        if n == &sp {
-            return true;
-        }
-        if (n % &sp).is_zero() {
-            return false;
-        }
-    }
-    if n.is_even() {
-        return n == &two;
-    }
-    let one = BigUint::one();
-    let n_minus_1 = n - &one;
-    let s = n_minus_1.trailing_zeros().unwrap_or(0);
-    let d = &n_minus_1 >> s;
-    let span = n - 3u32;
-    let ring = ModRing::new(n.clone());
-    'witness: for _ in 0..rounds {
-        let a = random_below(&span, rng) + &two;
-        let mut x = ring.pow(&a, &d);
-        if x == one || x == n_minus_1 {
-            continue;
-        }
-        for _ in 1..s {
-            x = ring.mul(&x, &x);
-            if x == n_minus_1 {
-                continue 'witness;
-            }
-        }
-        return false;
-    }
-    true
-}
-
-/// A random prime of exactly `bits` bits with its two top bits set, so that the
-/// product of two such primes has exactly twice as many bits.
-pub fn random_prime<R: RngCore + CryptoRng>(bits: u64, rng: &mut R) -> BigUint {
-    let top = BigUint::from(3u32) << (bits - 2);
-    loop {
-        let mut c = random_below(&(BigUint::one() << bits), rng) | &top;
-        c |= BigUint::one();
-        if is_probable_prime(&c, 40, rng) {
-            return c;
         }
     }
 }

@@ -6,10 +6,10 @@
 //! 16-term multi-exponentiation. GMP's raw multiplication,
 //! with no conversion from and to num-bigint, is the floor. One thread; each cost
 //! is the fastest of a few blocks of calls, as the floor is read. Last, the
-//! randomizer's table, the one primitive spread over the cores: on one core and
-//! on all of them; and the `mask` release's mask term per segment, computed the
-//! two ways the release has had (windowed simultaneous exponentiation, Yao's
-//! method).
+//! randomizer's table and a key's generation, the primitives spread over the
+//! cores: on one core and on all of them; and the `mask` release's mask term per
+//! segment, computed the two ways the release has had (windowed simultaneous
+//! exponentiation, Yao's method).
 
 use clap::Parser;
 use dpca_bench::{fastest, on_one_core, raw_gmp_mulmod, time};
@@ -122,6 +122,21 @@ fn table_costs(pk: &PublicKey, rng: &mut ChaCha20Rng) -> anyhow::Result<Vec<(usi
     Ok(out)
 }
 
+/// Keys generated in a row from fixed seeds: the mean seconds a key on a pool of
+/// one thread and on the whole pool. The primes depend on the seed alone, so both
+/// find the same keys.
+fn keygen_costs(bits: u64) -> anyhow::Result<(f64, f64)> {
+    const KEYS: u64 = 20;
+    let all_keys = || -> anyhow::Result<f64> {
+        let t = std::time::Instant::now();
+        for seed in 0..KEYS {
+            SecretKey::generate(bits, &mut ChaCha20Rng::seed_from_u64(seed))?;
+        }
+        Ok(t.elapsed().as_secs_f64() / KEYS as f64)
+    };
+    Ok((on_one_core(all_keys)??, all_keys()?))
+}
+
 /// The `mask` release's mask term for one full segment of a layout like M = 1000's
 /// (slots of 69 bits, a 74-bit mask, as many segments a row as M = 1000 has at
 /// this key size), both ways, on GMP: E[v_seg]^(b_i) prod_t E[v_i 2^(69
@@ -175,7 +190,7 @@ fn mask_term_costs(pk: &PublicKey, rng: &mut ChaCha20Rng) -> anyhow::Result<(f64
 }
 
 /// The GMP-only lines of one key size (raw multiplication, `powm_sec`, the
-/// randomizer's table, the mask term), their figures also put in `gmp_row`, the
+/// randomizer's table, key generation, the mask term), their figures also put in `gmp_row`, the
 /// JSON row of GMP at that size.
 fn gmp_extras(
     bits: u64,
@@ -216,6 +231,14 @@ fn gmp_extras(
         "table",
         shown.join(", ")
     );
+    let (one, all) = keygen_costs(bits)?;
+    println!(
+        "{bits:>5}  {:>10}  a key, mean of twenty: one core {:.0}ms, all cores {:.0}ms ({:.2}x)",
+        "keygen",
+        one * 1e3,
+        all * 1e3,
+        one / all
+    );
     let (straus, yao) = mask_term_costs(gmp_key.public(), rng)?;
     println!(
         "{bits:>5}  {:>10}  a segment of M = 1000's: windowed {:.2}ms, Yao {:.2}ms ({:.2}x)",
@@ -225,6 +248,8 @@ fn gmp_extras(
         yao / straus
     );
     if let Some(row) = gmp_row {
+        row["keygen_one_core_s"] = serde_json::json!(one);
+        row["keygen_all_cores_s"] = serde_json::json!(all);
         row["mask_term_windowed_s"] = serde_json::json!(straus);
         row["mask_term_yao_s"] = serde_json::json!(yao);
         row["table_build"] = tables
