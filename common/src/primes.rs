@@ -9,14 +9,18 @@
 //! A key's generation is one serial step of a study, before any owner can
 //! encrypt: on two cores it was a tenth of a 3072-bit study at M = 64. So the
 //! candidates are tested a batch at a time on the pool, and the surviving one's
-//! remaining rounds spread over the pool too. Each candidate and its bases come
-//! from a seed drawn from the caller's RNG in order, and the first prime in draw
-//! order wins: the prime depends on the RNG alone, not on the number of threads.
+//! remaining rounds spread over the pool too. The caller's RNG keys one generator
+//! (32 bytes of it per prime); that generator gives each candidate, in order, the
+//! seed its number and its bases come from, and the first prime in draw order
+//! wins: the prime depends on the caller's RNG alone, not on the number of
+//! threads. The exponentiations of Miller-Rabin go through
+//! [`ModRing::pow_secret`]: the kept candidate's are exponentiations by a number
+//! that gives away the prime.
 
 use num_bigint::BigUint;
 use num_traits::One;
 use rand::rngs::StdRng;
-use rand::{CryptoRng, Rng, RngCore, SeedableRng};
+use rand::{CryptoRng, RngCore, SeedableRng};
 use rayon::prelude::*;
 use std::sync::OnceLock;
 
@@ -33,6 +37,9 @@ pub const SIEVE_BOUND: u32 = 1 << 12;
 
 /// Candidates drawn per thread of the pool before they are tested together.
 const BATCH_PER_THREAD: usize = 16;
+
+/// Candidates drawn at most before they are tested together.
+const MAX_BATCH: usize = 128;
 
 /// The odd primes below [`SIEVE_BOUND`], grouped so that each group's product fits
 /// in 64 bits: a candidate is reduced once per group, in single-word arithmetic.
@@ -60,16 +67,15 @@ impl Sieve {
         Self { groups }
     }
 
-    /// Whether some sieve prime other than `n` itself divides `n`.
+    /// Whether some sieve prime divides `n`, a number of at least
+    /// [`SIEVE_BOUND`] (so not a sieve prime itself).
     fn has_small_factor(&self, n: &BigUint) -> bool {
         let digits = n.to_u64_digits();
         self.groups.iter().any(|(product, members)| {
             let r = digits.iter().rev().fold(0u64, |r, &d| {
                 ((((r as u128) << 64) | d as u128) % *product as u128) as u64
             });
-            members
-                .iter()
-                .any(|&p| r % p as u64 == 0 && n != &BigUint::from(p))
+            members.iter().any(|&p| r % p as u64 == 0)
         })
     }
 }
@@ -119,7 +125,7 @@ impl Candidate {
 fn passes_round(ring: &ModRing, n: &BigUint, a: &BigUint) -> bool {
     let n_minus_1 = n - 1u32;
     let s = n_minus_1.trailing_zeros().unwrap_or(0);
-    let mut x = ring.pow(a, &(&n_minus_1 >> s));
+    let mut x = ring.pow_secret(a, &(&n_minus_1 >> s));
     if x.is_one() || x == n_minus_1 {
         return true;
     }
@@ -139,8 +145,8 @@ fn passes_all(n: &BigUint, bases: &[BigUint]) -> bool {
     bases.par_iter().all(|a| passes_round(&ring, n, a))
 }
 
-/// Miller-Rabin with `rounds` random bases after trial division; error
-/// probability at most 4^-rounds.
+/// Miller-Rabin with `rounds` random bases (at least one) after trial division;
+/// error probability at most 4^-rounds.
 pub fn is_probable_prime<R: RngCore + CryptoRng>(n: &BigUint, rounds: usize, rng: &mut R) -> bool {
     if n < &BigUint::from(SIEVE_BOUND) {
         return n == &BigUint::from(2u32) || odd_primes_below(SIEVE_BOUND).contains(&small(n));
@@ -149,7 +155,7 @@ pub fn is_probable_prime<R: RngCore + CryptoRng>(n: &BigUint, rounds: usize, rng
         return false;
     }
     let span = n - 3u32;
-    let bases: Vec<BigUint> = (0..rounds)
+    let bases: Vec<BigUint> = (0..rounds.max(1))
         .map(|_| random_below(&span, rng) + 2u32)
         .collect();
     passes_all(n, &bases)
@@ -172,10 +178,17 @@ pub fn random_prime<R: RngCore + CryptoRng>(bits: u64, rng: &mut R) -> BigUint {
     let mut master = [0u8; 32];
     rng.fill_bytes(&mut master);
     let mut seeds = StdRng::from_seed(master);
-    let batch = BATCH_PER_THREAD * rayon::current_num_threads();
+    // Capped: a 1024-bit prime takes about 355 draws, and a batch is tested whole.
+    let batch = (BATCH_PER_THREAD * rayon::current_num_threads()).min(MAX_BATCH);
     let sieve = Sieve::get();
     loop {
-        let drawn: Vec<[u8; 32]> = (0..batch).map(|_| seeds.gen()).collect();
+        let drawn: Vec<[u8; 32]> = (0..batch)
+            .map(|_| {
+                let mut seed = [0u8; 32];
+                seeds.fill_bytes(&mut seed);
+                seed
+            })
+            .collect();
         // Sieve and first round for the whole batch on the pool, in draw order.
         let survivors: Vec<Candidate> = drawn
             .into_par_iter()
@@ -199,6 +212,7 @@ pub fn random_prime<R: RngCore + CryptoRng>(bits: u64, rng: &mut R) -> BigUint {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use rand::RngCore;
     use rand_chacha::ChaCha20Rng;
 
     /// Trial division the slow way, for the sieve to be checked against.
@@ -229,16 +243,41 @@ mod tests {
 
     proptest! {
         /// The sieve finds a small factor exactly when trial division does, on
-        /// numbers of several words made of a known small factor or none.
+        /// numbers of 2 to 16 words, with a known small factor and as drawn.
         #[test]
-        fn sieve_agrees_with_trial_division(high in any::<u64>(), low in any::<u64>(), k in any::<usize>()) {
-            let n = (BigUint::from(high | 1 << 63) << 64) | BigUint::from(low | 1);
+        fn sieve_agrees_with_trial_division(
+            words in proptest::collection::vec(any::<u64>(), 2..=16),
+            k in any::<usize>(),
+        ) {
+            let n = BigUint::from_slice(
+                &words.iter().flat_map(|w| [*w as u32, (w >> 32) as u32]).collect::<Vec<_>>(),
+            ) | (BigUint::one() << 64u32);
             let primes = odd_primes_below(SIEVE_BOUND);
             let p = primes[k % primes.len()];
-            let with_factor = &n * p;
-            prop_assert!(Sieve::get().has_small_factor(&with_factor));
+            prop_assert!(Sieve::get().has_small_factor(&(&n * p)));
             let expected = primes.iter().any(|&q| (&n % q) == BigUint::from(0u32));
             prop_assert_eq!(Sieve::get().has_small_factor(&n), expected);
+        }
+    }
+
+    /// The prime is the first prime among the candidates in draw order: each an
+    /// independent uniform draw (no search from a random start, which would
+    /// favour primes after long gaps), whatever the batches.
+    #[test]
+    fn the_prime_is_the_first_prime_drawn() {
+        for s in 0..20u64 {
+            let mut rng = ChaCha20Rng::seed_from_u64(s);
+            let mut master = [0u8; 32];
+            rng.fill_bytes(&mut master);
+            let mut seeds = StdRng::from_seed(master);
+            let first = std::iter::repeat_with(|| {
+                let mut seed = [0u8; 32];
+                seeds.fill_bytes(&mut seed);
+                Candidate::draw(16, seed).n
+            })
+            .find(|n| is_prime_slowly(n.iter_u64_digits().next().unwrap_or(0)))
+            .expect("a prime");
+            assert_eq!(random_prime(16, &mut ChaCha20Rng::seed_from_u64(s)), first);
         }
     }
 

@@ -305,6 +305,33 @@ fn sampled_noise_has_planned_scale() {
     assert!(upper.iter().all(|e| e.magnitude() < &scale.tail_bound()));
 }
 
+/// The draws run on the pool a seed's run at a time: the sample is the same on any
+/// number of threads, every run has a seed of its own, and the last, short run
+/// is drawn too.
+#[test]
+fn noise_drawn_on_the_pool_depends_on_the_rng_alone() {
+    let scale = NoiseScale::Laplace {
+        t: BigUint::from(1u64 << 30),
+    };
+    let count = 2 * 4096 + 5;
+    let on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("pool");
+        pool.install(|| scale.sample_vector(count, &mut ChaCha20Rng::seed_from_u64(8)))
+    };
+    let one = on(1);
+    assert_eq!(one.len(), count);
+    assert_eq!(on(3), one);
+    assert_ne!(
+        one[..4096],
+        one[4096..2 * 4096],
+        "two runs drew the same values"
+    );
+    assert!(one[2 * 4096..].iter().any(|e| !e.is_zero()));
+}
+
 #[test]
 fn wishart_noise_is_positive_semidefinite_on_diagonal() {
     let mut rng = ChaCha20Rng::seed_from_u64(4);
