@@ -19,8 +19,8 @@
 
 use num_bigint::BigUint;
 use num_traits::One;
-use rand::rngs::StdRng;
 use rand::{CryptoRng, RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 use rayon::prelude::*;
 use std::sync::OnceLock;
 
@@ -99,14 +99,14 @@ fn odd_primes_below(bound: u32) -> Vec<u32> {
 /// One odd number under test and the RNG its Miller-Rabin bases come from.
 struct Candidate {
     n: BigUint,
-    bases: StdRng,
+    bases: ChaCha20Rng,
 }
 
 impl Candidate {
     /// The candidate of `seed`: `bits` random bits, the two top ones and the
     /// lowest set.
     fn draw(bits: u64, seed: [u8; 32]) -> Self {
-        let mut rng = StdRng::from_seed(seed);
+        let mut rng = ChaCha20Rng::from_seed(seed);
         let top = BigUint::from(3u32) << (bits - 2);
         let n = random_below(&(BigUint::one() << bits), &mut rng) | top | BigUint::one();
         Self { n, bases: rng }
@@ -177,7 +177,7 @@ pub fn random_prime<R: RngCore + CryptoRng>(bits: u64, rng: &mut R) -> BigUint {
     // (the key's other prime) does not depend on the pool either.
     let mut master = [0u8; 32];
     rng.fill_bytes(&mut master);
-    let mut seeds = StdRng::from_seed(master);
+    let mut seeds = ChaCha20Rng::from_seed(master);
     // Capped: a 1024-bit prime takes about 355 draws, and a batch is tested whole.
     let batch = (BATCH_PER_THREAD * rayon::current_num_threads()).min(MAX_BATCH);
     let sieve = Sieve::get();
@@ -269,7 +269,7 @@ mod tests {
             let mut rng = ChaCha20Rng::seed_from_u64(s);
             let mut master = [0u8; 32];
             rng.fill_bytes(&mut master);
-            let mut seeds = StdRng::from_seed(master);
+            let mut seeds = ChaCha20Rng::from_seed(master);
             let first = std::iter::repeat_with(|| {
                 let mut seed = [0u8; 32];
                 seeds.fill_bytes(&mut seed);

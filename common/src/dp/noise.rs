@@ -3,8 +3,8 @@
 
 use num_bigint::{BigInt, BigUint};
 use num_traits::{FromPrimitive, ToPrimitive, Zero};
-use rand::rngs::StdRng;
 use rand::{CryptoRng, RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 use rayon::prelude::*;
 
 use super::sampler::{discrete_gaussian, discrete_laplace, Ratio};
@@ -99,6 +99,7 @@ impl NoiseScale {
             Self::Gaussian { .. } | Self::Laplace { .. } | Self::None => {
                 self.sample_vector(count, rng)
             }
+            Self::Wishart { cols: 0, .. } => vec![BigInt::zero(); count],
             Self::Wishart { sigma_z2, cols } => {
                 let s2 = Ratio::integer(sigma_z2.clone());
                 let flat = iid(dim * cols, rng, |r| discrete_gaussian(&s2, r));
@@ -133,14 +134,14 @@ const DRAWS_PER_SEED: usize = 4096;
 
 /// `count` iid draws of `draw`, on every core: at M = 1000 the release's 500,500
 /// exact draws took 3 s of one core while the other waited. Each run of
-/// [`DRAWS_PER_SEED`] draws comes from its own generator (ChaCha, as `StdRng`),
+/// [`DRAWS_PER_SEED`] draws comes from its own generator (ChaCha20),
 /// keyed by a seed drawn in order from `rng`, and the runs are put back in order:
 /// the values depend on `rng` alone. The samplers are exact for any uniform bits,
 /// so the distribution, and every privacy contract stated on it, is unchanged.
 fn iid<R, F>(count: usize, rng: &mut R, draw: F) -> Vec<BigInt>
 where
     R: RngCore + CryptoRng,
-    F: Fn(&mut StdRng) -> BigInt + Sync,
+    F: Fn(&mut ChaCha20Rng) -> BigInt + Sync,
 {
     let seeds: Vec<[u8; 32]> = (0..count.div_ceil(DRAWS_PER_SEED))
         .map(|_| {
@@ -153,7 +154,7 @@ where
         .par_iter()
         .enumerate()
         .flat_map_iter(|(k, seed)| {
-            let mut run = StdRng::from_seed(*seed);
+            let mut run = ChaCha20Rng::from_seed(*seed);
             let len = DRAWS_PER_SEED.min(count - k * DRAWS_PER_SEED);
             (0..len).map(|_| draw(&mut run)).collect::<Vec<_>>()
         })

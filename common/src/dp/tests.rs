@@ -305,14 +305,13 @@ fn sampled_noise_has_planned_scale() {
     assert!(upper.iter().all(|e| e.magnitude() < &scale.tail_bound()));
 }
 
-/// The draws run on the pool a seed's run at a time: the sample is the same on any
-/// number of threads, every run has a seed of its own, and the last, short run
-/// is drawn too.
+/// The draws run on the pool a seed's run at a time: each run is ChaCha20 keyed
+/// by the next seed the caller's RNG gives, the last, short run too, and the
+/// sample is the same on any number of threads.
 #[test]
-fn noise_drawn_on_the_pool_depends_on_the_rng_alone() {
-    let scale = NoiseScale::Laplace {
-        t: BigUint::from(1u64 << 30),
-    };
+fn noise_drawn_on_the_pool_comes_from_the_callers_rng() {
+    let t = BigUint::from(1u64 << 30);
+    let scale = NoiseScale::Laplace { t: t.clone() };
     let count = 2 * 4096 + 5;
     let on = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -322,14 +321,37 @@ fn noise_drawn_on_the_pool_depends_on_the_rng_alone() {
         pool.install(|| scale.sample_vector(count, &mut ChaCha20Rng::seed_from_u64(8)))
     };
     let one = on(1);
-    assert_eq!(one.len(), count);
+    let mut caller = ChaCha20Rng::seed_from_u64(8);
+    let expected: Vec<BigInt> = [4096, 4096, 5]
+        .iter()
+        .flat_map(|&len| {
+            let mut seed = [0u8; 32];
+            rand::RngCore::fill_bytes(&mut caller, &mut seed);
+            let mut run = ChaCha20Rng::from_seed(seed);
+            (0..len)
+                .map(|_| super::sampler::discrete_laplace(&t, &mut run))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(one, expected);
     assert_eq!(on(3), one);
-    assert_ne!(
-        one[..4096],
-        one[4096..2 * 4096],
-        "two runs drew the same values"
-    );
-    assert!(one[2 * 4096..].iter().any(|e| !e.is_zero()));
+}
+
+/// Wishart's Z is dim x cols iid draws, whatever cols is (none: no noise).
+#[test]
+fn wishart_noise_reads_its_columns() {
+    let scale = |cols| NoiseScale::Wishart {
+        sigma_z2: BigUint::from(100u32),
+        cols,
+    };
+    let mut rng = ChaCha20Rng::seed_from_u64(5);
+    assert!(scale(0)
+        .sample_upper(3, &mut rng)
+        .iter()
+        .all(|e| e.is_zero()));
+    let upper = scale(7).sample_upper(3, &mut rng);
+    assert_eq!(upper.len(), 6);
+    assert!(upper.iter().any(|e| !e.is_zero()));
 }
 
 #[test]
