@@ -7,7 +7,8 @@
 //! bases (error at most 4^-40 for any odd number; far less for a random one).
 //!
 //! A key's generation is one serial step of a study, before any owner can
-//! encrypt: on two cores it was a tenth of a 3072-bit study at M = 64. So the
+//! encrypt: on one core it was an eighth of a 3072-bit `mask` study at M = 64
+//! and a quarter of a `dp-mean` one (docs/BENCHMARKS.md). So the
 //! candidates are tested a batch at a time on the pool, and the surviving one's
 //! remaining rounds spread over the pool too. The caller's RNG keys one generator
 //! (32 bytes of it per prime); that generator gives each candidate, in order, the
@@ -30,9 +31,10 @@ use crate::arith::{random_below, ModRing};
 pub const MR_ROUNDS: usize = 40;
 
 /// Trial division is by the odd primes below this. Measured at 1536 bits: a
-/// candidate's residues cost about as much as a few percent of a Miller-Rabin
-/// round, and sieving to 2^12 rather than 2^8 leaves two thirds as many
-/// candidates to test (Mertens: the survivors fall as 1 / ln(bound)).
+/// candidate's residues cost a few microseconds, well under a percent of a
+/// Miller-Rabin round (1.6 ms), and sieving to 2^12 rather than 2^8 leaves two
+/// thirds as many candidates to test (Mertens: the survivors fall as
+/// 1 / ln(bound)).
 pub const SIEVE_BOUND: u32 = 1 << 12;
 
 /// Candidates drawn per thread of the pool before they are tested together.
