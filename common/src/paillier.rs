@@ -23,6 +23,11 @@ use crate::primes::random_prime;
 pub const MIN_KEY_BITS: u64 = 2048;
 /// Default modulus size: about 128-bit security.
 pub const DEFAULT_KEY_BITS: u64 = 3072;
+/// Largest modulus [`SecretKey::generate`] makes: twice what a proxy accepts by
+/// default. A key generator asked for far more would search for hours (a
+/// Miller-Rabin round costs about the cube of the size, and the candidates grow
+/// with it) before any proxy refused the key.
+pub const MAX_GENERATED_KEY_BITS: u64 = 8192;
 
 /// Errors of key handling and ciphertext validation.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -30,6 +35,11 @@ pub enum PaillierError {
     /// A key below [`MIN_KEY_BITS`] was requested or received.
     #[error("Paillier modulus of {0} bits is below the minimum of {MIN_KEY_BITS} bits")]
     KeyTooSmall(u64),
+    /// A key above [`MAX_GENERATED_KEY_BITS`] was asked to be generated.
+    #[error(
+        "a Paillier modulus of {0} bits is above the {MAX_GENERATED_KEY_BITS} bits this program generates"
+    )]
+    KeyTooLarge(u64),
     /// The public modulus is not an odd composite of the declared size.
     #[error("malformed Paillier public key: {0}")]
     MalformedKey(&'static str),
@@ -449,10 +459,14 @@ impl PublicKey {
 }
 
 impl SecretKey {
-    /// Generates a key pair with an n of exactly `bits` bits.
+    /// Generates a key pair with an n of exactly `bits` bits, from
+    /// [`MIN_KEY_BITS`] to [`MAX_GENERATED_KEY_BITS`].
     pub fn generate<R: RngCore + CryptoRng>(bits: u64, rng: &mut R) -> Result<Self, PaillierError> {
         if bits < MIN_KEY_BITS {
             return Err(PaillierError::KeyTooSmall(bits));
+        }
+        if bits > MAX_GENERATED_KEY_BITS {
+            return Err(PaillierError::KeyTooLarge(bits));
         }
         loop {
             let p = random_prime(bits / 2, rng);
@@ -643,11 +657,15 @@ mod tests {
     }
 
     #[test]
-    fn refuses_small_keys() {
+    fn refuses_small_keys_and_huge_generations() {
         let mut rng = ChaCha20Rng::seed_from_u64(1);
         assert_eq!(
             SecretKey::generate(1024, &mut rng).err(),
             Some(PaillierError::KeyTooSmall(1024))
+        );
+        assert_eq!(
+            SecretKey::generate(MAX_GENERATED_KEY_BITS + 1, &mut rng).err(),
+            Some(PaillierError::KeyTooLarge(MAX_GENERATED_KEY_BITS + 1))
         );
         let small = BigUint::from(3u32) << 1000usize | BigUint::one();
         assert_eq!(

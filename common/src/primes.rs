@@ -7,8 +7,8 @@
 //! bases (error at most 4^-40 for any odd number; far less for a random one).
 //!
 //! A key's generation is one serial step of a study, before any owner can
-//! encrypt: on one core it was an eighth of a 3072-bit `mask` study at M = 64
-//! and a quarter of a `dp-mean` one (docs/BENCHMARKS.md). So the
+//! encrypt. It ran on one core and took about an eighth of a 3072-bit `mask`
+//! study at M = 64 and a quarter of a `dp-mean` one (docs/BENCHMARKS.md). So the
 //! candidates are tested a batch at a time on the pool, and the surviving one's
 //! remaining rounds spread over the pool too. The caller's RNG keys one generator
 //! (32 bytes of it per prime); that generator gives each candidate, in order, the

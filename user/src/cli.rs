@@ -34,7 +34,7 @@ pub struct Cli {
 pub enum Cmd {
     /// Generate a Paillier key pair (secret key file readable by its owner only).
     Keygen {
-        /// Modulus bits (2048 or more).
+        /// Modulus bits, 2048 to 8192.
         #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
         key_bits: u64,
         /// Secret key file to create.

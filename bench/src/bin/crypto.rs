@@ -190,8 +190,8 @@ fn mask_term_costs(pk: &PublicKey, rng: &mut ChaCha20Rng) -> anyhow::Result<(f64
 }
 
 /// The GMP-only lines of one key size (raw multiplication, `powm_sec`, the
-/// randomizer's table, key generation, the mask term), their figures also put in `gmp_row`, the
-/// JSON row of GMP at that size.
+/// randomizer's table, key generation, the mask term), their figures also put
+/// in `gmp_row`, the JSON row of GMP at that size.
 fn gmp_extras(
     bits: u64,
     gmp: &Costs,

@@ -16,7 +16,7 @@ use num_integer::Integer;
 use num_traits::{One, Zero};
 use rand::{CryptoRng, RngCore};
 
-use crate::paillier::random_below;
+use crate::arith::random_below;
 
 /// A nonnegative rational num / den with den > 0.
 #[derive(Clone, Debug, PartialEq, Eq)]
