@@ -13,7 +13,8 @@
 //! owners send straight into them ([`ModRing::elem_from_be_bytes`]).
 //!
 //! Also here, below every module that draws numbers: [`random_below`], the
-//! uniform integers that keys, masks and the exact samplers are drawn from.
+//! uniform integers that keys, masks and the exact samplers are drawn from, and
+//! [`random_seed`], the seeds of the generators parallel draws run on.
 
 use num_bigint::BigUint;
 use num_traits::{One, Zero};
@@ -254,6 +255,15 @@ impl ModRing {
             }
         }
     }
+}
+
+/// 32 bytes of `rng`: the seed of a generator that runs on its own (a thread's
+/// share of draws, a candidate prime, a re-randomization), so that parallel work
+/// stays a function of `rng`.
+pub fn random_seed<R: RngCore + CryptoRng>(rng: &mut R) -> [u8; 32] {
+    let mut seed = [0u8; 32];
+    rng.fill_bytes(&mut seed);
+    seed
 }
 
 /// Uniform integer in [0, bound) by rejection sampling on the bit length.

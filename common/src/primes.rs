@@ -25,7 +25,7 @@ use rand_chacha::ChaCha20Rng;
 use rayon::prelude::*;
 use std::sync::OnceLock;
 
-use crate::arith::{random_below, ModRing};
+use crate::arith::{random_below, random_seed, ModRing};
 
 /// Miller-Rabin rounds of a prime that is kept.
 pub const MR_ROUNDS: usize = 40;
@@ -123,35 +123,31 @@ impl Candidate {
     }
 }
 
-/// Whether odd `n` > 3 passes Miller-Rabin to base `a`.
-fn passes_round(ring: &ModRing, n: &BigUint, a: &BigUint) -> bool {
-    let n_minus_1 = n - 1u32;
-    let s = n_minus_1.trailing_zeros().unwrap_or(0);
-    let mut x = ring.pow_secret(a, &(&n_minus_1 >> s));
-    if x.is_one() || x == n_minus_1 {
-        return true;
-    }
-    for _ in 1..s {
-        x = ring.mul(&x, &x);
-        if x == n_minus_1 {
-            return true;
-        }
-    }
-    false
-}
-
 /// Whether odd `n` > 3 passes Miller-Rabin to every base of `bases`, tested on
 /// the pool.
 fn passes_all(n: &BigUint, bases: &[BigUint]) -> bool {
     let ring = ModRing::new(n.clone());
-    bases.par_iter().all(|a| passes_round(&ring, n, a))
+    let n_minus_1 = n - 1u32;
+    let s = n_minus_1.trailing_zeros().unwrap_or(0);
+    let d = &n_minus_1 >> s;
+    bases.par_iter().all(|a| {
+        let mut x = ring.pow_secret(a, &d);
+        if x.is_one() || x == n_minus_1 {
+            return true;
+        }
+        (1..s).any(|_| {
+            x = ring.mul(&x, &x);
+            x == n_minus_1
+        })
+    })
 }
 
 /// Miller-Rabin with `rounds` random bases (at least one) after trial division;
 /// error probability at most 4^-rounds.
 pub fn is_probable_prime<R: RngCore + CryptoRng>(n: &BigUint, rounds: usize, rng: &mut R) -> bool {
     if n < &BigUint::from(SIEVE_BOUND) {
-        return n == &BigUint::from(2u32) || odd_primes_below(SIEVE_BOUND).contains(&small(n));
+        let n = small(n);
+        return n == 2 || Sieve::get().groups.iter().any(|(_, m)| m.contains(&n));
     }
     if !n.bit(0) || Sieve::get().has_small_factor(n) {
         return false;
@@ -177,20 +173,12 @@ pub fn random_prime<R: RngCore + CryptoRng>(bits: u64, rng: &mut R) -> BigUint {
     );
     // The caller's RNG gives one seed, whatever the batches: what it gives next
     // (the key's other prime) does not depend on the pool either.
-    let mut master = [0u8; 32];
-    rng.fill_bytes(&mut master);
-    let mut seeds = ChaCha20Rng::from_seed(master);
+    let mut seeds = ChaCha20Rng::from_seed(random_seed(rng));
     // Capped: a 1024-bit prime takes about 355 draws, and a batch is tested whole.
     let batch = (BATCH_PER_THREAD * rayon::current_num_threads()).min(MAX_BATCH);
     let sieve = Sieve::get();
     loop {
-        let drawn: Vec<[u8; 32]> = (0..batch)
-            .map(|_| {
-                let mut seed = [0u8; 32];
-                seeds.fill_bytes(&mut seed);
-                seed
-            })
-            .collect();
+        let drawn: Vec<[u8; 32]> = (0..batch).map(|_| random_seed(&mut seeds)).collect();
         // Sieve and first round for the whole batch on the pool, in draw order.
         let survivors: Vec<Candidate> = drawn
             .into_par_iter()
@@ -214,7 +202,6 @@ pub fn random_prime<R: RngCore + CryptoRng>(bits: u64, rng: &mut R) -> BigUint {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use rand::RngCore;
     use rand_chacha::ChaCha20Rng;
 
     /// Trial division the slow way, for the sieve to be checked against.
@@ -268,17 +255,10 @@ mod tests {
     #[test]
     fn the_prime_is_the_first_prime_drawn() {
         for s in 0..20u64 {
-            let mut rng = ChaCha20Rng::seed_from_u64(s);
-            let mut master = [0u8; 32];
-            rng.fill_bytes(&mut master);
-            let mut seeds = ChaCha20Rng::from_seed(master);
-            let first = std::iter::repeat_with(|| {
-                let mut seed = [0u8; 32];
-                seeds.fill_bytes(&mut seed);
-                Candidate::draw(16, seed).n
-            })
-            .find(|n| is_prime_slowly(n.iter_u64_digits().next().unwrap_or(0)))
-            .expect("a prime");
+            let mut seeds = ChaCha20Rng::from_seed(random_seed(&mut ChaCha20Rng::seed_from_u64(s)));
+            let first = std::iter::repeat_with(|| Candidate::draw(16, random_seed(&mut seeds)).n)
+                .find(|n| is_prime_slowly(n.iter_u64_digits().next().unwrap_or(0)))
+                .expect("a prime");
             assert_eq!(random_prime(16, &mut ChaCha20Rng::seed_from_u64(s)), first);
         }
     }

@@ -7,6 +7,8 @@ use rand::{CryptoRng, RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use rayon::prelude::*;
 
+use crate::arith::random_seed;
+
 use super::sampler::{discrete_gaussian, discrete_laplace, Ratio};
 use super::{Block, Centering, Mechanism, Part, PrivacyRequest, Sensitivity, Shape};
 
@@ -144,11 +146,7 @@ where
     F: Fn(&mut ChaCha20Rng) -> BigInt + Sync,
 {
     let seeds: Vec<[u8; 32]> = (0..count.div_ceil(DRAWS_PER_SEED))
-        .map(|_| {
-            let mut seed = [0u8; 32];
-            rng.fill_bytes(&mut seed);
-            seed
-        })
+        .map(|_| random_seed(rng))
         .collect();
     seeds
         .par_iter()

@@ -8,7 +8,7 @@ use rand::{CryptoRng, RngCore, SeedableRng};
 use rayon::prelude::*;
 
 use super::ProtocolError;
-use crate::arith::Elem;
+use crate::arith::{random_seed, Elem};
 use crate::dp::{Centering, NoisePlan};
 use crate::encoding::{Segment, TriangleLayout};
 use crate::paillier::{random_below, Ciphertext, PublicKey};
@@ -106,13 +106,7 @@ pub fn release<R: RngCore + CryptoRng>(
     // One fresh randomizer per output, drawn up front from the caller's RNG so the
     // parallel part stays deterministic given the RNG.
     let total = layout.release_ciphertexts();
-    let seeds: Vec<[u8; 32]> = (0..total)
-        .map(|_| {
-            let mut s = [0u8; 32];
-            seed_rng.fill_bytes(&mut s);
-            s
-        })
-        .collect();
+    let seeds: Vec<[u8; 32]> = (0..total).map(|_| random_seed(seed_rng)).collect();
     let rerandomize = |c: Ciphertext, seed: &[u8; 32]| {
         let mut rng = StdRng::from_seed(*seed);
         randomizer.rerandomize(&c, &mut rng)
