@@ -200,7 +200,7 @@ pub struct StudyArgs {
     /// histogram spends; the study gets the rest, and study.json the composed total.
     #[arg(long, default_value_t = 0.05, requires = "row_norm_quantile")]
     pub quantile_budget_share: f64,
-    /// Paillier modulus bits (2048 or more).
+    /// Paillier modulus bits, 2048 to 8192.
     #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
     pub key_bits: u64,
     /// Project the noisy scatter onto the PSD cone before the eigen-decomposition.
