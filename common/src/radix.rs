@@ -16,7 +16,7 @@
 //! took about 760 operations and its share of the row's power tables about 110.
 
 use num_bigint::BigUint;
-use num_traits::One;
+use num_traits::{One, Zero};
 
 use crate::arith::Elem;
 use crate::paillier::{Ciphertext, PublicKey};
@@ -72,6 +72,15 @@ pub fn radix_for(digits_bits: u64) -> usize {
 /// How many radix-2^r digits an exponent of `bits` bits has (at least one).
 pub fn digits_of(bits: u64, radix_bits: usize) -> usize {
     (bits.div_ceil(radix_bits.max(1) as u64) as usize).max(1)
+}
+
+/// sum_t values[t] 2^(t width): the mask's B_seg = sum_t b_(j+t) 2^(t w). A value
+/// may be wider than its slot, and then carries into the next.
+pub fn shifted_sum<'a>(values: impl IntoIterator<Item = &'a BigUint>, width: usize) -> BigUint {
+    values
+        .into_iter()
+        .enumerate()
+        .fold(BigUint::zero(), |acc, (t, x)| acc + (x << (t * width)))
 }
 
 /// For every (spacing s, count c) asked: a^(2^(s k)) for k below c, all off one

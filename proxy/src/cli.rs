@@ -136,30 +136,39 @@ pub fn main(args: Vec<std::ffi::OsString>) -> anyhow::Result<()> {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     dpca_shell::logging::init(&args.log);
-    if let Some(Cmd::Status {
-        proxy,
-        json,
-        transport,
-    }) = args.command
-    {
-        // The operator's certificate says `dpca-proxy`; a user's `dpca-user`.
-        let transport = match transport.transport(Role::Proxy) {
-            Ok(t) => t,
-            Err(first) => transport
-                .transport(Role::User)
-                .map_err(|_| first)
-                .context("proxy status needs the operator's certificate or a user's")?,
-        };
-        let status = crate::status::fetch(&proxy, &transport).await?;
-        if json {
-            // Field names as in the protocol's StudySummary and OwnerBudgetSummary.
-            println!("{}", serde_json::to_string(&status)?);
-        } else {
-            let now = dpca_shell::clock::now_unix_ms().unwrap_or(0);
-            print!("{}", crate::status::render(&status, now));
-        }
-        return Ok(());
+    match args.command {
+        Some(Cmd::Status {
+            ref proxy,
+            json,
+            ref transport,
+        }) => status(proxy, json, transport).await,
+        None => serve(args).await,
     }
+}
+
+/// `proxy status`: one running proxy's studies, printed.
+async fn status(proxy: &str, json: bool, transport: &TransportArgs) -> anyhow::Result<()> {
+    // The operator's certificate says `dpca-proxy`; a user's `dpca-user`.
+    let transport = match transport.transport(Role::Proxy) {
+        Ok(t) => t,
+        Err(first) => transport
+            .transport(Role::User)
+            .map_err(|_| first)
+            .context("proxy status needs the operator's certificate or a user's")?,
+    };
+    let status = crate::status::fetch(proxy, &transport).await?;
+    if json {
+        // Field names as in the protocol's StudySummary and OwnerBudgetSummary.
+        println!("{}", serde_json::to_string(&status)?);
+    } else {
+        let now = dpca_shell::clock::now_unix_ms().unwrap_or(0);
+        print!("{}", crate::status::render(&status, now));
+    }
+    Ok(())
+}
+
+/// The proxy itself: listens, then serves until interrupted.
+async fn serve(args: Args) -> anyhow::Result<()> {
     if args.allow_noise_free_for_testing {
         tracing::warn!("noise-free releases are ENABLED: test use only");
     }

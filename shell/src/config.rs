@@ -57,58 +57,27 @@ pub fn with_config(
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let from_args = strings.iter().enumerate().find_map(|(i, a)| {
-        if a == "--config" {
-            strings.get(i + 1).cloned()
-        } else {
-            a.strip_prefix("--config=").map(str::to_string)
-        }
-    });
-    let Some(path) = from_args.or_else(|| env("DPCA_CONFIG")).map(PathBuf::from) else {
+    let Some(path) = config_path(&strings).or_else(|| env("DPCA_CONFIG")) else {
         return Ok(args);
     };
-    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    let invalid = |reason: String| ConfigError::Invalid {
-        path: path.clone(),
-        reason,
-    };
-    let table: toml::Table = toml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+    let file = ConfigFile::read(PathBuf::from(path))?;
     // The subcommand invoked, if any: its settings are in its own table.
     let sub = strings
         .iter()
         .skip(1)
-        .find_map(|a| cmd.find_subcommand(a).map(|c| (a.clone(), c)));
-    let (target, settings, where_) = match &sub {
+        .find_map(|a| cmd.find_subcommand(a).map(|c| (a.as_str(), c)));
+    let (target, settings, where_) = match sub {
         Some((name, c)) => {
-            let t = match table.get(name.as_str()) {
+            let settings = match file.table.get(name) {
                 Some(toml::Value::Table(t)) => t.clone(),
-                Some(_) => return Err(invalid(format!("`{name}` must be a table"))),
+                Some(_) => return Err(file.invalid(format!("`{name}` must be a table"))),
                 None => toml::Table::new(),
             };
-            (*c, t, format!("`{} {name}`", cmd.get_name()))
+            file.check_root_keys(cmd, name)?;
+            (c, settings, format!("`{} {name}`", cmd.get_name()))
         }
-        None => (cmd, table.clone(), format!("`{}`", cmd.get_name())),
+        None => (cmd, file.table.clone(), format!("`{}`", cmd.get_name())),
     };
-    if let Some((name, _)) = &sub {
-        // Top-level keys are the root's (one file can serve both); a subcommand's
-        // settings sit in its table.
-        for key in table.keys() {
-            let long = key.replace('_', "-");
-            let root_arg = cmd
-                .get_arguments()
-                .any(|a| a.get_long() == Some(long.as_str()) && !a.is_hide_set());
-            if cmd.find_subcommand(key).is_none() && !root_arg {
-                return Err(invalid(format!(
-                    "`{}` has no setting `{key}`; the settings of `{name}` go in a \
-                     [{name}] table",
-                    cmd.get_name()
-                )));
-            }
-        }
-    }
     let mut out = args;
     for (key, value) in &settings {
         if sub.is_none() && cmd.find_subcommand(key).is_some() {
@@ -118,42 +87,104 @@ pub fn with_config(
         let arg = target
             .get_arguments()
             .find(|a| a.get_long() == Some(long.as_str()) && !a.is_hide_set() && long != "config")
-            .ok_or_else(|| invalid(format!("{where_} has no setting `{key}`")))?;
+            .ok_or_else(|| file.invalid(format!("{where_} has no setting `{key}`")))?;
         let flag = format!("--{long}");
-        if strings
+        let on_command_line = strings
             .iter()
-            .any(|a| *a == flag || a.starts_with(&format!("{flag}=")))
-        {
-            continue;
-        }
-        if let Some(var) = arg.get_env() {
-            if env(&var.to_string_lossy()).is_some() {
-                continue;
-            }
-        }
-        let text = |v: &toml::Value| -> Result<String, ConfigError> {
-            match v {
-                toml::Value::String(s) => Ok(s.clone()),
-                toml::Value::Integer(i) => Ok(i.to_string()),
-                toml::Value::Float(f) => Ok(f.to_string()),
-                _ => Err(invalid(format!("`{key}`: expected a string or a number"))),
-            }
-        };
-        match value {
-            toml::Value::Boolean(true) => out.push(flag.into()),
-            toml::Value::Boolean(false) => {}
-            toml::Value::Array(items) => {
-                let parts = items.iter().map(text).collect::<Result<Vec<_>, _>>()?;
-                out.push(flag.into());
-                out.push(parts.join(",").into());
-            }
-            v => {
-                out.push(flag.into());
-                out.push(text(v)?.into());
-            }
+            .any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
+        let in_env = arg
+            .get_env()
+            .is_some_and(|var| env(&var.to_string_lossy()).is_some());
+        if !on_command_line && !in_env {
+            out.extend(file.as_flags(key, &flag, value)?);
         }
     }
     Ok(out)
+}
+
+/// The file `--config FILE` or `--config=FILE` names on the command line.
+fn config_path(args: &[String]) -> Option<String> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == "--config" {
+            args.get(i + 1).cloned()
+        } else {
+            a.strip_prefix("--config=").map(str::to_string)
+        }
+    })
+}
+
+/// A config file read and parsed, and where it came from, for the errors.
+struct ConfigFile {
+    path: PathBuf,
+    table: toml::Table,
+}
+
+impl ConfigFile {
+    fn read(path: PathBuf) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        match toml::from_str(&text) {
+            Ok(table) => Ok(Self { path, table }),
+            Err(e) => Err(ConfigError::Invalid {
+                path,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    fn invalid(&self, reason: String) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+
+    /// With subcommand `sub` invoked, top-level keys are the root's (one file can
+    /// serve both) or other subcommands' tables; a subcommand's settings sit in its
+    /// table.
+    fn check_root_keys(&self, cmd: &clap::Command, sub: &str) -> Result<(), ConfigError> {
+        for key in self.table.keys() {
+            let long = key.replace('_', "-");
+            let root_arg = cmd
+                .get_arguments()
+                .any(|a| a.get_long() == Some(long.as_str()) && !a.is_hide_set());
+            if cmd.find_subcommand(key).is_none() && !root_arg {
+                return Err(self.invalid(format!(
+                    "`{}` has no setting `{key}`; the settings of `{sub}` go in a \
+                     [{sub}] table",
+                    cmd.get_name()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The flags setting `key` to `value`: a true switch is the flag alone, a
+    /// false one nothing, a list its items joined by commas.
+    fn as_flags(
+        &self,
+        key: &str,
+        flag: &str,
+        value: &toml::Value,
+    ) -> Result<Vec<OsString>, ConfigError> {
+        let text = |v: &toml::Value| match v {
+            toml::Value::String(s) => Ok(s.clone()),
+            toml::Value::Integer(i) => Ok(i.to_string()),
+            toml::Value::Float(f) => Ok(f.to_string()),
+            _ => Err(self.invalid(format!("`{key}`: expected a string or a number"))),
+        };
+        Ok(match value {
+            toml::Value::Boolean(true) => vec![flag.into()],
+            toml::Value::Boolean(false) => Vec::new(),
+            toml::Value::Array(items) => {
+                let parts = items.iter().map(text).collect::<Result<Vec<_>, _>>()?;
+                vec![flag.into(), parts.join(",").into()]
+            }
+            v => vec![flag.into(), text(v)?.into()],
+        })
+    }
 }
 
 #[cfg(test)]

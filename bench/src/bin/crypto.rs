@@ -164,20 +164,17 @@ fn mask_term_costs(pk: &PublicKey, rng: &mut ChaCha20Rng) -> anyhow::Result<(f64
         .map(|e| Ciphertext(e.to_big()))
         .collect();
     let window = PowerTable::window_for(MASK_BITS as u64, segments_a_row);
+    let mut tables: Vec<PowerTable> = Vec::new();
     let row_tables = fastest(3, 1, || {
-        shifted
-            .iter()
-            .map(|c| pk.power_table(c, window))
-            .collect::<Vec<_>>()
+        tables = shifted.iter().map(|c| pk.power_table(c, window)).collect();
     });
-    let tables: Vec<PowerTable> = shifted.iter().map(|c| pk.power_table(c, window)).collect();
     let straus = || {
         let v_table = pk.power_table(&Ciphertext(v_seg.clone()), window);
         let mut terms = vec![(&v_table, &b[slots])];
         terms.extend((0..slots).map(|t| (&tables[t], &b[t])));
         pk.multi_scale_tables(&terms)
     };
-    let b_seg = (0..slots).fold(BigUint::from(0u8), |acc, t| acc + (&b[t] << (WIDTH * t)));
+    let b_seg = radix::shifted_sum(&b[..slots], WIDTH);
     let r = radix::radix_for(b_seg.bits() + MASK_BITS as u64);
     let row = RadixPowers::new(pk, ring.elem(&v_i), r, b_seg.bits());
     let yao = || {

@@ -174,76 +174,30 @@ pub(super) fn from_grid(
     n_rows: u64,
     frac_bits: u32,
 ) -> Opened {
-    let dim = layout.dim;
-    let k = layout.matrix_dim;
-    let scale_1 = f64::from(frac_bits).exp2();
-    let scale_2 = scale_1 * scale_1;
-    let n = n_rows as f64;
-    let to_matrix = |t: &[Vec<BigInt>]| DMatrix::from_fn(k, k, |i, j| to_f64(&t[i][j]) / scale_2);
-    // A projected study's R lives on the k axes: sums are projected down to meet
-    // it, and scatters lifted back as W S W^T (rank k, M x M).
-    let axes = projection.map(|p| DMatrix::from_fn(k, dim, |i, j| p.axes[i][j]));
-    let down = |v: &DVector<f64>| match &axes {
-        Some(p) => p * v,
-        None => v.clone(),
-    };
-    let up = |s: DMatrix<f64>| match &axes {
-        Some(p) => p.transpose() * s * p,
-        None => s,
-    };
+    let units = Units::new(layout, projection, n_rows, frac_bits);
     let (matrix_grid, scatter, mean, classes) = match centering {
         Centering::Mask => {
             let ns = blocks.into_iter().next().unwrap_or_default();
-            let s = DMatrix::from_fn(dim, dim, |i, j| to_f64(&ns[i][j]) / (n * scale_2));
+            let s = DMatrix::from_fn(units.dim, units.dim, |i, j| {
+                to_f64(&ns[i][j]) / (units.n * units.scale_2)
+            });
             (vec![ns], s, None, None)
         }
         Centering::DpMean => {
-            let rs: Vec<DMatrix<f64>> = blocks.iter().map(|t| to_matrix(t)).collect();
-            let r_total = rs.iter().fold(DMatrix::zeros(k, k), |acc, r| acc + r);
-            let g = layout.classes;
-            let sums: Vec<DVector<f64>> = if g == 0 {
-                vec![DVector::from_fn(dim, |i, _| to_f64(&vec[i]) / scale_1)]
-            } else {
-                (0..g)
-                    .map(|c| DVector::from_fn(dim, |i, _| to_f64(&vec[c * dim + i]) / scale_1))
-                    .collect()
-            };
-            let v = sums.iter().fold(DVector::zeros(dim), |acc, s| acc + s);
+            let rs: Vec<DMatrix<f64>> = blocks.iter().map(|t| units.matrix(t)).collect();
+            let r_total = rs
+                .iter()
+                .fold(DMatrix::zeros(units.k, units.k), |acc, r| acc + r);
+            let sums = units.class_sums(&vec, layout.classes);
+            let v = sums
+                .iter()
+                .fold(DVector::zeros(units.dim), |acc, s| acc + s);
             // S' = R' - v' v'^T / N, in normalized units.
-            let vk = down(&v);
-            let s = up(&r_total - &vk * vk.transpose() / n);
-            let classes = (g > 0).then(|| {
-                let counts: Vec<f64> = (0..g)
-                    .map(|c| to_f64(&vec[g * dim + c]) / layout.count_scale as f64)
-                    .collect();
-                // A noisy count below one would blow the mean up: divide by at least 1.
-                let means: Vec<DVector<f64>> = sums
-                    .iter()
-                    .zip(&counts)
-                    .map(|(s, &nc)| s / nc.max(1.0))
-                    .collect();
-                let scatters = if rs.len() == g {
-                    rs.iter()
-                        .zip(&sums)
-                        .zip(&means)
-                        .map(|((r, s), m)| up(r - down(s) * down(m).transpose()))
-                        .collect()
-                } else {
-                    let between = sums
-                        .iter()
-                        .zip(&means)
-                        .fold(DMatrix::zeros(k, k), |acc, (s, m)| {
-                            acc + down(s) * down(m).transpose()
-                        });
-                    vec![up(&r_total - between)]
-                };
-                ClassStats {
-                    counts,
-                    means,
-                    scatters,
-                }
-            });
-            (blocks, s, Some(v / n), classes)
+            let vk = units.down(&v);
+            let s = units.up(&r_total - &vk * vk.transpose() / units.n);
+            let classes =
+                (layout.classes > 0).then(|| units.class_stats(layout, &vec, &rs, &r_total, sums));
+            (blocks, s, Some(v / units.n), classes)
         }
     };
     Opened {
@@ -252,5 +206,108 @@ pub(super) fn from_grid(
         scatter,
         mean,
         classes,
+    }
+}
+
+/// How released integers read in normalized units: the fixed-point scales, N, and
+/// a projected study's axes (its R lives on the k axes: sums are projected down to
+/// meet it, and scatters lifted back as W S W^T, rank k, M x M).
+struct Units {
+    dim: usize,
+    k: usize,
+    scale_1: f64,
+    scale_2: f64,
+    n: f64,
+    axes: Option<DMatrix<f64>>,
+}
+
+impl Units {
+    fn new(
+        layout: &BlockShape,
+        projection: Option<&Projection>,
+        n_rows: u64,
+        frac_bits: u32,
+    ) -> Self {
+        let (dim, k) = (layout.dim, layout.matrix_dim);
+        let scale_1 = f64::from(frac_bits).exp2();
+        Self {
+            dim,
+            k,
+            scale_1,
+            scale_2: scale_1 * scale_1,
+            n: n_rows as f64,
+            axes: projection.map(|p| DMatrix::from_fn(k, dim, |i, j| p.axes[i][j])),
+        }
+    }
+
+    fn matrix(&self, t: &[Vec<BigInt>]) -> DMatrix<f64> {
+        DMatrix::from_fn(self.k, self.k, |i, j| to_f64(&t[i][j]) / self.scale_2)
+    }
+
+    fn down(&self, v: &DVector<f64>) -> DVector<f64> {
+        match &self.axes {
+            Some(p) => p * v,
+            None => v.clone(),
+        }
+    }
+
+    fn up(&self, s: DMatrix<f64>) -> DMatrix<f64> {
+        match &self.axes {
+            Some(p) => p.transpose() * s * p,
+            None => s,
+        }
+    }
+
+    /// The sums v'_c of each of `classes` classes (the one total v' without).
+    fn class_sums(&self, vec: &[BigInt], classes: usize) -> Vec<DVector<f64>> {
+        let sum = |c: usize| {
+            DVector::from_fn(self.dim, |i, _| {
+                to_f64(&vec[c * self.dim + i]) / self.scale_1
+            })
+        };
+        (0..classes.max(1)).map(sum).collect()
+    }
+
+    /// Counts, means and within-class scatters: one per class where the release
+    /// has a matrix per class, else one shared.
+    fn class_stats(
+        &self,
+        layout: &BlockShape,
+        vec: &[BigInt],
+        rs: &[DMatrix<f64>],
+        r_total: &DMatrix<f64>,
+        sums: Vec<DVector<f64>>,
+    ) -> ClassStats {
+        let g = layout.classes;
+        let counts: Vec<f64> = (0..g)
+            .map(|c| to_f64(&vec[g * self.dim + c]) / layout.count_scale as f64)
+            .collect();
+        // A noisy count below one would blow the mean up: divide by at least 1.
+        let means: Vec<DVector<f64>> = sums
+            .iter()
+            .zip(&counts)
+            .map(|(s, &nc)| s / nc.max(1.0))
+            .collect();
+        let outer = |s: &DVector<f64>, m: &DVector<f64>| self.down(s) * self.down(m).transpose();
+        let scatters = if rs.len() == g {
+            rs.iter()
+                .zip(&sums)
+                .zip(&means)
+                .map(|((r, s), m)| self.up(r - outer(s, m)))
+                .collect()
+        } else {
+            let between = sums
+                .iter()
+                .zip(&means)
+                .fold(DMatrix::zeros(self.k, self.k), |acc, (s, m)| {
+                    acc + outer(s, m)
+                });
+            vec![self.up(r_total - between)]
+        };
+        ClassStats {
+            counts,
+            means,
+            scatters,
+        }
     }
 }

@@ -307,9 +307,7 @@ fn segment_mask_term(
         v_seg = ring.mul_elem(&v_seg, &shifts[seg.col + t][t]);
     }
     let v_powers = RadixPowers::new(pk, v_seg, row_powers.radix_bits(), layout.mask_bits);
-    let b_seg = (0..seg.len).fold(BigUint::zero(), |acc, t| {
-        acc + (&b[seg.col + t] << (t * width))
-    });
+    let b_seg = radix::shifted_sum(&b[seg.col..seg.col + seg.len], width);
     Ok(radix::product(
         pk,
         &[(row_powers, &b_seg), (&v_powers, &b[seg.row])],
@@ -424,7 +422,7 @@ mod tests {
         let w = layout.budget.slot_width as usize;
         let top = (BigUint::one() << layout.mask_bits as usize) - 1u8;
         for len in 1..=3 {
-            let widest = (0..len).fold(BigUint::zero(), |acc, t| acc + (&top << (t * w)));
+            let widest = radix::shifted_sum(vec![&top; len], w);
             assert!(widest.bits() <= layout.mask_exponent_bits(len), "len {len}");
         }
         let b = vec![top; dim];

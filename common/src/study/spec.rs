@@ -109,6 +109,26 @@ impl SpecDraft {
     }
 
     fn check(&self) -> Result<(), SpecError> {
+        self.check_schema()?;
+        self.check_fixed_point()?;
+        self.check_counts()?;
+        self.check_invitations()?;
+        if let Some(classes) = &self.classes {
+            self.validate_classes(classes)?;
+        }
+        if let Some(p) = &self.projection {
+            self.validate_projection(p)?;
+        }
+        if let Some(bins) = &self.norm_bins {
+            bins.validate(self)?;
+        }
+        self.check_privacy()?;
+        StudyLayout::of(self)?;
+        Ok(())
+    }
+
+    /// Features named once each, one finite interval apiece.
+    fn check_schema(&self) -> Result<(), SpecError> {
         if self.features.is_empty() {
             return Err(SpecError::Schema("no features".into()));
         }
@@ -134,6 +154,11 @@ impl SpecDraft {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// The ball C and the fixed-point scale it is encoded at.
+    fn check_fixed_point(&self) -> Result<(), SpecError> {
         let c = self.fixed.row_norm_bound;
         if !(c.is_finite() && c > 0.0 && c <= 1e6) {
             return Err(param(
@@ -150,6 +175,11 @@ impl SpecDraft {
         if self.fixed.norm_bound_int() == 0 {
             return Err(param("row_norm_bound", "C 2^f rounds to zero"));
         }
+        Ok(())
+    }
+
+    /// Rows, statistical security and owners within their ranges.
+    fn check_counts(&self) -> Result<(), SpecError> {
         if self.max_rows == 0 || self.max_rows > MAX_ROWS_LIMIT {
             return Err(param(
                 "max_rows",
@@ -171,43 +201,46 @@ impl SpecDraft {
                 ),
             ));
         }
-        if !self.expected_owners.is_empty() {
-            let mut seen = std::collections::HashSet::new();
-            for o in &self.expected_owners {
-                if o.is_empty() || !seen.insert(o.as_str()) {
-                    return Err(param(
-                        "expected_owners",
-                        format!("empty or duplicate owner id `{o}`"),
-                    ));
-                }
-                if o.len() > MAX_ID_BYTES {
-                    return Err(param(
-                        "expected_owners",
-                        format!("an owner id of {} bytes; at most {MAX_ID_BYTES}", o.len()),
-                    ));
-                }
-            }
-            if self.quorum as usize > self.expected_owners.len() {
+        Ok(())
+    }
+
+    /// An invitation list, where there is one: distinct ids of bounded length, at
+    /// least a quorum of them.
+    fn check_invitations(&self) -> Result<(), SpecError> {
+        if self.expected_owners.is_empty() {
+            return Ok(());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for o in &self.expected_owners {
+            if o.is_empty() || !seen.insert(o.as_str()) {
                 return Err(param(
-                    "quorum",
-                    format!(
-                        "{} is more than the {} owners invited",
-                        self.quorum,
-                        self.expected_owners.len()
-                    ),
+                    "expected_owners",
+                    format!("empty or duplicate owner id `{o}`"),
+                ));
+            }
+            if o.len() > MAX_ID_BYTES {
+                return Err(param(
+                    "expected_owners",
+                    format!("an owner id of {} bytes; at most {MAX_ID_BYTES}", o.len()),
                 ));
             }
         }
-        if let Some(classes) = &self.classes {
-            self.validate_classes(classes)?;
+        if self.quorum as usize > self.expected_owners.len() {
+            return Err(param(
+                "quorum",
+                format!(
+                    "{} is more than the {} owners invited",
+                    self.quorum,
+                    self.expected_owners.len()
+                ),
+            ));
         }
-        if let Some(p) = &self.projection {
-            self.validate_projection(p)?;
-        }
-        if let Some(bins) = &self.norm_bins {
-            bins.validate(self)?;
-        }
-        // Re-validates epsilon/delta/mechanism combinations.
+        Ok(())
+    }
+
+    /// The mechanism, centering, epsilon and delta as one request, and noise that
+    /// the fixed-point encoding can hold at these bounds.
+    fn check_privacy(&self) -> Result<(), SpecError> {
         PrivacyRequest::new(
             self.privacy.mechanism,
             self.privacy.centering,
@@ -224,7 +257,6 @@ impl SpecDraft {
                 ),
             ));
         }
-        StudyLayout::of(self)?;
         Ok(())
     }
 

@@ -77,60 +77,42 @@ pub fn write_dev_pki_with(
     owners: &[String],
     layout: DevPkiLayout,
 ) -> Result<DevPki, TlsError> {
-    let bad = |r: String| TlsError::Flags(r);
     if proxy_hosts.is_empty() {
-        return Err(bad("the proxy needs at least one host name".into()));
+        return Err(TlsError::Flags(
+            "the proxy needs at least one host name".into(),
+        ));
     }
     let mut names: Vec<&str> = vec!["ca", "proxy", "operator"];
     names.extend(users.iter().chain(owners).map(String::as_str));
-    for n in &names {
-        check_name(n).map_err(bad)?;
-    }
-    for (i, n) in names.iter().enumerate() {
-        if names[..i].contains(n) {
-            return Err(bad(format!(
-                "name `{n}` is used twice (ca, proxy and operator are reserved)"
-            )));
-        }
-    }
-    let party_dir = |name: &str| match (layout.per_party, name) {
-        (false, _) | (true, "ca") => dir.to_path_buf(),
-        (true, "operator") => dir.join("proxy"),
-        (true, n) => dir.join(n),
+    check_names(&names)?;
+    let paths = PkiPaths { dir, layout };
+    let pki = || DevPki {
+        dir: dir.to_path_buf(),
+        proxy: paths.files_of("proxy"),
+        operator: paths.files_of("operator"),
+        users: users
+            .iter()
+            .map(|u| (u.clone(), paths.files_of(u)))
+            .collect(),
+        owners: owners
+            .iter()
+            .map(|o| (o.clone(), paths.files_of(o)))
+            .collect(),
     };
-    let files_of = |name: &str| TlsFiles::in_dir(&party_dir(name), name);
     let files: Vec<PathBuf> = names
         .iter()
         .flat_map(|n| {
-            let f = files_of(n);
+            let f = paths.files_of(n);
             [f.ca, f.cert, f.key]
         })
         .collect();
-    let pki = || DevPki {
-        dir: dir.to_path_buf(),
-        proxy: files_of("proxy"),
-        operator: files_of("operator"),
-        users: users.iter().map(|u| (u.clone(), files_of(u))).collect(),
-        owners: owners.iter().map(|o| (o.clone(), files_of(o))).collect(),
-    };
     if layout.keep_existing && files.iter().all(|p| p.exists()) {
         return Ok(pki());
     }
-    if let Some(existing) = files.iter().find(|p| p.exists()) {
-        return Err(TlsError::Write {
-            path: existing.clone(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "exists already; development certificates are never overwritten. To add a \
-                 party, make a new development PKI (every party's files) in an empty folder \
-                 (--out) and hand each party its new files; a deployment's CA issues \
-                 certificates one by one (docs/DEPLOYING.md)",
-            ),
-        });
-    }
+    refuse_existing(&files)?;
     // Every folder holding certificates gets the CA's certificate: the top one
     // only, or each party's.
-    let mut dirs: Vec<PathBuf> = names.iter().map(|n| party_dir(n)).collect();
+    let mut dirs: Vec<PathBuf> = names.iter().map(|n| paths.party_dir(n)).collect();
     dirs.sort();
     dirs.dedup();
     for d in &dirs {
@@ -139,64 +121,154 @@ pub fn write_dev_pki_with(
             source,
         })?;
     }
-    let gen = |e: rcgen::Error| TlsError::Generate(e.to_string());
-    let now = time::OffsetDateTime::now_utc();
-    let validity = |p: &mut CertificateParams| {
-        // A day back for clocks slightly behind the issuer's.
-        p.not_before = now - time::Duration::days(1);
-        p.not_after = now + time::Duration::days(DEV_VALIDITY_DAYS);
-    };
-
-    let ca_key = KeyPair::generate().map_err(gen)?;
-    let mut ca = CertificateParams::default();
-    ca.distinguished_name = subject("dpca development CA", "dpca-ca");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    validity(&mut ca);
-    let ca_cert = ca.self_signed(&ca_key).map_err(gen)?;
-    for d in &dirs {
-        write_file(&d.join("ca.pem"), ca_cert.pem().as_bytes(), false)?;
+    let ca = DevCa::new(dir, &dirs)?;
+    ca.issue(
+        &paths.files_of("proxy"),
+        "proxy",
+        Role::Proxy,
+        Some(proxy_hosts),
+    )?;
+    ca.issue(&paths.files_of("operator"), "operator", Role::Proxy, None)?;
+    for u in users {
+        ca.issue(&paths.files_of(u), u, Role::User, None)?;
     }
-    write_file(&dir.join("ca.key"), ca_key.serialize_pem().as_bytes(), true)?;
-    let issuer = Issuer::new(ca, ca_key);
+    for o in owners {
+        ca.issue(&paths.files_of(o), o, Role::Owner, None)?;
+    }
+    Ok(pki())
+}
 
-    // `server`: the proxy's own certificate; every other is a client's.
-    let issue = |name: &str, role: Role, server: bool| -> Result<(), TlsError> {
-        let key = KeyPair::generate().map_err(gen)?;
+/// Every name safe as a file name and used once (`ca`, `proxy` and `operator`
+/// among them).
+fn check_names(names: &[&str]) -> Result<(), TlsError> {
+    for n in names {
+        check_name(n).map_err(TlsError::Flags)?;
+    }
+    for (i, n) in names.iter().enumerate() {
+        if names[..i].contains(n) {
+            return Err(TlsError::Flags(format!(
+                "name `{n}` is used twice (ca, proxy and operator are reserved)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Where each party's files go in a layout.
+struct PkiPaths<'a> {
+    dir: &'a Path,
+    layout: DevPkiLayout,
+}
+
+impl PkiPaths<'_> {
+    fn party_dir(&self, name: &str) -> PathBuf {
+        match (self.layout.per_party, name) {
+            (false, _) | (true, "ca") => self.dir.to_path_buf(),
+            (true, "operator") => self.dir.join("proxy"),
+            (true, n) => self.dir.join(n),
+        }
+    }
+
+    fn files_of(&self, name: &str) -> TlsFiles {
+        TlsFiles::in_dir(&self.party_dir(name), name)
+    }
+}
+
+/// Refuses, naming the first, if any of `files` exists.
+fn refuse_existing(files: &[PathBuf]) -> Result<(), TlsError> {
+    match files.iter().find(|p| p.exists()) {
+        None => Ok(()),
+        Some(existing) => Err(TlsError::Write {
+            path: existing.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists already; development certificates are never overwritten. To add a \
+                 party, make a new development PKI (every party's files) in an empty folder \
+                 (--out) and hand each party its new files; a deployment's CA issues \
+                 certificates one by one (docs/DEPLOYING.md)",
+            ),
+        }),
+    }
+}
+
+fn generation(e: rcgen::Error) -> TlsError {
+    TlsError::Generate(e.to_string())
+}
+
+/// A day back for clocks slightly behind the issuer's, and `DEV_VALIDITY_DAYS`
+/// ahead.
+fn set_validity(p: &mut CertificateParams, now: time::OffsetDateTime) {
+    p.not_before = now - time::Duration::days(1);
+    p.not_after = now + time::Duration::days(DEV_VALIDITY_DAYS);
+}
+
+/// The development CA, its certificate written to every folder that holds
+/// certificates and its key to the top one.
+struct DevCa {
+    issuer: Issuer<'static, KeyPair>,
+    now: time::OffsetDateTime,
+}
+
+impl DevCa {
+    fn new(dir: &Path, cert_dirs: &[PathBuf]) -> Result<Self, TlsError> {
+        let now = time::OffsetDateTime::now_utc();
+        let key = KeyPair::generate().map_err(generation)?;
+        let mut ca = CertificateParams::default();
+        ca.distinguished_name = subject("dpca development CA", "dpca-ca");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        set_validity(&mut ca, now);
+        let cert = ca.self_signed(&key).map_err(generation)?;
+        for d in cert_dirs {
+            write_file(&d.join("ca.pem"), cert.pem().as_bytes(), false)?;
+        }
+        write_file(&dir.join("ca.key"), key.serialize_pem().as_bytes(), true)?;
+        Ok(Self {
+            issuer: Issuer::new(ca, key),
+            now,
+        })
+    }
+
+    /// Issues `name`'s certificate and key into `files`: a server's for the
+    /// proxy's host names when `server_hosts` is given, else a client's.
+    fn issue(
+        &self,
+        files: &TlsFiles,
+        name: &str,
+        role: Role,
+        server_hosts: Option<&[String]>,
+    ) -> Result<(), TlsError> {
+        let key = KeyPair::generate().map_err(generation)?;
         let mut p = CertificateParams::default();
         p.distinguished_name = subject(name, role.unit());
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        if server {
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            p.subject_alt_names = proxy_hosts
-                .iter()
-                .map(|h| match h.parse::<std::net::IpAddr>() {
-                    Ok(ip) => Ok(SanType::IpAddress(ip)),
-                    Err(_) => h
-                        .clone()
-                        .try_into()
-                        .map(SanType::DnsName)
-                        .map_err(|_| TlsError::Flags(format!("`{h}` is not a host name"))),
-                })
-                .collect::<Result<_, _>>()?;
-        } else {
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        match server_hosts {
+            Some(hosts) => {
+                p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+                p.subject_alt_names = hosts
+                    .iter()
+                    .map(|h| host_name(h))
+                    .collect::<Result<_, _>>()?;
+            }
+            None => p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth],
         }
-        validity(&mut p);
-        let cert = p.signed_by(&key, &issuer).map_err(gen)?;
-        let files = files_of(name);
+        set_validity(&mut p, self.now);
+        let cert = p.signed_by(&key, &self.issuer).map_err(generation)?;
         write_file(&files.cert, cert.pem().as_bytes(), false)?;
         write_file(&files.key, key.serialize_pem().as_bytes(), true)
-    };
-    issue("proxy", Role::Proxy, true)?;
-    issue("operator", Role::Proxy, false)?;
-    for u in users {
-        issue(u, Role::User, false)?;
     }
-    for o in owners {
-        issue(o, Role::Owner, false)?;
+}
+
+/// A host name or IP address as a subject alternative name.
+fn host_name(h: &str) -> Result<SanType, TlsError> {
+    match h.parse::<std::net::IpAddr>() {
+        Ok(ip) => Ok(SanType::IpAddress(ip)),
+        Err(_) => h
+            .to_string()
+            .try_into()
+            .map(SanType::DnsName)
+            .map_err(|_| TlsError::Flags(format!("`{h}` is not a host name"))),
     }
-    Ok(pki())
 }
 
 pub(super) fn subject(name: &str, unit: &str) -> DistinguishedName {
