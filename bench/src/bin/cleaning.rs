@@ -275,33 +275,46 @@ fn main() -> anyhow::Result<()> {
         bail!("--splits must be at least 1");
     }
     let sets = [diamonds()?, optdigits()?];
-    // (data set, N_d choices): labels after the first N_d are confidential.
-    let configs: [(&Labeled, Vec<usize>); 2] = [(&sets[0], vec![1, 2, 3]), (&sets[1], vec![10])];
-    let opt_nc = [1usize, 2, 3];
-
     println!(
         "Null-space cleaning, epsilon = {}, {} random 90/10 splits (mean; sd over splits in parentheses)\n",
         args.epsilon, args.splits
     );
-    let mut fig = [String::new(), String::new(), String::new()];
-    for (i, title) in [
+    for figure in figures_1_and_2(&args, &sets)? {
+        println!("{figure}");
+    }
+    figure_3(&args, &sets)
+}
+
+/// The first `nd + nc` labels of `d`: the first `nd` desired, the rest confidential.
+fn with_labels(d: &Labeled, nd: usize, nc: usize) -> Labeled {
+    Labeled {
+        name: d.name,
+        x: d.x.clone(),
+        labels: d.labels[..nd + nc].to_vec(),
+    }
+}
+
+/// Figures 1 and 2 and the exact null-space variant, as three markdown tables:
+/// diamonds with 1 to 3 desired labels, optdigits with 10 desired and 1 to 3
+/// confidential.
+fn figures_1_and_2(args: &Args, sets: &[Labeled; 2]) -> anyhow::Result<[String; 3]> {
+    let titles = [
         "Figure 1: no attack",
         "Figure 2: with the attack (the adversary cleans the training rows and re-fits)",
         "Exact null-space variant (epsilon unused), no attack",
-    ]
-    .iter()
-    .enumerate()
-    {
-        fig[i] = format!(
+    ];
+    let mut fig = titles.map(|title| {
+        format!(
             "{title}\n\n| data set | N_d | N_c | desired | confidential | e_utility | e_privacy | CP | below epsilon |\n|---|---|---|---|---|---|---|---|---|\n"
-        );
-    }
-    let mut run_one = |d: &Labeled, nd: usize, nc: usize| -> anyhow::Result<()> {
-        let sub = Labeled {
-            name: d.name,
-            x: d.x.clone(),
-            labels: d.labels[..nd + nc].to_vec(),
-        };
+        )
+    });
+    let diamonds_settings = [1usize, 2, 3].map(|nd| (nd, sets[0].labels.len() - nd));
+    let settings = diamonds_settings
+        .into_iter()
+        .map(|s| (&sets[0], s))
+        .chain([1usize, 2, 3].map(|nc| (&sets[1], (10, nc))));
+    for (d, (nd, nc)) in settings {
+        let sub = with_labels(d, nd, nc);
         let row = run_setting(&sub, nd, args.epsilon, args.splits, args.seed)?;
         let names = |r: std::ops::Range<usize>| {
             let v: Vec<&str> = sub.labels[r].iter().map(|(n, _)| n.as_str()).collect();
@@ -312,8 +325,13 @@ fn main() -> anyhow::Result<()> {
             }
         };
         for (f, at) in [(0, ALG), (1, ALG_ATTACK), (2, NULL)] {
+            let below = if at == NULL {
+                "-".to_string()
+            } else {
+                format!("{:.1}%", 100.0 * row.mean(BELOW))
+            };
             fig[f].push_str(&format!(
-                "| {} | {nd} | {nc} | {} | {} | {:.4} | {:.3} ({:.3}) | {:.1}% | {} |\n",
+                "| {} | {nd} | {nc} | {} | {} | {:.4} | {:.3} ({:.3}) | {:.1}% | {below} |\n",
                 d.name,
                 names(0..nd),
                 names(nd..nd + nc),
@@ -321,36 +339,21 @@ fn main() -> anyhow::Result<()> {
                 row.mean(at + 1),
                 row.sd(at + 1),
                 100.0 * row.mean(at + 2),
-                if at == NULL {
-                    "-".to_string()
-                } else {
-                    format!("{:.1}%", 100.0 * row.mean(BELOW))
-                }
             ));
         }
-        Ok(())
-    };
-    for nd in &configs[0].1 {
-        let nc = configs[0].0.labels.len() - nd;
-        run_one(configs[0].0, *nd, nc)?;
     }
-    for nc in opt_nc {
-        run_one(configs[1].0, 10, nc)?;
-    }
-    for f in &fig {
-        println!("{f}");
-    }
+    Ok(fig)
+}
 
+/// Figure 3: against the Laplace mechanism at equal e_utility, 3 confidential
+/// labels, at each of `--fig3-epsilons`.
+fn figure_3(args: &Args, sets: &[Labeled; 2]) -> anyhow::Result<()> {
     println!(
         "Figure 3: against the Laplace mechanism at equal e_utility\n\n| data set | N_d | N_c | e_utility | Laplace e_privacy | Laplace CP | Laplace, attacked: e_privacy | CP | Alg. 1 e_privacy | CP | Alg. 1, attacked: e_privacy | CP |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (d, nd) in [(&sets[0], 1usize), (&sets[1], 10)] {
         let nc = 3;
-        let sub = Labeled {
-            name: d.name,
-            x: d.x.clone(),
-            labels: d.labels[..nd + nc].to_vec(),
-        };
+        let sub = with_labels(d, nd, nc);
         for &eps in &args.fig3_epsilons {
             let row = run_setting(&sub, nd, eps, args.splits, args.seed)?;
             println!(

@@ -88,30 +88,54 @@ fn summarize(centering: &str, epsilon: f64, how: &str, xs: &[f64]) -> Row {
     }
 }
 
+/// The table the bench reads: optdigits unless `--data` and `--bounds` name
+/// another.
+struct Input {
+    name: String,
+    table: dpca_common::data::Table,
+    bounds: Vec<(f64, f64)>,
+}
+
+impl Input {
+    fn read(args: &Args) -> anyhow::Result<Self> {
+        let root = workspace_root();
+        let (data, bounds_path) = match (&args.data, &args.bounds) {
+            (Some(d), Some(b)) => (d.clone(), b.clone()),
+            (None, _) => (
+                root.join("data/optdigits.csv"),
+                root.join("data/optdigits.bounds.csv"),
+            ),
+            (Some(_), None) => {
+                bail!("--data needs --bounds (public bounds, not read off the data)")
+            }
+        };
+        let name = data.display().to_string();
+        let table = read_csv(
+            std::fs::File::open(&data).with_context(|| name.clone())?,
+            &name,
+            Some(&args.label),
+        )?;
+        let bounds = read_bounds(std::fs::File::open(&bounds_path)?, &table.features)?;
+        Ok(Self {
+            name,
+            table,
+            bounds,
+        })
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let root = workspace_root();
-    let (data, bounds_path) = match (&args.data, &args.bounds) {
-        (Some(d), Some(b)) => (d.clone(), b.clone()),
-        (None, _) => (
-            root.join("data/optdigits.csv"),
-            root.join("data/optdigits.bounds.csv"),
-        ),
-        (Some(_), None) => bail!("--data needs --bounds (public bounds, not read off the data)"),
-    };
-    let name = data.display().to_string();
-    let table = read_csv(
-        std::fs::File::open(&data).with_context(|| name.clone())?,
-        &name,
-        Some(&args.label),
-    )?;
-    let bounds = read_bounds(std::fs::File::open(&bounds_path)?, &table.features)?;
+    let Input {
+        name,
+        table,
+        bounds,
+    } = Input::read(&args)?;
     let fixed = FixedPoint {
         frac_bits: DEFAULT_FRAC_BITS,
         row_norm_bound: 1.0,
     };
-    let dim = table.features.len();
-    let n = table.rows.len();
+    let (dim, n) = (table.features.len(), table.rows.len());
     let delta = (n as f64).powf(-1.1);
     let (pooled, clipped) = Share::from_raw_rows(&table.rows, &bounds, &fixed, None, None);
     let normalized: Vec<Vec<f64>> = table
@@ -128,39 +152,21 @@ fn main() -> anyhow::Result<()> {
         clipped,
         args.reps
     );
-
+    let central = Central {
+        pooled: &pooled,
+        fixed: &fixed,
+        s_true: &s_true,
+        mechanism,
+        delta,
+        n: n as u64,
+    };
     let mut rows = Vec::new();
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     let mut epsilons = args.epsilons.clone();
     epsilons.push(1e6);
     for centering in [Centering::Mask, Centering::DpMean] {
         for &eps in &epsilons {
-            let req = PrivacyRequest::new(mechanism, centering, eps, delta)?;
-            let plan = plan_noise(&req, dim, fixed.norm_bound_int(), n as u64, false);
-            let mut caps = Vec::with_capacity(args.reps);
-            for _ in 0..args.reps {
-                let secrets = ReleaseSecrets {
-                    mask: Vec::new(),
-                    matrix_noise: plan.matrix.sample_upper(dim, &mut rng),
-                    vector_noise: plan
-                        .vector
-                        .as_ref()
-                        .map(|v| v.sample_vector(dim, &mut rng))
-                        .unwrap_or_default(),
-                };
-                let opened = central_release(
-                    &pooled,
-                    &BlockShape::new(dim, 0, false, fixed.norm_bound_int()),
-                    centering,
-                    None,
-                    &secrets,
-                    fixed.frac_bits,
-                );
-                caps.push(captured_variance(
-                    &s_true,
-                    &pca(&opened.scatter, args.k).components,
-                ));
-            }
+            let caps = central.captures(&args, centering, eps, &mut rng)?;
             rows.push(summarize(centering.name(), eps, "central", &caps));
         }
         if args.distributed_reps > 0 {
@@ -168,22 +174,76 @@ fn main() -> anyhow::Result<()> {
             rows.push(summarize(centering.name(), 1.0, "distributed", &caps));
         }
     }
-
-    println!(
-        "{:>9}  {:>9}  {:>11}  {:>4}  {:>8}  {:>7}  {:>7}",
-        "centering", "epsilon", "how", "reps", "captured", "sd", "min"
-    );
-    for r in &rows {
-        println!(
-            "{:>9}  {:>9}  {:>11}  {:>4}  {:>8.4}  {:>7.4}  {:>7.4}",
-            r.centering, r.epsilon, r.how, r.reps, r.mean, r.sd, r.min
-        );
-    }
+    print_rows(&rows);
     if let Some(p) = &args.json {
         std::fs::write(p, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("{}", p.display()))?;
     }
     Ok(())
+}
+
+/// The mechanism on the pooled share, as the distributed release computes it.
+struct Central<'a> {
+    pooled: &'a Share,
+    fixed: &'a FixedPoint,
+    s_true: &'a DMatrix<f64>,
+    mechanism: Mechanism,
+    delta: f64,
+    n: u64,
+}
+
+impl Central<'_> {
+    /// The captured variance of `--reps` releases at `eps`.
+    fn captures(
+        &self,
+        args: &Args,
+        centering: Centering,
+        eps: f64,
+        rng: &mut ChaCha20Rng,
+    ) -> anyhow::Result<Vec<f64>> {
+        let dim = self.s_true.nrows();
+        let (n, bound) = (self.n, self.fixed.norm_bound_int());
+        let req = PrivacyRequest::new(self.mechanism, centering, eps, self.delta)?;
+        let plan = plan_noise(&req, dim, bound, n, false);
+        let mut caps = Vec::with_capacity(args.reps);
+        for _ in 0..args.reps {
+            let secrets = ReleaseSecrets {
+                mask: Vec::new(),
+                matrix_noise: plan.matrix.sample_upper(dim, rng),
+                vector_noise: plan
+                    .vector
+                    .as_ref()
+                    .map(|v| v.sample_vector(dim, rng))
+                    .unwrap_or_default(),
+            };
+            let opened = central_release(
+                self.pooled,
+                &BlockShape::new(dim, 0, false, bound),
+                centering,
+                None,
+                &secrets,
+                self.fixed.frac_bits,
+            );
+            caps.push(captured_variance(
+                self.s_true,
+                &pca(&opened.scatter, args.k).components,
+            ));
+        }
+        Ok(caps)
+    }
+}
+
+fn print_rows(rows: &[Row]) {
+    println!(
+        "{:>9}  {:>9}  {:>11}  {:>4}  {:>8}  {:>7}  {:>7}",
+        "centering", "epsilon", "how", "reps", "captured", "sd", "min"
+    );
+    for r in rows {
+        println!(
+            "{:>9}  {:>9}  {:>11}  {:>4}  {:>8.4}  {:>7.4}  {:>7.4}",
+            r.centering, r.epsilon, r.how, r.reps, r.mean, r.sd, r.min
+        );
+    }
 }
 
 /// Whole studies through the real programs, at epsilon 1.

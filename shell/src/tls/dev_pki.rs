@@ -110,18 +110,7 @@ pub fn write_dev_pki_with(
         return Ok(pki());
     }
     refuse_existing(&files)?;
-    // Every folder holding certificates gets the CA's certificate: the top one
-    // only, or each party's.
-    let mut dirs: Vec<PathBuf> = names.iter().map(|n| paths.party_dir(n)).collect();
-    dirs.sort();
-    dirs.dedup();
-    for d in &dirs {
-        std::fs::create_dir_all(d).map_err(|source| TlsError::Write {
-            path: d.clone(),
-            source,
-        })?;
-    }
-    let ca = DevCa::new(dir, &dirs)?;
+    let ca = DevCa::new(dir, &paths.create_dirs(&names)?)?;
     ca.issue(
         &paths.files_of("proxy"),
         "proxy",
@@ -171,6 +160,21 @@ impl PkiPaths<'_> {
 
     fn files_of(&self, name: &str) -> TlsFiles {
         TlsFiles::in_dir(&self.party_dir(name), name)
+    }
+
+    /// Creates the folders of every party named, and returns them: each gets the
+    /// CA's certificate (the top one only, or each party's).
+    fn create_dirs(&self, names: &[&str]) -> Result<Vec<PathBuf>, TlsError> {
+        let mut dirs: Vec<PathBuf> = names.iter().map(|n| self.party_dir(n)).collect();
+        dirs.sort();
+        dirs.dedup();
+        for d in &dirs {
+            std::fs::create_dir_all(d).map_err(|source| TlsError::Write {
+                path: d.clone(),
+                source,
+            })?;
+        }
+        Ok(dirs)
     }
 }
 

@@ -65,7 +65,8 @@ use anyhow::bail;
 use clap::Parser;
 use dpca_common::dp::{split_request, Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
-use dpca_common::study::DEFAULT_FRAC_BITS;
+use dpca_common::protocol::Share;
+use dpca_common::study::{BlockShape, DEFAULT_FRAC_BITS};
 use dpca_common::synth::{FitKind, Task};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -151,39 +152,84 @@ struct Args {
     label: String,
 }
 
+/// The method and fitting choices every experiment shares, checked once.
+struct Settings {
+    mechanism: Mechanism,
+    per_class: bool,
+    fit: FitChoice,
+}
+
+impl Settings {
+    fn of(args: &Args) -> anyhow::Result<Self> {
+        let known: Vec<&str> = Method::SYNTHESIZED.iter().map(Method::name).collect();
+        if let Some(bad) = args.methods.iter().find(|m| !known.contains(&m.as_str())) {
+            bail!(
+                "unknown method `{bad}` (expected one of {})",
+                known.join(", ")
+            );
+        }
+        let per_class = match args.class_covariance.as_str() {
+            "shared" => false,
+            "per-class" => true,
+            other => bail!("--class-covariance must be shared or per-class, got `{other}`"),
+        };
+        Ok(Self {
+            mechanism: Mechanism::parse(&args.mechanism)?,
+            per_class,
+            fit: FitChoice {
+                kind: FitKind::parse(&args.covariance)?,
+                denoise_full_gauss: args.denoise_full_gauss,
+            },
+        })
+    }
+
+    /// The methods among `candidates` that `--methods` asks for (all without it).
+    fn chosen<'a>(
+        args: &'a Args,
+        candidates: impl IntoIterator<Item = Method> + 'a,
+    ) -> impl Iterator<Item = Method> + 'a {
+        candidates
+            .into_iter()
+            .filter(|m| args.methods.is_empty() || args.methods.iter().any(|a| a == m.name()))
+    }
+}
+
+/// One experiment, loaded with the C it is read at, and its pooled share.
+struct Loaded {
+    e: Experiment,
+    fixed: FixedPoint,
+    plain: (Share, BlockShape),
+}
+
+impl Loaded {
+    fn new(e: Experiment, c: f64, per_class: bool) -> Self {
+        let fixed = FixedPoint {
+            frac_bits: DEFAULT_FRAC_BITS,
+            row_norm_bound: c,
+        };
+        let (pooled, shape, _) = pooled_share(&e, &fixed, per_class, None);
+        Self {
+            e,
+            fixed,
+            plain: (pooled, shape),
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(dir) = &args.score_study {
         return score_study(&args, dir);
     }
-    let mechanism = Mechanism::parse(&args.mechanism)?;
-    let known: Vec<&str> = Method::SYNTHESIZED.iter().map(Method::name).collect();
-    if let Some(bad) = args.methods.iter().find(|m| !known.contains(&m.as_str())) {
-        bail!(
-            "unknown method `{bad}` (expected one of {})",
-            known.join(", ")
-        );
-    }
-    let per_class = match args.class_covariance.as_str() {
-        "shared" => false,
-        "per-class" => true,
-        other => bail!("--class-covariance must be shared or per-class, got `{other}`"),
-    };
-    let fit = FitChoice {
-        kind: FitKind::parse(&args.covariance)?,
-        denoise_full_gauss: args.denoise_full_gauss,
-    };
+    let settings = Settings::of(&args)?;
     let mut cells = Vec::new();
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     for (i, name) in args.experiments.iter().enumerate() {
         let e = load(name, args.k.get(i).copied(), args.seed, args.row_norm_bound)?;
-        let fixed = FixedPoint {
-            frac_bits: DEFAULT_FRAC_BITS,
-            row_norm_bound: e.c,
-        };
-        let (pooled, shape, _) = pooled_share(&e, &fixed, per_class, None);
-        let delta = (pooled.n as f64).powf(-1.1);
-        let plain = (pooled, shape);
+        let c = e.c;
+        let loaded = Loaded::new(e, c, settings.per_class);
+        let delta = (loaded.plain.0.n as f64).powf(-1.1);
+        let e = &loaded.e;
         eprintln!(
             "{name}: {} train / {} test rows, M = {}, k = {}, {} classes, delta = 1/N^1.1",
             e.train.len(),
@@ -192,110 +238,164 @@ fn main() -> anyhow::Result<()> {
             e.k,
             e.classes
         );
-        // Real rows: once for the deterministic learners, reps times for k-means.
-        let real_reps = if e.task == Task::Cluster {
-            args.reps
-        } else {
-            1
-        };
-        let real: Vec<f64> = (0..real_reps)
-            .map(|_| score(&e, &e.train, &e.train_y, &mut rng))
-            .collect::<anyhow::Result<_>>()?;
-        let (mean, sd) = summarize(&real);
-        cells.push(Cell {
-            experiment: e.name.clone(),
-            metric: metric(e.task),
-            method: Method::Real,
-            epsilon: None,
-            k: e.bounds.len(),
-            reps: real_reps,
-            mean,
-            sd,
-            values: real,
-        });
-        // The unclipped rows the row-norm histogram counts, loaded once.
-        let wide = match args.row_norm_quantile {
-            Some(_) => Some(load(name, Some(e.k), args.seed, f64::INFINITY)?),
-            None => None,
-        };
-        for &eps in &args.epsilons {
-            let req = PrivacyRequest::new(mechanism, Centering::DpMean, eps, delta)?;
-            // With a DP row-norm quantile, the experiment is reloaded with its C and
-            // the methods get the rest of the budget.
-            let chosen = match (args.row_norm_quantile, &wide) {
-                (Some(q), Some(wide)) => {
-                    let (h, main) = split_request(&req, args.quantile_budget_share)?;
-                    let c = dp_row_norm(wide, q, &h, &mut rng)?;
-                    let e = wide.clipped(c);
-                    let fixed = FixedPoint {
-                        frac_bits: DEFAULT_FRAC_BITS,
-                        row_norm_bound: c,
-                    };
-                    let (pooled, shape, _) = pooled_share(&e, &fixed, per_class, None);
-                    eprintln!("  eps {eps}: C = {c:.4} (the {q} quantile of the norms)");
-                    Some((e, fixed, (pooled, shape), main))
-                }
-                _ => None,
-            };
-            let (e, fixed, plain, req) = match &chosen {
-                Some((e, fixed, plain, main)) => (e, fixed, plain, main),
-                None => (&e, &fixed, &plain, &req),
-            };
-            let base_seed: u64 = rng.gen();
-            for method in Method::SYNTHESIZED
-                .into_iter()
-                .filter(|m| args.methods.is_empty() || args.methods.iter().any(|a| a == m.name()))
-            {
-                let cell = run_method(
-                    e, method, e.k, req, fixed, per_class, plain, fit, args.reps, base_seed,
-                )?;
-                eprintln!(
-                    "  eps {eps}: {} {:.4} +- {:.4}",
-                    method.name(),
-                    cell.mean,
-                    cell.sd
-                );
-                cells.push(cell);
-            }
-        }
-        let features = pca_dim(&e);
-        for &k in args.ks.iter().filter(|&&k| k >= 1 && k <= features) {
-            let req = PrivacyRequest::new(mechanism, Centering::DpMean, args.sweep_epsilon, delta)?;
-            let base_seed: u64 = rng.gen();
-            for method in [
-                Method::PcaGauss,
-                Method::PcaGauss2,
-                Method::PcaGauss2K,
-                Method::PubPca,
-            ]
-            .into_iter()
-            .filter(|m| args.methods.is_empty() || args.methods.iter().any(|a| a == m.name()))
-            {
-                let cell = run_method(
-                    &e, method, k, &req, &fixed, per_class, &plain, fit, args.reps, base_seed,
-                )?;
-                eprintln!(
-                    "  k {k}: {} {:.4} +- {:.4}",
-                    method.name(),
-                    cell.mean,
-                    cell.sd
-                );
-                cells.push(Cell {
-                    experiment: format!("{} (k sweep)", e.name),
-                    ..cell
-                });
-            }
-        }
+        cells.push(real_cell(&args, e, &mut rng)?);
+        cells.extend(epsilon_cells(&args, &settings, &loaded, delta, &mut rng)?);
+        cells.extend(k_sweep_cells(&args, &settings, &loaded, delta, &mut rng)?);
     }
     print_tables(&cells, &args);
     print_paired(&cells);
+    write_json(&args, &cells)
+}
+
+/// The real rows' score: once for the deterministic learners, reps times for
+/// k-means.
+fn real_cell(args: &Args, e: &Experiment, rng: &mut ChaCha20Rng) -> anyhow::Result<Cell> {
+    let real_reps = if e.task == Task::Cluster {
+        args.reps
+    } else {
+        1
+    };
+    let real: Vec<f64> = (0..real_reps)
+        .map(|_| score(e, &e.train, &e.train_y, rng))
+        .collect::<anyhow::Result<_>>()?;
+    let (mean, sd) = summarize(&real);
+    Ok(Cell {
+        experiment: e.name.clone(),
+        metric: metric(e.task),
+        method: Method::Real,
+        epsilon: None,
+        k: e.bounds.len(),
+        reps: real_reps,
+        mean,
+        sd,
+        values: real,
+    })
+}
+
+/// Every synthesizing method at every epsilon. With a DP row-norm quantile, the
+/// experiment is reloaded with its C and the methods get the rest of the budget.
+fn epsilon_cells(
+    args: &Args,
+    settings: &Settings,
+    loaded: &Loaded,
+    delta: f64,
+    rng: &mut ChaCha20Rng,
+) -> anyhow::Result<Vec<Cell>> {
+    // The unclipped rows the row-norm histogram counts, loaded once.
+    let wide = match args.row_norm_quantile {
+        Some(_) => Some(load(
+            &loaded.e.name,
+            Some(loaded.e.k),
+            args.seed,
+            f64::INFINITY,
+        )?),
+        None => None,
+    };
+    let mut cells = Vec::new();
+    for &eps in &args.epsilons {
+        let req = PrivacyRequest::new(settings.mechanism, Centering::DpMean, eps, delta)?;
+        let chosen = match (args.row_norm_quantile, &wide) {
+            (Some(q), Some(wide)) => {
+                let (h, main) = split_request(&req, args.quantile_budget_share)?;
+                let c = dp_row_norm(wide, q, &h, rng)?;
+                eprintln!("  eps {eps}: C = {c:.4} (the {q} quantile of the norms)");
+                Some((Loaded::new(wide.clipped(c), c, settings.per_class), main))
+            }
+            _ => None,
+        };
+        let (at, req) = match &chosen {
+            Some((at, main)) => (at, main),
+            None => (loaded, &req),
+        };
+        let base_seed: u64 = rng.gen();
+        for method in Settings::chosen(args, Method::SYNTHESIZED) {
+            let cell = run_method(
+                &at.e,
+                method,
+                at.e.k,
+                req,
+                &at.fixed,
+                settings.per_class,
+                &at.plain,
+                settings.fit,
+                args.reps,
+                base_seed,
+            )?;
+            eprintln!(
+                "  eps {eps}: {} {:.4} +- {:.4}",
+                method.name(),
+                cell.mean,
+                cell.sd
+            );
+            cells.push(cell);
+        }
+    }
+    Ok(cells)
+}
+
+/// The PCA methods against k, at `--sweep-epsilon`.
+fn k_sweep_cells(
+    args: &Args,
+    settings: &Settings,
+    loaded: &Loaded,
+    delta: f64,
+    rng: &mut ChaCha20Rng,
+) -> anyhow::Result<Vec<Cell>> {
+    let e = &loaded.e;
+    let features = pca_dim(e);
+    let pca_methods = [
+        Method::PcaGauss,
+        Method::PcaGauss2,
+        Method::PcaGauss2K,
+        Method::PubPca,
+    ];
+    let mut cells = Vec::new();
+    for &k in args.ks.iter().filter(|&&k| k >= 1 && k <= features) {
+        let req = PrivacyRequest::new(
+            settings.mechanism,
+            Centering::DpMean,
+            args.sweep_epsilon,
+            delta,
+        )?;
+        let base_seed: u64 = rng.gen();
+        for method in Settings::chosen(args, pca_methods) {
+            let cell = run_method(
+                e,
+                method,
+                k,
+                &req,
+                &loaded.fixed,
+                settings.per_class,
+                &loaded.plain,
+                settings.fit,
+                args.reps,
+                base_seed,
+            )?;
+            eprintln!(
+                "  k {k}: {} {:.4} +- {:.4}",
+                method.name(),
+                cell.mean,
+                cell.sd
+            );
+            cells.push(Cell {
+                experiment: format!("{} (k sweep)", e.name),
+                ..cell
+            });
+        }
+    }
+    Ok(cells)
+}
+
+/// The cells as JSON, where `--json` says or under the target folder.
+fn write_json(args: &Args, cells: &[Cell]) -> anyhow::Result<()> {
     let json = args
         .json
+        .clone()
         .unwrap_or_else(|| workspace_root().join("target/bench-synthetic/synthetic-bench.json"));
     if let Some(dir) = json.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&json, serde_json::to_string_pretty(&cells)? + "\n")?;
+    std::fs::write(&json, serde_json::to_string_pretty(cells)? + "\n")?;
     println!("JSON in {}", json.display());
     Ok(())
 }
