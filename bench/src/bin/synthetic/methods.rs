@@ -147,108 +147,204 @@ pub(crate) fn one_rep(
     fit: FitChoice,
     rng: &mut ChaCha20Rng,
 ) -> anyhow::Result<f64> {
-    let m = pca_dim(e);
-    let (pooled, shape) = plain;
-    let n = pooled.n;
-    // The noise level of a release's scatter block, from its plan.
-    let level =
-        |plan: &NoisePlan, shape: &BlockShape| NoiseLevel::of(plan, fixed, shape.matrix_dim);
-    let (opened, axes, n, noise) = match method {
-        Method::PcaGauss => {
-            let (opened, plan) = release(pooled, shape, None, req, fixed, rng);
-            let w = components(&opened, pooled.n, m, k);
-            (opened, w, n, level(&plan, shape))
-        }
-        Method::FullGauss => {
-            let (opened, plan) = release(pooled, shape, None, req, fixed, rng);
-            (opened, DMatrix::identity(m, m), n, level(&plan, shape))
-        }
-        Method::PubPca => {
-            // The paper's Pub-PCA: a disjoint public part of the training rows gives
-            // the axes; the study runs on the rest, projected, with the whole budget.
-            let cut = (e.train.len() as f64 * PUBLIC_SHARE).round() as usize;
-            let public: Vec<Vec<f64>> = e.train[..cut].iter().map(|r| r[..m].to_vec()).collect();
-            let w = pca(&(centered_scatter(&public) / cut as f64), k).components;
-            let private = Experiment {
-                train: e.train[cut..].to_vec(),
-                train_y: e
-                    .train_y
-                    .get(cut..)
-                    .map(<[usize]>::to_vec)
-                    .unwrap_or_default(),
-                ..e.clone()
-            };
-            let (share, pshape, projection) = pooled_share(&private, fixed, per_class, Some(&w));
-            let (opened, plan) = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
-            let axes = components_in_span(&opened, share.n, &w, k);
-            (opened, axes, share.n, level(&plan, &pshape))
-        }
-        Method::PcaGauss2 => {
-            // Round 1: a plain study for the axes; round 2: R on them.
-            let half = halves(req)?;
-            let (first, _) = release(pooled, shape, None, &half, fixed, rng);
-            let w = components(&first, pooled.n, m, k);
-            let (share, pshape, projection) = pooled_share(e, fixed, per_class, Some(&w));
-            let (opened, plan) = release(&share, &pshape, projection.as_ref(), &half, fixed, rng);
-            let axes = components_in_span(&opened, share.n, &w, k);
-            (opened, axes, n, level(&plan, &pshape))
-        }
-        Method::RandomProj => {
-            // Random axes are public: the whole budget goes to R on them. The Blocki
-            // adaptation releases only projected data, so the class deviations from
-            // the global mean are kept in the random span too.
-            let w = random_axes(m, k, rng);
-            let (share, pshape, projection) = pooled_share(e, fixed, per_class, Some(&w));
-            let (mut opened, plan) = release(&share, &pshape, projection.as_ref(), req, fixed, rng);
-            if let (Some(stats), Some(mu)) = (opened.classes.as_mut(), opened.mean.as_ref()) {
-                let p = &w * w.transpose();
-                for mc in &mut stats.means {
-                    *mc = mu + &p * (&*mc - mu);
-                }
-            }
-            (opened, w, n, level(&plan, &pshape))
-        }
-        Method::PcaGauss2K => {
-            // Round 1 as pca-gauss-2; round 2 releases only k-dimensional sums and
-            // scatters of W^T x; the global mean's part outside the span comes from
-            // round 1.
-            let half = halves(req)?;
-            let (first, _) = release(pooled, shape, None, &half, fixed, rng);
-            let w = components(&first, pooled.n, m, k);
-            let mu1 = first.mean.clone().context("no mean")?;
-            let projection = task_projection(e.task, &w);
-            let kk = projection.rank();
-            let rows: Vec<Vec<i64>> = e
-                .train
-                .iter()
-                .map(|x| fixed.encode_row(&projection.apply(x, e.c)))
-                .collect();
-            let cls = ClassRows {
-                labels: &e.train_y,
-                classes: e.classes,
-                per_class_matrix: per_class,
-                count_scale: fixed.norm_bound_int(),
-            };
-            let share = Share::from_split_rows(&rows, &rows, kk, (e.classes > 0).then_some(&cls));
-            let kshape = BlockShape::new(kk, e.classes, per_class, fixed.norm_bound_int());
-            let (mut opened, plan) = release(&share, &kshape, None, &half, fixed, rng);
-            let wk = DMatrix::from_fn(mu1.len(), kk, |i, j| projection.axes[j][i]);
-            let outside = &mu1 - &wk * (wk.transpose() * &mu1);
-            let lift_m = |v: &DVector<f64>| &wk * v + &outside;
-            let lift_s = |s: &DMatrix<f64>| &wk * s * wk.transpose();
-            opened.scatter = &wk * &opened.scatter * wk.transpose();
-            opened.mean = opened.mean.as_ref().map(lift_m);
-            if let Some(st) = opened.classes.as_mut() {
-                st.means = st.means.iter().map(lift_m).collect();
-                st.scatters = st.scatters.iter().map(lift_s).collect();
-            }
-            let axes = components_in_span(&opened, share.n, &w, k);
-            (opened, axes, n, level(&plan, &kshape))
-        }
+    let rep = Rep {
+        e,
+        k,
+        req,
+        fixed,
+        per_class,
+        pooled: &plain.0,
+        shape: &plain.1,
+    };
+    let got = match method {
+        Method::PcaGauss => rep.pca_gauss(rng),
+        Method::FullGauss => rep.full_gauss(rng),
+        Method::PubPca => rep.pub_pca(rng),
+        Method::PcaGauss2 => rep.pca_gauss_2(rng)?,
+        Method::RandomProj => rep.random_proj(rng),
+        Method::PcaGauss2K => rep.pca_gauss_2k(rng)?,
         Method::Real => bail!("the real baseline is not synthesized"),
     };
-    let (rows, ys) = synthesize(e, &opened, n, &axes, fit.of(method, noise), rng)?;
+    let fit = fit.of(method, got.noise);
+    let (rows, ys) = synthesize(e, &got.opened, got.n, &got.axes, fit, rng)?;
     score(e, &rows, &ys, rng)
+}
+
+/// What one repetition of a method synthesizes from: the release it reads, the
+/// axes its rows are drawn on, the row count it divides by, and its scatter's
+/// noise level.
+struct Released {
+    opened: Opened,
+    axes: DMatrix<f64>,
+    n: u64,
+    noise: Option<NoiseLevel>,
+}
+
+/// One repetition's study: the experiment, k, the budget and the pooled share.
+struct Rep<'a> {
+    e: &'a Experiment,
+    k: usize,
+    req: &'a PrivacyRequest,
+    fixed: &'a FixedPoint,
+    per_class: bool,
+    pooled: &'a Share,
+    shape: &'a BlockShape,
+}
+
+impl Rep<'_> {
+    /// The noise level of a release's scatter block, from its plan.
+    fn level(&self, plan: &NoisePlan, shape: &BlockShape) -> Option<NoiseLevel> {
+        NoiseLevel::of(plan, self.fixed, shape.matrix_dim)
+    }
+
+    /// A release of the whole table at `req`.
+    fn plain_release(&self, req: &PrivacyRequest, rng: &mut ChaCha20Rng) -> (Opened, NoisePlan) {
+        release(self.pooled, self.shape, None, req, self.fixed, rng)
+    }
+
+    fn pca_gauss(&self, rng: &mut ChaCha20Rng) -> Released {
+        let (opened, plan) = self.plain_release(self.req, rng);
+        let axes = components(&opened, self.pooled.n, pca_dim(self.e), self.k);
+        Released {
+            opened,
+            axes,
+            n: self.pooled.n,
+            noise: self.level(&plan, self.shape),
+        }
+    }
+
+    fn full_gauss(&self, rng: &mut ChaCha20Rng) -> Released {
+        let (opened, plan) = self.plain_release(self.req, rng);
+        let m = pca_dim(self.e);
+        Released {
+            opened,
+            axes: DMatrix::identity(m, m),
+            n: self.pooled.n,
+            noise: self.level(&plan, self.shape),
+        }
+    }
+
+    /// The paper's Pub-PCA: a disjoint public part of the training rows gives the
+    /// axes; the study runs on the rest, projected, with the whole budget.
+    fn pub_pca(&self, rng: &mut ChaCha20Rng) -> Released {
+        let (e, m) = (self.e, pca_dim(self.e));
+        let cut = (e.train.len() as f64 * PUBLIC_SHARE).round() as usize;
+        let public: Vec<Vec<f64>> = e.train[..cut].iter().map(|r| r[..m].to_vec()).collect();
+        let w = pca(&(centered_scatter(&public) / cut as f64), self.k).components;
+        let private = Experiment {
+            train: e.train[cut..].to_vec(),
+            train_y: e
+                .train_y
+                .get(cut..)
+                .map(<[usize]>::to_vec)
+                .unwrap_or_default(),
+            ..e.clone()
+        };
+        let (share, pshape, projection) =
+            pooled_share(&private, self.fixed, self.per_class, Some(&w));
+        let (opened, plan) = release(
+            &share,
+            &pshape,
+            projection.as_ref(),
+            self.req,
+            self.fixed,
+            rng,
+        );
+        Released {
+            axes: components_in_span(&opened, share.n, &w, self.k),
+            opened,
+            n: share.n,
+            noise: self.level(&plan, &pshape),
+        }
+    }
+
+    /// Round 1: a plain study at half the budget for the axes; round 2: R on them.
+    fn pca_gauss_2(&self, rng: &mut ChaCha20Rng) -> anyhow::Result<Released> {
+        let half = halves(self.req)?;
+        let (first, _) = self.plain_release(&half, rng);
+        let w = components(&first, self.pooled.n, pca_dim(self.e), self.k);
+        let (share, pshape, projection) =
+            pooled_share(self.e, self.fixed, self.per_class, Some(&w));
+        let (opened, plan) = release(&share, &pshape, projection.as_ref(), &half, self.fixed, rng);
+        Ok(Released {
+            axes: components_in_span(&opened, share.n, &w, self.k),
+            opened,
+            n: self.pooled.n,
+            noise: self.level(&plan, &pshape),
+        })
+    }
+
+    /// Random axes are public: the whole budget goes to R on them. The Blocki
+    /// adaptation releases only projected data, so the class deviations from the
+    /// global mean are kept in the random span too.
+    fn random_proj(&self, rng: &mut ChaCha20Rng) -> Released {
+        let w = random_axes(pca_dim(self.e), self.k, rng);
+        let (share, pshape, projection) =
+            pooled_share(self.e, self.fixed, self.per_class, Some(&w));
+        let (mut opened, plan) = release(
+            &share,
+            &pshape,
+            projection.as_ref(),
+            self.req,
+            self.fixed,
+            rng,
+        );
+        if let (Some(stats), Some(mu)) = (opened.classes.as_mut(), opened.mean.as_ref()) {
+            let p = &w * w.transpose();
+            for mc in &mut stats.means {
+                *mc = mu + &p * (&*mc - mu);
+            }
+        }
+        Released {
+            opened,
+            axes: w,
+            n: self.pooled.n,
+            noise: self.level(&plan, &pshape),
+        }
+    }
+
+    /// Round 1 as pca-gauss-2; round 2 releases only k-dimensional sums and
+    /// scatters of W^T x; the global mean's part outside the span comes from
+    /// round 1.
+    fn pca_gauss_2k(&self, rng: &mut ChaCha20Rng) -> anyhow::Result<Released> {
+        let (e, fixed) = (self.e, self.fixed);
+        let half = halves(self.req)?;
+        let (first, _) = self.plain_release(&half, rng);
+        let w = components(&first, self.pooled.n, pca_dim(e), self.k);
+        let mu1 = first.mean.clone().context("no mean")?;
+        let projection = task_projection(e.task, &w);
+        let kk = projection.rank();
+        let rows: Vec<Vec<i64>> = e
+            .train
+            .iter()
+            .map(|x| fixed.encode_row(&projection.apply(x, e.c)))
+            .collect();
+        let cls = ClassRows {
+            labels: &e.train_y,
+            classes: e.classes,
+            per_class_matrix: self.per_class,
+            count_scale: fixed.norm_bound_int(),
+        };
+        let share = Share::from_split_rows(&rows, &rows, kk, (e.classes > 0).then_some(&cls));
+        let kshape = BlockShape::new(kk, e.classes, self.per_class, fixed.norm_bound_int());
+        let (mut opened, plan) = release(&share, &kshape, None, &half, fixed, rng);
+        let wk = DMatrix::from_fn(mu1.len(), kk, |i, j| projection.axes[j][i]);
+        let outside = &mu1 - &wk * (wk.transpose() * &mu1);
+        let lift_m = |v: &DVector<f64>| &wk * v + &outside;
+        let lift_s = |s: &DMatrix<f64>| &wk * s * wk.transpose();
+        opened.scatter = &wk * &opened.scatter * wk.transpose();
+        opened.mean = opened.mean.as_ref().map(lift_m);
+        if let Some(st) = opened.classes.as_mut() {
+            st.means = st.means.iter().map(lift_m).collect();
+            st.scatters = st.scatters.iter().map(lift_s).collect();
+        }
+        Ok(Released {
+            axes: components_in_span(&opened, share.n, &w, self.k),
+            opened,
+            n: self.pooled.n,
+            noise: self.level(&plan, &kshape),
+        })
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
