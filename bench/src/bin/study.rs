@@ -809,25 +809,46 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if let (Some(&bits), Some(sc)) = (args.key_bits.first(), all.first()) {
-        for &owners in &args.memory_owners {
-            let dir = args.out.join(format!("s1-{bits}-{owners}-owners"));
-            let c = args
-                .centerings
-                .first()
-                .copied()
-                .unwrap_or(Centering::DpMean);
-            let report = run_study(&user_bin, sc, bits, false, c, owners, &dir)?;
-            let proxy = report.usage.proxy.unwrap_or_default();
-            out.proxy_memory.push(serde_json::json!({
-                "owners": owners,
-                "key_bits": bits,
-                "proxy_peak_mib": mib(proxy.peak_rss_bytes),
-                "proxy_cpu": proxy.cpu_seconds,
-                "total_wall": report.seconds.total,
-            }));
-        }
+        out.proxy_memory = proxy_memory(&args, &user_bin, sc, bits)?;
     }
+    print_summary(&out);
+    let path = args.out.join("study-bench.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&out)? + "\n")
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    println!("\nJSON: {}", path.display());
+    Ok(())
+}
 
+/// The proxy's peak memory and CPU on scenario 1 with each of `--memory-owners`.
+fn proxy_memory(
+    args: &Args,
+    user_bin: &Path,
+    sc: &Scenario,
+    bits: u64,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let c = args
+        .centerings
+        .first()
+        .copied()
+        .unwrap_or(Centering::DpMean);
+    let mut rows = Vec::new();
+    for &owners in &args.memory_owners {
+        let dir = args.out.join(format!("s1-{bits}-{owners}-owners"));
+        let report = run_study(user_bin, sc, bits, false, c, owners, &dir)?;
+        let proxy = report.usage.proxy.unwrap_or_default();
+        rows.push(serde_json::json!({
+            "owners": owners,
+            "key_bits": bits,
+            "proxy_peak_mib": mib(proxy.peak_rss_bytes),
+            "proxy_cpu": proxy.cpu_seconds,
+            "total_wall": report.seconds.total,
+        }));
+    }
+    Ok(rows)
+}
+
+/// The studies' tables, then the comparisons the run made.
+fn print_summary(out: &Output) {
     print_table(&out.studies);
     if !out.speedups.is_empty() {
         println!("\nspeedup of the product over the baseline (same run, same machine):");
@@ -847,9 +868,4 @@ fn main() -> anyhow::Result<()> {
             println!("{s}");
         }
     }
-    let path = args.out.join("study-bench.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&out)? + "\n")
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    println!("\nJSON: {}", path.display());
-    Ok(())
 }
