@@ -490,47 +490,18 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
     let cpu_before = Usage::of_pid(pid)
         .context("proxy usage from /proc")?
         .cpu_seconds;
-    let done = Arc::new(AtomicBool::new(false));
-    // Each poller on a thread and runtime of its own, as the `proxy status`
-    // command is a process of its own: its latency is the proxy's, not the wait
-    // behind this program's owners for its runtime.
-    let poll = |url: &str, fresh| {
-        let (url, user, done) = (url.to_string(), s.user.clone(), Arc::clone(&done));
-        std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?
-                .block_on(poll_status(url, user, fresh, done))
-        })
-    };
-    let (fresh, operator, kept) = (
-        poll(&s.url, true),
-        poll(&s.operator_url, true),
-        poll(&s.url, false),
-    );
+    let pollers = Pollers::start(&s);
     let own_cpu = || Usage::of_self().map_or(f64::NAN, |u| u.cpu_seconds);
     let owners_before = own_cpu();
     let start = Instant::now();
     let (refused, attempts) = send_all(&s).await?;
     let wall = start.elapsed().as_secs_f64();
     let owners_cpu = own_cpu() - owners_before;
-    done.store(true, Ordering::Relaxed);
-    let joined = |h: std::thread::JoinHandle<anyhow::Result<Polls>>| {
-        h.join()
-            .map_err(|_| anyhow::anyhow!("status poller panicked"))?
-    };
-    let status_ms = joined(fresh)?;
-    let operator_ms = joined(operator)?;
-    let kept_ms = joined(kept)?;
+    let [status_ms, operator_ms, kept_ms] = pollers.finish()?;
     let written = written_bytes(pid)? - written_before;
     let proxy = Usage::of_pid(pid).context("proxy usage from /proc")?;
     let cpu = proxy.cpu_seconds - cpu_before;
     let page = metrics_page(s.metrics)?;
-    let fold = scrape(&page, "dpca_fold_microseconds_total")? / 1e6;
-    let store = scrape(&page, "dpca_store_microseconds_total")? / 1e6;
-    let commits = scrape(&page, "dpca_store_commits_total")?;
-    let writes = scrape(&page, "dpca_store_writes_total")?;
-    let let_go = scrape_sum(&page, r#"dpca_connections_refused_total{listener="main""#);
     let info = connect(&s.url, &s.user)
         .await?
         .get_study(v1::GetStudyRequest {
@@ -539,7 +510,6 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         .await
         .map_err(|e| anyhow::anyhow!("get study: {}", e.message()))?
         .into_inner();
-    let bare_fold = bare_fold(&s.pk, &s.cts)?;
     Ok(Row {
         plan,
         ciphertexts: s.cts.len(),
@@ -547,21 +517,63 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         wall,
         written,
         cpu,
-        fold,
-        bare_fold,
+        fold: scrape(&page, "dpca_fold_microseconds_total")? / 1e6,
+        bare_fold: bare_fold(&s.pk, &s.cts)?,
         owners_cpu,
-        store,
-        writes_per_commit: writes / commits,
+        store: scrape(&page, "dpca_store_microseconds_total")? / 1e6,
+        writes_per_commit: scrape(&page, "dpca_store_writes_total")?
+            / scrape(&page, "dpca_store_commits_total")?,
         proxy,
         status_ms,
         operator_ms,
         kept_ms,
         refused,
         attempts,
-        let_go,
+        let_go: scrape_sum(&page, r#"dpca_connections_refused_total{listener="main""#),
         state: info.state,
         owners_in: info.owners_in,
     })
+}
+
+/// The `status` pollers of a run: on fresh connections to the main port and to
+/// the operator listener, and on one connection kept open to the main port.
+struct Pollers {
+    done: Arc<AtomicBool>,
+    threads: [std::thread::JoinHandle<anyhow::Result<Polls>>; 3],
+}
+
+impl Pollers {
+    fn start(s: &Setup) -> Self {
+        let done = Arc::new(AtomicBool::new(false));
+        // Each poller on a thread and runtime of its own, as the `proxy status`
+        // command is a process of its own: its latency is the proxy's, not the wait
+        // behind this program's owners for its runtime.
+        let poll = |url: &str, fresh| {
+            let (url, user, done) = (url.to_string(), s.user.clone(), Arc::clone(&done));
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?
+                    .block_on(poll_status(url, user, fresh, done))
+            })
+        };
+        let threads = [
+            poll(&s.url, true),
+            poll(&s.operator_url, true),
+            poll(&s.url, false),
+        ];
+        Self { done, threads }
+    }
+
+    /// Stops the pollers: their latencies, in the order they were started.
+    fn finish(self) -> anyhow::Result<[Polls; 3]> {
+        self.done.store(true, Ordering::Relaxed);
+        let [fresh, operator, kept] = self.threads.map(|h| {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("status poller panicked"))?
+        });
+        Ok([fresh?, operator?, kept?])
+    }
 }
 
 fn main() -> anyhow::Result<()> {

@@ -161,6 +161,7 @@ struct Settings {
 
 impl Settings {
     fn of(args: &Args) -> anyhow::Result<Self> {
+        let mechanism = Mechanism::parse(&args.mechanism)?;
         let known: Vec<&str> = Method::SYNTHESIZED.iter().map(Method::name).collect();
         if let Some(bad) = args.methods.iter().find(|m| !known.contains(&m.as_str())) {
             bail!(
@@ -174,7 +175,7 @@ impl Settings {
             other => bail!("--class-covariance must be shared or per-class, got `{other}`"),
         };
         Ok(Self {
-            mechanism: Mechanism::parse(&args.mechanism)?,
+            mechanism,
             per_class,
             fit: FitChoice {
                 kind: FitKind::parse(&args.covariance)?,
