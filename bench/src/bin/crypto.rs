@@ -212,22 +212,7 @@ fn gmp_extras(
         sec / plain
     );
     let tables = table_costs(gmp_key.public(), rng)?;
-    let shown: Vec<String> = tables
-        .iter()
-        .map(|(w, one, all)| {
-            format!(
-                "{w}-bit {:.1}/{:.1}ms ({:.2}x)",
-                one * 1e3,
-                all * 1e3,
-                one / all
-            )
-        })
-        .collect();
-    println!(
-        "{bits:>5}  {:>10}  fixed-base table, one core/all cores: {}",
-        "table",
-        shown.join(", ")
-    );
+    print_table_costs(bits, &tables);
     let (one, all) = keygen_costs(bits)?;
     println!(
         "{bits:>5}  {:>10}  a key, mean of twenty: one core {:.0}ms, all cores {:.0}ms ({:.2}x)",
@@ -261,6 +246,59 @@ fn gmp_extras(
     Ok(())
 }
 
+/// The randomizer's table line: each window's one-core and all-core build.
+fn print_table_costs(bits: u64, tables: &[(usize, f64, f64)]) {
+    let shown: Vec<String> = tables
+        .iter()
+        .map(|(w, one, all)| {
+            format!(
+                "{w}-bit {:.1}/{:.1}ms ({:.2}x)",
+                one * 1e3,
+                all * 1e3,
+                one / all
+            )
+        })
+        .collect();
+    println!(
+        "{bits:>5}  {:>10}  fixed-base table, one core/all cores: {}",
+        "table",
+        shown.join(", ")
+    );
+}
+
+/// One engine's line of the main table, and its JSON row.
+fn engine_costs(
+    bits: u64,
+    sk: &SecretKey,
+    raw: f64,
+    rng: &mut ChaCha20Rng,
+) -> anyhow::Result<(Costs, serde_json::Value)> {
+    let c = measure(sk, rng)?;
+    let engine = sk.public().ring().engine();
+    println!(
+        "{bits:>5}  {engine:>10}  {:>7.2}us  {:>10.2}ms  {:>8.3}ms  {:>8.2}ms  {:>9.2}ms  {:>9.2}ms  {:>10.0}",
+        c.mul * 1e6,
+        c.enc_textbook * 1e3,
+        c.enc_short * 1e3,
+        c.dec_crt * 1e3,
+        c.dec_textbook * 1e3,
+        c.multi_exp * 1e3,
+        c.multi_exp / c.mul,
+    );
+    let row = serde_json::json!({
+        "key_bits": bits,
+        "engine": engine,
+        "mul_mod_n2_s": c.mul,
+        "encrypt_textbook_s": c.enc_textbook,
+        "encrypt_short_exponent_s": c.enc_short,
+        "decrypt_crt_s": c.dec_crt,
+        "decrypt_textbook_s": c.dec_textbook,
+        "multi_exp_16x64_s": c.multi_exp,
+        "raw_gmp_mul_mod_n2_s": raw,
+    });
+    Ok((c, row))
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut rows = Vec::new();
@@ -283,29 +321,8 @@ fn main() -> anyhow::Result<()> {
         let raw = raw_gmp_mulmod(gmp_key.public(), &mut rng);
         let mut by_engine = Vec::new();
         for sk in [&pure_key, &gmp_key] {
-            let c = measure(sk, &mut rng)?;
-            let engine = sk.public().ring().engine();
-            println!(
-                "{bits:>5}  {engine:>10}  {:>7.2}us  {:>10.2}ms  {:>8.3}ms  {:>8.2}ms  {:>9.2}ms  {:>9.2}ms  {:>10.0}",
-                c.mul * 1e6,
-                c.enc_textbook * 1e3,
-                c.enc_short * 1e3,
-                c.dec_crt * 1e3,
-                c.dec_textbook * 1e3,
-                c.multi_exp * 1e3,
-                c.multi_exp / c.mul,
-            );
-            rows.push(serde_json::json!({
-                "key_bits": bits,
-                "engine": engine,
-                "mul_mod_n2_s": c.mul,
-                "encrypt_textbook_s": c.enc_textbook,
-                "encrypt_short_exponent_s": c.enc_short,
-                "decrypt_crt_s": c.dec_crt,
-                "decrypt_textbook_s": c.dec_textbook,
-                "multi_exp_16x64_s": c.multi_exp,
-                "raw_gmp_mul_mod_n2_s": raw,
-            }));
+            let (c, row) = engine_costs(bits, sk, raw, &mut rng)?;
+            rows.push(row);
             by_engine.push(c);
         }
         if let [pure, gmp] = by_engine.as_slice() {
