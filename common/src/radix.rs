@@ -274,6 +274,17 @@ mod tests {
     }
 
     #[test]
+    fn a_shifted_sum_carries_a_value_wider_than_its_slot_into_the_next() {
+        let w = 8;
+        let wide = BigUint::from(0x1ffu16); // 9 bits in an 8-bit slot
+        let values = [wide.clone(), BigUint::from(3u8), wide];
+        // 0x1ff + 3 * 2^8 + 0x1ff * 2^16, the top bit of each wide value landing
+        // on the next slot's lowest.
+        assert_eq!(shifted_sum(&values, w), BigUint::from(0x01ff_04ffu32));
+        assert_eq!(shifted_sum(&[], w), BigUint::zero());
+    }
+
+    #[test]
     fn the_radix_balances_digits_and_the_final_pass() {
         // 3041 bits: 507 + 64 at radix 2^6 against 435 + 128 at 2^7.
         assert_eq!(radix_for(3041), 7);
