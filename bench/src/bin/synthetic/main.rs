@@ -184,6 +184,29 @@ impl Settings {
         })
     }
 
+    /// `--reps` repetitions of one method on `at`, logged under `label`.
+    fn cell(&self, args: &Args, at: &Loaded, run: MethodRun, label: &str) -> anyhow::Result<Cell> {
+        let cell = run_method(
+            &at.e,
+            run.method,
+            run.k,
+            run.req,
+            &at.fixed,
+            self.per_class,
+            &at.plain,
+            self.fit,
+            args.reps,
+            run.base_seed,
+        )?;
+        eprintln!(
+            "  {label}: {} {:.4} +- {:.4}",
+            run.method.name(),
+            cell.mean,
+            cell.sd
+        );
+        Ok(cell)
+    }
+
     /// The methods among `candidates` that `--methods` asks for (all without it).
     fn chosen<'a>(
         args: &'a Args,
@@ -193,6 +216,15 @@ impl Settings {
             .into_iter()
             .filter(|m| args.methods.is_empty() || args.methods.iter().any(|a| a == m.name()))
     }
+}
+
+/// One method's cell: at `k` components, at `req`, its repetitions seeded from
+/// `base_seed`.
+struct MethodRun<'a> {
+    method: Method,
+    k: usize,
+    req: &'a PrivacyRequest,
+    base_seed: u64,
 }
 
 /// One experiment, loaded with the C it is read at, and its pooled share.
@@ -310,25 +342,13 @@ fn epsilon_cells(
         };
         let base_seed: u64 = rng.gen();
         for method in Settings::chosen(args, Method::SYNTHESIZED) {
-            let cell = run_method(
-                &at.e,
+            let run = MethodRun {
                 method,
-                at.e.k,
+                k: at.e.k,
                 req,
-                &at.fixed,
-                settings.per_class,
-                &at.plain,
-                settings.fit,
-                args.reps,
                 base_seed,
-            )?;
-            eprintln!(
-                "  eps {eps}: {} {:.4} +- {:.4}",
-                method.name(),
-                cell.mean,
-                cell.sd
-            );
-            cells.push(cell);
+            };
+            cells.push(settings.cell(args, at, run, &format!("eps {eps}"))?);
         }
     }
     Ok(cells)
@@ -360,24 +380,13 @@ fn k_sweep_cells(
         )?;
         let base_seed: u64 = rng.gen();
         for method in Settings::chosen(args, pca_methods) {
-            let cell = run_method(
-                e,
+            let run = MethodRun {
                 method,
                 k,
-                &req,
-                &loaded.fixed,
-                settings.per_class,
-                &loaded.plain,
-                settings.fit,
-                args.reps,
+                req: &req,
                 base_seed,
-            )?;
-            eprintln!(
-                "  k {k}: {} {:.4} +- {:.4}",
-                method.name(),
-                cell.mean,
-                cell.sd
-            );
+            };
+            let cell = settings.cell(args, loaded, run, &format!("k {k}"))?;
             cells.push(Cell {
                 experiment: format!("{} (k sweep)", e.name),
                 ..cell

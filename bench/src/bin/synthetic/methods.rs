@@ -202,6 +202,20 @@ impl Rep<'_> {
         release(self.pooled, self.shape, None, req, self.fixed, rng)
     }
 
+    /// A study of `e`'s rows projected on `w`, at `req`: its share, shape and
+    /// release.
+    fn projected(
+        &self,
+        e: &Experiment,
+        w: &DMatrix<f64>,
+        req: &PrivacyRequest,
+        rng: &mut ChaCha20Rng,
+    ) -> (Share, BlockShape, Opened, NoisePlan) {
+        let (share, shape, projection) = pooled_share(e, self.fixed, self.per_class, Some(w));
+        let (opened, plan) = release(&share, &shape, projection.as_ref(), req, self.fixed, rng);
+        (share, shape, opened, plan)
+    }
+
     fn pca_gauss(&self, rng: &mut ChaCha20Rng) -> Released {
         let (opened, plan) = self.plain_release(self.req, rng);
         let axes = components(&opened, self.pooled.n, pca_dim(self.e), self.k);
@@ -240,16 +254,7 @@ impl Rep<'_> {
                 .unwrap_or_default(),
             ..e.clone()
         };
-        let (share, pshape, projection) =
-            pooled_share(&private, self.fixed, self.per_class, Some(&w));
-        let (opened, plan) = release(
-            &share,
-            &pshape,
-            projection.as_ref(),
-            self.req,
-            self.fixed,
-            rng,
-        );
+        let (share, pshape, opened, plan) = self.projected(&private, &w, self.req, rng);
         Released {
             axes: components_in_span(&opened, share.n, &w, self.k),
             opened,
@@ -263,9 +268,7 @@ impl Rep<'_> {
         let half = halves(self.req)?;
         let (first, _) = self.plain_release(&half, rng);
         let w = components(&first, self.pooled.n, pca_dim(self.e), self.k);
-        let (share, pshape, projection) =
-            pooled_share(self.e, self.fixed, self.per_class, Some(&w));
-        let (opened, plan) = release(&share, &pshape, projection.as_ref(), &half, self.fixed, rng);
+        let (share, pshape, opened, plan) = self.projected(self.e, &w, &half, rng);
         Ok(Released {
             axes: components_in_span(&opened, share.n, &w, self.k),
             opened,
@@ -279,16 +282,7 @@ impl Rep<'_> {
     /// global mean are kept in the random span too.
     fn random_proj(&self, rng: &mut ChaCha20Rng) -> Released {
         let w = random_axes(pca_dim(self.e), self.k, rng);
-        let (share, pshape, projection) =
-            pooled_share(self.e, self.fixed, self.per_class, Some(&w));
-        let (mut opened, plan) = release(
-            &share,
-            &pshape,
-            projection.as_ref(),
-            self.req,
-            self.fixed,
-            rng,
-        );
+        let (_, pshape, mut opened, plan) = self.projected(self.e, &w, self.req, rng);
         if let (Some(stats), Some(mu)) = (opened.classes.as_mut(), opened.mean.as_ref()) {
             let p = &w * w.transpose();
             for mc in &mut stats.means {
