@@ -3,7 +3,7 @@
 //! owners that run elsewhere, through a proxy that runs elsewhere
 //! (`InvitedCohort`). The rest of a study does not know which.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use dpca_common::risk::Risk;
@@ -117,6 +117,25 @@ pub(crate) struct LocalCohort {
     _dir: tempfile::TempDir,
 }
 
+/// The run's development PKI, in `dir`, and the user's transport on it (neither
+/// on the plaintext transport).
+fn local_pki(opts: &LocalOptions, dir: &Path) -> anyhow::Result<(Option<DevPki>, Transport)> {
+    if opts.insecure_plaintext {
+        return Ok((None, Transport::InsecurePlaintext));
+    }
+    let pki = write_dev_pki(
+        dir,
+        &["localhost".to_string(), "127.0.0.1".to_string()],
+        &["user".to_string()],
+        &(1..=opts.owners).map(owner_name).collect::<Vec<_>>(),
+    )?;
+    let user = pki
+        .files("user")
+        .context("no user certificate")?
+        .load(Role::User)?;
+    Ok((Some(pki), Transport::Tls(std::sync::Arc::new(user))))
+}
+
 impl LocalCohort {
     /// Splits the table among the owners, finds (or builds) the programs and
     /// starts the proxy: before the key, so that a missing program costs no keygen.
@@ -148,23 +167,7 @@ impl LocalCohort {
             proxy: proxy_bin,
             owner: owner_bin,
         } = programs;
-        let pki = match opts.insecure_plaintext {
-            true => None,
-            false => Some(write_dev_pki(
-                dir.path(),
-                &["localhost".to_string(), "127.0.0.1".to_string()],
-                &["user".to_string()],
-                &(1..=opts.owners).map(owner_name).collect::<Vec<_>>(),
-            )?),
-        };
-        let transport = match &pki {
-            Some(p) => Transport::Tls(std::sync::Arc::new(
-                p.files("user")
-                    .context("no user certificate")?
-                    .load(Role::User)?,
-            )),
-            None => Transport::InsecurePlaintext,
-        };
+        let (pki, transport) = local_pki(opts, dir.path())?;
         let (proxy, url) = start_proxy(
             &proxy_bin,
             pki.as_ref(),

@@ -226,6 +226,20 @@ struct Prepared {
     histogram_budget: Option<BudgetLedger>,
 }
 
+impl Prepared {
+    /// What the study spends, after the row-norm histogram's spending where C
+    /// was chosen privately.
+    fn budget(&self) -> BudgetLedger {
+        match &self.histogram_budget {
+            Some(hist) => {
+                hist.clone()
+                    .then("row-norm histogram", self.spec.budget_ledger(), "study")
+            }
+            None => self.spec.budget_ledger(),
+        }
+    }
+}
+
 /// What one run measured and spent, beside the release.
 struct RunFacts {
     owners: Vec<OwnerReport>,
@@ -286,15 +300,9 @@ async fn conduct(
             peak_rss_bytes: after.peak_rss_bytes,
         }),
     };
-    let budget = match &prep.histogram_budget {
-        Some(hist) => hist
-            .clone()
-            .then("row-norm histogram", prep.spec.budget_ledger(), "study"),
-        None => prep.spec.budget_ledger(),
-    };
     let run = RunFacts {
         owners,
-        budget,
+        budget: prep.budget(),
         seconds,
         usage,
     };
