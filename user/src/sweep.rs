@@ -50,23 +50,7 @@ pub async fn sweep(opts: &LocalOptions, epsilons: &[f64]) -> anyhow::Result<Vec<
             out: o.out.display().to_string(),
         });
     }
-    std::fs::create_dir_all(&opts.out)
-        .with_context(|| format!("cannot create {}", opts.out.display()))?;
-    let csv_path = opts.out.join("sweep.csv");
-    let mut w = csv::Writer::from_path(&csv_path)
-        .with_context(|| format!("cannot create {}", csv_path.display()))?;
-    w.write_record(["epsilon", "captured_variance", "sigma", "out"])?;
-    for p in &points {
-        w.write_record([
-            p.epsilon.to_string(),
-            p.captured_variance.to_string(),
-            p.sigma.to_string(),
-            p.out.clone(),
-        ])?;
-    }
-    w.flush()?;
-    std::fs::write(opts.out.join("sweep.html"), sweep_page(&points, opts.k))
-        .with_context(|| format!("cannot write {}", opts.out.join("sweep.html").display()))?;
+    write_sweep(opts, &points)?;
     println!("epsilon  captured variance (k = {})", opts.k);
     for p in &points {
         println!("{:>7}  {:.4}", p.epsilon, p.captured_variance);
@@ -77,4 +61,26 @@ pub async fn sweep(opts: &LocalOptions, epsilons: &[f64]) -> anyhow::Result<Vec<
         epsilons.iter().sum::<f64>()
     );
     Ok(points)
+}
+
+/// `OUT/sweep.csv` and `OUT/sweep.html`.
+fn write_sweep(opts: &LocalOptions, points: &[SweepPoint]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&opts.out)
+        .with_context(|| format!("cannot create {}", opts.out.display()))?;
+    let csv_path = opts.out.join("sweep.csv");
+    let mut w = csv::Writer::from_path(&csv_path)
+        .with_context(|| format!("cannot create {}", csv_path.display()))?;
+    w.write_record(["epsilon", "captured_variance", "sigma", "out"])?;
+    for p in points {
+        w.write_record([
+            p.epsilon.to_string(),
+            p.captured_variance.to_string(),
+            p.sigma.to_string(),
+            p.out.clone(),
+        ])?;
+    }
+    w.flush()?;
+    std::fs::write(opts.out.join("sweep.html"), sweep_page(points, opts.k))
+        .with_context(|| format!("cannot write {}", opts.out.join("sweep.html").display()))?;
+    Ok(())
 }
