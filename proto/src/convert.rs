@@ -32,21 +32,7 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
             covariance: ClassCovariance::parse(&w.class_covariance)?,
         })
     };
-    let projection = match (w.projection_rank as usize, w.features.len()) {
-        (0, _) if w.projection.is_empty() => None,
-        (k, m) if k > 0 && m > 0 && w.projection.len() == k * m => Some(Projection {
-            axes: w.projection.chunks(m).map(<[f64]>::to_vec).collect(),
-        }),
-        (k, m) => {
-            return Err(SpecError::Parameter {
-                name: "projection",
-                reason: format!(
-                    "{} values do not make {k} axes of {m} features",
-                    w.projection.len()
-                ),
-            })
-        }
-    };
+    let projection = projection_from_wire(w)?;
     let norm_bins = if w.norm_edges.is_empty() && w.norm_features.is_empty() {
         None
     } else {
@@ -77,6 +63,24 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
         expected_owners: w.expected_owners.clone(),
     };
     spec.validate()
+}
+
+/// The projection's axes, `projection_rank` rows of one value per feature, if
+/// the spec has any.
+fn projection_from_wire(w: &v1::StudySpec) -> Result<Option<Projection>, SpecError> {
+    match (w.projection_rank as usize, w.features.len()) {
+        (0, _) if w.projection.is_empty() => Ok(None),
+        (k, m) if k > 0 && m > 0 && w.projection.len() == k * m => Ok(Some(Projection {
+            axes: w.projection.chunks(m).map(<[f64]>::to_vec).collect(),
+        })),
+        (k, m) => Err(SpecError::Parameter {
+            name: "projection",
+            reason: format!(
+                "{} values do not make {k} axes of {m} features",
+                w.projection.len()
+            ),
+        }),
+    }
 }
 
 /// Converts a spec to its wire form (a draft too: tests send specs a proxy must
