@@ -186,18 +186,16 @@ impl Settings {
 
     /// `--reps` repetitions of one method on `at`, logged under `label`.
     fn cell(&self, args: &Args, at: &Loaded, run: MethodRun, label: &str) -> anyhow::Result<Cell> {
-        let cell = run_method(
-            &at.e,
-            run.method,
-            run.k,
-            run.req,
-            &at.fixed,
-            self.per_class,
-            &at.plain,
-            self.fit,
-            args.reps,
-            run.base_seed,
-        )?;
+        let rep = Rep {
+            e: &at.e,
+            k: run.k,
+            req: run.req,
+            fixed: &at.fixed,
+            per_class: self.per_class,
+            pooled: &at.pooled,
+            shape: &at.shape,
+        };
+        let cell = run_method(&rep, run.method, self.fit, args.reps, run.base_seed)?;
         eprintln!(
             "  {label}: {} {:.4} +- {:.4}",
             run.method.name(),
@@ -227,24 +225,26 @@ struct MethodRun<'a> {
     base_seed: u64,
 }
 
-/// One experiment, loaded with the C it is read at, and its pooled share.
+/// One experiment, at the C it was loaded with, and its pooled share.
 struct Loaded {
     e: Experiment,
     fixed: FixedPoint,
-    plain: (Share, BlockShape),
+    pooled: Share,
+    shape: BlockShape,
 }
 
 impl Loaded {
-    fn new(e: Experiment, c: f64, per_class: bool) -> Self {
+    fn new(e: Experiment, per_class: bool) -> Self {
         let fixed = FixedPoint {
             frac_bits: DEFAULT_FRAC_BITS,
-            row_norm_bound: c,
+            row_norm_bound: e.c,
         };
         let (pooled, shape, _) = pooled_share(&e, &fixed, per_class, None);
         Self {
             e,
             fixed,
-            plain: (pooled, shape),
+            pooled,
+            shape,
         }
     }
 }
@@ -259,9 +259,8 @@ fn main() -> anyhow::Result<()> {
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
     for (i, name) in args.experiments.iter().enumerate() {
         let e = load(name, args.k.get(i).copied(), args.seed, args.row_norm_bound)?;
-        let c = e.c;
-        let loaded = Loaded::new(e, c, settings.per_class);
-        let delta = (loaded.plain.0.n as f64).powf(-1.1);
+        let loaded = Loaded::new(e, settings.per_class);
+        let delta = (loaded.pooled.n as f64).powf(-1.1);
         let e = &loaded.e;
         eprintln!(
             "{name}: {} train / {} test rows, M = {}, k = {}, {} classes, delta = 1/N^1.1",
@@ -332,7 +331,7 @@ fn epsilon_cells(
                 let (h, main) = split_request(&req, args.quantile_budget_share)?;
                 let c = dp_row_norm(wide, q, &h, rng)?;
                 eprintln!("  eps {eps}: C = {c:.4} (the {q} quantile of the norms)");
-                Some((Loaded::new(wide.clipped(c), c, settings.per_class), main))
+                Some((Loaded::new(wide.clipped(c), settings.per_class), main))
             }
             _ => None,
         };

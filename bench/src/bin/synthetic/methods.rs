@@ -135,27 +135,12 @@ impl FitChoice {
 }
 
 /// One repetition of a method: its release(s), axes and synthetic rows, scored.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn one_rep(
-    e: &Experiment,
+fn one_rep(
+    rep: &Rep,
     method: Method,
-    k: usize,
-    req: &PrivacyRequest,
-    fixed: &FixedPoint,
-    per_class: bool,
-    plain: &(Share, BlockShape),
     fit: FitChoice,
     rng: &mut ChaCha20Rng,
 ) -> anyhow::Result<f64> {
-    let rep = Rep {
-        e,
-        k,
-        req,
-        fixed,
-        per_class,
-        pooled: &plain.0,
-        shape: &plain.1,
-    };
     let got = match method {
         Method::PcaGauss => rep.pca_gauss(rng),
         Method::FullGauss => rep.full_gauss(rng),
@@ -166,8 +151,8 @@ pub(crate) fn one_rep(
         Method::Real => bail!("the real baseline is not synthesized"),
     };
     let fit = fit.of(method, got.noise);
-    let (rows, ys) = synthesize(e, &got.opened, got.n, &got.axes, fit, rng)?;
-    score(e, &rows, &ys, rng)
+    let (rows, ys) = synthesize(rep.e, &got.opened, got.n, &got.axes, fit, rng)?;
+    score(rep.e, &rows, &ys, rng)
 }
 
 /// What one repetition of a method synthesizes from: the release it reads, the
@@ -180,15 +165,15 @@ struct Released {
     noise: Option<NoiseLevel>,
 }
 
-/// One repetition's study: the experiment, k, the budget and the pooled share.
-struct Rep<'a> {
-    e: &'a Experiment,
-    k: usize,
-    req: &'a PrivacyRequest,
-    fixed: &'a FixedPoint,
-    per_class: bool,
-    pooled: &'a Share,
-    shape: &'a BlockShape,
+/// A method's study: the experiment, k, the budget and the pooled share.
+pub(crate) struct Rep<'a> {
+    pub(crate) e: &'a Experiment,
+    pub(crate) k: usize,
+    pub(crate) req: &'a PrivacyRequest,
+    pub(crate) fixed: &'a FixedPoint,
+    pub(crate) per_class: bool,
+    pub(crate) pooled: &'a Share,
+    pub(crate) shape: &'a BlockShape,
 }
 
 impl Rep<'_> {
@@ -341,15 +326,11 @@ impl Rep<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// `reps` repetitions of `method` on `rep`'s study, the r-th seeded from
+/// `base_seed + r`.
 pub(crate) fn run_method(
-    e: &Experiment,
+    rep: &Rep,
     method: Method,
-    k: usize,
-    req: &PrivacyRequest,
-    fixed: &FixedPoint,
-    per_class: bool,
-    plain: &(Share, BlockShape),
     fit: FitChoice,
     reps: usize,
     base_seed: u64,
@@ -360,19 +341,19 @@ pub(crate) fn run_method(
     let values = (0..reps)
         .map(|r| {
             let mut rng = ChaCha20Rng::seed_from_u64(base_seed.wrapping_add(r as u64));
-            one_rep(e, method, k, req, fixed, per_class, plain, fit, &mut rng)
+            one_rep(rep, method, fit, &mut rng)
         })
         .collect::<anyhow::Result<Vec<f64>>>()?;
     let (mean, sd) = summarize(&values);
     Ok(Cell {
-        experiment: e.name.clone(),
-        metric: metric(e.task),
+        experiment: rep.e.name.clone(),
+        metric: metric(rep.e.task),
         method,
-        epsilon: Some(req.epsilon),
+        epsilon: Some(rep.req.epsilon),
         k: if method == Method::FullGauss {
-            pca_dim(e)
+            pca_dim(rep.e)
         } else {
-            k
+            rep.k
         },
         reps,
         mean,
