@@ -92,10 +92,11 @@ pub fn with_config(
         let on_command_line = strings
             .iter()
             .any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
-        let in_env = arg
-            .get_env()
-            .is_some_and(|var| env(&var.to_string_lossy()).is_some());
-        if !on_command_line && !in_env {
+        let in_env = || {
+            arg.get_env()
+                .is_some_and(|var| env(&var.to_string_lossy()).is_some())
+        };
+        if !on_command_line && !in_env() {
             out.extend(file.as_flags(key, &flag, value)?);
         }
     }

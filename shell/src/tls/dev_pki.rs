@@ -111,18 +111,14 @@ pub fn write_dev_pki_with(
     }
     refuse_existing(&files)?;
     let ca = DevCa::new(dir, &paths.create_dirs(&names)?)?;
-    ca.issue(
-        &paths.files_of("proxy"),
-        "proxy",
-        Role::Proxy,
-        Some(proxy_hosts),
-    )?;
-    ca.issue(&paths.files_of("operator"), "operator", Role::Proxy, None)?;
+    let issue = |name: &str, role, hosts| ca.issue(&paths.files_of(name), name, role, hosts);
+    issue("proxy", Role::Proxy, Some(proxy_hosts))?;
+    issue("operator", Role::Proxy, None)?;
     for u in users {
-        ca.issue(&paths.files_of(u), u, Role::User, None)?;
+        issue(u, Role::User, None)?;
     }
     for o in owners {
-        ca.issue(&paths.files_of(o), o, Role::Owner, None)?;
+        issue(o, Role::Owner, None)?;
     }
     Ok(pki())
 }
