@@ -158,7 +158,6 @@ fn main() -> anyhow::Result<()> {
         s_true: &s_true,
         mechanism,
         delta,
-        n: n as u64,
     };
     let mut rows = Vec::new();
     let mut rng = ChaCha20Rng::seed_from_u64(args.seed);
@@ -189,7 +188,6 @@ struct Central<'a> {
     s_true: &'a DMatrix<f64>,
     mechanism: Mechanism,
     delta: f64,
-    n: u64,
 }
 
 impl Central<'_> {
@@ -202,7 +200,7 @@ impl Central<'_> {
         rng: &mut ChaCha20Rng,
     ) -> anyhow::Result<Vec<f64>> {
         let dim = self.s_true.nrows();
-        let (n, bound) = (self.n, self.fixed.norm_bound_int());
+        let (n, bound) = (self.pooled.n, self.fixed.norm_bound_int());
         let req = PrivacyRequest::new(self.mechanism, centering, eps, self.delta)?;
         let plan = plan_noise(&req, dim, bound, n, false);
         let mut caps = Vec::with_capacity(args.reps);
