@@ -3,8 +3,8 @@
 
 use num_bigint::{BigInt, BigUint};
 use num_traits::{One, Zero};
-use rand::rngs::StdRng;
 use rand::{CryptoRng, RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 use rayon::prelude::*;
 
 use super::ProtocolError;
@@ -108,7 +108,7 @@ pub fn release<R: RngCore + CryptoRng>(
     let total = layout.release_ciphertexts();
     let seeds: Vec<[u8; 32]> = (0..total).map(|_| random_seed(seed_rng)).collect();
     let rerandomize = |c: Ciphertext, seed: &[u8; 32]| {
-        let mut rng = StdRng::from_seed(*seed);
+        let mut rng = ChaCha20Rng::from_seed(*seed);
         randomizer.rerandomize(&c, &mut rng)
     };
     let out = match centering {
