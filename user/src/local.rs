@@ -248,6 +248,52 @@ struct RunFacts {
     usage: RoleUsage,
 }
 
+/// Where the user's part (collect, decrypt, analyze) began, to measure it from.
+struct UserStart {
+    at: Instant,
+    usage: Option<Usage>,
+}
+
+impl UserStart {
+    fn now() -> Self {
+        Self {
+            at: Instant::now(),
+            usage: Usage::of_self(),
+        }
+    }
+
+    /// Each role's seconds (the slowest owner's), beside the key's generation
+    /// and the whole run's since `started`.
+    fn seconds(
+        &self,
+        owners: &[OwnerReport],
+        got: &Collected,
+        keygen: f64,
+        started: Instant,
+    ) -> Seconds {
+        Seconds {
+            owner: owners.iter().map(|r| r.seconds_total).fold(0.0, f64::max),
+            proxy: got.seconds_proxy,
+            // The wait for the proxy's release is the proxy's time, not the user's.
+            user: self.at.elapsed().as_secs_f64() - got.seconds_proxy,
+            keygen,
+            total: started.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Each role's CPU and peak memory; the user's CPU since this start.
+    fn usage(&self, owners: &[OwnerReport], proxy: Option<Usage>) -> RoleUsage {
+        RoleUsage {
+            owners: owners.iter().map(|r| r.usage).collect(),
+            proxy,
+            user: Usage::of_self().map(|after| Usage {
+                cpu_seconds: after.cpu_seconds - self.usage.map_or(0.0, |b| b.cpu_seconds),
+                peak_rss_bytes: after.peak_rss_bytes,
+            }),
+        }
+    }
+}
+
 /// The study's steps after the plan, over `cohort`.
 async fn conduct(
     opts: &LocalOptions,
@@ -274,8 +320,7 @@ async fn conduct(
     let owners = cohort
         .contribute(&prep.study_id, &fingerprint, &prep.spec)
         .await?;
-    let t_user = Instant::now();
-    let usage_before = Usage::of_self();
+    let user_start = UserStart::now();
     let got = collect(
         &mut client,
         cohort.transport(),
@@ -285,26 +330,11 @@ async fn conduct(
     )
     .await?;
     let an = analyze(opts, plan, &prep.spec, prep.axes.as_ref(), &got)?;
-    let seconds = Seconds {
-        owner: owners.iter().map(|r| r.seconds_total).fold(0.0, f64::max),
-        proxy: got.seconds_proxy,
-        user: t_user.elapsed().as_secs_f64() - got.seconds_proxy,
-        keygen,
-        total: started.elapsed().as_secs_f64(),
-    };
-    let usage = RoleUsage {
-        owners: owners.iter().map(|r| r.usage).collect(),
-        proxy: cohort.proxy_usage(),
-        user: Usage::of_self().map(|after| Usage {
-            cpu_seconds: after.cpu_seconds - usage_before.map_or(0.0, |b| b.cpu_seconds),
-            peak_rss_bytes: after.peak_rss_bytes,
-        }),
-    };
     let run = RunFacts {
+        seconds: user_start.seconds(&owners, &got, keygen, started),
+        usage: user_start.usage(&owners, cohort.proxy_usage()),
         owners,
         budget: prep.budget(),
-        seconds,
-        usage,
     };
     let report = study_report(opts, plan, &prep, &got, &an, &run);
     write_results(opts, plan, &an, &report)?;

@@ -75,6 +75,29 @@ pub struct CohortShape {
     pub expected_owners: Vec<String>,
 }
 
+/// Refuses a task without the label it needs, and a `--k` the table's `pca_dim`
+/// features cannot give.
+fn check_task(
+    opts: &LocalOptions,
+    has_label: bool,
+    pca_dim: usize,
+    name: &str,
+) -> anyhow::Result<()> {
+    if opts.task != Task::Cluster && !has_label {
+        bail!(
+            "--task {} needs the label column: pass --label",
+            opts.task.name()
+        );
+    }
+    if opts.k == 0 || opts.k > pca_dim {
+        bail!(
+            "--k must be between 1 and the {pca_dim} features of {name}, got {}",
+            opts.k
+        );
+    }
+    Ok(())
+}
+
 /// The labels of the bundled data set: its ten digits, public.
 const BUNDLED_CLASSES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
 
@@ -88,19 +111,8 @@ impl StudyPlan {
             label,
             bounds,
         } = inputs;
-        if opts.task != Task::Cluster && label.is_none() {
-            bail!(
-                "--task {} needs the label column: pass --label",
-                opts.task.name()
-            );
-        }
         let pca_dim = input.features.len();
-        if opts.k == 0 || opts.k > pca_dim {
-            bail!(
-                "--k must be between 1 and the {pca_dim} features of {name}, got {}",
-                opts.k
-            );
-        }
+        check_task(opts, label.is_some(), pca_dim, &name)?;
         let mut warnings = Vec::new();
         // Regression (Algorithm 2): the label is one more column of the study, so
         // owners send it as a feature and no separate label.
