@@ -436,16 +436,22 @@ pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
         })
 }
 
-async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerReport> {
-    let start = Instant::now();
-    let (bytes, name) = cfg.data.read()?;
-    let mut client = connect(&cfg.proxy, &cfg.transport).await.map_err(|e| {
+/// The connection to the proxy; a failure a retry may mend is [`Unreachable`].
+async fn connect_for_retry(cfg: &OwnerConfig) -> anyhow::Result<ProxyClient<Channel>> {
+    connect(&cfg.proxy, &cfg.transport).await.map_err(|e| {
         if e.transient() {
             anyhow::Error::new(Unreachable(e.to_string()))
         } else {
             e.into()
         }
-    })?;
+    })
+}
+
+/// One attempt: the spec fetched and checked, the share encrypted, and uploaded.
+async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerReport> {
+    let start = Instant::now();
+    let (bytes, name) = cfg.data.read()?;
+    let mut client = connect_for_retry(cfg).await?;
     let (spec, noise_free) = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
     let histogram = spec.norm_bins.is_some();
     check_risks(&cfg.study_id, &spec, noise_free, &cfg.accepted_risks)?;
@@ -454,21 +460,9 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
     let total = prepared.plaintexts.len();
     let ct_bytes = total * spec.public_key.ciphertext_bytes();
     let bar = progress_bar(cfg.progress, total as u64);
-    // Under `mask` the user decrypts E[N] only as the product of counts the owners
-    // signed (`signed_count`); on plaintext there is no key to sign with.
-    let signer = signing_identity(spec.privacy.centering, &cfg.transport)
-        .map(|tls| tls.private_key_pem().to_vec());
     let deadline_unix_ms = spec.deadline_unix_ms;
-    let job = EncryptJob {
-        spec,
-        plaintexts: prepared.plaintexts,
-        study_id: cfg.study_id.clone(),
-        owner_id: cfg.owner_id.clone(),
-        contribution_id: contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes),
-        cap: cfg.budget_cap,
-        signer,
-        bar: bar.clone(),
-    };
+    let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
+    let job = EncryptJob::new(cfg, spec, prepared.plaintexts, id, bar.clone());
     // Everything is encrypted before the upload starts: the proxy gives each upload
     // an allowance of time for its bytes (`--min-upload-rate`), so an upload slot is
     // held for the transfer only, however slow the encryption.
@@ -630,6 +624,30 @@ struct EncryptJob {
 }
 
 impl EncryptJob {
+    /// The job of `cfg`'s owner for `spec`, under `contribution_id`.
+    fn new(
+        cfg: &OwnerConfig,
+        spec: StudySpec,
+        plaintexts: Vec<BigUint>,
+        contribution_id: String,
+        bar: ProgressBar,
+    ) -> Self {
+        // Under `mask` the user decrypts E[N] only as the product of counts the
+        // owners signed (`signed_count`); on plaintext there is no key to sign with.
+        let signer = signing_identity(spec.privacy.centering, &cfg.transport)
+            .map(|tls| tls.private_key_pem().to_vec());
+        Self {
+            spec,
+            plaintexts,
+            study_id: cfg.study_id.clone(),
+            owner_id: cfg.owner_id.clone(),
+            contribution_id,
+            cap: cfg.budget_cap,
+            signer,
+            bar,
+        }
+    }
+
     fn run(self) -> anyhow::Result<Vec<v1::ContributionChunk>> {
         let pk = &self.spec.public_key;
         let total = self.plaintexts.len();
