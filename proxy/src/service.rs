@@ -801,6 +801,35 @@ struct Upload {
     count: Option<SignedCount>,
 }
 
+/// A study as `status` shows it: counts, names, deadline and budget, no data.
+fn study_summary(s: &Study) -> v1::StudySummary {
+    v1::StudySummary {
+        study_id: s.id.clone(),
+        state: s.phase.name().to_string(),
+        owners_in: s.owners_in(),
+        owners_missing: s.owners_missing(),
+        min_owners: s.spec.min_owners,
+        quorum: s.spec.quorum,
+        deadline_unix_ms: s.spec.deadline_unix_ms,
+        mechanism: s.spec.privacy.mechanism.name().to_string(),
+        epsilon: s.spec.privacy.epsilon,
+        delta: s.spec.privacy.delta,
+        opened_by: s.opened_by.clone().unwrap_or_default(),
+    }
+}
+
+/// An owner's budget as `status` shows it.
+fn budget_summary(owner: &str, b: &OwnerBudget) -> v1::OwnerBudgetSummary {
+    v1::OwnerBudgetSummary {
+        owner_id: owner.to_string(),
+        spent_epsilon: b.spent_epsilon,
+        spent_delta: b.spent_delta,
+        cap_epsilon: b.cap_epsilon,
+        cap_delta: b.cap_delta,
+        studies: b.studies.len() as u32,
+    }
+}
+
 /// Whether an upload's refusal was read off the studies or the budgets (a phase,
 /// a duplicate, a budget, an unknown study), which a write still on its way to
 /// disk may have changed; a refusal of the request itself (its certificate, its
@@ -1070,19 +1099,7 @@ impl v1::proxy_server::Proxy for ProxyService {
             if only.is_some() && s.opened_by != only {
                 continue;
             }
-            studies.push(v1::StudySummary {
-                study_id: s.id.clone(),
-                state: s.phase.name().to_string(),
-                owners_in: s.owners_in(),
-                owners_missing: s.owners_missing(),
-                min_owners: s.spec.min_owners,
-                quorum: s.spec.quorum,
-                deadline_unix_ms: s.spec.deadline_unix_ms,
-                mechanism: s.spec.privacy.mechanism.name().to_string(),
-                epsilon: s.spec.privacy.epsilon,
-                delta: s.spec.privacy.delta,
-                opened_by: s.opened_by.clone().unwrap_or_default(),
-            });
+            studies.push(study_summary(&s));
         }
         studies.sort_by_key(|s| std::cmp::Reverse(s.deadline_unix_ms));
         let mut budgets: Vec<v1::OwnerBudgetSummary> = if only.is_none() {
@@ -1090,14 +1107,7 @@ impl v1::proxy_server::Proxy for ProxyService {
             blocking(move || Ok(svc.lock_budgets()?.clone()))
                 .await?
                 .iter()
-                .map(|(owner, b)| v1::OwnerBudgetSummary {
-                    owner_id: owner.clone(),
-                    spent_epsilon: b.spent_epsilon,
-                    spent_delta: b.spent_delta,
-                    cap_epsilon: b.cap_epsilon,
-                    cap_delta: b.cap_delta,
-                    studies: b.studies.len() as u32,
-                })
+                .map(|(owner, b)| budget_summary(owner, b))
                 .collect()
         } else {
             Vec::new()
