@@ -118,19 +118,16 @@ fn role_main(py: Python<'_>, role: &str, args: Vec<String>) -> PyResult<i32> {
     }
 }
 
-/// Runs `work` on a runtime of its own, off the interpreter's lock, and returns its
-/// result. Every `SIGNAL_POLL` the interpreter checks for signals: on Ctrl-C the
-/// work is dropped (which kills the processes it started), the runtime is shut
-/// down, and the KeyboardInterrupt is raised.
-fn block_interruptibly<T: Send + 'static>(
-    py: Python<'_>,
+/// What the study's thread sends back: its result, or `None` once cancelled.
+type Outcome<T> = Option<anyhow::Result<T>>;
+
+/// Starts a thread that runs `work` on `runtime` until it ends or `cancelled`
+/// fires, and sends its outcome on the returned channel.
+fn spawn_worker<T: Send + 'static>(
+    runtime: tokio::runtime::Runtime,
     work: impl Future<Output = anyhow::Result<T>> + Send + 'static,
-) -> PyResult<T> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| StudyError::new_err(format!("cannot start a runtime: {e}")))?;
-    let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+    cancelled: tokio::sync::oneshot::Receiver<()>,
+) -> (std::thread::JoinHandle<()>, mpsc::Receiver<Outcome<T>>) {
     let (done, finished) = mpsc::channel();
     let worker = std::thread::spawn(move || {
         let run = std::panic::AssertUnwindSafe(|| {
@@ -156,7 +153,23 @@ fn block_interruptibly<T: Send + 'static>(
         runtime.shutdown_timeout(Duration::from_secs(1));
         let _ = done.send(out);
     });
-    let mut finished = finished;
+    (worker, finished)
+}
+
+/// Runs `work` on a runtime of its own, off the interpreter's lock, and returns its
+/// result. Every `SIGNAL_POLL` the interpreter checks for signals: on Ctrl-C the
+/// work is dropped (which kills the processes it started), the runtime is shut
+/// down, and the KeyboardInterrupt is raised.
+fn block_interruptibly<T: Send + 'static>(
+    py: Python<'_>,
+    work: impl Future<Output = anyhow::Result<T>> + Send + 'static,
+) -> PyResult<T> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StudyError::new_err(format!("cannot start a runtime: {e}")))?;
+    let (cancel, cancelled) = tokio::sync::oneshot::channel::<()>();
+    let (worker, mut finished) = spawn_worker(runtime, work, cancelled);
     let out = loop {
         // The receiver goes to the thread without the interpreter's lock and back
         // (a receiver is Send, not Sync).
