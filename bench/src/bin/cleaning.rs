@@ -195,25 +195,34 @@ const NULL: usize = 12;
 /// completely, e_utility below epsilon).
 const BELOW: usize = 15;
 
-/// Runs every split of one (data set, N_d) setting at `epsilon`.
-fn run_setting(
-    d: &Labeled,
-    nd: usize,
-    epsilon: f64,
-    splits: usize,
-    seed: u64,
-) -> anyhow::Result<Row> {
-    let n = d.x.nrows();
-    let mut row = Row { values: Vec::new() };
-    let y_all = DMatrix::from_columns(&d.labels.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>());
-    for s in 0..splits {
-        let mut rng = ChaCha20Rng::seed_from_u64(seed.wrapping_add(s as u64));
+/// One split of a data set: 90% to fit on, 10% to clean and score, both
+/// standardized on the training part; the desired and confidential predictors
+/// fitted on it, and the cleaner between them.
+struct Split {
+    x_tr: DMatrix<f64>,
+    x_te: DMatrix<f64>,
+    yc_tr: DMatrix<f64>,
+    yc_te: DMatrix<f64>,
+    a_d: DMatrix<f64>,
+    a_c: DMatrix<f64>,
+    cleaner: Cleaner,
+}
+
+impl Split {
+    /// A random split of `d`, whose first `nd` labels are the desired ones.
+    fn draw(
+        d: &Labeled,
+        y_all: &DMatrix<f64>,
+        nd: usize,
+        rng: &mut ChaCha20Rng,
+    ) -> anyhow::Result<Self> {
+        let n = d.x.nrows();
         let mut idx: Vec<usize> = (0..n).collect();
-        idx.shuffle(&mut rng);
+        idx.shuffle(rng);
         let cut = n * 9 / 10;
         let (tr, te) = idx.split_at(cut);
         let (x_tr, x_te) = standardize(&rows(&d.x, tr), &rows(&d.x, te));
-        let (y_tr, y_te) = standardize(&rows(&y_all, tr), &rows(&y_all, te));
+        let (y_tr, y_te) = standardize(&rows(y_all, tr), &rows(y_all, te));
         let k = d.labels.len();
         let (yd_tr, yc_tr) = (
             y_tr.columns(0, nd).into_owned(),
@@ -223,48 +232,70 @@ fn run_setting(
         let a_d = least_squares(&x_tr, &yd_tr)?;
         let a_c = least_squares(&x_tr, &yc_tr)?;
         let cleaner = Cleaner::new(&a_d, &a_c)?;
+        Ok(Self {
+            x_tr,
+            x_te,
+            yc_tr,
+            yc_te,
+            a_d,
+            a_c,
+            cleaner,
+        })
+    }
 
-        let (cleaned, below) = clean_rows(&cleaner, &x_te, Some(epsilon))?;
-        row.push(BELOW, below as f64 / x_te.nrows() as f64);
+    /// The scores of `released` test rows against an adversary's predictor `a_c_adv`.
+    fn score(&self, a_c_adv: &DMatrix<f64>, released: &DMatrix<f64>) -> Scores {
+        score(
+            &self.a_d,
+            &self.a_c,
+            a_c_adv,
+            &self.x_te,
+            released,
+            &self.yc_te,
+        )
+    }
+
+    /// Each method's scores on this split, pushed to `row`.
+    fn run(&self, epsilon: f64, rng: &mut ChaCha20Rng, row: &mut Row) -> anyhow::Result<()> {
         let put = |row: &mut Row, at: usize, sc: Scores| {
             row.push(at, sc.e_utility);
             row.push(at + 1, sc.e_privacy);
             row.push(at + 2, sc.complete_privacy);
         };
-        put(
-            &mut row,
-            ALG,
-            score(&a_d, &a_c, &a_c, &x_te, &cleaned, &yc_te),
-        );
-        let a_c_attack = attack(&cleaner, &x_tr, &yc_tr, Some(epsilon))?;
-        put(
-            &mut row,
-            ALG_ATTACK,
-            score(&a_d, &a_c, &a_c_attack, &x_te, &cleaned, &yc_te),
-        );
+        let (cleaned, below) = clean_rows(&self.cleaner, &self.x_te, Some(epsilon))?;
+        row.push(BELOW, below as f64 / self.x_te.nrows() as f64);
+        put(row, ALG, self.score(&self.a_c, &cleaned));
+        let a_c_attack = attack(&self.cleaner, &self.x_tr, &self.yc_tr, Some(epsilon))?;
+        put(row, ALG_ATTACK, self.score(&a_c_attack, &cleaned));
         // Laplace at the same mean e_utility: one draw, rescaled.
-        let noise = laplace_noise(&mut rng, x_te.nrows(), x_te.ncols());
-        let b = laplace_scale(&a_d, &noise, epsilon)?;
-        let noised = &x_te + noise * b;
-        put(
-            &mut row,
-            LAP,
-            score(&a_d, &a_c, &a_c, &x_te, &noised, &yc_te),
-        );
+        let noise = laplace_noise(rng, self.x_te.nrows(), self.x_te.ncols());
+        let b = laplace_scale(&self.a_d, &noise, epsilon)?;
+        let noised = &self.x_te + noise * b;
+        put(row, LAP, self.score(&self.a_c, &noised));
         // The attacked Laplace: the adversary re-fits on noised training rows.
-        let noised_tr = &x_tr + laplace_noise(&mut rng, x_tr.nrows(), x_tr.ncols()) * b;
-        let a_c_lap = least_squares(&noised_tr, &yc_tr)?;
-        put(
-            &mut row,
-            LAP_ATTACK,
-            score(&a_d, &a_c, &a_c_lap, &x_te, &noised, &yc_te),
-        );
-        let (null, _) = clean_rows(&cleaner, &x_te, None)?;
-        put(
-            &mut row,
-            NULL,
-            score(&a_d, &a_c, &a_c, &x_te, &null, &yc_te),
-        );
+        let noised_tr = &self.x_tr + laplace_noise(rng, self.x_tr.nrows(), self.x_tr.ncols()) * b;
+        let a_c_lap = least_squares(&noised_tr, &self.yc_tr)?;
+        put(row, LAP_ATTACK, self.score(&a_c_lap, &noised));
+        let (null, _) = clean_rows(&self.cleaner, &self.x_te, None)?;
+        put(row, NULL, self.score(&self.a_c, &null));
+        Ok(())
+    }
+}
+
+/// Runs every split of one (data set, N_d) setting at `epsilon`.
+fn run_setting(
+    d: &Labeled,
+    nd: usize,
+    epsilon: f64,
+    splits: usize,
+    seed: u64,
+) -> anyhow::Result<Row> {
+    let mut row = Row { values: Vec::new() };
+    let y_all = DMatrix::from_columns(&d.labels.iter().map(|(_, v)| v.clone()).collect::<Vec<_>>());
+    for s in 0..splits {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed.wrapping_add(s as u64));
+        let split = Split::draw(d, &y_all, nd, &mut rng)?;
+        split.run(epsilon, &mut rng, &mut row)?;
     }
     Ok(row)
 }

@@ -333,6 +333,18 @@ struct Polls {
     refused: usize,
 }
 
+impl Polls {
+    /// The table's cell: median / max ms (calls answered, refused).
+    fn cell(&self) -> String {
+        let (median, max) = median_max(&self.ms);
+        format!(
+            "{median:.1} / {max:.1} ({}, {})",
+            self.ms.len(),
+            self.refused
+        )
+    }
+}
+
 /// A free loopback port for the proxy's metrics (taken and let go: the proxy
 /// binds it a moment later).
 fn free_port() -> anyhow::Result<SocketAddr> {
@@ -668,11 +680,8 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
         let per_core = |seconds: f64| total / seconds / cores as f64;
-        let (fresh, fresh_max) = median_max(&r.status_ms.ms);
-        let (operator, operator_max) = median_max(&r.operator_ms.ms);
-        let (kept, kept_max) = median_max(&r.kept_ms.ms);
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {:.1} / {:.1} ({}, {}) | {} | {:.2} | {:.0} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} | {} | {} | {:.2} | {:.0} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
@@ -692,18 +701,9 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
             r.owners_cpu,
             r.written as f64 / (owners * r.contribution_bytes as f64),
             r.proxy.peak_rss_bytes as f64 / (1024.0 * 1024.0),
-            fresh,
-            fresh_max,
-            r.status_ms.ms.len(),
-            r.status_ms.refused,
-            operator,
-            operator_max,
-            r.operator_ms.ms.len(),
-            r.operator_ms.refused,
-            kept,
-            kept_max,
-            r.kept_ms.ms.len(),
-            r.kept_ms.refused,
+            r.status_ms.cell(),
+            r.operator_ms.cell(),
+            r.kept_ms.cell(),
             r.refused,
             r.attempts as f64 / owners,
             r.let_go,

@@ -694,6 +694,35 @@ struct Programs<'a> {
     num_bigint: Option<&'a Path>,
 }
 
+/// Scenario 1's baseline study over this build's, role by role.
+fn speedup(bits: u64, base: &Row, row: &Row) -> serde_json::Value {
+    serde_json::json!({
+        "scenario": 1,
+        "key_bits": bits,
+        "owner_wall": base.owner_wall / row.owner_wall,
+        "owner_cpu": base.owner_cpu / row.owner_cpu,
+        "proxy_release_wall": base.proxy_release_wall / row.proxy_release_wall,
+        "proxy_cpu": base.proxy_cpu / row.proxy_cpu,
+        "user_wall": base.user_wall / row.user_wall,
+        "user_cpu": base.user_cpu / row.user_cpu,
+        "total_wall": base.total_wall / row.total_wall,
+        "study_wall_without_keygen": (base.total_wall - base.keygen)
+            / (row.total_wall - row.keygen),
+    })
+}
+
+/// The study on num-bigint over the same study on GMP, role by role.
+fn engine_ratio(scenario: u32, bits: u64, pure: &Row, row: &Row) -> serde_json::Value {
+    serde_json::json!({
+        "scenario": scenario,
+        "key_bits": bits,
+        "owner_cpu": pure.owner_cpu / row.owner_cpu,
+        "proxy_cpu": pure.proxy_cpu / row.proxy_cpu,
+        "user_cpu": pure.user_cpu / row.user_cpu,
+        "total_wall": pure.total_wall / row.total_wall,
+    })
+}
+
 /// A scenario's `mask` study, with the baseline and the num-bigint build beside it
 /// where asked for.
 fn mask_studies(
@@ -727,19 +756,7 @@ fn mask_studies(
             &dir,
         )?;
         let base_row = measure(keyed, sc, &base, Centering::Mask, sc.owners)?;
-        out.speedups.push(serde_json::json!({
-            "scenario": 1,
-            "key_bits": bits,
-            "owner_wall": base_row.owner_wall / row.owner_wall,
-            "owner_cpu": base_row.owner_cpu / row.owner_cpu,
-            "proxy_release_wall": base_row.proxy_release_wall / row.proxy_release_wall,
-            "proxy_cpu": base_row.proxy_cpu / row.proxy_cpu,
-            "user_wall": base_row.user_wall / row.user_wall,
-            "user_cpu": base_row.user_cpu / row.user_cpu,
-            "total_wall": base_row.total_wall / row.total_wall,
-            "study_wall_without_keygen": (base_row.total_wall - base_row.keygen)
-                / (row.total_wall - row.keygen),
-        }));
+        out.speedups.push(speedup(bits, &base_row, &row));
         out.studies.push(base_row);
     }
     if let Some(pure_bin) = programs
@@ -750,14 +767,7 @@ fn mask_studies(
         let report = run_study(pure_bin, sc, bits, false, Centering::Mask, sc.owners, &dir)?;
         let mut pure = measure(keyed, sc, &report, Centering::Mask, sc.owners)?;
         pure.name = format!("{} (num-bigint)", pure.name);
-        out.engines.push(serde_json::json!({
-            "scenario": sc.id,
-            "key_bits": bits,
-            "owner_cpu": pure.owner_cpu / row.owner_cpu,
-            "proxy_cpu": pure.proxy_cpu / row.proxy_cpu,
-            "user_cpu": pure.user_cpu / row.user_cpu,
-            "total_wall": pure.total_wall / row.total_wall,
-        }));
+        out.engines.push(engine_ratio(sc.id, bits, &pure, &row));
         out.studies.push(pure);
     }
     out.studies.push(row);

@@ -8,7 +8,7 @@
 //! programs (proxy, owners and user as processes over gRPC) per setting at epsilon 1.
 
 use dpca_bench::workspace_root;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
@@ -244,6 +244,54 @@ fn print_rows(rows: &[Row]) {
     }
 }
 
+/// One `user local` study at epsilon 1, its outputs in `out`.
+fn run_local(user: &Path, args: &Args, centering: Centering, out: &Path) -> anyhow::Result<()> {
+    let o = Command::new(user)
+        .args([
+            "local",
+            "--no-build",
+            "--owners",
+            "10",
+            "--epsilon",
+            "1",
+            "--key-bits",
+            "2048",
+            // The paper's C and no synthesis, as the central runs it is compared to.
+            "--row-norm-bound",
+            "1",
+            "--task",
+            "cluster",
+        ])
+        .args([
+            "--k",
+            &args.k.to_string(),
+            "--centering",
+            centering.name(),
+            "--mechanism",
+            &args.mechanism,
+        ])
+        .arg("--out")
+        .arg(out)
+        .output()?;
+    if !o.status.success() {
+        bail!("user local failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(())
+}
+
+/// The first `k` components a study wrote (`components.csv`: a name column, then
+/// one column per component).
+fn read_components(path: &Path, k: usize) -> anyhow::Result<DMatrix<f64>> {
+    let mut r = csv::Reader::from_path(path)?;
+    let recs: Vec<Vec<f64>> = r
+        .records()
+        .map(|rec| -> anyhow::Result<Vec<f64>> {
+            rec?.iter().skip(1).map(|c| Ok(c.parse::<f64>()?)).collect()
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(DMatrix::from_fn(recs.len(), k, |i, j| recs[i][j]))
+}
+
 /// Whole studies through the real programs, at epsilon 1.
 fn distributed(
     args: &Args,
@@ -262,44 +310,8 @@ fn distributed(
     let mut caps = Vec::new();
     for rep in 0..args.distributed_reps {
         let out = dir.join(format!("{}-{rep}", centering.name()));
-        let o = Command::new(&user)
-            .args([
-                "local",
-                "--no-build",
-                "--owners",
-                "10",
-                "--epsilon",
-                "1",
-                "--key-bits",
-                "2048",
-                // The paper's C and no synthesis, as the central runs it is compared to.
-                "--row-norm-bound",
-                "1",
-                "--task",
-                "cluster",
-            ])
-            .args([
-                "--k",
-                &args.k.to_string(),
-                "--centering",
-                centering.name(),
-                "--mechanism",
-                &args.mechanism,
-            ])
-            .arg("--out")
-            .arg(&out)
-            .output()?;
-        if !o.status.success() {
-            bail!("user local failed: {}", String::from_utf8_lossy(&o.stderr));
-        }
-        let mut r = csv::Reader::from_path(out.join("components.csv"))?;
-        let recs: Vec<Vec<f64>> = r
-            .records()
-            .map(|rec| -> anyhow::Result<Vec<f64>> {
-                rec?.iter().skip(1).map(|c| Ok(c.parse::<f64>()?)).collect()
-            })
-            .collect::<anyhow::Result<_>>()?;
-        let v = DMatrix::from_fn(recs.len(), args.k, |i, j| recs[i][j]);
+        run_local(&user, args, centering, &out)?;
+        let v = read_components(&out.join("components.csv"), args.k)?;
         caps.push(captured_variance(s_true, &v));
         eprintln!(
             "distributed {} rep {rep}: {:.4}",
