@@ -255,6 +255,7 @@ struct UserStart {
 }
 
 impl UserStart {
+    /// Now, before the user waits for the seal.
     fn now() -> Self {
         Self {
             at: Instant::now(),
@@ -273,9 +274,10 @@ impl UserStart {
     ) -> Seconds {
         Seconds {
             owner: owners.iter().map(|r| r.seconds_total).fold(0.0, f64::max),
+            seal: got.seconds_seal,
             proxy: got.seconds_proxy,
-            // The wait for the proxy's release is the proxy's time, not the user's.
-            user: self.at.elapsed().as_secs_f64() - got.seconds_proxy,
+            // The waits for the owners and for the proxy's release are theirs.
+            user: self.at.elapsed().as_secs_f64() - got.seconds_seal - got.seconds_proxy,
             keygen,
             total: started.elapsed().as_secs_f64(),
         }
@@ -555,8 +557,9 @@ fn print_summary(opts: &LocalOptions, report: &StudyReport, an: &Analysis) {
         eprintln!("WARNING: {w}");
     }
     // A remote user times only its own side: the owners ran elsewhere.
+    // At a remote proxy the user times no owner, but waits for them: the seal.
     let owner_time = match opts.remote {
-        Some(_) => String::new(),
+        Some(_) => format!("seal {:.1}s, ", report.seconds.seal),
         None => format!("owner {:.1}s, ", report.seconds.owner),
     };
     println!(

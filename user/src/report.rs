@@ -17,9 +17,14 @@ use serde::{Deserialize, Serialize};
 pub struct Seconds {
     /// Slowest owner, start to acknowledgement.
     pub owner: f64,
+    /// The user's wait for the study to seal, after the owners were started or
+    /// invited: at a remote proxy, for owners who may come hours later.
+    #[serde(default)]
+    pub seal: f64,
     /// The proxy's release computation (mask, noise, re-randomization).
     pub proxy: f64,
-    /// The user's work: decryption and eigen-decomposition (key generation excluded).
+    /// The user's work: fetching, decryption and eigen-decomposition (key
+    /// generation and the waits for the seal and the release excluded).
     pub user: f64,
     /// Key generation.
     pub keygen: f64,

@@ -35,6 +35,8 @@ pub struct Collected {
     pub noise_scale_grid: String,
     /// The decrypted release.
     pub opened: Opened,
+    /// Seconds the user waited for the study to seal: for the owners.
+    pub seconds_seal: f64,
     /// Seconds the proxy spent computing the release (mask, noise, re-randomization),
     /// as seen from the user.
     pub seconds_proxy: f64,
@@ -395,6 +397,7 @@ struct Released {
     sealed: v1::SealedStudy,
     proven: Option<(u64, Opening)>,
     fetched: Fetched,
+    seconds_seal: f64,
     seconds_proxy: f64,
 }
 
@@ -410,7 +413,9 @@ async fn fetch_sealed(
     // The proxy opens no study whose deadline has passed, and closes every study at
     // its deadline.
     let within = until_past(spec.deadline_unix_ms, now_unix_ms()?, SEAL_GRACE);
+    let t = Instant::now();
     let sealed = await_seal(client, study_id, within).await?;
+    let seconds_seal = t.elapsed().as_secs_f64();
     let proven = count_to_prove(&sealed, transport, sk, spec, study_id)?;
     let layout = StudyLayout::new(spec)?;
     let t = Instant::now();
@@ -432,6 +437,7 @@ async fn fetch_sealed(
         sealed,
         proven,
         fetched,
+        seconds_seal,
         seconds_proxy,
     })
 }
@@ -460,6 +466,7 @@ fn open_collected(
         noise_scale: got.fetched.noise_scale,
         noise_scale_grid: got.fetched.noise_scale_grid,
         opened,
+        seconds_seal: got.seconds_seal,
         seconds_proxy: got.seconds_proxy,
         seconds_decrypt: t.elapsed().as_secs_f64(),
     })

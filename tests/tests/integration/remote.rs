@@ -1,6 +1,7 @@
 //! A study at a proxy the user does not start: `user study` opens it and writes the
 //! invitation, owners started before it exists wait for it, and the study seals at
-//! its quorum with the missing owner named.
+//! its quorum with the missing owner named; the wait for the seal is not the
+//! user's time.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -307,6 +308,48 @@ fn an_output_folder_that_cannot_be_written_stops_the_user_before_the_study_opens
     });
     assert!(status.studies.is_empty(), "a study was opened: {status:?}");
     assert!(!r.invitation().exists());
+}
+
+/// The user's seconds in `study.json` are its own work: owners who come late
+/// lengthen the wait for the seal, reported as such (it was counted as the
+/// user's time: at a remote proxy, hours of it).
+#[test]
+fn owners_who_come_late_lengthen_the_seal_not_the_users_seconds() {
+    let r = Remote::new();
+    let table = optdigits();
+    write_slice(&table, 0, 300, &r.path("a.csv"));
+    write_slice(&table, 300, 400, &r.path("b.csv"));
+    let args = [
+        "--owners",
+        "a,b",
+        "--quorum",
+        "2",
+        "--max-rows",
+        "1024",
+        "--k",
+        "3",
+        "--key-bits",
+        "2048",
+        "--centering",
+        "dp-mean",
+        "--delta",
+        "1e-6",
+    ];
+    let user = Proc(r.user(&r.path("out"), &args).spawn().expect("start user"));
+    let late = 5.0;
+    std::thread::sleep(std::time::Duration::from_secs_f64(late));
+    for o in r.owners_a_b() {
+        let out = take_output(o);
+        assert!(out.status.success(), "owner: {}", describe(&out));
+    }
+    let out = take_output(user);
+    assert!(out.status.success(), "user: {}", describe(&out));
+    let seconds = &r.study_json("out")["seconds"];
+    let of = |part: &str| seconds[part].as_f64().unwrap_or(f64::NAN);
+    // The study was open within a second or two (a 2048-bit key), so most of
+    // the owners' lateness is the seal's; the user's own work is well under it.
+    assert!(of("user") < late / 2.0, "{seconds}");
+    assert!(of("seal") > late / 2.0, "{seconds}");
 }
 
 /// Waits for a child and collects its output.
