@@ -801,7 +801,8 @@ struct Upload {
     count: Option<SignedCount>,
 }
 
-/// A study as `status` shows it: counts, names, deadline and budget, no data.
+/// A study as `status` shows it: counts, names, deadline, mechanism, epsilon and
+/// delta, no data.
 fn study_summary(s: &Study) -> v1::StudySummary {
     v1::StudySummary {
         study_id: s.id.clone(),

@@ -77,7 +77,7 @@ pub struct CohortShape {
 
 /// Refuses a task without the label it needs, and a `--k` the table's `pca_dim`
 /// features cannot give.
-fn check_task(
+fn check_task_and_k(
     opts: &LocalOptions,
     has_label: bool,
     pca_dim: usize,
@@ -112,7 +112,7 @@ impl StudyPlan {
             bounds,
         } = inputs;
         let pca_dim = input.features.len();
-        check_task(opts, label.is_some(), pca_dim, &name)?;
+        check_task_and_k(opts, label.is_some(), pca_dim, &name)?;
         let mut warnings = Vec::new();
         // Regression (Algorithm 2): the label is one more column of the study, so
         // owners send it as a feature and no separate label.

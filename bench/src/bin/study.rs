@@ -694,10 +694,10 @@ struct Programs<'a> {
     num_bigint: Option<&'a Path>,
 }
 
-/// Scenario 1's baseline study over this build's, role by role.
-fn speedup(bits: u64, base: &Row, row: &Row) -> serde_json::Value {
+/// A scenario's baseline study over this build's, role by role.
+fn speedup(scenario: u32, bits: u64, base: &Row, row: &Row) -> serde_json::Value {
     serde_json::json!({
-        "scenario": 1,
+        "scenario": scenario,
         "key_bits": bits,
         "owner_wall": base.owner_wall / row.owner_wall,
         "owner_cpu": base.owner_cpu / row.owner_cpu,
@@ -756,7 +756,7 @@ fn mask_studies(
             &dir,
         )?;
         let base_row = measure(keyed, sc, &base, Centering::Mask, sc.owners)?;
-        out.speedups.push(speedup(bits, &base_row, &row));
+        out.speedups.push(speedup(sc.id, bits, &base_row, &row));
         out.studies.push(base_row);
     }
     if let Some(pure_bin) = programs
