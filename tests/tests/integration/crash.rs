@@ -4,19 +4,21 @@
 //! pooled plaintext scatter exactly (noise-free test mode, so "the same result" is
 //! checkable), and a release is served identically across restarts.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use dpca_common::data::Table;
 use dpca_common::linalg::centered_scatter;
 use dpca_common::paillier::SecretKey;
-use dpca_common::study::SpecDraft;
-use dpca_shell::tls::{write_dev_pki, Role, Transport};
+use dpca_common::study::{SpecDraft, StudySpec};
+use dpca_shell::tls::{write_dev_pki, DevPki, Role, Transport};
 use dpca_tests::sim::fetch_raw;
 use dpca_tests::{
     bin, describe, optdigits, optdigits_draft, preprocess, spawn_proxy, tls_args, try_spawn_proxy,
     write_slice, Proc,
 };
+use dpca_user::session::Collected;
 use rand::rngs::OsRng;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -48,34 +50,174 @@ fn kill_and_restart(proxy: &mut Proc, pki: &dpca_shell::tls::DevPki, state: &Pat
     }
 }
 
+/// The proxy under test, killed and restarted in place, and the kills so far.
+struct Crashing {
+    pki: DevPki,
+    state: PathBuf,
+    proxy: Proc,
+    addr: String,
+    kills: usize,
+}
+
+impl Crashing {
+    /// A proxy on a fresh PKI for `owners` and a user, its state in `dir`.
+    fn start(dir: &Path, owners: &[String]) -> Self {
+        let pki = write_dev_pki(
+            &dir.join("pki"),
+            &["127.0.0.1".to_string()],
+            &["user".to_string()],
+            owners,
+        )
+        .expect("pki");
+        let state = dir.join("proxy.redb");
+        let (proxy, addr) = spawn_proxy(&pki, &state, "127.0.0.1:0", true);
+        Self {
+            pki,
+            state,
+            proxy,
+            addr,
+            kills: 0,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    fn kill(&mut self) {
+        kill_and_restart(&mut self.proxy, &self.pki, &self.state, &self.addr);
+        self.kills += 1;
+    }
+
+    /// The owner programs, one per slice in `files`, started on `study`.
+    fn start_owners(
+        &self,
+        names: &[String],
+        files: &[PathBuf],
+        study: &str,
+        sk: &SecretKey,
+    ) -> Vec<Child> {
+        let url = self.url();
+        names
+            .iter()
+            .zip(files)
+            .map(|(name, file)| {
+                Command::new(bin("owner"))
+                    .args(tls_args(self.pki.files(name).expect("owner files")))
+                    .args(["--proxy", &url, "--study", study, "--retry-for", "300"])
+                    .args(["--budget-cap", "1,1e-5"])
+                    // The study is noise-free (test mode), so its rows can be checked.
+                    .args(["--accept-risk", "noise-free"])
+                    .arg("--data")
+                    .arg(file)
+                    .args(["--key-fingerprint", &sk.public().fingerprint()])
+                    .args(["--label", "label", "--quiet"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("start owner")
+            })
+            .collect()
+    }
+
+    /// Kills at random moments while `owners` encrypt and upload, all but the
+    /// last four kills, then waits for them; returns how many were told they
+    /// were newly counted.
+    fn kill_while_uploading(&mut self, mut owners: Vec<Child>) -> usize {
+        let mut rng = ChaCha8Rng::seed_from_u64(20);
+        let started = Instant::now();
+        while self.kills < KILLS - 4 {
+            std::thread::sleep(Duration::from_millis(rng.gen_range(20..400)));
+            let running = owners
+                .iter_mut()
+                .map(|o| o.try_wait())
+                .filter(|w| matches!(w, Ok(None)))
+                .count();
+            if running == 0 {
+                break;
+            }
+            self.kill();
+        }
+        let mut counted = 0;
+        for o in owners {
+            let out = o.wait_with_output().expect("owner output");
+            assert!(out.status.success(), "owner failed: {}", describe(&out));
+            let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report");
+            counted += usize::from(report["newly_counted"] == true);
+        }
+        eprintln!(
+            "{} kills while {OWNERS} owners uploaded ({:.1} s)",
+            self.kills,
+            started.elapsed().as_secs_f64()
+        );
+        counted
+    }
+
+    /// The rest of the kills, between the user's steps and across fetches:
+    /// the study collected, and its release fetched again after every restart,
+    /// each time the same.
+    fn collect_through_kills(
+        &mut self,
+        user: &Transport,
+        sk: &SecretKey,
+        spec: &StudySpec,
+        study: &str,
+    ) -> Collected {
+        let url = self.url();
+        if self.kills < KILLS {
+            self.kill();
+        }
+        let (collected, first) = rt().block_on(async {
+            let mut c = dpca_shell::client::connect(&url, user)
+                .await
+                .expect("connect");
+            let collected = dpca_user::session::collect(&mut c, user, sk, spec, study)
+                .await
+                .expect("collect after restarts");
+            (collected, fetch_raw(&mut c, study).await.expect("fetch"))
+        });
+        while self.kills < KILLS {
+            self.kill();
+            let again = rt().block_on(async {
+                let mut c = dpca_shell::client::connect(&url, user)
+                    .await
+                    .expect("connect");
+                fetch_raw(&mut c, study).await.expect("fetch after restart")
+            });
+            assert!(again == first, "the release changed across a restart");
+        }
+        collected
+    }
+}
+
+/// The owners' slices of `table`, one file each in `dir`.
+fn owner_slices(dir: &Path, names: &[String], table: &Table) -> Vec<PathBuf> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let path = dir.join(format!("{name}.csv"));
+            write_slice(table, i * ROWS_PER_OWNER, ROWS_PER_OWNER, &path);
+            path
+        })
+        .collect()
+}
+
 #[test]
 fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
     let dir = tempfile::tempdir().expect("tempdir");
     let names: Vec<String> = (1..=OWNERS).map(|i| format!("owner-{i:02}")).collect();
-    let pki = write_dev_pki(
-        &dir.path().join("pki"),
-        &["127.0.0.1".to_string()],
-        &["user".to_string()],
-        &names,
-    )
-    .expect("pki");
-    let state = dir.path().join("proxy.redb");
-    let (mut proxy, addr) = spawn_proxy(&pki, &state, "127.0.0.1:0", true);
-    let url = format!("https://{addr}");
+    let mut crashing = Crashing::start(dir.path(), &names);
     let user = Transport::Tls(std::sync::Arc::new(
-        pki.files("user")
+        crashing
+            .pki
+            .files("user")
             .expect("user")
             .load(Role::User)
             .expect("user cert"),
     ));
-
     let table = optdigits();
-    let mut files = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let path = dir.path().join(format!("{name}.csv"));
-        write_slice(&table, i * ROWS_PER_OWNER, ROWS_PER_OWNER, &path);
-        files.push(path);
-    }
+    let files = owner_slices(dir.path(), &names, &table);
     let n = OWNERS * ROWS_PER_OWNER;
     let sk = SecretKey::generate(2048, &mut OsRng).expect("keygen");
     let spec = SpecDraft {
@@ -87,96 +229,19 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
     .validate()
     .expect("the crash study's spec");
     let study = rt().block_on(async {
-        let mut c = dpca_shell::client::connect(&url, &user)
+        let mut c = dpca_shell::client::connect(&crashing.url(), &user)
             .await
             .expect("connect");
         dpca_user::session::open_study(&mut c, &spec, true)
             .await
             .expect("open study")
     });
-
-    let mut owners: Vec<Child> = names
-        .iter()
-        .zip(&files)
-        .map(|(name, file)| {
-            Command::new(bin("owner"))
-                .args(tls_args(pki.files(name).expect("owner files")))
-                .args(["--proxy", &url, "--study", &study, "--retry-for", "300"])
-                .args(["--budget-cap", "1,1e-5"])
-                // The study is noise-free (test mode), so its rows can be checked.
-                .args(["--accept-risk", "noise-free"])
-                .arg("--data")
-                .arg(file)
-                .args(["--key-fingerprint", &sk.public().fingerprint()])
-                .args(["--label", "label", "--quiet"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start owner")
-        })
-        .collect();
-
-    // Kills at random moments while the owners encrypt and upload.
-    let mut rng = ChaCha8Rng::seed_from_u64(20);
-    let mut kills = 0;
-    let started = Instant::now();
-    while kills < KILLS - 4 {
-        std::thread::sleep(Duration::from_millis(rng.gen_range(20..400)));
-        let running = owners
-            .iter_mut()
-            .map(|o| o.try_wait())
-            .filter(|w| matches!(w, Ok(None)))
-            .count();
-        if running == 0 {
-            break;
-        }
-        kill_and_restart(&mut proxy, &pki, &state, &addr);
-        kills += 1;
-    }
-    let kills_during_upload = kills;
-    let mut counted = 0;
-    for o in owners {
-        let out = o.wait_with_output().expect("owner output");
-        assert!(out.status.success(), "owner failed: {}", describe(&out));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report");
-        counted += usize::from(report["newly_counted"] == true);
-    }
-    eprintln!(
-        "{kills_during_upload} kills while {OWNERS} owners uploaded ({:.1} s)",
-        started.elapsed().as_secs_f64()
-    );
+    let owners = crashing.start_owners(&names, &files, &study, &sk);
+    let counted = crashing.kill_while_uploading(owners);
     // An acknowledgement crossed by a kill is retried and answered "already
     // counted": every owner was counted once, whoever was told so.
     assert!(counted <= OWNERS);
-
-    // The rest of the kills between the user's steps and across fetches.
-    if kills < KILLS {
-        kill_and_restart(&mut proxy, &pki, &state, &addr);
-        kills += 1;
-    }
-    let (collected, first) = rt().block_on(async {
-        let mut c = dpca_shell::client::connect(&url, &user)
-            .await
-            .expect("connect");
-        let collected = dpca_user::session::collect(&mut c, &user, &sk, &spec, &study)
-            .await
-            .expect("collect after restarts");
-        (collected, fetch_raw(&mut c, &study).await.expect("fetch"))
-    });
-    while kills < KILLS {
-        kill_and_restart(&mut proxy, &pki, &state, &addr);
-        kills += 1;
-        let again = rt().block_on(async {
-            let mut c = dpca_shell::client::connect(&url, &user)
-                .await
-                .expect("connect");
-            fetch_raw(&mut c, &study)
-                .await
-                .expect("fetch after restart")
-        });
-        assert!(again == first, "the release changed across a restart");
-    }
-
+    let collected = crashing.collect_through_kills(&user, &sk, &spec, &study);
     assert_eq!(collected.n_rows, n as u64, "rows lost or counted twice");
     assert_eq!(collected.owners_in, names, "owners lost or counted twice");
     assert!(collected.owners_missing.is_empty());
@@ -187,5 +252,4 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
         err <= 1e-9 * exact.amax(),
         "after {KILLS} kills |S' - S| = {err}"
     );
-    drop(proxy);
 }

@@ -1,13 +1,14 @@
 //! Bad input is refused with an error that names what is wrong and where, and
 //! nothing is sent or stored.
 
+use std::path::Path;
 use std::process::Command;
 
 use dpca_common::paillier::SecretKey;
 use dpca_common::study::LAYOUT_VERSION;
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
-use dpca_tests::{bin, describe, fixture, optdigits_spec, rt, run, submit};
+use dpca_tests::{bin, describe, fixture, optdigits_spec, rt, run, submit, StudyFixture};
 use rand::rngs::OsRng;
 
 fn stderr(o: &std::process::Output) -> String {
@@ -418,11 +419,47 @@ fn a_user_leaves_at_most_four_openings_unfinished() {
 fn wrong_certificates_and_roles_are_refused_without_state_change() {
     let f = fixture();
     let data = f.good_file("good.csv", 20, 0);
+    foreign_certificates_are_refused_at_once(&f, &data);
+    assert_eq!(f.owners_in(), 0);
+    // No TLS at all against a TLS proxy.
+    let plain_url = f.url.replacen("https://", "http://", 1);
+    let mut cmd = Command::new(bin("owner"));
+    cmd.args([
+        "--insecure-plaintext",
+        "--owner-id",
+        "a",
+        "--retry-for",
+        "0",
+    ])
+    .args(["--budget-cap", "1.5,1e-4"]);
+    let o = submit(cmd, &plain_url, &f.study, &f.fingerprint, &data);
+    assert!(!o.status.success(), "a plaintext owner was accepted");
+    // The owner program refuses an --owner-id that is not its certificate's name.
+    let o = f.owner("b", &data);
+    assert!(o.status.success(), "{}", describe(&o));
+    let mut cmd = f.owner_cmd("a");
+    cmd.args(["--owner-id", "hospital-b"]);
+    let o = submit(cmd, &f.url, &f.study, &f.fingerprint, &data);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("not the name in this owner's certificate"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(f.owners_in(), 1);
+    rt().block_on(calls_of_the_wrong_party_are_refused(&f));
+    assert_eq!(f.owners_in(), 1, "a refused call changed the study");
+    // The proxy still serves the rightful owners.
+    let o = f.owner("hospital-a", &f.good_file("second.csv", 20, 20));
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(f.owners_in(), 2);
+}
 
-    // An owner whose certificate another CA issued: the proxy refuses it in the
-    // handshake. With that CA's own root the owner refuses the proxy too. Either
-    // refusal is final: the owner stops at once instead of retrying for its
-    // whole window, as it would for a proxy that is down.
+/// An owner whose certificate another CA issued: the proxy refuses it in the
+/// handshake. With that CA's own root the owner refuses the proxy too. Either
+/// refusal is final: the owner stops at once instead of retrying for its
+/// whole window, as it would for a proxy that is down.
+fn foreign_certificates_are_refused_at_once(f: &StudyFixture, data: &Path) {
     let (foreign, _foreign_dir) = dpca_tests::dev_pki();
     let foreign_a = foreign.files("a").expect("foreign owner a");
     let own_ca = dpca_shell::tls::TlsFiles {
@@ -442,7 +479,7 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
             "60",
         ]);
         let start = std::time::Instant::now();
-        let o = submit(cmd, &f.url, &f.study, &f.fingerprint, &data);
+        let o = submit(cmd, &f.url, &f.study, &f.fingerprint, data);
         assert!(!o.status.success(), "a foreign certificate was accepted");
         assert!(stderr(&o).contains(says), "{}", stderr(&o));
         assert!(
@@ -453,36 +490,12 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
         // Final at once: not one retry.
         assert!(!stderr(&o).contains("trying again"), "{}", stderr(&o));
     }
-    assert_eq!(f.owners_in(), 0);
+}
 
-    // No TLS at all against a TLS proxy.
-    let plain_url = f.url.replacen("https://", "http://", 1);
-    let mut cmd = Command::new(bin("owner"));
-    cmd.args([
-        "--insecure-plaintext",
-        "--owner-id",
-        "a",
-        "--retry-for",
-        "0",
-    ])
-    .args(["--budget-cap", "1.5,1e-4"]);
-    let o = submit(cmd, &plain_url, &f.study, &f.fingerprint, &data);
-    assert!(!o.status.success(), "a plaintext owner was accepted");
-
-    // The owner program refuses an --owner-id that is not its certificate's name.
-    let o = f.owner("b", &data);
-    assert!(o.status.success(), "{}", describe(&o));
-    let mut cmd = f.owner_cmd("a");
-    cmd.args(["--owner-id", "hospital-b"]);
-    let o = submit(cmd, &f.url, &f.study, &f.fingerprint, &data);
-    assert!(!o.status.success());
-    assert!(
-        stderr(&o).contains("not the name in this owner's certificate"),
-        "{}",
-        stderr(&o)
-    );
-    assert_eq!(f.owners_in(), 1);
-
+/// Calls a party's certificate does not allow, each refused by the proxy: an
+/// owner contributing under another owner's name, a user contributing, an owner
+/// opening a study, and another user asking for this study's release.
+async fn calls_of_the_wrong_party_are_refused(f: &StudyFixture) {
     let total = dpca_common::study::StudyLayout::new(&f.spec)
         .expect("layout")
         .owner_ciphertexts();
@@ -497,59 +510,46 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
         cap_delta: 1e-3,
         ..Default::default()
     };
-    rt().block_on(async {
-        // The proxy's own check: owner `a` claiming to be `hospital-a`.
-        let err = f
-            .client("a")
-            .await
-            .contribute(tokio_stream_iter(vec![chunk("hospital-a")]))
-            .await
-            .expect_err("a forged owner id was accepted");
-        assert_eq!(err.code(), tonic::Code::PermissionDenied);
-        assert!(err.message().contains("`hospital-a`"), "{}", err.message());
-        assert!(err.message().contains("names `a`"), "{}", err.message());
-
-        // A user contributing.
-        let err = f
-            .client("user")
-            .await
-            .contribute(tokio_stream_iter(vec![chunk("user")]))
-            .await
-            .expect_err("a user contributed");
-        assert_eq!(err.code(), tonic::Code::PermissionDenied);
-        assert!(err.message().contains("only an owner"), "{}", err.message());
-
-        // An owner opening a study.
-        let err = f
-            .client("a")
-            .await
-            .open_study(v1::OpenStudyRequest {
-                spec: Some(spec_to_wire(&f.spec)),
-                noise_free_for_testing: false,
-            })
-            .await
-            .expect_err("an owner opened a study");
-        assert_eq!(err.code(), tonic::Code::PermissionDenied);
-
-        // Another user using this study's result.
-        let mut eve = f.client("eve").await;
-        let err = eve
-            .release(v1::ReleaseRequest {
-                study_id: f.study.clone(),
-                count: None,
-            })
-            .await
-            .expect_err("another user asked for the release");
-        assert_eq!(err.code(), tonic::Code::PermissionDenied);
-        assert!(err.message().contains("`user`"), "{}", err.message());
-        let err = f.fetch_refused(&mut eve).await;
-        assert_eq!(err.code(), tonic::Code::PermissionDenied);
-    });
-    assert_eq!(f.owners_in(), 1, "a refused call changed the study");
-    // The proxy still serves the rightful owners.
-    let o = f.owner("hospital-a", &f.good_file("second.csv", 20, 20));
-    assert!(o.status.success(), "{}", describe(&o));
-    assert_eq!(f.owners_in(), 2);
+    // The proxy's own check: owner `a` claiming to be `hospital-a`.
+    let err = f
+        .client("a")
+        .await
+        .contribute(tokio_stream_iter(vec![chunk("hospital-a")]))
+        .await
+        .expect_err("a forged owner id was accepted");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    assert!(err.message().contains("`hospital-a`"), "{}", err.message());
+    assert!(err.message().contains("names `a`"), "{}", err.message());
+    let err = f
+        .client("user")
+        .await
+        .contribute(tokio_stream_iter(vec![chunk("user")]))
+        .await
+        .expect_err("a user contributed");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    assert!(err.message().contains("only an owner"), "{}", err.message());
+    let err = f
+        .client("a")
+        .await
+        .open_study(v1::OpenStudyRequest {
+            spec: Some(spec_to_wire(&f.spec)),
+            noise_free_for_testing: false,
+        })
+        .await
+        .expect_err("an owner opened a study");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    let mut eve = f.client("eve").await;
+    let err = eve
+        .release(v1::ReleaseRequest {
+            study_id: f.study.clone(),
+            count: None,
+        })
+        .await
+        .expect_err("another user asked for the release");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    assert!(err.message().contains("`user`"), "{}", err.message());
+    let err = f.fetch_refused(&mut eve).await;
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
 }
 
 /// An owner's budget cap: a second study that would take the spent epsilon past
