@@ -100,6 +100,24 @@ impl Remote {
     }
 }
 
+/// What every study of these tests asks, beside its owners and its own flags:
+/// a small 2048-bit study that runs in seconds.
+const SMALL_STUDY: [&str; 8] = [
+    "--max-rows",
+    "1024",
+    "--k",
+    "3",
+    "--key-bits",
+    "2048",
+    "--delta",
+    "1e-6",
+];
+
+/// `flags` and [`SMALL_STUDY`]'s.
+fn small_study<'a>(flags: &[&'a str]) -> Vec<&'a str> {
+    [flags, &SMALL_STUDY[..]].concat()
+}
+
 #[test]
 fn user_study_invites_owners_who_wait_for_the_invitation() {
     let r = Remote::new();
@@ -119,24 +137,16 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
     let user_cmd = |out: &str| {
         r.user(
             &r.path(out),
-            &[
+            &small_study(&[
                 "--owners",
                 "a,b,hospital-a",
                 "--quorum",
                 "2",
-                "--max-rows",
-                "1024",
-                "--k",
-                "3",
-                "--key-bits",
-                "2048",
                 "--centering",
                 "dp-mean",
                 "--synthetic",
                 "50",
-                "--delta",
-                "1e-6",
-            ],
+            ]),
         )
     };
     let user = Proc(user_cmd("out").spawn().expect("start user"));
@@ -220,20 +230,7 @@ fn a_remote_study_chooses_its_row_norm_bound_privately() {
     write_slice(&table, 0, 300, &r.path("a.csv"));
     write_slice(&table, 300, 600, &r.path("b.csv"));
     let owners = r.owners_a_b();
-    let args = [
-        "--owners",
-        "a,b",
-        "--max-rows",
-        "1024",
-        "--k",
-        "3",
-        "--key-bits",
-        "2048",
-        "--delta",
-        "1e-6",
-        "--row-norm-quantile",
-        "0.9",
-    ];
+    let args = small_study(&["--owners", "a,b", "--row-norm-quantile", "0.9"]);
     let user = Proc(r.user(&r.path("out"), &args).spawn().expect("start user"));
     let reports: Vec<serde_json::Value> = owners
         .into_iter()
@@ -278,18 +275,7 @@ fn an_output_folder_that_cannot_be_written_stops_the_user_before_the_study_opens
     // A file where the folder should be: no user, root included, can write in it.
     let out = r.path("taken");
     std::fs::write(&out, "not a folder").expect("file");
-    let args = [
-        "--owners",
-        "a,b",
-        "--quorum",
-        "2",
-        "--max-rows",
-        "1024",
-        "--key-bits",
-        "2048",
-        "--delta",
-        "1e-6",
-    ];
+    let args = small_study(&["--owners", "a,b", "--quorum", "2"]);
     let run = r.user(&out, &args).output().expect("user");
     assert!(!run.status.success(), "{}", describe(&run));
     let stderr = String::from_utf8_lossy(&run.stderr);
@@ -319,22 +305,7 @@ fn owners_who_come_late_lengthen_the_seal_not_the_users_seconds() {
     let table = optdigits();
     write_slice(&table, 0, 300, &r.path("a.csv"));
     write_slice(&table, 300, 400, &r.path("b.csv"));
-    let args = [
-        "--owners",
-        "a,b",
-        "--quorum",
-        "2",
-        "--max-rows",
-        "1024",
-        "--k",
-        "3",
-        "--key-bits",
-        "2048",
-        "--centering",
-        "dp-mean",
-        "--delta",
-        "1e-6",
-    ];
+    let args = small_study(&["--owners", "a,b", "--quorum", "2", "--centering", "dp-mean"]);
     let user = Proc(r.user(&r.path("out"), &args).spawn().expect("start user"));
     let late = 5.0;
     std::thread::sleep(std::time::Duration::from_secs_f64(late));
