@@ -1,6 +1,5 @@
 //! Null-space cleaning: privacy of a feature vector at prediction time (Xu, Shah,
-//! Cao, Maung, Schweitzer, "Enhancing the Privacy of Predictors"; DESIGN.md
-//! section 8).
+//! Cao, Maung, Schweitzer, "Enhancing the Privacy of Predictors"; docs/CLEANING.md).
 //!
 //! A predictor of the desired labels starts with a known linear map
 //! y_d = A_d^T x. A linear predictor of the confidential labels, y_c = A_c^T x, is

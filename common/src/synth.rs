@@ -1,4 +1,4 @@
-//! PCA-Gauss synthetic data (the PCA-Gauss paper's Algorithm 1, DESIGN section 7):
+//! PCA-Gauss synthetic data (the PCA-Gauss paper's Algorithm 1):
 //! from the released scatter S' and its top-k components W_k, draw
 //! y ~ N(0, W_k^T S' W_k / N) in k dimensions and map x = W_k y + mu back through the
 //! public normalization. Everything here is post-processing of what the study

@@ -1,19 +1,19 @@
 //! Whole studies through the real programs (`user local`: proxy and owners as
-//! processes over loopback gRPC), one table and one JSON file: per scenario and key
-//! size, ciphertexts and bytes per owner, wall and CPU time and peak memory of one
-//! owner, the proxy and the user, each role's CPU time against its primitive bound,
-//! the speedup over the baseline mode, and the proxy's memory with 10 and with 200
-//! owners. The end-to-end time is also given in GMP multiplications mod n^2
+//! processes over loopback gRPC), two tables and one JSON file: per scenario and key
+//! size, ciphertexts and bytes per owner, wall and CPU time of the busiest owner
+//! (and the largest owner's peak memory), the proxy and the user, each role's CPU
+//! time against its primitive bound, the speedup over the baseline mode and over
+//! the build without GMP, and the proxy's memory with 10, 100 and 200 owners. The end-to-end time is also given in GMP multiplications mod n^2
 //! measured in the same run: seconds are not comparable between runs on a shared
 //! machine whose speed varies, that count is.
 //!
 //! The primitive bound of a role is the count of each primitive operation the design
-//! prescribes for it (DESIGN section 9), times that primitive's one-core cost measured
-//! by this program in the same run:
+//! prescribes for it (ARCHITECTURE.md, "Where the time goes"), times that
+//! primitive's one-core cost measured by this program in the same run:
 //! - owner: one fixed-base table, then K short-exponent encryptions;
-//! - proxy, in either centering: one exact draw of noise per released entry (the
-//!   exact samplers of `dp::sampler`, at the study's scale), measured as one draw of
-//!   the study's mechanism and scale in this run;
+//! - proxy: one exact draw of noise per released matrix entry, and per vector entry
+//!   under `dp-mean` (the exact samplers of `dp::sampler`, at the study's scale),
+//!   measured as one draw of the study's mechanism and scale in this run;
 //! - proxy: per received ciphertext one validation (range, and a divisibility test
 //!   by n) and one multiplication of its fold (on values held in the key's ring);
 //!   per column k one chain of squarings of E[v_k] (`StudyLayout::mask_chain`: as
@@ -73,7 +73,8 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "2048,3072")]
     key_bits: Vec<u64>,
     /// Key sizes at which scenario 1 also runs in the baseline mode (the flag alone:
-    /// none). The baseline takes about 8 minutes at 2048 bits and 30 at 3072.
+    /// none). The baseline takes minutes: about 4 at 2048 bits and 13 more at 3072
+    /// in the runs docs/BENCHMARKS.md reports.
     #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "2048")]
     baseline_bits: Vec<u64>,
     /// Owner counts for the proxy-memory comparison on scenario 1 (at the first key
@@ -514,8 +515,8 @@ fn layout_of(report: &StudyReport) -> StudyLayout {
     }
 }
 
-/// The `mask` release's bound: the noise, re-randomization and mask terms of DESIGN
-/// section 4, priced with this run's primitives.
+/// The `mask` release's bound: its noise, re-randomization and mask terms, priced
+/// with this run's primitives.
 fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f64 {
     let p = keyed.prims.clone();
     let layout = layout_of(report);
