@@ -556,8 +556,7 @@ fn print_summary(opts: &LocalOptions, report: &StudyReport, an: &Analysis) {
     if let Some(w) = crate::study_page::clipping_warning(report) {
         eprintln!("WARNING: {w}");
     }
-    // A remote user times only its own side: the owners ran elsewhere.
-    // At a remote proxy the user times no owner, but waits for them: the seal.
+    // A remote user times no owner (they ran elsewhere), but waits for them: the seal.
     let owner_time = match opts.remote {
         Some(_) => format!("seal {:.1}s, ", report.seconds.seal),
         None => format!("owner {:.1}s, ", report.seconds.owner),

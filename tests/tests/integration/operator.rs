@@ -4,7 +4,10 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Command, Stdio};
+
+use dpca_shell::tls::{DevPki, TlsFiles};
 
 use dpca_tests::{bin, describe, dev_pki, optdigits, run, tls_args, write_slice, Proc};
 
@@ -25,15 +28,14 @@ fn scrape(port: u16) -> String {
     body
 }
 
-#[test]
-fn metrics_count_refusals_and_logs_are_json_lines() {
-    let (pki, dir) = dev_pki();
-    let port = free_port();
+/// A proxy logging JSON lines at `info` and serving metrics on `port`, its state
+/// in `dir`; returns it and its URL.
+fn start_instrumented_proxy(pki: &DevPki, dir: &Path, port: u16) -> (Proc, String) {
     let mut cmd = Command::new(bin("proxy"));
     cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json"])
         .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
         .arg("--state")
-        .arg(dir.path().join("proxy.redb"))
+        .arg(dir.join("proxy.redb"))
         .args(tls_args(&pki.proxy))
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
@@ -47,13 +49,18 @@ fn metrics_count_refusals_and_logs_are_json_lines() {
         "https://{}",
         line.trim().strip_prefix("listening on ").expect("address")
     );
+    (proxy, url)
+}
 
-    // An owner asks for a study that does not exist, with `files`' certificate.
-    let data = dir.path().join("a.csv");
+/// Calls the metrics must count: an owner asking for a study that does not
+/// exist (NOT_FOUND, 5), an owner whose certificate another CA issued (refused in
+/// the handshake), and the operator's status (OK, 0).
+fn make_counted_calls(pki: &DevPki, dir: &Path, url: &str) {
+    let data = dir.join("a.csv");
     write_slice(&optdigits(), 0, 10, &data);
-    let owner_asks = |files: &dpca_shell::tls::TlsFiles| {
+    let owner_asks = |files: &TlsFiles| {
         run(Command::new(bin("owner"))
-            .args(["--proxy", &url, "--study", "nope", "--retry-for", "0"])
+            .args(["--proxy", url, "--study", "nope", "--retry-for", "0"])
             .args([
                 "--key-fingerprint",
                 &"ab".repeat(32),
@@ -65,23 +72,44 @@ fn metrics_count_refusals_and_logs_are_json_lines() {
             .args(["--label", "label", "--quiet"])
             .args(tls_args(files)))
     };
-    // Refused with NOT_FOUND (5).
     let out = owner_asks(pki.files("a").expect("owner a"));
     assert!(!out.status.success(), "{}", describe(&out));
-    // An owner whose certificate another CA issued: refused in the handshake, and
-    // counted as a connection the main listener let go.
     let (foreign, _foreign_dir) = dev_pki();
-    let out = owner_asks(&dpca_shell::tls::TlsFiles {
+    let out = owner_asks(&TlsFiles {
         ca: pki.proxy.ca.clone(),
         ..foreign.files("a").expect("foreign owner a").clone()
     });
     assert!(!out.status.success(), "{}", describe(&out));
-    // The operator's status call succeeds (OK, 0).
     let out = run(Command::new(bin("proxy"))
-        .args(["status", "--proxy", &url])
+        .args(["status", "--proxy", url])
         .args(tls_args(&pki.operator)));
     assert!(out.status.success(), "{}", describe(&out));
+}
 
+/// Stops the proxy and reads its log: every line must be a JSON object.
+fn json_log(mut proxy: Proc) -> (String, Vec<serde_json::Value>) {
+    let _ = proxy.0.kill();
+    let mut log = String::new();
+    proxy
+        .0
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut log)
+        .expect("log");
+    let lines = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    (log, lines)
+}
+
+#[test]
+fn metrics_count_refusals_and_logs_are_json_lines() {
+    let (pki, dir) = dev_pki();
+    let port = free_port();
+    let (proxy, url) = start_instrumented_proxy(&pki, dir.path(), port);
+    make_counted_calls(&pki, dir.path(), &url);
     let metrics = scrape(port);
     for expected in [
         r#"dpca_rpc_total{rpc="GetStudy",code="5"} 1"#,
@@ -104,21 +132,7 @@ fn metrics_count_refusals_and_logs_are_json_lines() {
         !metrics.contains("owner=") && !metrics.contains("\"a\""),
         "owner names are not metric labels:\n{metrics}"
     );
-
-    // Stop the proxy and read its log: every line a JSON object with a level.
-    let _ = proxy.0.kill();
-    let mut log = String::new();
-    proxy
-        .0
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut log)
-        .expect("log");
-    let lines: Vec<serde_json::Value> = log
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect();
+    let (log, lines) = json_log(proxy);
     assert!(
         lines
             .iter()
