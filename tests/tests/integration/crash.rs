@@ -120,9 +120,9 @@ impl Crashing {
             .collect()
     }
 
-    /// Kills at random moments while `owners` encrypt and upload, all but the
-    /// last four kills, then waits for them; returns how many were told they
-    /// were newly counted.
+    /// Kills at random moments while `owners` encrypt and upload (at most all
+    /// but the last four kills: fewer if they finish first), then waits for
+    /// them; returns how many were told they were newly counted.
     fn kill_while_uploading(&mut self, mut owners: Vec<Child>) -> usize {
         let mut rng = ChaCha8Rng::seed_from_u64(20);
         let started = Instant::now();

@@ -54,7 +54,8 @@ fn start_instrumented_proxy(pki: &DevPki, dir: &Path, port: u16) -> (Proc, Strin
 
 /// Calls the metrics must count: an owner asking for a study that does not
 /// exist (NOT_FOUND, 5), an owner whose certificate another CA issued (refused in
-/// the handshake), and the operator's status (OK, 0).
+/// the handshake: a connection the main listener let go), and the operator's
+/// status (OK, 0).
 fn make_counted_calls(pki: &DevPki, dir: &Path, url: &str) {
     let data = dir.join("a.csv");
     write_slice(&optdigits(), 0, 10, &data);
