@@ -3,9 +3,10 @@
 //! size, ciphertexts and bytes per owner, wall and CPU time of the busiest owner
 //! (and the largest owner's peak memory), the proxy and the user, each role's CPU
 //! time against its primitive bound, the speedup over the baseline mode and over
-//! the build without GMP, and the proxy's memory with 10, 100 and 200 owners. The end-to-end time is also given in GMP multiplications mod n^2
-//! measured in the same run: seconds are not comparable between runs on a shared
-//! machine whose speed varies, that count is.
+//! the build without GMP, and the proxy's memory with 10, 100 and 200 owners. The
+//! end-to-end time is also given in GMP multiplications mod n^2 measured in the
+//! same run: seconds are not comparable between runs on a shared machine whose
+//! speed varies, that count is.
 //!
 //! The primitive bound of a role is the count of each primitive operation the design
 //! prescribes for it (ARCHITECTURE.md, "Where the time goes"), times that
@@ -695,24 +696,8 @@ struct Programs<'a> {
     num_bigint: Option<&'a Path>,
 }
 
-/// A scenario's baseline study over this build's, role by role.
-fn speedup(scenario: u32, bits: u64, base: &Row, row: &Row) -> serde_json::Value {
-    serde_json::json!({
-        "scenario": scenario,
-        "key_bits": bits,
-        "owner_wall": base.owner_wall / row.owner_wall,
-        "owner_cpu": base.owner_cpu / row.owner_cpu,
-        "proxy_release_wall": base.proxy_release_wall / row.proxy_release_wall,
-        "proxy_cpu": base.proxy_cpu / row.proxy_cpu,
-        "user_wall": base.user_wall / row.user_wall,
-        "user_cpu": base.user_cpu / row.user_cpu,
-        "total_wall": base.total_wall / row.total_wall,
-        "study_wall_without_keygen": (base.total_wall - base.keygen)
-            / (row.total_wall - row.keygen),
-    })
-}
-
-/// The study on num-bigint over the same study on GMP, role by role.
+/// The study on num-bigint over the same study on GMP: each role's CPU and the
+/// whole study's wall time.
 fn engine_ratio(scenario: u32, bits: u64, pure: &Row, row: &Row) -> serde_json::Value {
     serde_json::json!({
         "scenario": scenario,
@@ -722,6 +707,23 @@ fn engine_ratio(scenario: u32, bits: u64, pure: &Row, row: &Row) -> serde_json::
         "user_cpu": pure.user_cpu / row.user_cpu,
         "total_wall": pure.total_wall / row.total_wall,
     })
+}
+
+/// A scenario's baseline study over this build's: [`engine_ratio`]'s ratios and
+/// each role's wall time.
+fn speedup(scenario: u32, bits: u64, base: &Row, row: &Row) -> serde_json::Value {
+    let mut out = engine_ratio(scenario, bits, base, row);
+    let walls = serde_json::json!({
+        "owner_wall": base.owner_wall / row.owner_wall,
+        "proxy_release_wall": base.proxy_release_wall / row.proxy_release_wall,
+        "user_wall": base.user_wall / row.user_wall,
+        "study_wall_without_keygen": (base.total_wall - base.keygen)
+            / (row.total_wall - row.keygen),
+    });
+    if let (Some(out), Some(walls)) = (out.as_object_mut(), walls.as_object()) {
+        out.extend(walls.clone());
+    }
+    out
 }
 
 /// A scenario's `mask` study, with the baseline and the num-bigint build beside it

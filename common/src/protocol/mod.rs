@@ -1,6 +1,6 @@
 //! The three computations of a study, as pure functions: an owner's share and its
-//! plaintexts, the proxy's masked and noised release (ARCHITECTURE.md, "Data flow of a study"), and the
-//! user's reconstruction of S + E.
+//! plaintexts, the proxy's masked and noised release (ARCHITECTURE.md, "Data flow
+//! of a study"), and the user's reconstruction of S + E.
 //!
 //! Release in `mask` centering, per packed segment (row i, columns j..j+len):
 //!

@@ -510,22 +510,22 @@ async fn calls_of_the_wrong_party_are_refused(f: &StudyFixture) {
         cap_delta: 1e-3,
         ..Default::default()
     };
+    let refused = |caller: &'static str, owner_id: &str, what: &'static str| {
+        let upload = tokio_stream_iter(vec![chunk(owner_id)]);
+        async move {
+            f.client(caller)
+                .await
+                .contribute(upload)
+                .await
+                .expect_err(what)
+        }
+    };
     // The proxy's own check: owner `a` claiming to be `hospital-a`.
-    let err = f
-        .client("a")
-        .await
-        .contribute(tokio_stream_iter(vec![chunk("hospital-a")]))
-        .await
-        .expect_err("a forged owner id was accepted");
+    let err = refused("a", "hospital-a", "a forged owner id was accepted").await;
     assert_eq!(err.code(), tonic::Code::PermissionDenied);
     assert!(err.message().contains("`hospital-a`"), "{}", err.message());
     assert!(err.message().contains("names `a`"), "{}", err.message());
-    let err = f
-        .client("user")
-        .await
-        .contribute(tokio_stream_iter(vec![chunk("user")]))
-        .await
-        .expect_err("a user contributed");
+    let err = refused("user", "user", "a user contributed").await;
     assert_eq!(err.code(), tonic::Code::PermissionDenied);
     assert!(err.message().contains("only an owner"), "{}", err.message());
     let err = f
