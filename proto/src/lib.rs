@@ -10,3 +10,4 @@ pub mod v1 {
 }
 
 pub mod convert;
+pub mod upload_slot;

@@ -17,7 +17,7 @@ pub enum Action<'a> {
     OpenStudy,
     /// GetStudy: the public spec.
     ReadSpec,
-    /// Contribute, claiming this owner id.
+    /// Contribute, or ReserveUpload for a contribution, claiming this owner id.
     Contribute {
         /// The owner id in the contribution's header.
         owner_id: &'a str,
@@ -42,6 +42,8 @@ pub enum Method {
     GetStudy,
     /// Contribute.
     Contribute,
+    /// ReserveUpload.
+    ReserveUpload,
     /// AwaitSeal.
     AwaitSeal,
     /// Release.
@@ -54,10 +56,11 @@ pub enum Method {
 
 impl Method {
     /// Every method.
-    pub const ALL: [Method; 7] = [
+    pub const ALL: [Method; 8] = [
         Method::OpenStudy,
         Method::GetStudy,
         Method::Contribute,
+        Method::ReserveUpload,
         Method::AwaitSeal,
         Method::Release,
         Method::FetchResult,
@@ -70,6 +73,7 @@ impl Method {
             Method::OpenStudy => "OpenStudy",
             Method::GetStudy => "GetStudy",
             Method::Contribute => "Contribute",
+            Method::ReserveUpload => "ReserveUpload",
             Method::AwaitSeal => "AwaitSeal",
             Method::Release => "Release",
             Method::FetchResult => "FetchResult",
@@ -99,7 +103,7 @@ pub fn may_call(peer: &Peer, method: Method) -> Result<(), String> {
     let action = match method {
         Method::OpenStudy => Action::OpenStudy,
         Method::GetStudy => Action::ReadSpec,
-        Method::Contribute => Action::Contribute { owner_id: own },
+        Method::Contribute | Method::ReserveUpload => Action::Contribute { owner_id: own },
         Method::Status => Action::Status,
         Method::AwaitSeal | Method::Release | Method::FetchResult => Action::UseStudy {
             opened_by: Some(own),
@@ -189,7 +193,7 @@ mod tests {
         use Method::*;
         let allowed = |role| match role {
             Role::User => vec![OpenStudy, GetStudy, AwaitSeal, Release, FetchResult, Status],
-            Role::Owner => vec![GetStudy, Contribute],
+            Role::Owner => vec![GetStudy, Contribute, ReserveUpload],
             Role::Proxy => vec![Status],
         };
         for role in [Role::User, Role::Owner, Role::Proxy] {

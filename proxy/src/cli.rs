@@ -28,8 +28,9 @@ struct Args {
     /// Never enable in a deployment.
     #[arg(long, hide = true)]
     allow_noise_free_for_testing: bool,
-    /// Contributions read at the same time; more owners wait their turn, so memory
-    /// does not grow with the number of owners.
+    /// Contributions read at the same time; more owners wait their turn (for a
+    /// slot reserved for them, not with their upload open), so memory does not
+    /// grow with the number of owners.
     #[arg(long, default_value_t = crate::DEFAULT_MAX_CONCURRENT_UPLOADS as u16,
           value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_uploads: u16,
@@ -70,7 +71,8 @@ struct LimitArgs {
     /// Seconds a connection may take to finish its TLS handshake.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     handshake_timeout: u64,
-    /// Seconds an upload may send nothing before it is dropped (nothing counted).
+    /// Seconds an upload may send nothing before it is dropped (nothing counted),
+    /// and an upload slot reserved for an owner waits for its upload.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     upload_idle_timeout: u64,
     /// Slowest upload accepted (KiB/s): a contribution must arrive within the idle

@@ -260,7 +260,8 @@ fn set_by(method: Method) -> &'static str {
         | Method::AwaitSeal
         | Method::FetchResult
         | Method::Status
-        | Method::Contribute => "",
+        | Method::Contribute
+        | Method::ReserveUpload => "",
     }
 }
 

@@ -29,7 +29,8 @@ pub struct Limits {
     pub max_ciphertexts: usize,
     /// A connection that has not finished its TLS handshake by then is closed.
     pub handshake_timeout: Duration,
-    /// An upload that sends nothing for this long is dropped and its slot freed.
+    /// An upload that sends nothing for this long is dropped and its slot freed;
+    /// a slot reserved for an owner waits this long for its upload.
     pub upload_idle_timeout: Duration,
     /// Studies open (collecting or sealed) at once, over all users: each holds an
     /// aggregate in memory and a record on disk.
@@ -150,8 +151,9 @@ const REQUEST_OVERHEAD_BYTES: usize = 64 * 1024;
 pub(crate) const GRPC_FRAME_BYTES: usize = 5;
 
 /// The largest request of a call that carries a study id and nothing else
-/// (`GetStudy`, `AwaitSeal`, `FetchResult`; `Status` carries nothing): an id of
-/// at most `study::MAX_ID_BYTES` and its framing, with room to spare.
+/// (`GetStudy`, `AwaitSeal`, `FetchResult`; `Status` carries nothing), or three
+/// ids (`ReserveUpload`): ids of at most `study::MAX_ID_BYTES` and their framing,
+/// with room to spare.
 pub const SMALL_REQUEST_BYTES: usize = 1024;
 
 impl Limits {
@@ -181,9 +183,11 @@ impl Limits {
         let key_bytes = usize::try_from(self.max_key_bits / 8).unwrap_or(usize::MAX);
         match method {
             Method::OpenStudy => Some(self.max_request_bytes().saturating_add(GRPC_FRAME_BYTES)),
-            Method::GetStudy | Method::AwaitSeal | Method::FetchResult | Method::Status => {
-                Some(SMALL_REQUEST_BYTES)
-            }
+            Method::GetStudy
+            | Method::AwaitSeal
+            | Method::FetchResult
+            | Method::Status
+            | Method::ReserveUpload => Some(SMALL_REQUEST_BYTES),
             Method::Release => Some(SMALL_REQUEST_BYTES.saturating_add(key_bytes)),
             Method::Contribute => None,
         }
@@ -302,6 +306,11 @@ mod tests {
         let study = v1::GetStudyRequest {
             study_id: id.clone(),
         };
+        let reserve = v1::ReserveUploadRequest {
+            study_id: id.clone(),
+            owner_id: id.clone(),
+            contribution_id: id.clone(),
+        };
         let release = v1::ReleaseRequest {
             study_id: id.clone(),
             count: Some(v1::CountOpening {
@@ -315,6 +324,7 @@ mod tests {
                     framed(study.encoded_len())
                 }
                 Method::Status => framed(v1::StatusRequest {}.encoded_len()),
+                Method::ReserveUpload => framed(reserve.encoded_len()),
                 Method::Release => framed(release.encoded_len()),
                 // A spec at its limit, with its field's tag and length.
                 Method::OpenStudy => framed(limits.max_spec_bytes + 16),

@@ -32,6 +32,10 @@ pub enum Refusal {
     /// The proxy cannot serve the call now; the same call may succeed later.
     #[error("{0}")]
     Unavailable(String),
+    /// Every upload slot is held: the owner reserves one and sends again
+    /// (`dpca_proto::upload_slot`).
+    #[error("{0}")]
+    NoUploadSlot(String),
     /// An upload went idle, or slower than its allowance.
     #[error("{0}")]
     TooSlow(String),
@@ -60,6 +64,7 @@ impl From<Refusal> for Status {
             Refusal::UnknownStudy(_) => Status::not_found(msg),
             Refusal::OverLimit(_) => Status::resource_exhausted(msg),
             Refusal::Unavailable(_) => Status::unavailable(msg),
+            Refusal::NoUploadSlot(_) => dpca_proto::upload_slot::no_slot_free(msg),
             Refusal::TooSlow(_) => Status::deadline_exceeded(msg),
             Refusal::Internal(_) => Status::internal(msg),
             Refusal::Stream(status) => status,
@@ -102,6 +107,10 @@ mod tests {
             (Refusal::Denied("no".into()), Code::PermissionDenied),
             (Refusal::UnknownStudy("s".into()), Code::NotFound),
             (Refusal::OverLimit("big".into()), Code::ResourceExhausted),
+            (
+                Refusal::NoUploadSlot("held".into()),
+                Code::ResourceExhausted,
+            ),
             (Refusal::TooSlow("slow".into()), Code::DeadlineExceeded),
             (
                 Refusal::Study(StudyError::DuplicateOwner {
@@ -117,6 +126,9 @@ mod tests {
             assert_eq!(status.code(), code, "{text}");
             assert_eq!(status.message(), text);
         }
+        let reserve = |r: Refusal| dpca_proto::upload_slot::asks_to_reserve(&Status::from(r));
+        assert!(reserve(Refusal::NoUploadSlot("held".into())));
+        assert!(!reserve(Refusal::OverLimit("big".into())));
         let unknown = Status::from(Refusal::UnknownStudy("s1".into()));
         assert_eq!(unknown.message(), "unknown study `s1`");
     }

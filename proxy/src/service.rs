@@ -15,7 +15,6 @@ use dpca_proto::v1;
 use dpca_shell::signed_count;
 use dpca_shell::signed_count::signing_identity;
 use rand::RngCore;
-use tokio::sync::Semaphore;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -28,6 +27,7 @@ use crate::per_key::{Held, PerKey};
 use crate::refusal::Refusal;
 use crate::store::{signed_count_to_wire, Announced, Store, StoreError, Ticket};
 use crate::study::{ContributionOutcome, Phase, SignedCount, Study};
+use crate::upload_slots::{Slot, SlotError, UploadSlots};
 use crate::ProxyConfig;
 
 /// How often deadlines are checked and how often a waiting user re-checks.
@@ -46,7 +46,9 @@ pub struct ProxyService {
     config: ProxyConfig,
     /// Study id -> study. The table's lock is held only to find or insert a study.
     studies: Arc<Mutex<HashMap<String, SharedStudy>>>,
-    uploads: Arc<Semaphore>,
+    /// At most `max_concurrent_uploads` contributions are read at once; an
+    /// upload that finds none free is refused, and its owner reserves one.
+    uploads: UploadSlots,
     /// Owners with an upload in progress: one slot per owner, so no certificate
     /// holder can take every slot.
     uploading: PerKey<String>,
@@ -90,7 +92,10 @@ impl ProxyService {
             None => None,
         };
         Ok(Self {
-            uploads: Arc::new(Semaphore::new(config.max_concurrent_uploads.max(1))),
+            uploads: UploadSlots::new(
+                config.max_concurrent_uploads,
+                config.limits.upload_idle_timeout,
+            ),
             config,
             studies: Arc::new(Mutex::new(studies)),
             uploading: PerKey::default(),
@@ -366,14 +371,20 @@ impl ProxyService {
             })
     }
 
-    /// Waits for one of the proxy's upload slots, released when the returned
-    /// permit is dropped: at most `max_concurrent_uploads` contributions are read
-    /// at once.
-    async fn upload_permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Refusal> {
-        Arc::clone(&self.uploads)
-            .acquire_owned()
-            .await
-            .map_err(|_| Refusal::Unavailable("proxy is shutting down".into()))
+    /// The upload slot for `owner`'s upload: the one kept for it (`ReserveUpload`)
+    /// or one free now. None free is refused at once, asking the owner to reserve
+    /// one: an upload left waiting would hold its unread frames
+    /// (`crate::upload_slots`).
+    fn upload_slot(&self, kept: Option<Slot>) -> Result<Slot, Refusal> {
+        if let Some(slot) = kept {
+            return Ok(slot);
+        }
+        self.uploads.take_now().map_err(|e| match e {
+            SlotError::AllHeld(_) => Refusal::NoUploadSlot(format!(
+                "{e}: reserve one (ReserveUpload) and send the contribution again"
+            )),
+            SlotError::Closed => Refusal::Unavailable(e.to_string()),
+        })
     }
 
     /// The caller as its certificate names it; `None` on plaintext.
@@ -483,6 +494,47 @@ impl ProxyService {
         answer
     }
 
+    /// Waits for an upload slot and keeps it for the caller's next upload, for
+    /// an owner whose upload found every slot held. The request was read whole
+    /// before this runs, so the wait holds no unread frame; the owner's own slot
+    /// is held while it waits (one upload or wait per owner). Nothing is kept,
+    /// nor waited for, where the study would not read the upload (unknown,
+    /// closed, counted already, the owner not invited): the next upload is then
+    /// answered from its first chunk, as the state decides once it is durable.
+    async fn reserve_slot(
+        &self,
+        peer: Option<Peer>,
+        req: v1::ReserveUploadRequest,
+    ) -> Result<v1::ReserveUploadResponse, Refusal> {
+        Self::authorize(
+            peer.as_ref(),
+            Action::Contribute {
+                owner_id: &req.owner_id,
+            },
+        )?;
+        let _owner_slot = self.owner_slot(peer.as_ref().map(|p| p.name.as_str()))?;
+        let lease_seconds =
+            u32::try_from(self.uploads.lease().as_secs().max(1)).unwrap_or(u32::MAX);
+        if self.uploads.is_kept_for(&req.owner_id) {
+            return Ok(v1::ReserveUploadResponse { lease_seconds });
+        }
+        let to_read = self
+            .with_study(&req.study_id, |s| {
+                Ok(s.check_can_contribute(&req.owner_id, &req.contribution_id))
+            })
+            .await;
+        if !matches!(to_read, Ok(Ok(None))) {
+            return Ok(v1::ReserveUploadResponse { lease_seconds: 0 });
+        }
+        let slot = self
+            .uploads
+            .wait()
+            .await
+            .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+        self.uploads.keep(req.owner_id, slot);
+        Ok(v1::ReserveUploadResponse { lease_seconds })
+    }
+
     /// The upload of an authorized caller holding its owner's slot: header,
     /// admission, first chunk, then one of the proxy's slots for the rest, the
     /// fold and the durable write.
@@ -504,6 +556,8 @@ impl ProxyService {
                 owner_id: &upload.owner,
             },
         )?;
+        // Taken out now, so that the slot goes back however the upload ends.
+        let kept = self.uploads.claim(&upload.owner);
         check_packing(&first)?;
         let (pk, expected, signed) = match self.admit(&upload).await? {
             Admission::Read {
@@ -513,14 +567,14 @@ impl ProxyService {
             } => (pk, expected, signed),
             Admission::AlreadyCounted(response) => return Ok(Response::new(response)),
         };
-        // The decoded message is dropped here: an upload waiting for a slot holds its
-        // first chunk's ciphertexts, parsed and checked (and the stream's receive
-        // buffer, at most `Limits::max_request_bytes`).
+        // The decoded message is dropped here: the chunk is kept as its ciphertexts,
+        // parsed and checked.
         let (cts, signature) = first_chunk(first, &pk, expected, &upload.owner)?;
         // Taken only by an upload that is to be read: a retry answered from memory,
-        // or a refusal, does not wait behind other owners' transfers (an owner whose
-        // answer was lost would wait past the deadline for a slot it does not need).
-        let _permit = self.upload_permit().await?;
+        // or a refusal, is not sent to wait behind other owners' transfers (an owner
+        // whose answer was lost would wait past the deadline for a slot it does not
+        // need).
+        let _slot = self.upload_slot(kept)?;
         stream.allow(
             self.config
                 .limits
@@ -977,6 +1031,15 @@ impl v1::proxy_server::Proxy for ProxyService {
         req: Request<Streaming<v1::ContributionChunk>>,
     ) -> Result<Response<v1::ContributeResponse>, Status> {
         self.contribute_upload(req).await
+    }
+
+    async fn reserve_upload(
+        &self,
+        req: Request<v1::ReserveUploadRequest>,
+    ) -> Result<Response<v1::ReserveUploadResponse>, Status> {
+        let peer = self.caller(&req)?;
+        let answer = self.reserve_slot(peer, req.into_inner()).await?;
+        Ok(Response::new(answer))
     }
 
     async fn await_seal(

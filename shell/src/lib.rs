@@ -18,4 +18,5 @@ pub mod signed_count;
 pub mod testing;
 pub mod text;
 pub mod tls;
+pub mod upload;
 pub mod usage;

@@ -8,6 +8,8 @@ use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
@@ -17,11 +19,14 @@ use tonic::{Request, Response, Status, Streaming};
 /// call for a study, which it answers (with an empty study) if `answers_study`,
 /// and, if `scripted`, the seal, the request for the release and the result
 /// stream, which it answers as scripted. An upload's stream is read to its end
-/// first, so that what waits is the answer, not the transfer.
+/// first, so that what waits is the answer, not the transfer. If `busy`, every
+/// upload is refused for want of a slot and every reservation granted, counted
+/// there.
 struct Silent {
     opens_streams: bool,
     answers_study: bool,
     scripted: Option<Scripted>,
+    busy: Option<Arc<AtomicUsize>>,
 }
 
 /// The id a scripted proxy gives every study it is asked to open.
@@ -65,7 +70,24 @@ impl v1::proxy_server::Proxy for Silent {
     ) -> Never<v1::ContributeResponse> {
         let mut stream = req.into_inner();
         while let Ok(Some(_)) = stream.message().await {}
+        if self.busy.is_some() {
+            return Err(dpca_proto::upload_slot::no_slot_free(
+                "every upload slot is taken".into(),
+            ));
+        }
         std::future::pending().await
+    }
+    async fn reserve_upload(
+        &self,
+        _: Request<v1::ReserveUploadRequest>,
+    ) -> Never<v1::ReserveUploadResponse> {
+        let Some(reserved) = &self.busy else {
+            return std::future::pending().await;
+        };
+        reserved.fetch_add(1, Ordering::Relaxed);
+        Ok(Response::new(v1::ReserveUploadResponse {
+            lease_seconds: 60,
+        }))
     }
     async fn await_seal(&self, _: Request<v1::AwaitSealRequest>) -> Never<v1::SealedStudy> {
         match &self.scripted {
@@ -111,6 +133,7 @@ pub async fn silent_proxy(opens_streams: bool) -> ProxyClient<Channel> {
         opens_streams,
         answers_study: false,
         scripted: None,
+        busy: None,
     })
     .await
 }
@@ -125,8 +148,27 @@ pub async fn stalled_proxy() -> ProxyClient<Channel> {
         opens_streams: false,
         answers_study: true,
         scripted: None,
+        busy: None,
     })
     .await
+}
+
+/// A client of a new proxy that refuses every upload for want of a slot and
+/// grants every reservation at once (and answers nothing else), with the count
+/// of reservations it granted: one that keeps an owner going round.
+///
+/// # Panics
+/// As [`silent_proxy`].
+pub async fn busy_proxy() -> (ProxyClient<Channel>, Arc<AtomicUsize>) {
+    let reserved = Arc::new(AtomicUsize::new(0));
+    let client = serve(Silent {
+        opens_streams: false,
+        answers_study: false,
+        scripted: None,
+        busy: Some(Arc::clone(&reserved)),
+    })
+    .await;
+    (client, reserved)
 }
 
 /// A client of a new proxy that opens every study under one id
@@ -144,6 +186,7 @@ pub async fn scripted_proxy(
         opens_streams: true,
         answers_study: true,
         scripted: Some(Scripted { sealed, result }),
+        busy: None,
     })
     .await
 }

@@ -41,6 +41,7 @@ use dpca_proto::convert::{spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use dpca_shell::client::{connect, connect_from, transient, with_retries, ConnectError};
 use dpca_shell::tls::{write_dev_pki, DevPki, Role, Transport};
+use dpca_shell::upload::contribute_in_turn;
 use dpca_shell::usage::Usage;
 use rand::rngs::OsRng;
 use rand::{Rng, SeedableRng};
@@ -265,8 +266,9 @@ fn owner_address(i: usize) -> IpAddr {
     ))
 }
 
-/// Sends one owner's contribution as an owner does, coming back while the proxy
-/// asks it to: whether it was counted now, or why it failed.
+/// Sends one owner's contribution as an owner does, in its turn for an upload
+/// slot and coming back while the proxy asks it to: whether it was counted now,
+/// or why it failed.
 async fn send(
     url: String,
     transport: Transport,
@@ -274,15 +276,23 @@ async fn send(
     chunks: Vec<v1::ContributionChunk>,
     attempts: Arc<std::sync::atomic::AtomicUsize>,
 ) -> Result<bool, String> {
+    let slot = chunks
+        .first()
+        .map_or_else(Default::default, |c| v1::ReserveUploadRequest {
+            study_id: c.study_id.clone(),
+            owner_id: c.owner_id.clone(),
+            contribution_id: c.contribution_id.clone(),
+        });
+    let chunks = Arc::new(chunks);
     let attempt = || async {
         attempts.fetch_add(1, Ordering::Relaxed);
         let mut c = connect_from(&url, &transport, Some(local))
             .await
             .map_err(Attempt::Connect)?;
-        c.contribute(tokio_stream::iter(chunks.clone()))
+        contribute_in_turn(&mut c, Arc::clone(&chunks), &slot)
             .await
-            .map(|r| r.into_inner().newly_counted)
-            .map_err(Attempt::Call)
+            .map(|r| r.newly_counted)
+            .map_err(|refused| Attempt::Call(refused.status().clone()))
     };
     with_retries(RETRY_FOR, Attempt::transient, attempt)
         .await

@@ -677,7 +677,8 @@ fn issue_no_role_certificate(pki: &dpca_shell::tls::DevPki) -> (String, String) 
 /// held its slot for good. Now the first is refused before any slot is taken, an
 /// owner gets one slot at a time, every chunk must carry its share, and an upload
 /// that idles or drags past its allowance is dropped uncounted; the honest owner
-/// gets through.
+/// gets through. (An upload that finds the slot held is refused at once, so the
+/// owner sending empty chunks reserves the slot first, as an owner does.)
 #[test]
 fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
     let flags = [
@@ -719,6 +720,16 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
     let upload = |name: &str, chunks: Vec<v1::ContributionChunk>, pause: Duration| {
         spawn_upload(&runtime, &f, name, chunks, pause)
     };
+    // An upload that finds the one slot held is refused at once: this one waits
+    // for the slot, in turn, as an owner does.
+    let in_turn = |name: &str, chunks: Vec<v1::ContributionChunk>, pause: Duration| {
+        let reserve = v1::ReserveUploadRequest {
+            study_id: f.study.clone(),
+            owner_id: name.into(),
+            contribution_id: "stall".into(),
+        };
+        spawn_upload_after(&runtime, &f, name, chunks, pause, Some(reserve))
+    };
     let second = Duration::from_secs(1);
     // A user's certificate, sending nothing at all.
     let eve = upload("user", Vec::new(), second);
@@ -731,7 +742,7 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
     // Empty chunks, one a second: each used to reset the idle timer.
     let mut empties = vec![chunk("late", per_chunk)];
     empties.extend(std::iter::repeat_n(chunk("late", 0), 30));
-    let late = upload("late", empties, second);
+    let late = in_turn("late", empties, second);
     std::thread::sleep(Duration::from_millis(300));
     f.honest_owner_within(Duration::from_secs(60))
         .expect("the honest owner never got an upload slot");
@@ -764,6 +775,19 @@ fn spawn_upload(
     chunks: Vec<v1::ContributionChunk>,
     pause: Duration,
 ) -> tokio::task::JoinHandle<Result<tonic::Response<v1::ContributeResponse>, tonic::Status>> {
+    spawn_upload_after(runtime, f, name, chunks, pause, None)
+}
+
+/// As [`spawn_upload`], after an upload slot is reserved with `reserve` if given
+/// (the call's failure is the upload's).
+fn spawn_upload_after(
+    runtime: &tokio::runtime::Runtime,
+    f: &dpca_tests::StudyFixture,
+    name: &str,
+    chunks: Vec<v1::ContributionChunk>,
+    pause: Duration,
+    reserve: Option<v1::ReserveUploadRequest>,
+) -> tokio::task::JoinHandle<Result<tonic::Response<v1::ContributeResponse>, tonic::Status>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let transport = f.proxy.transport(name);
     let url = f.url.clone();
@@ -780,6 +804,12 @@ fn spawn_upload(
         let mut c = dpca_shell::client::connect(&url, &transport)
             .await
             .expect("connect");
+        if let Some(request) = reserve {
+            if let Err(refused) = c.reserve_upload(request).await {
+                sender.abort();
+                return Err(refused);
+            }
+        }
         let r = c
             .contribute(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await;
@@ -809,24 +839,7 @@ fn a_counted_owner_asking_again_does_not_wait_for_an_upload_slot() {
     let o = f.owner("hospital-a", &data);
     assert!(o.status.success(), "{}", describe(&o));
     // Another owner takes the one slot with its first chunk and sends no more.
-    let layout = dpca_common::study::StudyLayout::new(&f.spec).expect("layout");
-    let pk = f.sk.public().clone();
-    let zero = pk.ciphertext_to_bytes(
-        &pk.encrypt(&BigUint::from(0u8), &mut OsRng)
-            .expect("encrypt"),
-    );
-    let first = v1::ContributionChunk {
-        study_id: f.study.clone(),
-        owner_id: "mallory".into(),
-        contribution_id: "stall".into(),
-        cap_epsilon: 1.5,
-        cap_delta: 1e-4,
-        total_ciphertexts: layout.owner_ciphertexts() as u32,
-        layout: dpca_common::study::LAYOUT_VERSION,
-        ciphertexts: vec![zero; dpca_proto::convert::CIPHERTEXTS_PER_CHUNK],
-        ..Default::default()
-    };
-    assert!(layout.owner_ciphertexts() > first.ciphertexts.len());
+    let first = stalling_first_chunk(&f, "mallory");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let stalled = spawn_upload(&runtime, &f, "mallory", vec![first], Duration::ZERO);
     std::thread::sleep(Duration::from_secs(2));
@@ -850,6 +863,85 @@ fn a_counted_owner_asking_again_does_not_wait_for_an_upload_slot() {
         tonic::Code::DeadlineExceeded
     );
     assert_eq!(f.owners_in(), 1);
+}
+
+/// An upload that waited for a slot was not read while it waited, and with no
+/// time limit: its owner could fill the stream's window with one-byte frames,
+/// each keeping a whole read buffer of the proxy alive (about 1 GiB per waiting
+/// upload). Now an upload that finds every slot held is refused at once, asking
+/// for a reservation; an owner then waits for a slot in a call the proxy has
+/// read whole, and is counted in its turn.
+#[test]
+fn no_upload_waits_for_a_slot_with_its_stream_open() {
+    let f = fixture_on(
+        &[
+            "--max-concurrent-uploads",
+            "1",
+            "--upload-idle-timeout",
+            "6",
+        ],
+        |_| {},
+    );
+    let first = |owner: &str| stalling_first_chunk(&f, owner);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    // Holds the one slot for the 6 s the proxy lets an upload idle.
+    let stalled = spawn_upload(
+        &runtime,
+        &f,
+        "mallory",
+        vec![first("mallory")],
+        Duration::ZERO,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let started = std::time::Instant::now();
+    let waiting = spawn_upload(&runtime, &f, "late", vec![first("late")], Duration::ZERO);
+    let refused = runtime
+        .block_on(waiting)
+        .expect("task")
+        .expect_err("an upload was read with no slot free");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "the upload waited {took:?} for a slot with its stream open"
+    );
+    assert!(
+        dpca_proto::upload_slot::asks_to_reserve(&refused),
+        "{refused:?}"
+    );
+    assert!(!stalled.is_finished(), "the stalled upload let its slot go");
+    let data = f.good_file("a.csv", 20, 0);
+    let o = f.owner("hospital-a", &data);
+    assert!(o.status.success(), "{}", describe(&o));
+    let stalled = runtime.block_on(stalled).expect("task");
+    assert_eq!(
+        stalled.expect_err("a stalled upload was counted").code(),
+        tonic::Code::DeadlineExceeded
+    );
+    assert_eq!(f.owners_in(), 1);
+}
+
+/// The first chunk of a contribution by `owner` to `f`'s study (zeros), to be
+/// sent alone: the upload then stalls.
+fn stalling_first_chunk(f: &dpca_tests::StudyFixture, owner: &str) -> v1::ContributionChunk {
+    let layout = dpca_common::study::StudyLayout::new(&f.spec).expect("layout");
+    let pk = f.sk.public().clone();
+    let zero = pk.ciphertext_to_bytes(
+        &pk.encrypt(&BigUint::from(0u8), &mut OsRng)
+            .expect("encrypt"),
+    );
+    let chunk = v1::ContributionChunk {
+        study_id: f.study.clone(),
+        owner_id: owner.into(),
+        contribution_id: "stall".into(),
+        cap_epsilon: 1.5,
+        cap_delta: 1e-4,
+        total_ciphertexts: layout.owner_ciphertexts() as u32,
+        layout: dpca_common::study::LAYOUT_VERSION,
+        ciphertexts: vec![zero; dpca_proto::convert::CIPHERTEXTS_PER_CHUNK],
+        ..Default::default()
+    };
+    assert!(layout.owner_ciphertexts() > chunk.ciphertexts.len());
+    chunk
 }
 
 /// Under `mask` the user decrypts E[N] for the proxy. A proxy that sent another

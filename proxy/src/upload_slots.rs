@@ -1,0 +1,214 @@
+//! The proxy's upload slots: at most so many contributions are read at once, and
+//! no upload waits for a slot with its stream open.
+//!
+//! An upload that waited for a slot would leave its stream unread, with no time
+//! limit: an owner could fill the stream's window with DATA frames of one byte,
+//! each a slice that keeps alive the whole read buffer it arrived in, and so pin
+//! about 1 GiB (docs/PRIVACY.md). So an upload that finds every slot held is
+//! refused at once. Its owner then asks for a slot with `ReserveUpload`, a unary
+//! call that tonic reads whole, to its end, before the handler waits: a waiting
+//! owner holds no unread frame. The slot it gets is kept for that owner's next
+//! upload for a lease, then given back. Waiting owners are served in the order
+//! they asked (tokio's semaphore is fair, and a slot given back goes to a waiter
+//! before an upload can take it).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+
+/// One slot, given back when dropped.
+pub type Slot = OwnedSemaphorePermit;
+
+/// Why no slot was given.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SlotError {
+    /// Every slot is held (by uploads, or kept for owners who reserved one).
+    #[error("every upload slot ({0}) is held")]
+    AllHeld(usize),
+    /// The slots were closed: the proxy is stopping.
+    #[error("the proxy is shutting down")]
+    Closed,
+}
+
+/// A slot kept for an owner, and which keeping it is (a later one replaces it).
+struct Kept {
+    id: u64,
+    slot: Slot,
+}
+
+/// The upload slots and those kept for owners.
+#[derive(Clone)]
+pub struct UploadSlots {
+    free: Arc<Semaphore>,
+    total: usize,
+    /// Owner id -> the slot kept for it. At most one per owner, and each is one
+    /// of the `total` slots, so the table holds at most `total` entries.
+    kept: Arc<Mutex<HashMap<String, Kept>>>,
+    next_id: Arc<AtomicU64>,
+    lease: Duration,
+}
+
+impl UploadSlots {
+    /// `total` slots (at least one); a slot kept for an owner is given back
+    /// `lease` after it was granted unless the owner's upload claims it first.
+    pub fn new(total: usize, lease: Duration) -> Self {
+        let total = total.max(1);
+        Self {
+            free: Arc::new(Semaphore::new(total)),
+            total,
+            kept: Arc::default(),
+            next_id: Arc::default(),
+            lease,
+        }
+    }
+
+    /// How long a kept slot waits for its owner's upload.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// A slot free now, without waiting.
+    pub fn take_now(&self) -> Result<Slot, SlotError> {
+        Arc::clone(&self.free)
+            .try_acquire_owned()
+            .map_err(|e| match e {
+                TryAcquireError::NoPermits => SlotError::AllHeld(self.total),
+                TryAcquireError::Closed => SlotError::Closed,
+            })
+    }
+
+    /// The next slot given back, in turn with the others waiting.
+    pub async fn wait(&self) -> Result<Slot, SlotError> {
+        Arc::clone(&self.free)
+            .acquire_owned()
+            .await
+            .map_err(|_| SlotError::Closed)
+    }
+
+    /// Keeps `slot` for `owner`'s next upload until the lease runs out (then it is
+    /// given back). A slot already kept for `owner` is given back now. Must be
+    /// called on a tokio runtime (the lease is a timer).
+    pub fn keep(&self, owner: String, slot: Slot) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let earlier = self.lock().insert(owner.clone(), Kept { id, slot });
+        drop(earlier);
+        let (kept, lease) = (Arc::clone(&self.kept), self.lease);
+        tokio::spawn(async move {
+            tokio::time::sleep(lease).await;
+            let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+            if kept.get(&owner).is_some_and(|k| k.id == id) {
+                kept.remove(&owner);
+            }
+        });
+    }
+
+    /// Whether a slot is kept for `owner`.
+    pub fn is_kept_for(&self, owner: &str) -> bool {
+        self.lock().contains_key(owner)
+    }
+
+    /// Takes the slot kept for `owner`, if any: it is then the caller's, given
+    /// back when dropped.
+    pub fn claim(&self, owner: &str) -> Option<Slot> {
+        self.lock().remove(owner).map(|k| k.slot)
+    }
+
+    /// The table of kept slots. A panic while it was held left it whole (each
+    /// operation is one insert or remove), so a poisoned lock is used as it is.
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Kept>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_millis(400);
+
+    /// Waits up to 10 s for `owner`'s kept slot to be given back: a timer fires
+    /// late on a busy machine, never early.
+    async fn given_back(slots: &UploadSlots, owner: &str) -> bool {
+        for _ in 0..1000 {
+            if !slots.is_kept_for(owner) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// With every slot held, an upload is told so at once; the slot given back
+    /// goes to the owner that waited for it, not to an upload that comes after.
+    #[tokio::test]
+    async fn a_slot_given_back_goes_to_the_owner_waiting_for_it() {
+        let slots = UploadSlots::new(1, LEASE);
+        let held = slots.take_now().expect("one slot");
+        assert_eq!(slots.take_now().err(), Some(SlotError::AllHeld(1)));
+        let waiter = {
+            let slots = slots.clone();
+            tokio::spawn(async move { slots.wait().await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(held);
+        assert_eq!(
+            slots.take_now().err(),
+            Some(SlotError::AllHeld(1)),
+            "an upload took the slot an owner was waiting for"
+        );
+        let slot = waiter.await.expect("task").expect("the waiter's slot");
+        slots.keep("a".into(), slot);
+        assert!(slots.is_kept_for("a"));
+        assert!(
+            slots.take_now().is_err(),
+            "a kept slot was taken by another"
+        );
+        assert!(slots.claim("b").is_none(), "another owner claimed a's slot");
+        let claimed = slots.claim("a").expect("a's slot");
+        assert!(!slots.is_kept_for("a"));
+        drop(claimed);
+        assert!(
+            slots.take_now().is_ok(),
+            "a claimed slot was not given back"
+        );
+    }
+
+    /// A kept slot its owner never claims is given back when the lease runs
+    /// out, and not before.
+    #[tokio::test]
+    async fn a_kept_slot_is_given_back_when_its_lease_runs_out() {
+        let slots = UploadSlots::new(1, LEASE);
+        let start = tokio::time::Instant::now();
+        slots.keep("a".into(), slots.take_now().expect("slot"));
+        tokio::time::sleep(LEASE / 2).await;
+        assert!(
+            slots.is_kept_for("a"),
+            "given back before the lease ran out"
+        );
+        assert!(slots.take_now().is_err());
+        assert!(given_back(&slots, "a").await, "kept long past its lease");
+        assert!(start.elapsed() >= LEASE, "given back early");
+        assert!(slots.take_now().is_ok(), "the slot was not given back");
+    }
+
+    /// A second keeping for the same owner gives the first slot back at once,
+    /// and the first lease's end does not cut the second one short.
+    #[tokio::test]
+    async fn an_owner_keeps_one_slot_and_its_latest_lease() {
+        let slots = UploadSlots::new(2, LEASE);
+        slots.keep("a".into(), slots.take_now().expect("first"));
+        tokio::time::sleep(LEASE / 2).await;
+        let second = tokio::time::Instant::now();
+        slots.keep("a".into(), slots.take_now().expect("second"));
+        let other = slots.take_now().expect("the first slot was given back");
+        drop(other);
+        assert!(given_back(&slots, "a").await, "kept long past its lease");
+        assert!(
+            second.elapsed() >= LEASE,
+            "the first lease's end gave back the second slot"
+        );
+    }
+}
