@@ -40,6 +40,13 @@ impl StudyCell {
         s
     }
 
+    /// `f` of the view as it is, its deadline not applied (see
+    /// [`Study::deadline_due`]): never waits for a fold or a release, and copies
+    /// nothing.
+    pub fn peek<T>(&self, f: impl FnOnce(&Study) -> T) -> T {
+        f(&self.view.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
     /// The study under its lock, waiting for the fold or release that holds it.
     pub async fn lock(self: &Arc<Self>) -> Locked {
         Locked {

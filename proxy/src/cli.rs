@@ -71,8 +71,7 @@ struct LimitArgs {
     /// Seconds a connection may take to finish its TLS handshake.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     handshake_timeout: u64,
-    /// Seconds an upload may send nothing before it is dropped (nothing counted),
-    /// and an upload slot reserved for an owner waits for its upload.
+    /// Seconds an upload may send nothing before it is dropped (nothing counted).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     upload_idle_timeout: u64,
     /// Slowest upload accepted (KiB/s): a contribution must arrive within the idle

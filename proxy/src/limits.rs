@@ -29,8 +29,7 @@ pub struct Limits {
     pub max_ciphertexts: usize,
     /// A connection that has not finished its TLS handshake by then is closed.
     pub handshake_timeout: Duration,
-    /// An upload that sends nothing for this long is dropped and its slot freed;
-    /// a slot reserved for an owner waits this long for its upload.
+    /// An upload that sends nothing for this long is dropped and its slot freed.
     pub upload_idle_timeout: Duration,
     /// Studies open (collecting or sealed) at once, over all users: each holds an
     /// aggregate in memory and a record on disk.

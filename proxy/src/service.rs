@@ -92,10 +92,7 @@ impl ProxyService {
             None => None,
         };
         Ok(Self {
-            uploads: UploadSlots::new(
-                config.max_concurrent_uploads,
-                config.limits.upload_idle_timeout,
-            ),
+            uploads: UploadSlots::new(config.max_concurrent_uploads, crate::upload_slots::LEASE),
             config,
             studies: Arc::new(Mutex::new(studies)),
             uploading: PerKey::default(),
@@ -409,6 +406,39 @@ impl ProxyService {
         )
     }
 
+    /// `f` of study `id` as of its last transition, without waiting for a fold
+    /// or a release that holds its lock; `None` where the study's deadline has
+    /// passed and not yet been applied (the caller then asks the study itself).
+    /// An answer from the view is one the study gave: a transition since may
+    /// change it, and whatever acts on it is checked again under the lock.
+    fn peek_study<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&Study) -> Result<T, Refusal>,
+    ) -> Result<Option<T>, Refusal> {
+        let shared = self
+            .table()?
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Refusal::UnknownStudy(id.to_string()))?;
+        let now = self.config.clock.now_ms();
+        shared.peek(|s| (!s.deadline_due(now)).then(|| f(s)).transpose())
+    }
+
+    /// `f` of study `id` as of its last transition where that is its state now
+    /// ([`ProxyService::peek_study`]), or else under its lock: an upload's stream
+    /// is not left unread behind a fold of its study.
+    async fn read_study<T>(
+        &self,
+        id: &str,
+        f: impl Fn(&Study) -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
+        match self.peek_study(id, &f)? {
+            Some(answer) => Ok(answer),
+            None => self.with_study(id, |s| f(s)).await,
+        }
+    }
+
     /// Runs a short `f` on the study under its lock (on the runtime: keep it cheap).
     async fn with_study<T>(
         &self,
@@ -498,9 +528,10 @@ impl ProxyService {
     /// an owner whose upload found every slot held. The request was read whole
     /// before this runs, so the wait holds no unread frame; the owner's own slot
     /// is held while it waits (one upload or wait per owner). Nothing is kept,
-    /// nor waited for, where the study would not read the upload (unknown,
+    /// nor waited for, where the study's state would refuse the upload (unknown,
     /// closed, counted already, the owner not invited): the next upload is then
-    /// answered from its first chunk, as the state decides once it is durable.
+    /// answered from its first chunk, as the state decides once it is durable
+    /// (the owner's budget, too, is checked then).
     async fn reserve_slot(
         &self,
         peer: Option<Peer>,
@@ -519,7 +550,7 @@ impl ProxyService {
             return Ok(v1::ReserveUploadResponse { lease_seconds });
         }
         let to_read = self
-            .with_study(&req.study_id, |s| {
+            .read_study(&req.study_id, |s| {
                 Ok(s.check_can_contribute(&req.owner_id, &req.contribution_id))
             })
             .await;
@@ -571,9 +602,7 @@ impl ProxyService {
         // parsed and checked.
         let (cts, signature) = first_chunk(first, &pk, expected, &upload.owner)?;
         // Taken only by an upload that is to be read: a retry answered from memory,
-        // or a refusal, is not sent to wait behind other owners' transfers (an owner
-        // whose answer was lost would wait past the deadline for a slot it does not
-        // need).
+        // or a refusal, is not sent to reserve a slot it does not need.
         let _slot = self.upload_slot(kept)?;
         stream.allow(
             self.config
@@ -616,10 +645,12 @@ impl ProxyService {
 
     /// Refuses early, before the stream is read, a contribution that cannot count
     /// or whose owner's budget cannot pay for the study; answers a retry of one
-    /// already counted at once.
+    /// already counted at once. Read off the study's view where it can be, so an
+    /// upload does not wait, its stream unread, behind a fold of its study: the
+    /// fold checks the contribution again under the study's lock.
     async fn admit(&self, up: &Upload) -> Result<Admission, Refusal> {
         let (outcome, pk, expected, owners_in, cost, centering) = self
-            .with_study(&up.study_id, |s| {
+            .read_study(&up.study_id, |s| {
                 Ok((
                     s.check_can_contribute(&up.owner, &up.cid)?,
                     s.spec.public_key.clone(),
@@ -1231,11 +1262,11 @@ mod tests {
     use crate::study::tests::study;
     use dpca_common::study::SpecDraft;
 
-    /// Checked before the upload waits for a slot: what waits is its parsed first
-    /// chunk, not whatever its first message could hold (a megabyte of empty
-    /// entries decodes to about 24 MiB).
+    /// Checked before the upload takes a slot (or is refused for want of one):
+    /// what is held meanwhile is its parsed first chunk, not whatever its first
+    /// message could hold (a megabyte of empty entries decodes to about 24 MiB).
     #[test]
-    fn a_first_chunk_is_checked_before_its_upload_waits_for_a_slot() {
+    fn a_first_chunk_is_checked_before_its_upload_takes_a_slot() {
         fn invalid<T>(r: Result<T, Refusal>) -> String {
             match r {
                 Err(Refusal::Invalid(m)) => m,
@@ -1418,6 +1449,39 @@ mod tests {
                 "aborted",
                 "the deadline, applied to the view"
             );
+        });
+    }
+
+    /// An upload's admission reads the study's view: a fold holding the study's
+    /// lock (here the test holds it) does not keep it waiting, its stream unread.
+    /// Past the deadline, not yet applied, it asks the study itself, and is
+    /// refused as the study then decides.
+    #[test]
+    fn an_upload_is_admitted_without_waiting_behind_a_fold() {
+        let (_dir, clock, svc) = on_manual_clock();
+        let up = Upload {
+            study_id: "s1".into(),
+            owner: "a".into(),
+            cid: "c".into(),
+            cap: (10.0, 1e-3),
+            count: None,
+        };
+        rt().block_on(async {
+            let busy = svc.lock_study("s1").await.expect("lock");
+            let admitted = tokio::time::timeout(Duration::from_secs(5), svc.admit(&up))
+                .await
+                .expect("the admission waited for the study's lock");
+            assert!(matches!(admitted, Ok(Admission::Read { .. })));
+            clock.advance(Duration::from_secs(60));
+            let late = tokio::time::timeout(Duration::from_millis(300), svc.admit(&up)).await;
+            assert!(late.is_err(), "admitted off a view past its deadline");
+            drop(busy);
+            let refused = svc
+                .admit(&up)
+                .await
+                .err()
+                .expect("admitted past the deadline");
+            assert!(refused.to_string().contains("deadline passed"), "{refused}");
         });
     }
 

@@ -416,9 +416,15 @@ impl Study {
         Ok(ContributionOutcome::Counted)
     }
 
+    /// Whether the deadline has passed at `now_ms` on a study still collecting:
+    /// [`Study::tick`] would then seal or abort it.
+    pub fn deadline_due(&self, now_ms: u64) -> bool {
+        matches!(self.phase, Phase::Collecting) && now_ms >= self.spec.deadline_unix_ms
+    }
+
     /// Applies the deadline: seal with at least `min_owners`, abort otherwise.
     pub fn tick(&mut self, now_ms: u64) {
-        if matches!(self.phase, Phase::Collecting) && now_ms >= self.spec.deadline_unix_ms {
+        if self.deadline_due(now_ms) {
             if self.contributors.len() >= self.spec.min_owners as usize {
                 self.phase = Phase::Sealed;
             } else {

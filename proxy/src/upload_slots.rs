@@ -19,6 +19,13 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
+/// How long a slot kept for an owner waits for its upload. The owner sends as
+/// soon as it is told, so an honest upload claims its slot within a round trip
+/// and its first chunk (at most 64 KiB of ciphertexts at 4096 bits: a second at
+/// the slowest rate the proxy accepts); a reservation never used holds a slot no
+/// longer than this.
+pub const LEASE: Duration = Duration::from_secs(10);
+
 /// One slot, given back when dropped.
 pub type Slot = OwnedSemaphorePermit;
 
@@ -33,10 +40,13 @@ pub enum SlotError {
     Closed,
 }
 
-/// A slot kept for an owner, and which keeping it is (a later one replaces it).
+/// A slot kept for an owner, which keeping it is (a later one replaces it), and
+/// the timer that gives it back, stopped when the slot is claimed or replaced:
+/// an owner that reserves and claims over and over leaves no timers behind.
 struct Kept {
     id: u64,
     slot: Slot,
+    timer: tokio::task::AbortHandle,
 }
 
 /// The upload slots and those kept for owners.
@@ -93,16 +103,18 @@ impl UploadSlots {
     /// called on a tokio runtime (the lease is a timer).
     pub fn keep(&self, owner: String, slot: Slot) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let earlier = self.lock().insert(owner.clone(), Kept { id, slot });
-        drop(earlier);
-        let (kept, lease) = (Arc::clone(&self.kept), self.lease);
-        tokio::spawn(async move {
+        let (kept, lease, key) = (Arc::clone(&self.kept), self.lease, owner.clone());
+        let timer = tokio::spawn(async move {
             tokio::time::sleep(lease).await;
             let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
-            if kept.get(&owner).is_some_and(|k| k.id == id) {
-                kept.remove(&owner);
+            if kept.get(&key).is_some_and(|k| k.id == id) {
+                kept.remove(&key);
             }
-        });
+        })
+        .abort_handle();
+        if let Some(earlier) = self.lock().insert(owner, Kept { id, slot, timer }) {
+            earlier.timer.abort();
+        }
     }
 
     /// Whether a slot is kept for `owner`.
@@ -113,7 +125,9 @@ impl UploadSlots {
     /// Takes the slot kept for `owner`, if any: it is then the caller's, given
     /// back when dropped.
     pub fn claim(&self, owner: &str) -> Option<Slot> {
-        self.lock().remove(owner).map(|k| k.slot)
+        let kept = self.lock().remove(owner)?;
+        kept.timer.abort();
+        Some(kept.slot)
     }
 
     /// The table of kept slots. A panic while it was held left it whole (each
@@ -127,7 +141,9 @@ impl UploadSlots {
 mod tests {
     use super::*;
 
-    const LEASE: Duration = Duration::from_millis(400);
+    /// Long beside the scheduler's delays: a check made at half of it cannot
+    /// find it run out on a busy machine.
+    const LEASE: Duration = Duration::from_secs(2);
 
     /// Waits up to 10 s for `owner`'s kept slot to be given back: a timer fires
     /// late on a busy machine, never early.
@@ -192,6 +208,28 @@ mod tests {
         assert!(given_back(&slots, "a").await, "kept long past its lease");
         assert!(start.elapsed() >= LEASE, "given back early");
         assert!(slots.take_now().is_ok(), "the slot was not given back");
+    }
+
+    /// A slot claimed, or kept again, stops the timer of its keeping: an owner
+    /// that reserves and claims over and over leaves no task behind for the rest
+    /// of each lease.
+    #[tokio::test]
+    async fn a_claimed_or_replaced_slot_leaves_no_timer_behind() {
+        let alive = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let before = alive();
+        let slots = UploadSlots::new(2, LEASE);
+        for _ in 0..100 {
+            slots.keep("a".into(), slots.take_now().expect("a first slot"));
+            slots.keep("a".into(), slots.take_now().expect("a second slot"));
+            drop(slots.claim("a").expect("the slot kept"));
+        }
+        // Aborted tasks end when the runtime next runs them.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(alive(), before, "timers outlived their keeping");
     }
 
     /// A second keeping for the same owner gives the first slot back at once,

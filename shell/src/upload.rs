@@ -11,8 +11,8 @@ use dpca_proto::v1::proxy_client::ProxyClient;
 use tonic::transport::Channel;
 
 /// How many times one upload reserves a slot. Once is the rule: the proxy keeps
-/// the slot for the owner's next upload for a lease (60 s by default); a second
-/// refusal means the upload came after the lease ran out.
+/// the slot for the owner's next upload for a lease (10 s); a second refusal
+/// means the upload came after the lease ran out.
 pub const MAX_RESERVATIONS: usize = 3;
 
 /// Which call of an upload the proxy refused, and its status.

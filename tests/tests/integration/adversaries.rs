@@ -878,13 +878,13 @@ fn no_upload_waits_for_a_slot_with_its_stream_open() {
             "--max-concurrent-uploads",
             "1",
             "--upload-idle-timeout",
-            "6",
+            "8",
         ],
         |_| {},
     );
     let first = |owner: &str| stalling_first_chunk(&f, owner);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    // Holds the one slot for the 6 s the proxy lets an upload idle.
+    // Holds the one slot for the 8 s the proxy lets an upload idle.
     let stalled = spawn_upload(
         &runtime,
         &f,
@@ -892,7 +892,7 @@ fn no_upload_waits_for_a_slot_with_its_stream_open() {
         vec![first("mallory")],
         Duration::ZERO,
     );
-    std::thread::sleep(Duration::from_secs(1));
+    std::thread::sleep(Duration::from_secs(2));
     let started = std::time::Instant::now();
     let waiting = spawn_upload(&runtime, &f, "late", vec![first("late")], Duration::ZERO);
     let refused = runtime
@@ -910,8 +910,17 @@ fn no_upload_waits_for_a_slot_with_its_stream_open() {
     );
     assert!(!stalled.is_finished(), "the stalled upload let its slot go");
     let data = f.good_file("a.csv", 20, 0);
-    let o = f.owner("hospital-a", &data);
+    let mut owner = f.owner_cmd("hospital-a");
+    owner
+        .args(["--owner-id", "hospital-a"])
+        .env("RUST_LOG", "dpca_shell=info");
+    let o = dpca_tests::submit(owner, &f.url, &f.study, &f.fingerprint, &data);
     assert!(o.status.success(), "{}", describe(&o));
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        log.contains("waiting for an upload slot"),
+        "the owner did not reserve the slot: {log}"
+    );
     let stalled = runtime.block_on(stalled).expect("task");
     assert_eq!(
         stalled.expect_err("a stalled upload was counted").code(),
