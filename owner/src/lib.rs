@@ -514,11 +514,11 @@ const UPLOAD_GRACE: Duration = Duration::from_secs(300);
 /// The longest the owner waits for its upload's answer, however far the study's
 /// deadline: the deadline comes from the proxy's copy of the spec, which a proxy
 /// that never answers could set centuries away. An honest proxy keeps an owner
-/// waiting only for one of its upload slots (8 by default), each held at most for
+/// waiting only for one of its upload slots (8 by default), each held for about
 /// the 10 s a reserved slot waits for its upload and that upload's allowance
-/// (`--min-upload-rate`: 210 s for a contribution at M = 1000 and 3072 bits), so
-/// two hours is about 260 such uploads ahead, each at the slowest rate the proxy
-/// accepts.
+/// (`--min-upload-rate`: 210 s for a contribution at M = 1000 and 3072 bits), and
+/// then the upload's fold and write, so two hours is about 260 such uploads
+/// ahead, each at the slowest rate the proxy accepts.
 const UPLOAD_WAIT_CAP: Duration = Duration::from_secs(2 * 3600);
 
 /// How long an upload started at `now_unix_ms` waits for its answer: until

@@ -64,9 +64,9 @@ impl StudyCell {
     }
 }
 
-/// A study under its lock. A transition is made with [`Locked::set`], which also
-/// moves the view; changing it in place (`DerefMut`) is for what the view need not
-/// show, the deadline, which every reader of the view applies itself.
+/// A study under its lock. A transition is made with [`Locked::set`], or by the
+/// deadline with [`Locked::tick`], each of which also moves the view; changing it
+/// in place (`DerefMut`) is for what the view need not show.
 pub struct Locked {
     guard: OwnedMutexGuard<Study>,
     cell: Arc<StudyCell>,
@@ -81,6 +81,21 @@ impl Locked {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = next.clone();
         *self.guard = next;
+    }
+
+    /// Applies the deadline at `now_ms` ([`Study::tick`]), to the view too: a
+    /// reader of the view then finds the study closed without asking the study
+    /// itself ([`Study::deadline_due`]).
+    pub fn tick(&mut self, now_ms: u64) {
+        if self.guard.deadline_due(now_ms) {
+            self.guard.tick(now_ms);
+            let view = self.guard.clone();
+            *self
+                .cell
+                .view
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = view;
+        }
     }
 }
 

@@ -1455,7 +1455,7 @@ mod tests {
     /// An upload's admission reads the study's view: a fold holding the study's
     /// lock (here the test holds it) does not keep it waiting, its stream unread.
     /// Past the deadline, not yet applied, it asks the study itself, and is
-    /// refused as the study then decides.
+    /// refused as the study then decides; once applied, the view says so too.
     #[test]
     fn an_upload_is_admitted_without_waiting_behind_a_fold() {
         let (_dir, clock, svc) = on_manual_clock();
@@ -1482,6 +1482,12 @@ mod tests {
                 .err()
                 .expect("admitted past the deadline");
             assert!(refused.to_string().contains("deadline passed"), "{refused}");
+            // Applied, to the view too: read off it again, whoever holds the lock.
+            let _busy = svc.lock_study("s1").await.expect("lock");
+            let again = tokio::time::timeout(Duration::from_secs(5), svc.admit(&up))
+                .await
+                .expect("the admission waited for the lock of a study its deadline closed");
+            assert!(again.is_err(), "admitted to a closed study");
         });
     }
 

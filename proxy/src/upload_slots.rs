@@ -104,6 +104,9 @@ impl UploadSlots {
     pub fn keep(&self, owner: String, slot: Slot) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (kept, lease, key) = (Arc::clone(&self.kept), self.lease, owner.clone());
+        // Started under the table's lock: it cannot look for the entry before
+        // the entry is there.
+        let mut table = self.lock();
         let timer = tokio::spawn(async move {
             tokio::time::sleep(lease).await;
             let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
@@ -112,7 +115,7 @@ impl UploadSlots {
             }
         })
         .abort_handle();
-        if let Some(earlier) = self.lock().insert(owner, Kept { id, slot, timer }) {
+        if let Some(earlier) = table.insert(owner, Kept { id, slot, timer }) {
             earlier.timer.abort();
         }
     }

@@ -878,13 +878,14 @@ fn no_upload_waits_for_a_slot_with_its_stream_open() {
             "--max-concurrent-uploads",
             "1",
             "--upload-idle-timeout",
-            "8",
+            "20",
         ],
         |_| {},
     );
     let first = |owner: &str| stalling_first_chunk(&f, owner);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    // Holds the one slot for the 8 s the proxy lets an upload idle.
+    // Holds the one slot for the 20 s the proxy lets an upload idle: time for
+    // the owner below to start, encrypt and find the slot taken.
     let stalled = spawn_upload(
         &runtime,
         &f,
