@@ -369,14 +369,18 @@ impl ProxyService {
     }
 
     /// The upload slot for `owner`'s upload: the one kept for it (`ReserveUpload`)
-    /// or one free now. None free is refused at once, asking the owner to reserve
-    /// one: an upload left waiting would hold its unread frames
-    /// (`crate::upload_slots`).
-    fn upload_slot(&self, kept: Option<Slot>) -> Result<Slot, Refusal> {
+    /// or one free within `upload_slots::PATIENCE`. None is refused then, asking
+    /// the owner to reserve one: an upload left waiting longer would hold its
+    /// unread frames (`crate::upload_slots`).
+    async fn upload_slot(&self, kept: Option<Slot>) -> Result<Slot, Refusal> {
         if let Some(slot) = kept {
             return Ok(slot);
         }
-        self.uploads.take_now().map_err(|e| match e {
+        let taken = self
+            .uploads
+            .take_within(crate::upload_slots::PATIENCE)
+            .await;
+        taken.map_err(|e| match e {
             SlotError::AllHeld(_) => Refusal::NoUploadSlot(format!(
                 "{e}: reserve one (ReserveUpload) and send the contribution again"
             )),
@@ -603,7 +607,7 @@ impl ProxyService {
         let (cts, signature) = first_chunk(first, &pk, expected, &upload.owner)?;
         // Taken only by an upload that is to be read: a retry answered from memory,
         // or a refusal, is not sent to reserve a slot it does not need.
-        let _slot = self.upload_slot(kept)?;
+        let _slot = self.upload_slot(kept).await?;
         stream.allow(
             self.config
                 .limits

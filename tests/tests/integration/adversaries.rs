@@ -677,7 +677,7 @@ fn issue_no_role_certificate(pki: &dpca_shell::tls::DevPki) -> (String, String) 
 /// held its slot for good. Now the first is refused before any slot is taken, an
 /// owner gets one slot at a time, every chunk must carry its share, and an upload
 /// that idles or drags past its allowance is dropped uncounted; the honest owner
-/// gets through. (An upload that finds the slot held is refused at once, so the
+/// gets through. (An upload that finds the slot held is refused in a moment, so the
 /// owner sending empty chunks reserves the slot first, as an owner does.)
 #[test]
 fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
@@ -720,7 +720,7 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
     let upload = |name: &str, chunks: Vec<v1::ContributionChunk>, pause: Duration| {
         spawn_upload(&runtime, &f, name, chunks, pause)
     };
-    // An upload that finds the one slot held is refused at once: this one waits
+    // An upload that finds the one slot held is refused in a moment: this one waits
     // for the slot, in turn, as an owner does.
     let in_turn = |name: &str, chunks: Vec<v1::ContributionChunk>, pause: Duration| {
         let reserve = v1::ReserveUploadRequest {
@@ -868,11 +868,11 @@ fn a_counted_owner_asking_again_does_not_wait_for_an_upload_slot() {
 /// An upload that waited for a slot was not read while it waited, and with no
 /// time limit: its owner could fill the stream's window with one-byte frames,
 /// each keeping a whole read buffer of the proxy alive (about 1 GiB per waiting
-/// upload). Now an upload that finds every slot held is refused at once, asking
+/// upload). Now an upload that finds every slot held is refused in a moment, asking
 /// for a reservation; an owner then waits for a slot in a call the proxy has
 /// read whole, and is counted in its turn.
 #[test]
-fn no_upload_waits_for_a_slot_with_its_stream_open() {
+fn no_upload_waits_long_for_a_slot_with_its_stream_open() {
     let f = fixture_on(
         &[
             "--max-concurrent-uploads",
