@@ -29,8 +29,8 @@ struct Args {
     #[arg(long, hide = true)]
     allow_noise_free_for_testing: bool,
     /// Contributions read at the same time; more owners wait their turn (for a
-    /// slot reserved for them, not with their upload open), so memory does not
-    /// grow with the number of owners.
+    /// slot reserved for them, not with their upload open past 250 ms), so memory
+    /// does not grow with the number of owners.
     #[arg(long, default_value_t = crate::DEFAULT_MAX_CONCURRENT_UPLOADS as u16,
           value_parser = clap::value_parser!(u16).range(1..))]
     max_concurrent_uploads: u16,

@@ -45,8 +45,10 @@ pub struct ProxyConfig {
     /// release hands the user the exact scatter.
     pub allow_noise_free_for_testing: bool,
     /// Contributions read at the same time. Each holds one owner's ciphertexts until
-    /// it is complete and counted; further owners wait (HTTP/2 flow control holds
-    /// their data at the sender), so memory does not grow with the number of owners.
+    /// it is complete and counted; a further upload waits a moment
+    /// (`upload_slots::PATIENCE`), then is refused and its owner waits its turn in
+    /// `ReserveUpload`, holding nothing unread, so memory does not grow with the
+    /// number of owners.
     pub max_concurrent_uploads: usize,
     /// What one study may ask of the proxy, and how long a connection may wait.
     pub limits: limits::Limits,
@@ -142,9 +144,10 @@ pub async fn run(
 /// proxy (streams, buffered bytes) is bounded, and a vanished peer is found.
 pub(crate) fn hardened_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
-        // Bounded flow-control windows: a connection (an owner waiting for an
-        // upload slot, its first chunk read) parks at most about this much more
-        // data in the proxy, so memory stays flat in the owners.
+        // The protocol's initial windows (see `WINDOW_BYTES`): what a stream
+        // left unread parks is bounded by how long it is left so (an upload
+        // waiting for a slot: `upload_slots::PATIENCE`), not by the window, since
+        // each buffered frame can keep a read buffer far larger than itself.
         .initial_stream_window_size(WINDOW_BYTES)
         .initial_connection_window_size(WINDOW_BYTES)
         // A peer that vanished (no FIN: a cut cable, a killed VM) is found by pings

@@ -47,7 +47,8 @@ pub struct ProxyService {
     /// Study id -> study. The table's lock is held only to find or insert a study.
     studies: Arc<Mutex<HashMap<String, SharedStudy>>>,
     /// At most `max_concurrent_uploads` contributions are read at once; an
-    /// upload that finds none free is refused, and its owner reserves one.
+    /// upload that finds none free within `upload_slots::PATIENCE` is refused, and
+    /// its owner reserves one.
     uploads: UploadSlots,
     /// Owners with an upload in progress: one slot per owner, so no certificate
     /// holder can take every slot.
@@ -431,7 +432,9 @@ impl ProxyService {
 
     /// `f` of study `id` as of its last transition where that is its state now
     /// ([`ProxyService::peek_study`]), or else under its lock: an upload's stream
-    /// is not left unread behind a fold of its study.
+    /// is not left unread behind a fold of its study (but for a study whose
+    /// deadline passed during a fold, until that fold and its write end and the
+    /// deadline ticker applies it).
     async fn read_study<T>(
         &self,
         id: &str,

@@ -12,7 +12,8 @@ use tonic::transport::Channel;
 
 /// How many times one upload reserves a slot. Once is the rule: the proxy keeps
 /// the slot for the owner's next upload for a lease (10 s); a second refusal
-/// means the upload came after the lease ran out.
+/// means the upload came after the lease ran out, or the proxy restarted (kept
+/// slots live in its memory only).
 pub const MAX_RESERVATIONS: usize = 3;
 
 /// Which call of an upload the proxy refused, and its status.

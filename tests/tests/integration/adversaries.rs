@@ -678,7 +678,8 @@ fn issue_no_role_certificate(pki: &dpca_shell::tls::DevPki) -> (String, String) 
 /// owner gets one slot at a time, every chunk must carry its share, and an upload
 /// that idles or drags past its allowance is dropped uncounted; the honest owner
 /// gets through. (An upload that finds the slot held is refused in a moment, so the
-/// owner sending empty chunks reserves the slot first, as an owner does.)
+/// owner sending empty chunks reserves the slot before it sends, as an owner does
+/// once refused.)
 #[test]
 fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
     let flags = [
@@ -721,7 +722,7 @@ fn stalled_and_unauthorized_uploads_do_not_hold_the_upload_slots() {
         spawn_upload(&runtime, &f, name, chunks, pause)
     };
     // An upload that finds the one slot held is refused in a moment: this one waits
-    // for the slot, in turn, as an owner does.
+    // for the slot, in turn, before it sends, as an owner does once refused.
     let in_turn = |name: &str, chunks: Vec<v1::ContributionChunk>, pause: Duration| {
         let reserve = v1::ReserveUploadRequest {
             study_id: f.study.clone(),
