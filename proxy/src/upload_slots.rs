@@ -7,10 +7,10 @@
 //! about 1 GiB (docs/PRIVACY.md). So an upload that finds every slot held waits
 //! for one [`PATIENCE`] at most, and is then refused. Its owner then asks for a
 //! slot with `ReserveUpload`, a unary call that tonic reads whole, to its end,
-//! before the handler waits: a waiting owner holds no unread frame. The slot it gets is kept for that owner's next
-//! upload for a lease, then given back. Waiting owners are served in the order
-//! they asked (tokio's semaphore is fair, and a slot given back goes to a waiter
-//! before an upload can take it).
+//! before the handler waits: a waiting owner holds no unread frame. The slot it
+//! gets is kept for that owner's next upload for a lease, then given back.
+//! Waiting owners are served in the order they asked (tokio's semaphore is fair,
+//! and a slot given back goes to a waiter before an upload can take it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
