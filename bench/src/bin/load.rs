@@ -18,7 +18,7 @@
 //! validation or storage), and the CPU the owners' side took of the same cores;
 //! bytes the proxy wrote to its disk per contribution
 //! over the contribution's size, the writes each commit held, its peak memory,
-//! and the status call's latency.
+//! the status call's latency, and the upload slots the owners reserved.
 
 use dpca_bench::{built_programs, program, raw_gmp_mulmod, time};
 use std::io::{BufRead, BufReader};
@@ -145,6 +145,9 @@ struct Row {
     refused: usize,
     /// Connections the owners made in all (one each, when none was turned away).
     attempts: usize,
+    /// Upload slots the owners reserved (the proxy's metrics): one for each
+    /// upload that found every slot taken for `upload_slots::PATIENCE`.
+    reservations: f64,
     /// Connections the proxy's main listener let go before serving them (its
     /// metrics: the owners', the status polls' and any other).
     let_go: f64,
@@ -551,6 +554,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         kept_ms,
         refused,
         attempts,
+        reservations: scrape_sum(&page, r#"dpca_rpc_total{rpc="ReserveUpload""#),
         let_go: scrape_sum(&page, r#"dpca_connections_refused_total{listener="main""#),
         state: info.state,
         owners_in: info.owners_in,
@@ -683,15 +687,16 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
          proxy CPU per ciphertext / mul | owners' CPU s | written / contributed | proxy peak MiB | \
          status ms, fresh connection: median / max (calls answered, refused) | status ms, \
          fresh connection to the operator listener: median / max (answered, refused) | \
-         status ms, open connection: median / max (answered, refused) | refused | connections per owner | connections the proxy let go | state (owners in) |"
+         status ms, open connection: median / max (answered, refused) | refused | connections per owner | \
+         reservations per owner | connections the proxy let go | state (owners in) |"
     );
-    println!("|{}", "---|".repeat(25));
+    println!("|{}", "---|".repeat(26));
     for r in rows {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
         let per_core = |seconds: f64| total / seconds / cores as f64;
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} | {} | {} | {:.2} | {:.0} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} | {} | {} | {:.2} | {:.2} | {:.0} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
@@ -716,6 +721,7 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
             r.kept_ms.cell(),
             r.refused,
             r.attempts as f64 / owners,
+            r.reservations / owners,
             r.let_go,
             r.state,
             r.owners_in
