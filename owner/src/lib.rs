@@ -463,11 +463,6 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
     let bar = progress_bar(cfg.progress, total as u64);
     let deadline_unix_ms = spec.deadline_unix_ms;
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
-    let slot = v1::ReserveUploadRequest {
-        study_id: cfg.study_id.clone(),
-        owner_id: cfg.owner_id.clone(),
-        contribution_id: id.clone(),
-    };
     let job = EncryptJob::new(cfg, spec, prepared.plaintexts, id, bar.clone());
     // Everything is encrypted before the upload starts: the proxy gives each upload
     // an allowance of time for its bytes (`--min-upload-rate`), so an upload slot is
@@ -479,7 +474,7 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
     let seconds_encrypt = t.elapsed().as_secs_f64();
     let now = now_unix_ms()?;
     let wait = upload_wait(deadline_unix_ms, now);
-    let response = upload(&mut client, chunks, slot, wait).await;
+    let response = upload(&mut client, chunks, wait).await;
     bar.finish_and_clear();
     let response = response?;
     Ok(OwnerReport {
@@ -527,8 +522,7 @@ fn upload_wait(deadline_unix_ms: u64, now_unix_ms: u64) -> Duration {
     until_past(deadline_unix_ms, now_unix_ms, UPLOAD_GRACE).min(UPLOAD_WAIT_CAP)
 }
 
-/// Sends the contribution, in its turn for an upload slot (`slot` reserves one),
-/// and waits `within` for the proxy's answer: a proxy that takes the upload and
+/// Sends the contribution, in its turn for an upload slot, and waits `within` for the proxy's answer: a proxy that takes the upload and
 /// never answers does not hold the owner forever (nor one that keeps it waiting
 /// for a slot past the study's deadline). No answer is not retried: the proxy may
 /// have counted the contribution, and says so to a retry only if it answers at
@@ -536,10 +530,9 @@ fn upload_wait(deadline_unix_ms: u64, now_unix_ms: u64) -> Duration {
 async fn upload(
     client: &mut ProxyClient<Channel>,
     chunks: Vec<v1::ContributionChunk>,
-    slot: v1::ReserveUploadRequest,
     within: Duration,
 ) -> anyhow::Result<v1::ContributeResponse> {
-    let send = contribute_in_turn(client, std::sync::Arc::new(chunks), &slot);
+    let send = contribute_in_turn(client, std::sync::Arc::new(chunks));
     match tokio::time::timeout(within, send).await {
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err(UploadRefusal::Contribute(s))) => {
@@ -766,8 +759,7 @@ mod tests {
     async fn an_upload_the_proxy_never_answers_ends_in_time() {
         let mut client = dpca_shell::testing::silent_proxy(false).await;
         let chunk = v1::ContributionChunk::default();
-        let slot = v1::ReserveUploadRequest::default();
-        let upload = upload(&mut client, vec![chunk], slot, Duration::from_millis(300));
+        let upload = upload(&mut client, vec![chunk], Duration::from_millis(300));
         let err = dpca_shell::testing::gives_up(upload).await;
         assert!(err.to_string().contains("no answer to the upload"), "{err}");
         // Not retried as an outage: it may have been counted.

@@ -75,12 +75,8 @@ pub struct Locked {
 impl Locked {
     /// Makes `next` the study and its view.
     pub fn set(&mut self, next: Study) {
-        *self
-            .cell
-            .view
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = next.clone();
         *self.guard = next;
+        self.show();
     }
 
     /// Applies the deadline at `now_ms` ([`Study::tick`]), to the view too: a
@@ -89,13 +85,18 @@ impl Locked {
     pub fn tick(&mut self, now_ms: u64) {
         if self.guard.deadline_due(now_ms) {
             self.guard.tick(now_ms);
-            let view = self.guard.clone();
-            *self
-                .cell
-                .view
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = view;
+            self.show();
         }
+    }
+
+    /// Makes the study as it is now its view.
+    fn show(&self) {
+        let view = self.guard.clone();
+        *self
+            .cell
+            .view
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = view;
     }
 }
 

@@ -297,12 +297,15 @@ impl ProxyService {
     }
 
     async fn lock_study(&self, id: &str) -> Result<Locked, Refusal> {
-        let shared = self
-            .table()?
+        Ok(self.cell(id)?.lock().await)
+    }
+
+    /// Study `id`'s cell, found under the table's lock.
+    fn cell(&self, id: &str) -> Result<SharedStudy, Refusal> {
+        self.table()?
             .get(id)
             .cloned()
-            .ok_or_else(|| Refusal::UnknownStudy(id.to_string()))?;
-        Ok(shared.lock().await)
+            .ok_or_else(|| Refusal::UnknownStudy(id.to_string()))
     }
 
     /// Applies deadlines in the background. A study busy with a fold or a release
@@ -421,13 +424,9 @@ impl ProxyService {
         id: &str,
         f: impl FnOnce(&Study) -> Result<T, Refusal>,
     ) -> Result<Option<T>, Refusal> {
-        let shared = self
-            .table()?
-            .get(id)
-            .cloned()
-            .ok_or_else(|| Refusal::UnknownStudy(id.to_string()))?;
         let now = self.config.clock.now_ms();
-        shared.peek(|s| (!s.deadline_due(now)).then(|| f(s)).transpose())
+        self.cell(id)?
+            .peek(|s| (!s.deadline_due(now)).then(|| f(s)).transpose())
     }
 
     /// `f` of study `id` as of its last transition where that is its state now

@@ -34,15 +34,22 @@ impl UploadRefusal {
     }
 }
 
-/// Sends `chunks` as one contribution, reserving a slot (`slot`) and sending
-/// again each time the proxy answers that every slot is taken, at most
-/// [`MAX_RESERVATIONS`] times. Each chunk is copied as it is sent, so the
-/// chunks are held once however often they are sent.
+/// Sends `chunks` as one contribution, reserving a slot for it (the study, owner
+/// and contribution its first chunk names) and sending again each time the
+/// proxy answers that every slot is taken, at most [`MAX_RESERVATIONS`] times.
+/// Each chunk is copied as it is sent, so the chunks are held once however often
+/// they are sent.
 pub async fn contribute_in_turn(
     client: &mut ProxyClient<Channel>,
     chunks: Arc<Vec<v1::ContributionChunk>>,
-    slot: &v1::ReserveUploadRequest,
 ) -> Result<v1::ContributeResponse, UploadRefusal> {
+    let slot = chunks
+        .first()
+        .map_or_else(Default::default, |c| v1::ReserveUploadRequest {
+            study_id: c.study_id.clone(),
+            owner_id: c.owner_id.clone(),
+            contribution_id: c.contribution_id.clone(),
+        });
     let mut reserved = 0;
     loop {
         let stream = {
@@ -75,8 +82,7 @@ mod tests {
     async fn an_owner_reserves_a_bounded_number_of_times() {
         let (mut client, reserved) = crate::testing::busy_proxy().await;
         let chunks = Arc::new(vec![v1::ContributionChunk::default()]);
-        let slot = v1::ReserveUploadRequest::default();
-        let send = contribute_in_turn(&mut client, chunks, &slot);
+        let send = contribute_in_turn(&mut client, chunks);
         let refused = crate::testing::gives_up(send).await;
         let UploadRefusal::Contribute(status) = refused else {
             panic!("a reservation was refused: {refused:?}");

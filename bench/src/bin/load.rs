@@ -279,20 +279,13 @@ async fn send(
     chunks: Vec<v1::ContributionChunk>,
     attempts: Arc<std::sync::atomic::AtomicUsize>,
 ) -> Result<bool, String> {
-    let slot = chunks
-        .first()
-        .map_or_else(Default::default, |c| v1::ReserveUploadRequest {
-            study_id: c.study_id.clone(),
-            owner_id: c.owner_id.clone(),
-            contribution_id: c.contribution_id.clone(),
-        });
     let chunks = Arc::new(chunks);
     let attempt = || async {
         attempts.fetch_add(1, Ordering::Relaxed);
         let mut c = connect_from(&url, &transport, Some(local))
             .await
             .map_err(Attempt::Connect)?;
-        contribute_in_turn(&mut c, Arc::clone(&chunks), &slot)
+        contribute_in_turn(&mut c, Arc::clone(&chunks))
             .await
             .map(|r| r.newly_counted)
             .map_err(|refused| Attempt::Call(refused.status().clone()))
