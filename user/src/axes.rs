@@ -61,12 +61,9 @@ fn public_components(
 }
 
 /// Reads the first `k` components of an earlier study's `components.csv` (rows:
-/// features in the study's order; columns PC1, PC2, ...).
-pub(crate) fn read_components(
-    path: &Path,
-    features: &[String],
-    k: usize,
-) -> anyhow::Result<DMatrix<f64>> {
+/// features in the study's order; columns PC1, PC2, ...), refusing a file whose
+/// feature rows are not `features` or that has fewer than `k` components.
+pub fn read_components(path: &Path, features: &[String], k: usize) -> anyhow::Result<DMatrix<f64>> {
     let name = path.display().to_string();
     let mut rdr = csv::Reader::from_path(path).with_context(|| format!("cannot open {name}"))?;
     let cols = rdr.headers().with_context(|| name.clone())?.len();

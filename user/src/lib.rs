@@ -23,3 +23,5 @@ pub mod session;
 pub mod slicing;
 pub mod study_page;
 mod sweep;
+
+pub use axes::read_components;

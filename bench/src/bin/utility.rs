@@ -20,6 +20,7 @@ use dpca_common::linalg::{captured_variance, centered_scatter, pca};
 use dpca_common::protocol::{central_release, ReleaseSecrets, Share};
 use dpca_common::study::BlockShape;
 use dpca_common::study::DEFAULT_FRAC_BITS;
+use dpca_user::read_components;
 use nalgebra::DMatrix;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
@@ -94,6 +95,9 @@ struct Input {
     name: String,
     table: dpca_common::data::Table,
     bounds: Vec<(f64, f64)>,
+    /// The files read, which the whole studies are given too.
+    data_path: PathBuf,
+    bounds_path: PathBuf,
 }
 
 impl Input {
@@ -115,33 +119,36 @@ impl Input {
             &name,
             Some(&args.label),
         )?;
-        let bounds = read_bounds(std::fs::File::open(&bounds_path)?, &table.features)?;
+        let bounds = read_bounds(
+            std::fs::File::open(&bounds_path)
+                .with_context(|| format!("cannot open {}", bounds_path.display()))?,
+            &table.features,
+        )?;
         Ok(Self {
             name,
             table,
             bounds,
+            data_path: data,
+            bounds_path,
         })
     }
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let Input {
-        name,
-        table,
-        bounds,
-    } = Input::read(&args)?;
+    let input = Input::read(&args)?;
+    let (name, table, bounds) = (&input.name, &input.table, &input.bounds);
     let fixed = FixedPoint {
         frac_bits: DEFAULT_FRAC_BITS,
         row_norm_bound: 1.0,
     };
     let (dim, n) = (table.features.len(), table.rows.len());
     let delta = (n as f64).powf(-1.1);
-    let (pooled, clipped) = Share::from_raw_rows(&table.rows, &bounds, &fixed, None, None);
+    let (pooled, clipped) = Share::from_raw_rows(&table.rows, bounds, &fixed, None, None);
     let normalized: Vec<Vec<f64>> = table
         .rows
         .iter()
-        .map(|r| normalize_row(r, &bounds, fixed.row_norm_bound).0)
+        .map(|r| normalize_row(r, bounds, fixed.row_norm_bound).0)
         .collect();
     let s_true = centered_scatter(&normalized);
     let mechanism = Mechanism::parse(&args.mechanism)?;
@@ -169,7 +176,7 @@ fn main() -> anyhow::Result<()> {
             rows.push(summarize(centering.name(), eps, "central", &caps));
         }
         if args.distributed_reps > 0 {
-            let caps = distributed(&args, centering, &s_true)?;
+            let caps = distributed(&args, &input, centering, &s_true)?;
             rows.push(summarize(centering.name(), 1.0, "distributed", &caps));
         }
     }
@@ -245,10 +252,22 @@ fn print_rows(rows: &[Row]) {
 }
 
 /// One `user local` study at epsilon 1, its outputs in `out`.
-fn run_local(user: &Path, args: &Args, centering: Centering, out: &Path) -> anyhow::Result<()> {
+fn run_local(
+    user: &Path,
+    args: &Args,
+    input: &Input,
+    centering: Centering,
+    out: &Path,
+) -> anyhow::Result<()> {
     let o = Command::new(user)
+        .arg("local")
+        // The table and bounds the central runs read, whatever the user's default.
+        .arg("--data")
+        .arg(&input.data_path)
+        .arg("--bounds")
+        .arg(&input.bounds_path)
+        .args(["--label", &args.label])
         .args([
-            "local",
             "--no-build",
             "--owners",
             "10",
@@ -279,22 +298,10 @@ fn run_local(user: &Path, args: &Args, centering: Centering, out: &Path) -> anyh
     Ok(())
 }
 
-/// The first `k` components a study wrote (`components.csv`: a name column, then
-/// one column per component).
-fn read_components(path: &Path, k: usize) -> anyhow::Result<DMatrix<f64>> {
-    let mut r = csv::Reader::from_path(path)?;
-    let recs: Vec<Vec<f64>> = r
-        .records()
-        .map(|rec| -> anyhow::Result<Vec<f64>> {
-            rec?.iter().skip(1).map(|c| Ok(c.parse::<f64>()?)).collect()
-        })
-        .collect::<anyhow::Result<_>>()?;
-    Ok(DMatrix::from_fn(recs.len(), k, |i, j| recs[i][j]))
-}
-
 /// Whole studies through the real programs, at epsilon 1.
 fn distributed(
     args: &Args,
+    input: &Input,
     centering: Centering,
     s_true: &DMatrix<f64>,
 ) -> anyhow::Result<Vec<f64>> {
@@ -310,8 +317,8 @@ fn distributed(
     let mut caps = Vec::new();
     for rep in 0..args.distributed_reps {
         let out = dir.join(format!("{}-{rep}", centering.name()));
-        run_local(&user, args, centering, &out)?;
-        let v = read_components(&out.join("components.csv"), args.k)?;
+        run_local(&user, args, input, centering, &out)?;
+        let v = read_components(&out.join("components.csv"), &input.table.features, args.k)?;
         caps.push(captured_variance(s_true, &v));
         eprintln!(
             "distributed {} rep {rep}: {:.4}",
