@@ -18,7 +18,11 @@
 //! - `dpca_studies{phase}`: studies per phase, refreshed every second;
 //! - `dpca_connections_refused_total{listener, reason}`: connections a listener
 //!   (`main`, `operator`) let go before serving them, by [`ConnectionRefusal`]:
-//!   during a burst of owners, how many were turned away to come back later.
+//!   during a burst of owners, how many were turned away to come back later;
+//! - `dpca_uploads_without_slot_total`: uploads refused because every upload
+//!   slot stayed held for `upload_slots::PATIENCE`, their owners asked to reserve
+//!   one (`dpca_rpc_total` counts them under code 8 with the requests past their
+//!   caps).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -65,7 +69,16 @@ pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
         "dpca_connections_refused_total",
         "connections let go before they were served, by listener and reason"
     );
+    metrics::describe_counter!(
+        "dpca_uploads_without_slot_total",
+        "uploads refused for want of an upload slot, their owners asked to reserve one"
+    );
     Ok(())
+}
+
+/// An upload found every upload slot held for its patience and was refused.
+pub fn upload_without_slot() {
+    counter!("dpca_uploads_without_slot_total").increment(1);
 }
 
 /// A study was opened.

@@ -385,9 +385,12 @@ impl ProxyService {
             .take_within(crate::upload_slots::PATIENCE)
             .await;
         taken.map_err(|e| match e {
-            SlotError::AllHeld(_) => Refusal::NoUploadSlot(format!(
-                "{e}: reserve one (ReserveUpload) and send the contribution again"
-            )),
+            SlotError::AllHeld(_) => {
+                crate::metrics::upload_without_slot();
+                Refusal::NoUploadSlot(format!(
+                    "{e}: reserve one (ReserveUpload) and send the contribution again"
+                ))
+            }
             SlotError::Closed => Refusal::Unavailable(e.to_string()),
         })
     }
@@ -550,10 +553,12 @@ impl ProxyService {
             },
         )?;
         let _owner_slot = self.owner_slot(peer.as_ref().map(|p| p.name.as_str()))?;
-        let lease_seconds =
-            u32::try_from(self.uploads.lease().as_secs().max(1)).unwrap_or(u32::MAX);
-        if self.uploads.is_kept_for(&req.owner_id) {
-            return Ok(v1::ReserveUploadResponse { lease_seconds });
+        // Whole seconds, at least one: a slot kept at all is kept for the answer.
+        let seconds = |d: Duration| u32::try_from(d.as_secs().max(1)).unwrap_or(u32::MAX);
+        if let Some(left) = self.uploads.kept_for(&req.owner_id) {
+            return Ok(v1::ReserveUploadResponse {
+                lease_seconds: seconds(left),
+            });
         }
         let to_read = self
             .read_study(&req.study_id, |s| {
@@ -569,7 +574,9 @@ impl ProxyService {
             .await
             .map_err(|e| Refusal::Unavailable(e.to_string()))?;
         self.uploads.keep(req.owner_id, slot);
-        Ok(v1::ReserveUploadResponse { lease_seconds })
+        Ok(v1::ReserveUploadResponse {
+            lease_seconds: seconds(self.uploads.lease()),
+        })
     }
 
     /// The upload of an authorized caller holding its owner's slot: header,

@@ -59,6 +59,8 @@ struct Kept {
     id: u64,
     slot: Slot,
     timer: tokio::task::AbortHandle,
+    /// When the timer gives the slot back.
+    until: tokio::time::Instant,
 }
 
 /// The upload slots and those kept for owners.
@@ -128,25 +130,33 @@ impl UploadSlots {
     pub fn keep(&self, owner: String, slot: Slot) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (kept, lease, key) = (Arc::clone(&self.kept), self.lease, owner.clone());
+        let until = tokio::time::Instant::now() + lease;
         // Started under the table's lock: it cannot look for the entry before
         // the entry is there.
         let mut table = self.lock();
         let timer = tokio::spawn(async move {
-            tokio::time::sleep(lease).await;
+            tokio::time::sleep_until(until).await;
             let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
             if kept.get(&key).is_some_and(|k| k.id == id) {
                 kept.remove(&key);
             }
         })
         .abort_handle();
-        if let Some(earlier) = table.insert(owner, Kept { id, slot, timer }) {
+        let entry = Kept {
+            id,
+            slot,
+            timer,
+            until,
+        };
+        if let Some(earlier) = table.insert(owner, entry) {
             earlier.timer.abort();
         }
     }
 
-    /// Whether a slot is kept for `owner`.
-    pub fn is_kept_for(&self, owner: &str) -> bool {
-        self.lock().contains_key(owner)
+    /// How much longer the slot kept for `owner`, if any, waits for its upload.
+    pub fn kept_for(&self, owner: &str) -> Option<Duration> {
+        let until = self.lock().get(owner)?.until;
+        Some(until.saturating_duration_since(tokio::time::Instant::now()))
     }
 
     /// Takes the slot kept for `owner`, if any: it is then the caller's, given
@@ -176,7 +186,7 @@ mod tests {
     /// late on a busy machine, never early.
     async fn given_back(slots: &UploadSlots, owner: &str) -> bool {
         for _ in 0..1000 {
-            if !slots.is_kept_for(owner) {
+            if slots.kept_for(owner).is_none() {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -204,14 +214,14 @@ mod tests {
         );
         let slot = waiter.await.expect("task").expect("the waiter's slot");
         slots.keep("a".into(), slot);
-        assert!(slots.is_kept_for("a"));
+        assert!(slots.kept_for("a").is_some());
         assert!(
             slots.take_now().is_err(),
             "a kept slot was taken by another"
         );
         assert!(slots.claim("b").is_none(), "another owner claimed a's slot");
         let claimed = slots.claim("a").expect("a's slot");
-        assert!(!slots.is_kept_for("a"));
+        assert!(slots.kept_for("a").is_none());
         drop(claimed);
         assert!(
             slots.take_now().is_ok(),
@@ -248,16 +258,19 @@ mod tests {
     }
 
     /// A kept slot its owner never claims is given back when the lease runs
-    /// out, and not before.
+    /// out, and not before; what is left of the lease shrinks meanwhile.
     #[tokio::test]
     async fn a_kept_slot_is_given_back_when_its_lease_runs_out() {
         let slots = UploadSlots::new(1, LEASE);
         let start = tokio::time::Instant::now();
         slots.keep("a".into(), slots.take_now().expect("slot"));
         tokio::time::sleep(LEASE / 2).await;
+        let left = slots
+            .kept_for("a")
+            .expect("given back before the lease ran out");
         assert!(
-            slots.is_kept_for("a"),
-            "given back before the lease ran out"
+            left <= LEASE / 2,
+            "{left:?} of the lease said to be left after half of it"
         );
         assert!(slots.take_now().is_err());
         assert!(given_back(&slots, "a").await, "kept long past its lease");

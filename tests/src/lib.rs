@@ -29,6 +29,33 @@ fn bin_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// A free loopback port (bound, then released for a proxy to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// The Prometheus page a proxy started with `--metrics-listen 127.0.0.1:PORT`
+/// serves.
+pub fn scrape(port: u16) -> String {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics port");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("response");
+    body
+}
+
+/// The value of the sample `name` (with its labels, if any) on a scraped page.
+pub fn sample(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Path of one of the three programs, built on first use. `cargo test` builds only
 /// test harnesses of other packages, so the real binaries are built here, with the
 /// same profile as the running test.

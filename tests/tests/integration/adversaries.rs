@@ -11,7 +11,10 @@ use dpca_proxy::listener::{
     MAIN_RESERVED_CONNECTIONS, MAIN_RESERVED_PER_PARTY, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PARTY,
 };
 use dpca_proxy::operator::{MAX_OPERATOR_CONNECTIONS, OPERATOR_RESERVED_CONNECTIONS};
-use dpca_tests::{describe, fixture, fixture_on, fixture_with, rt, TEST_OWNERS, TEST_USERS};
+use dpca_tests::{
+    describe, fixture, fixture_on, fixture_with, free_port, rt, sample, scrape, TEST_OWNERS,
+    TEST_USERS,
+};
 use num_bigint::BigUint;
 use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
@@ -871,15 +874,20 @@ fn a_counted_owner_asking_again_does_not_wait_for_an_upload_slot() {
 /// each keeping a whole read buffer of the proxy alive (about 1 GiB per waiting
 /// upload). Now an upload that finds every slot held is refused in a moment, asking
 /// for a reservation; an owner then waits for a slot in a call the proxy has
-/// read whole, and is counted in its turn.
+/// read whole, and is counted in its turn. The operator sees the refusals
+/// apart from the requests past their caps, which share their code.
 #[test]
 fn no_upload_waits_long_for_a_slot_with_its_stream_open() {
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{port}");
     let f = fixture_on(
         &[
             "--max-concurrent-uploads",
             "1",
             "--upload-idle-timeout",
             "20",
+            "--metrics-listen",
+            &metrics,
         ],
         |_| {},
     );
@@ -925,6 +933,13 @@ fn no_upload_waits_long_for_a_slot_with_its_stream_open() {
     );
     assert_dropped_uncounted(&runtime, stalled);
     assert_eq!(f.owners_in(), 1);
+    // The late upload and the owner's first one.
+    let page = scrape(port);
+    let refused = sample(&page, "dpca_uploads_without_slot_total");
+    assert!(
+        refused.is_some_and(|n| n >= 2.0),
+        "refusals for want of a slot not counted apart: {refused:?} in\n{page}"
+    );
 }
 
 /// Waits for a stalled upload's answer: dropped for idling, nothing counted.

@@ -2,31 +2,15 @@
 //! every call by method and status code (refusals included), and logs come out as
 //! one JSON object per line when asked.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use dpca_shell::tls::{DevPki, TlsFiles};
 
-use dpca_tests::{bin, describe, dev_pki, optdigits, run, tls_args, write_slice, Proc};
-
-/// A free loopback port (bound, then released for the proxy to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
-fn scrape(port: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics port");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
-    body
-}
+use dpca_tests::{
+    bin, describe, dev_pki, free_port, optdigits, run, sample, scrape, tls_args, write_slice, Proc,
+};
 
 /// A proxy logging JSON lines at `info` and serving metrics on `port`, its state
 /// in `dir`; returns it and its URL.
@@ -119,12 +103,10 @@ fn metrics_count_refusals_and_logs_are_json_lines() {
         assert!(metrics.contains(expected), "no `{expected}` in:\n{metrics}");
     }
     // At least once: the client's channel may connect again within the one call.
-    let refused = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(r#"dpca_connections_refused_total{listener="main",reason="handshake"} "#)
-        })
-        .and_then(|v| v.trim().parse::<f64>().ok());
+    let refused = sample(
+        &metrics,
+        r#"dpca_connections_refused_total{listener="main",reason="handshake"}"#,
+    );
     assert!(
         refused.is_some_and(|n| n >= 1.0),
         "the refused handshake is not counted:\n{metrics}"
