@@ -47,34 +47,7 @@ pub enum Cmd {
     /// Create a development CA and certificates for the proxy, the user and each
     /// owner (mutual TLS). For trials and the local demo only: a deployment's CA is
     /// run by the proxy's operator, and each party keeps its own key.
-    DevCerts {
-        /// Folder to write ca.pem, ca.key, proxy.pem/.key, USER.pem/.key and
-        /// OWNER.pem/.key into; existing files are never overwritten.
-        #[arg(long)]
-        out: PathBuf,
-        /// The proxy's host names or IP addresses (its certificate is valid for
-        /// these only).
-        #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
-        proxy_hosts: Vec<String>,
-        /// The data users' names, comma separated.
-        #[arg(long, value_delimiter = ',', default_value = "user")]
-        users: Vec<String>,
-        /// Owner names (each becomes that owner's id at the proxy), comma separated.
-        #[arg(long, value_delimiter = ',', conflicts_with = "owner_count")]
-        owners: Vec<String>,
-        /// Or this many owners named owner-01, owner-02, ...
-        #[arg(long)]
-        owner_count: Option<usize>,
-        /// One folder per party (proxy/, USER/, OWNER/) holding ca.pem and that
-        /// party's certificate and key only, to hand over whole; the CA key stays
-        /// in OUT.
-        #[arg(long)]
-        per_party_dirs: bool,
-        /// Succeed without writing when every file is there already (a rerun of a
-        /// setup step); a partial set is still refused.
-        #[arg(long)]
-        keep_existing: bool,
-    },
+    DevCerts(DevCertsArgs),
     /// Split a CSV table into contiguous slices of nearly equal size, one per
     /// owner (owner-01, owner-02, ...), each with the input's header: for trials
     /// and simulations.
@@ -100,43 +73,7 @@ pub enum Cmd {
     /// confidential labels sees most, until the desired prediction moves by exactly
     /// --epsilon (squared); writes OUT/cleaned.csv and OUT/metrics.csv. Not
     /// differential privacy: it defeats one linear adversary (docs/PRIVACY.md).
-    Clean {
-        /// Training rows (CSV with a header): features and label columns.
-        #[arg(long)]
-        train: PathBuf,
-        /// Confidential label columns of the training rows, comma separated.
-        #[arg(long, value_delimiter = ',', required = true)]
-        confidential: Vec<String>,
-        /// Desired label columns, comma separated: left out of the features, and
-        /// the desired predictor is fitted on them when --predictor is not given.
-        #[arg(long, value_delimiter = ',')]
-        desired: Vec<String>,
-        /// The desired predictor's linear first stage: CSV `feature,OUT1,...`, one
-        /// row per feature (a study's components.csv, with --bounds).
-        #[arg(long)]
-        predictor: Option<PathBuf>,
-        /// Public bounds `feature,lo,hi`: map the features to [-1, 1] first, as a
-        /// study does (for a study's components as the predictor).
-        #[arg(long)]
-        bounds: Option<PathBuf>,
-        /// The vectors to clean: the training file's feature columns (labels, if
-        /// present, are copied and score complete privacy).
-        #[arg(long)]
-        vectors: PathBuf,
-        /// e_utility per vector (> 0).
-        #[arg(long, required_unless_present = "exact_null_space")]
-        epsilon: Option<f64>,
-        /// Remove only what the desired predictor cannot see (e_utility 0).
-        #[arg(long, conflicts_with = "epsilon")]
-        exact_null_space: bool,
-        /// A vector whose every component costs less than --epsilon loses them all
-        /// (e_utility below epsilon) instead of stopping the run with an error.
-        #[arg(long, requires = "epsilon")]
-        at_most: bool,
-        /// Output folder.
-        #[arg(long, default_value = "cleaned")]
-        out: PathBuf,
-    },
+    Clean(Box<CleanArgs>),
     /// Run a study at a proxy that runs elsewhere: open it, write the invitation
     /// (study id and key fingerprint) for the owners, wait until it seals, then
     /// decrypt and write the outputs as `local` does. The key is made for the study
@@ -246,6 +183,108 @@ pub struct StudyArgs {
     /// (DP PCA as the independent source; its budget was spent by that study).
     #[arg(long, value_name = "CSV")]
     pub components_from: Option<PathBuf>,
+}
+
+/// `user dev-certs`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct DevCertsArgs {
+    /// Folder to write ca.pem, ca.key, proxy.pem/.key, USER.pem/.key and
+    /// OWNER.pem/.key into; existing files are never overwritten.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The proxy's host names or IP addresses (its certificate is valid for
+    /// these only).
+    #[arg(long, value_delimiter = ',', default_value = "localhost,127.0.0.1")]
+    pub proxy_hosts: Vec<String>,
+    /// The data users' names, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "user")]
+    pub users: Vec<String>,
+    /// Owner names (each becomes that owner's id at the proxy), comma separated.
+    #[arg(long, value_delimiter = ',', conflicts_with = "owner_count")]
+    pub owners: Vec<String>,
+    /// Or this many owners named owner-01, owner-02, ...
+    #[arg(long)]
+    pub owner_count: Option<usize>,
+    /// One folder per party (proxy/, USER/, OWNER/) holding ca.pem and that
+    /// party's certificate and key only, to hand over whole; the CA key stays
+    /// in OUT.
+    #[arg(long)]
+    pub per_party_dirs: bool,
+    /// Succeed without writing when every file is there already (a rerun of a
+    /// setup step); a partial set is still refused.
+    #[arg(long)]
+    pub keep_existing: bool,
+}
+
+impl DevCertsArgs {
+    /// The owners named, or `owner-01` .. for `--owner-count`.
+    pub fn owner_names(&self) -> Vec<String> {
+        match self.owner_count {
+            Some(n) => (1..=n).map(crate::local::owner_name).collect(),
+            None => self.owners.clone(),
+        }
+    }
+}
+
+/// `user clean`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct CleanArgs {
+    /// Training rows (CSV with a header): features and label columns.
+    #[arg(long)]
+    train: PathBuf,
+    /// Confidential label columns of the training rows, comma separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    confidential: Vec<String>,
+    /// Desired label columns, comma separated: left out of the features, and
+    /// the desired predictor is fitted on them when --predictor is not given.
+    #[arg(long, value_delimiter = ',')]
+    desired: Vec<String>,
+    /// The desired predictor's linear first stage: CSV `feature,OUT1,...`, one
+    /// row per feature (a study's components.csv, with --bounds).
+    #[arg(long)]
+    predictor: Option<PathBuf>,
+    /// Public bounds `feature,lo,hi`: map the features to [-1, 1] first, as a
+    /// study does (for a study's components as the predictor).
+    #[arg(long)]
+    bounds: Option<PathBuf>,
+    /// The vectors to clean: the training file's feature columns (labels, if
+    /// present, are copied and score complete privacy).
+    #[arg(long)]
+    vectors: PathBuf,
+    /// e_utility per vector (> 0).
+    #[arg(long, required_unless_present = "exact_null_space")]
+    epsilon: Option<f64>,
+    /// Remove only what the desired predictor cannot see (e_utility 0).
+    #[arg(long, conflicts_with = "epsilon")]
+    exact_null_space: bool,
+    /// A vector whose every component costs less than --epsilon loses them all
+    /// (e_utility below epsilon) instead of stopping the run with an error.
+    #[arg(long, requires = "epsilon")]
+    at_most: bool,
+    /// Output folder.
+    #[arg(long, default_value = "cleaned")]
+    out: PathBuf,
+}
+
+impl CleanArgs {
+    /// What the cleaning is asked to do.
+    pub fn options(self) -> crate::clean::CleanOptions {
+        crate::clean::CleanOptions {
+            train: self.train,
+            desired: self.desired,
+            confidential: self.confidential,
+            predictor: self.predictor,
+            bounds: self.bounds,
+            vectors: self.vectors,
+            epsilon: if self.exact_null_space {
+                None
+            } else {
+                self.epsilon
+            },
+            at_most: self.at_most,
+            out: self.out,
+        }
+    }
 }
 
 /// `user local`'s own flags.

@@ -26,7 +26,8 @@ use crate::axes::load_axes;
 use crate::cohort::{Cohort, InvitedCohort, LocalCohort};
 use crate::plan::{Inputs, StudyPlan};
 use crate::report::{
-    variance_table, write_outputs, write_synthetic, RoleUsage, RowNormChoice, Seconds, StudyReport,
+    variance_table, write_outputs, write_synthetic, Encryption, RoleUsage, RowNormChoice, Seconds,
+    StudyReport,
 };
 use crate::row_norm::choose_row_norm;
 use crate::session::{collect, open_study, Collected};
@@ -421,6 +422,15 @@ fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
+/// Where the components came from, as the report says it.
+fn pca_source(opts: &LocalOptions) -> String {
+    match (&opts.pca_from, &opts.components_from) {
+        (Some(p), _) => format!("Pub-PCA of {}; R released on its axes", p.display()),
+        (_, Some(p)) => format!("components of {}; R released on them", p.display()),
+        _ => "private release".into(),
+    }
+}
+
 /// The study's report: its facts, the release's, and what the run measured.
 fn study_report(
     opts: &LocalOptions,
@@ -460,16 +470,7 @@ fn study_report(
         n_owners: got.owners_in.len(),
         owners_missing: got.owners_missing.clone(),
         k: opts.k,
-        key_bits: spec.public_key.bits(),
-        key_fingerprint: spec.public_key.fingerprint(),
-        ciphertexts_per_owner: layout.owner_ciphertexts(),
-        bytes_per_owner: layout.owner_ciphertexts() * spec.public_key.ciphertext_bytes(),
-        release_ciphertexts: layout.release_ciphertexts(),
-        slots: layout.budget.slots,
-        slot_width: layout.budget.slot_width,
-        vector_slots: layout.vector_budget.slots,
-        vector_slot_width: layout.vector_budget.slot_width,
-        mask_bits: layout.mask_bits,
+        encryption: Encryption::of(spec, layout),
         // The owners' reports reach the user only when it ran them (local).
         clipped_rows: opts
             .remote
@@ -491,11 +492,7 @@ fn study_report(
         class_covariance: spec.classes.as_ref().map(|c| c.covariance.name().into()),
         covariance_fit: opts.synthetic.map(|_| an.fit.name().into()),
         class_counts: got.opened.classes.as_ref().map(|c| c.counts.clone()),
-        pca_source: match (&opts.pca_from, &opts.components_from) {
-            (Some(p), _) => format!("Pub-PCA of {}; R released on its axes", p.display()),
-            (_, Some(p)) => format!("components of {}; R released on them", p.display()),
-            _ => "private release".into(),
-        },
+        pca_source: pca_source(opts),
         row_norm_choice: prep.row_norm_choice.clone(),
         budget: run.budget.clone(),
         seconds: run.seconds.clone(),

@@ -21,24 +21,12 @@ async fn main() -> anyhow::Result<()> {
             secret,
             public,
         } => keygen(key_bits, &secret, &public),
-        Cmd::DevCerts {
-            out,
-            proxy_hosts,
-            users,
-            owners,
-            owner_count,
-            per_party_dirs,
-            keep_existing,
-        } => {
-            let owners = match owner_count {
-                Some(n) => (1..=n).map(dpca_user::local::owner_name).collect(),
-                None => owners,
-            };
+        Cmd::DevCerts(a) => {
             let layout = DevPkiLayout {
-                per_party: per_party_dirs,
-                keep_existing,
+                per_party: a.per_party_dirs,
+                keep_existing: a.keep_existing,
             };
-            dev_certs(&out, &proxy_hosts, &users, &owners, layout)
+            dev_certs(&a.out, &a.proxy_hosts, &a.users, &a.owner_names(), layout)
         }
         Cmd::Split {
             data,
@@ -53,28 +41,7 @@ async fn main() -> anyhow::Result<()> {
             };
             split(&data, owners, &out, layout)
         }
-        Cmd::Clean {
-            train,
-            confidential,
-            desired,
-            predictor,
-            bounds,
-            vectors,
-            epsilon,
-            exact_null_space,
-            at_most,
-            out,
-        } => clean(&dpca_user::clean::CleanOptions {
-            train,
-            desired,
-            confidential,
-            predictor,
-            bounds,
-            vectors,
-            epsilon: if exact_null_space { None } else { epsilon },
-            at_most,
-            out,
-        }),
+        Cmd::Clean(a) => clean(&a.options()),
         Cmd::Local(a) => {
             let (opts, sweep) = a.options()?;
             if sweep.is_empty() {

@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use dpca_common::dp::BudgetLedger;
 use dpca_common::linalg::Pca;
+use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_shell::usage::Usage;
 
 use crate::figures::{escape, Chart, Series};
@@ -30,6 +31,56 @@ pub struct Seconds {
     pub keygen: f64,
     /// Whole run.
     pub total: f64,
+}
+
+/// The key of a study and the layout of its ciphertexts, as `study.json`
+/// reports them.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Encryption {
+    /// Paillier modulus bits.
+    pub key_bits: u64,
+    /// SHA-256 fingerprint of the public key.
+    pub key_fingerprint: String,
+    /// Ciphertexts each owner sends.
+    pub ciphertexts_per_owner: usize,
+    /// Ciphertext bytes each owner sends.
+    pub bytes_per_owner: usize,
+    /// Ciphertexts of the release.
+    pub release_ciphertexts: usize,
+    /// Values packed per ciphertext.
+    #[serde(default)]
+    pub slots: usize,
+    /// Bits per packed value.
+    #[serde(default)]
+    pub slot_width: u64,
+    /// Values packed per ciphertext of the vector block.
+    #[serde(default)]
+    pub vector_slots: usize,
+    /// Bits per packed value of the vector block.
+    #[serde(default)]
+    pub vector_slot_width: u64,
+    /// Bits of the mask b (`mask` centering).
+    #[serde(default)]
+    pub mask_bits: u64,
+}
+
+impl Encryption {
+    /// What `spec` and its `layout` say.
+    pub fn of(spec: &StudySpec, layout: &StudyLayout) -> Self {
+        let pk = &spec.public_key;
+        Self {
+            key_bits: pk.bits(),
+            key_fingerprint: pk.fingerprint(),
+            ciphertexts_per_owner: layout.owner_ciphertexts(),
+            bytes_per_owner: layout.owner_ciphertexts() * pk.ciphertext_bytes(),
+            release_ciphertexts: layout.release_ciphertexts(),
+            slots: layout.budget.slots,
+            slot_width: layout.budget.slot_width,
+            vector_slots: layout.vector_budget.slots,
+            vector_slot_width: layout.vector_budget.slot_width,
+            mask_bits: layout.mask_bits,
+        }
+    }
 }
 
 /// `study.json`: what was asked, what was spent and what it cost.
@@ -89,31 +140,9 @@ pub struct StudyReport {
     pub owners_missing: Vec<String>,
     /// Components written.
     pub k: usize,
-    /// Paillier modulus bits.
-    pub key_bits: u64,
-    /// SHA-256 fingerprint of the public key.
-    pub key_fingerprint: String,
-    /// Ciphertexts each owner sends.
-    pub ciphertexts_per_owner: usize,
-    /// Ciphertext bytes each owner sends.
-    pub bytes_per_owner: usize,
-    /// Ciphertexts of the release.
-    pub release_ciphertexts: usize,
-    /// Values packed per ciphertext.
-    #[serde(default)]
-    pub slots: usize,
-    /// Bits per packed value.
-    #[serde(default)]
-    pub slot_width: u64,
-    /// Values packed per ciphertext of the vector block.
-    #[serde(default)]
-    pub vector_slots: usize,
-    /// Bits per packed value of the vector block.
-    #[serde(default)]
-    pub vector_slot_width: u64,
-    /// Bits of the mask b (`mask` centering).
-    #[serde(default)]
-    pub mask_bits: u64,
+    /// The key and the study's encrypted layout (at the top level of the JSON).
+    #[serde(flatten)]
+    pub encryption: Encryption,
     /// Rows shortened by the row-norm clip, over all owners; `None` where the
     /// user cannot know it (a study at a remote proxy: each owner's report says
     /// its own, and a count of them would reveal the data).

@@ -141,7 +141,7 @@ fn facts(report: &StudyReport) -> String {
         ),
         ("row-norm bound C", format!("{:.4}", report.row_norm_bound)),
         ("rows clipped to C", clipped_text(report)),
-        ("key size", format!("{} bits", report.key_bits)),
+        ("key size", format!("{} bits", report.encryption.key_bits)),
         ("task", report.task.clone()),
         ("synthetic rows", report.synthetic_rows.to_string()),
     ])

@@ -457,10 +457,10 @@ fn measure(
     // Read first, while the machine is as it was during the study.
     let floor_after = raw_gmp_mulmod(keyed.sk.public(), &mut keyed.rng);
     let p = keyed.prims.clone();
-    let k = report.ciphertexts_per_owner;
+    let k = report.encryption.ciphertexts_per_owner;
     let (owner_table, owner_enc) = keyed.randomizer_costs(k)?;
     let owner_bound = owner_table + k as f64 * owner_enc;
-    let (proxy_table, rerand) = keyed.randomizer_costs(report.release_ciphertexts)?;
+    let (proxy_table, rerand) = keyed.randomizer_costs(report.encryption.release_ciphertexts)?;
     let received = (owners * k) as f64 * (p.validate + p.fold_mulmod);
     // Every released entry's noise is one exact draw, in either centering; the
     // vector block's too under dp-mean.
@@ -473,10 +473,10 @@ fn measure(
     let noise = drawn as f64 * keyed.noise_draw_cost(report)?;
     let release = match centering {
         Centering::Mask => mask_release_bound(keyed, report, rerand),
-        Centering::DpMean => report.release_ciphertexts as f64 * (p.mulmod + rerand),
+        Centering::DpMean => report.encryption.release_ciphertexts as f64 * (p.mulmod + rerand),
     };
     let proxy_bound = received + noise + release + proxy_table;
-    let user_bound = (report.release_ciphertexts + 1) as f64 * p.decrypt_crt;
+    let user_bound = (report.encryption.release_ciphertexts + 1) as f64 * p.decrypt_crt;
     let bounds = [owner_bound, proxy_bound, user_bound];
     Ok(row_of(
         sc,
@@ -492,10 +492,10 @@ fn measure(
 /// The study's layout, rebuilt from what study.json reports of it.
 fn layout_of(report: &StudyReport) -> StudyLayout {
     let m = report.n_features;
-    let slots = report.slots.max(1);
+    let slots = report.encryption.slots.max(1);
     StudyLayout {
         budget: SlotBudget {
-            slot_width: report.slot_width,
+            slot_width: report.encryption.slot_width,
             slots,
         },
         triangle: TriangleLayout::new(m, slots),
@@ -504,14 +504,14 @@ fn layout_of(report: &StudyReport) -> StudyLayout {
         classes: 0,
         vector_len: m,
         vector_dim: m,
-        vector: vector_segments(m, report.vector_slots.max(1)),
+        vector: vector_segments(m, report.encryption.vector_slots.max(1)),
         vector_budget: SlotBudget {
-            slot_width: report.vector_slot_width,
-            slots: report.vector_slots.max(1),
+            slot_width: report.encryption.vector_slot_width,
+            slots: report.encryption.vector_slots.max(1),
         },
         vector_packed: false,
         count_scale: 0,
-        mask_bits: report.mask_bits,
+        mask_bits: report.encryption.mask_bits,
         baseline: report.baseline,
     }
 }
@@ -528,10 +528,19 @@ fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f
     // product, whose cost grows linearly in the segment's digits (fit a + b len
     // from a one-entry and a full segment).
     let radix = layout.mask_radix();
-    let one = keyed.radix_product_cost(radix, layout.mask_exponent_bits(1), report.mask_bits);
-    let full = keyed.radix_product_cost(radix, layout.mask_exponent_bits(slots), report.mask_bits);
+    let one = keyed.radix_product_cost(
+        radix,
+        layout.mask_exponent_bits(1),
+        report.encryption.mask_bits,
+    );
+    let full = keyed.radix_product_cost(
+        radix,
+        layout.mask_exponent_bits(slots),
+        report.encryption.mask_bits,
+    );
     let per_entry = (full - one) / (slots.max(2) - 1) as f64;
-    let v_seg_chain = radix::digits_of(report.mask_bits, radix).saturating_sub(1) * radix;
+    let v_seg_chain =
+        radix::digits_of(report.encryption.mask_bits, radix).saturating_sub(1) * radix;
     let n_bits = u64::from(64 - report.n_rows.leading_zeros());
     let scale_n = keyed.scale_cost(n_bits.max(1));
     let segs: f64 = layout
@@ -555,8 +564,8 @@ fn mask_release_bound(keyed: &mut Keyed, report: &StudyReport, rerand: f64) -> f
         .sum::<u64>() as f64
         * p.square;
     // v' by Horner's rule: a shift of the vector slot width per value.
-    let horner =
-        (m - layout.vector.len()) as f64 * (keyed.shift_cost(report.vector_slot_width) + p.mulmod);
+    let horner = (m - layout.vector.len()) as f64
+        * (keyed.shift_cost(report.encryption.vector_slot_width) + p.mulmod);
     // Each vector segment: its clear term's addition and a re-randomization.
     chains + segs + horner + layout.vector.len() as f64 * (p.mulmod + rerand)
 }
@@ -593,15 +602,15 @@ fn row_of(
     Row {
         scenario: sc.id,
         name: sc.name.to_string(),
-        key_bits: report.key_bits,
+        key_bits: report.encryption.key_bits,
         baseline: report.baseline,
         centering: centering.name(),
         owners,
         n_rows: report.n_rows,
         features: report.n_features,
-        ciphertexts_per_owner: report.ciphertexts_per_owner,
-        bytes_per_owner: report.bytes_per_owner,
-        release_ciphertexts: report.release_ciphertexts,
+        ciphertexts_per_owner: report.encryption.ciphertexts_per_owner,
+        bytes_per_owner: report.encryption.bytes_per_owner,
+        release_ciphertexts: report.encryption.release_ciphertexts,
         owner_wall: report.seconds.owner,
         owner_cpu: owner_usage.cpu_seconds,
         owner_peak_mib: mib(owner_peak),
