@@ -1,8 +1,8 @@
 //! One study as the service holds it: under its own lock, so a fold or a release of
 //! one study never holds up a call on another, and beside it its view, the study
 //! as of its last transition, which `status` and the count of open studies read
-//! without waiting behind a fold. The view shares the aggregate (an `Arc`), so it
-//! costs no copy of it.
+//! without waiting behind a fold. The view shares the aggregate and the owners'
+//! maps (`Arc`s), so it costs no copy of them.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -201,8 +201,11 @@ pub struct Study {
     /// The user who opened the study, as its certificate names it (`None` on the
     /// insecure plaintext transport); only this user may use the study's result.
     pub opened_by: Option<String>,
-    /// Owner id -> contribution id of each counted contribution.
-    contributors: BTreeMap<String, String>,
+    /// Owner id -> contribution id of each counted contribution. Shared, as the
+    /// aggregate is: of the copies a contribution makes (the one its transition
+    /// is tried on, the view, the store's), only the transition's copies the
+    /// map, once per contribution rather than three times, for hundreds of owners.
+    contributors: Arc<BTreeMap<String, String>>,
     /// Running ciphertext product of all counted contributions, held in the key's
     /// ring (no conversion per multiplication). Its size is the layout's, whatever
     /// the number of owners; once released, only E[N]. Shared, so a copy of the
@@ -211,8 +214,9 @@ pub struct Study {
     aggregate: Arc<Vec<Elem>>,
     /// Current phase.
     pub phase: Phase,
-    /// Owner id -> its signed E[N_i], for the owners counted (`mask` over TLS).
-    signed_counts: BTreeMap<String, SignedCount>,
+    /// Owner id -> its signed E[N_i], for the owners counted (`mask` over TLS);
+    /// shared as the contributors are.
+    signed_counts: Arc<BTreeMap<String, SignedCount>>,
 }
 
 impl Study {
@@ -225,10 +229,10 @@ impl Study {
             layout,
             noise_free,
             opened_by: None,
-            contributors: BTreeMap::new(),
+            contributors: Arc::default(),
             aggregate,
             phase: Phase::Collecting,
-            signed_counts: BTreeMap::new(),
+            signed_counts: Arc::default(),
         }
     }
 
@@ -280,10 +284,10 @@ impl Study {
             layout,
             noise_free,
             opened_by,
-            contributors,
+            contributors: Arc::new(contributors),
             aggregate: Arc::new(aggregate),
             phase,
-            signed_counts: BTreeMap::new(),
+            signed_counts: Arc::default(),
         })
     }
 
@@ -292,7 +296,7 @@ impl Study {
         if !self.contributors.contains_key(owner) {
             return Err(format!("owner `{owner}` is not counted in this study"));
         }
-        self.signed_counts.insert(owner.to_string(), count);
+        Arc::make_mut(&mut self.signed_counts).insert(owner.to_string(), count);
         Ok(())
     }
 
@@ -408,7 +412,7 @@ impl Study {
                 .collect()
         };
         self.aggregate = Arc::new(folded);
-        self.contributors
+        Arc::make_mut(&mut self.contributors)
             .insert(owner.to_string(), contribution_id.to_string());
         if self.contributors.len() >= self.spec.quorum as usize {
             self.phase = Phase::Sealed;
@@ -710,6 +714,24 @@ pub(crate) mod tests {
         assert!(matches!(res, Err(StudyError::WrongCount { .. })));
         assert!(s.owners_in().is_empty());
         assert_eq!(s.aggregate[0].to_big(), BigUint::one());
+    }
+
+    /// A transition tried on a copy leaves the original as it was, and copies
+    /// that were not changed share the owners' map instead of each holding one
+    /// (the view and the store's copy of every contribution).
+    #[test]
+    fn copies_share_the_owners_until_one_changes() {
+        let mut s = study(3, 1);
+        s.contribute("a", "1", &fake_cts(&s, 1), add)
+            .expect("counted");
+        let (mut next, view) = (s.clone(), s.clone());
+        assert!(Arc::ptr_eq(&s.contributors, &view.contributors));
+        next.contribute("b", "1", &fake_cts(&next, 1), add)
+            .expect("counted");
+        assert_eq!(next.owners_in(), ["a", "b"]);
+        assert_eq!(s.owners_in(), ["a"], "the original was changed");
+        assert_eq!(view.owners_in(), ["a"], "the view was changed");
+        assert!(!Arc::ptr_eq(&s.contributors, &next.contributors));
     }
 
     /// Every owner's ciphertexts encrypt `value`, so N is owners x value.
