@@ -168,12 +168,37 @@ async fn status(proxy: &str, json: bool, transport: &TransportArgs) -> anyhow::R
     Ok(())
 }
 
+/// Open descriptors the proxy asks for: more than both listeners hold at most
+/// (`ConnectionCaps::most_held`), with room for the state file, the metrics
+/// listener and the runtime's own. Many systems start a process with a soft
+/// limit of 1024, under what the main listener alone may hold.
+pub const DESCRIPTORS_NEEDED: u64 = 4096;
+
+/// Raises the soft limit on open descriptors to [`DESCRIPTORS_NEEDED`] where
+/// the hard limit allows, and warns where it stays below: past it the listener
+/// can accept nothing until a connection closes.
+fn raise_descriptor_limit() {
+    match rlimit::increase_nofile_limit(DESCRIPTORS_NEEDED) {
+        Ok(limit) if limit >= DESCRIPTORS_NEEDED => {
+            tracing::debug!(limit, "open descriptors");
+        }
+        Ok(limit) => tracing::warn!(
+            limit,
+            needed = DESCRIPTORS_NEEDED,
+            "the limit on open descriptors is below what the listeners may hold: \
+             raise the hard limit (ulimit -Hn, LimitNOFILE)"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the limit on open descriptors"),
+    }
+}
+
 /// The proxy itself: listens, then serves until interrupted.
 async fn serve(args: Args) -> anyhow::Result<()> {
     if args.allow_noise_free_for_testing {
         tracing::warn!("noise-free releases are ENABLED: test use only");
     }
     let transport = args.transport.transport(Role::Proxy).context("transport")?;
+    raise_descriptor_limit();
     if let Some(addr) = args.metrics_listen {
         crate::metrics::install(addr)?;
         tracing::info!(%addr, "metrics at /metrics");
@@ -228,4 +253,20 @@ fn check_state_folder(state: &std::path::Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The limit asked for covers both listeners full, with room to spare.
+    #[test]
+    fn the_descriptors_asked_for_cover_both_listeners() {
+        let listeners =
+            crate::listener::ConnectionCaps::MAIN.most_held() + crate::operator::CAPS.most_held();
+        assert!(
+            listeners + 256 <= DESCRIPTORS_NEEDED as usize,
+            "{listeners} descriptors for the listeners"
+        );
+    }
 }

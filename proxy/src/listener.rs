@@ -29,8 +29,9 @@
 //! hold every kept slot (four users or the operator and three users can).
 //!
 //! A listener holds at most its slots, [`MAX_HANDSHAKES`] and [`MAX_WAITING`] TLS
-//! connections: 1344 on the main port, 1288 on the operator's, each a descriptor
-//! (run the proxy with a descriptor limit of 4096 or more).
+//! connections: 1344 on the main port, 520 on the operator's, each a descriptor;
+//! the proxy raises its own limit to 4096 where the system lets it
+//! (`cli::DESCRIPTORS_NEEDED`).
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -54,12 +55,16 @@ use dpca_shell::tls::{Peer, Role};
 pub const MAX_CONNECTIONS: usize = 64;
 /// TLS handshakes at once.
 pub const MAX_HANDSHAKES: usize = 256;
-/// Authenticated connections waiting for a slot at once. With the handshakes and
-/// the connections served, a listener holds at most 64 + 256 + 1024 TLS
-/// connections (and their descriptors). As many as the listen backlog: an owner
-/// past them is closed after its handshake and comes back for another, so with
-/// 256 places 1000 owners connecting at once made 2.4-2.6 handshakes each and
-/// took 30-60% more of the proxy's CPU (`dpca-bench --bin load`, M = 8).
+/// Authenticated connections waiting for a slot at once, on the main listener.
+/// With the handshakes and the connections served, it holds at most 64 + 256 +
+/// 1024 TLS connections (and their descriptors). As many as the listen backlog:
+/// an owner past them is closed after its handshake and comes back for another,
+/// so with 256 places 1000 owners connecting at once made 2.4-2.6 handshakes each
+/// and took 30-60% more of the proxy's CPU (`dpca-bench --bin load`, M = 8).
+/// Each waiting connection may hold in the kernel what its client sent after
+/// its handshake (up to a TCP window, 64 KiB from an honest owner's HTTP/2):
+/// about 64 MiB for all of them, against 16 MiB with 256; a party holds at most
+/// [`MAX_CONNECTIONS_PER_PARTY`] of them.
 pub const MAX_WAITING: usize = 1024;
 /// TLS handshakes at once from one source address.
 pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
@@ -223,6 +228,12 @@ pub enum WhenFull {
 }
 
 impl ConnectionCaps {
+    /// The most TLS connections (each a descriptor) a listener under these caps
+    /// holds at once: served, handshaking and waiting for a slot.
+    pub const fn most_held(&self) -> usize {
+        self.connections + self.handshakes + self.waiting
+    }
+
     /// The main listener's: [`MAX_CONNECTIONS`], [`MAX_CONNECTIONS_PER_PARTY`],
     /// every party the CA certified, [`MAIN_RESERVED_CONNECTIONS`] kept for the
     /// parties who steer studies; owners wait their turn for the rest.

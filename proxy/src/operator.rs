@@ -46,6 +46,28 @@ pub const OPERATOR_RESERVED_CONNECTIONS: usize = MAX_OPERATOR_CONNECTIONS_PER_PA
 /// Connections the kernel holds for this listener before it accepts them: it
 /// serves a few operators, not a burst of owners.
 pub const OPERATOR_LISTEN_BACKLOG: i32 = 64;
+/// Authenticated connections waiting here for a slot: only operators ever wait
+/// (others are closed when the slots they may take are held), so few are needed;
+/// not the main listener's [`crate::listener::MAX_WAITING`], sized for a burst
+/// of owners.
+pub const OPERATOR_WAITING: usize = 256;
+
+/// The operator listener's caps on its TLS connections.
+pub const CAPS: crate::listener::ConnectionCaps = crate::listener::ConnectionCaps {
+    name: "operator",
+    connections: MAX_OPERATOR_CONNECTIONS,
+    per_party: MAX_OPERATOR_CONNECTIONS_PER_PARTY,
+    // Only a party that may read the status holds a connection here: an owner's
+    // is closed before it takes a slot.
+    admits: |p| crate::access::permit(Some(p), crate::access::Action::Status).is_ok(),
+    reserved: OPERATOR_RESERVED_CONNECTIONS,
+    reserved_for: |p| p.role == dpca_shell::tls::Role::Proxy,
+    reserved_per_party: MAX_OPERATOR_CONNECTIONS_PER_PARTY,
+    when_full: crate::listener::WhenFull::Close,
+    handshakes: crate::listener::MAX_HANDSHAKES,
+    waiting: OPERATOR_WAITING,
+};
+
 /// Largest request decoded: a status request is empty.
 const MAX_REQUEST_BYTES: usize = crate::limits::SMALL_REQUEST_BYTES;
 
@@ -108,21 +130,7 @@ async fn serve(
     };
     match acceptor {
         Some(acceptor) => {
-            let caps = crate::listener::ConnectionCaps {
-                name: "operator",
-                connections: MAX_OPERATOR_CONNECTIONS,
-                per_party: MAX_OPERATOR_CONNECTIONS_PER_PARTY,
-                // Only a party that may read the status holds a connection here:
-                // an owner's is closed before it takes a slot.
-                admits: |p| crate::access::permit(Some(p), crate::access::Action::Status).is_ok(),
-                reserved: OPERATOR_RESERVED_CONNECTIONS,
-                reserved_for: |p| p.role == dpca_shell::tls::Role::Proxy,
-                reserved_per_party: MAX_OPERATOR_CONNECTIONS_PER_PARTY,
-                when_full: crate::listener::WhenFull::Close,
-                handshakes: crate::listener::MAX_HANDSHAKES,
-                waiting: crate::listener::MAX_WAITING,
-            };
-            let incoming = crate::listener::capped_tls(listener, caps, acceptor, handshake_timeout);
+            let incoming = crate::listener::capped_tls(listener, CAPS, acceptor, handshake_timeout);
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?;

@@ -553,7 +553,9 @@ impl ProxyService {
             },
         )?;
         let _owner_slot = self.owner_slot(peer.as_ref().map(|p| p.name.as_str()))?;
-        // Whole seconds, at least one: a slot kept at all is kept for the answer.
+        // Whole seconds, rounded down but at least one while a slot is kept (so
+        // up to a second over in its last second); the owner's client reads none
+        // of it, sending its upload at once.
         let seconds = |d: Duration| u32::try_from(d.as_secs().max(1)).unwrap_or(u32::MAX);
         if let Some(left) = self.uploads.kept_for(&req.owner_id) {
             return Ok(v1::ReserveUploadResponse {

@@ -452,6 +452,41 @@ pub struct RowNormChoice {
 mod tests {
     use super::*;
 
+    /// The key and layout facts stay at the top level of `study.json`, where
+    /// readers of earlier files look for them, and a file written before the
+    /// later of them (slots, mask bits) still reads.
+    #[test]
+    fn study_json_keeps_its_keys() {
+        let report = StudyReport {
+            encryption: Encryption {
+                key_bits: 2048,
+                ciphertexts_per_owner: 95,
+                mask_bits: 40,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&report).expect("json");
+        assert_eq!(json["key_bits"], 2048);
+        assert_eq!(json["ciphertexts_per_owner"], 95);
+        assert_eq!(json["mask_bits"], 40);
+        assert!(json.get("encryption").is_none(), "{json}");
+        let mut older = json.clone();
+        let fields = older.as_object_mut().expect("an object");
+        for later in [
+            "slots",
+            "slot_width",
+            "vector_slots",
+            "vector_slot_width",
+            "mask_bits",
+        ] {
+            fields.remove(later);
+        }
+        let read: StudyReport = serde_json::from_value(older).expect("an older file reads");
+        assert_eq!(read.encryption.ciphertexts_per_owner, 95);
+        assert_eq!(read.encryption.mask_bits, 0);
+    }
+
     #[test]
     fn the_sweep_page_adds_up_what_the_sweep_spent() {
         let pts: Vec<SweepPoint> = [0.5, 1.0, 2.0]
