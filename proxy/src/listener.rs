@@ -60,7 +60,7 @@ pub const MAX_HANDSHAKES: usize = 256;
 /// 1024 TLS connections (and their descriptors). As many as the listen backlog:
 /// an owner past them is closed after its handshake and comes back for another,
 /// so with 256 places 1000 owners connecting at once made 2.4-2.6 handshakes each
-/// and took 30-60% more of the proxy's CPU (`dpca-bench --bin load`, M = 8).
+/// and took about a third more of the proxy's CPU (`dpca-bench --bin load`, M = 8).
 /// Each waiting connection may hold in the kernel what its client sent after
 /// its handshake (up to a TCP window, 64 KiB from an honest owner's HTTP/2):
 /// about 64 MiB for all of them, against 16 MiB with 256; a party holds at most
