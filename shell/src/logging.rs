@@ -16,7 +16,8 @@ pub enum LogFormat {
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct LogArgs {
     /// Log lines on stderr as `text` or `json` (one object per line); the level
-    /// comes from RUST_LOG (e.g. `info`, `dpca_proxy=debug`).
+    /// comes from RUST_LOG (e.g. `info`, `dpca_proxy=debug`), warnings and errors
+    /// without it.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "DPCA_LOG_FORMAT",
           global = true)]
     pub log_format: LogFormat,
@@ -25,8 +26,14 @@ pub struct LogArgs {
 /// Installs the stderr subscriber; call once at the start of `main`, after the
 /// arguments are parsed.
 pub fn init(args: &LogArgs) {
+    // Without RUST_LOG, warnings too: a proxy that cannot raise its descriptor
+    // limit, an owner retrying an unreachable proxy, a user decrypting without the
+    // owners' signatures must be seen (the filter's own default is errors only).
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing::level_filters::LevelFilter::WARN.into())
+        .from_env_lossy();
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
         .with_writer(std::io::stderr);
     // A host process (the Python package) may run a role more than once, or have
     // set its own subscriber: the first one stays.
