@@ -522,9 +522,10 @@ fn upload_wait(deadline_unix_ms: u64, now_unix_ms: u64) -> Duration {
     until_past(deadline_unix_ms, now_unix_ms, UPLOAD_GRACE).min(UPLOAD_WAIT_CAP)
 }
 
-/// Sends the contribution, in its turn for an upload slot, and waits `within` for the proxy's answer: a proxy that takes the upload and
-/// never answers does not hold the owner forever (nor one that keeps it waiting
-/// for a slot past the study's deadline). No answer is not retried: the proxy may
+/// Sends the contribution, in its turn for an upload slot, and waits `within` for
+/// the proxy's answer: a proxy that takes the upload and never answers does not
+/// hold the owner forever (nor one that keeps it waiting for a slot past the
+/// study's deadline). No answer is not retried: the proxy may
 /// have counted the contribution, and says so to a retry only if it answers at
 /// all.
 async fn upload(

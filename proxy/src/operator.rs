@@ -46,10 +46,10 @@ pub const OPERATOR_RESERVED_CONNECTIONS: usize = MAX_OPERATOR_CONNECTIONS_PER_PA
 /// Connections the kernel holds for this listener before it accepts them: it
 /// serves a few operators, not a burst of owners.
 pub const OPERATOR_LISTEN_BACKLOG: i32 = 64;
-/// Authenticated connections waiting here for a slot: only operators ever wait
-/// (others are closed when the slots they may take are held), so few are needed;
-/// not the main listener's [`crate::listener::MAX_WAITING`], sized for a burst
-/// of owners.
+/// Authenticated connections waiting here for a slot, as many as before the main
+/// listener's [`crate::listener::MAX_WAITING`] grew for bursts of owners: only
+/// operators ever wait here (others are closed when the slots they may take are
+/// held), so this port needs no more.
 pub const OPERATOR_WAITING: usize = 256;
 
 /// The operator listener's caps on its TLS connections.

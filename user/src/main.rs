@@ -7,7 +7,7 @@ use anyhow::Context;
 use dpca_common::data::read_csv;
 use dpca_common::paillier::SecretKey;
 use dpca_shell::tls::{write_dev_pki_with, DevPkiLayout};
-use dpca_user::cli::{Cli, Cmd};
+use dpca_user::cli::{Cli, Cmd, DevCertsArgs};
 use dpca_user::local::SliceLayout;
 use rand::rngs::OsRng;
 
@@ -21,13 +21,7 @@ async fn main() -> anyhow::Result<()> {
             secret,
             public,
         } => keygen(key_bits, &secret, &public),
-        Cmd::DevCerts(a) => {
-            let layout = DevPkiLayout {
-                per_party: a.per_party_dirs,
-                keep_existing: a.keep_existing,
-            };
-            dev_certs(&a.out, &a.proxy_hosts, &a.users, &a.owner_names(), layout)
-        }
+        Cmd::DevCerts(a) => dev_certs(&a),
         Cmd::Split {
             data,
             owners,
@@ -67,21 +61,19 @@ fn keygen(key_bits: u64, secret: &Path, public: &Path) -> anyhow::Result<()> {
 }
 
 /// `user dev-certs`: a development CA and every party's certificate.
-fn dev_certs(
-    out: &Path,
-    proxy_hosts: &[String],
-    users: &[String],
-    owners: &[String],
-    layout: DevPkiLayout,
-) -> anyhow::Result<()> {
-    let pki = write_dev_pki_with(out, proxy_hosts, users, owners, layout)?;
+fn dev_certs(a: &DevCertsArgs) -> anyhow::Result<()> {
+    let layout = DevPkiLayout {
+        per_party: a.per_party_dirs,
+        keep_existing: a.keep_existing,
+    };
+    let pki = write_dev_pki_with(&a.out, &a.proxy_hosts, &a.users, &a.owner_names(), layout)?;
     println!(
         "wrote a development CA and certificates for the proxy ({}), users {} \
          and {} to {}",
-        proxy_hosts.join(", "),
-        users.join(", "),
+        a.proxy_hosts.join(", "),
+        a.users.join(", "),
         dpca_shell::text::count(pki.owners.len() as u64, "owner"),
-        out.display()
+        a.out.display()
     );
     Ok(())
 }
