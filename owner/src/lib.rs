@@ -6,9 +6,11 @@
 //! the study's key matches the fingerprint the owner was given out of band: a bad cell
 //! or a swapped key stops the owner with nothing sent.
 
+mod attempts;
 pub mod cli;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -19,7 +21,7 @@ use dpca_common::protocol::{ClassRows, Share};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::risk::Risk;
 use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION, MAX_ID_BYTES};
-use dpca_proto::convert::{spec_from_wire, CIPHERTEXTS_PER_CHUNK};
+use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use dpca_shell::client::{connect, status_message, transient, with_retries};
@@ -37,6 +39,8 @@ use rand::RngCore;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
+
+use attempts::{Attempts, Encrypted};
 
 /// What the owner needs to take part in one study.
 #[derive(Clone, Debug)]
@@ -417,24 +421,28 @@ fn refusal(what: String, status: &tonic::Status) -> anyhow::Error {
 /// Runs one owner's part of a study end to end. While the proxy cannot be reached
 /// (restarting, or the connection broke mid-stream) it tries again, for up to
 /// `cfg.retry_for`: the retry carries the same contribution id, so the proxy
-/// counts it once however often it arrives.
+/// counts it once however often it arrives, and the same ciphertexts, encrypted
+/// once ([`attempts`]).
 pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let start = Instant::now();
     let unreachable = |e: &anyhow::Error| e.downcast_ref::<Unreachable>().is_some();
     // Drawn once, so every retry of this run carries the same contribution id.
     let secret = contribution_secret(&cfg.transport);
-    with_retries(cfg.retry_for, unreachable, || run_once(cfg, &secret))
-        .await
-        .map_err(|e| {
-            if unreachable(&e) {
-                e.context(format!(
-                    "gave up after {:.0} s of retries",
-                    start.elapsed().as_secs_f64()
-                ))
-            } else {
-                e
-            }
-        })
+    let attempts = Attempts::default();
+    with_retries(cfg.retry_for, unreachable, || {
+        run_once(cfg, &secret, &attempts, start)
+    })
+    .await
+    .map_err(|e| {
+        if unreachable(&e) {
+            e.context(format!(
+                "gave up after {:.0} s of retries",
+                start.elapsed().as_secs_f64()
+            ))
+        } else {
+            e
+        }
+    })
 }
 
 /// The connection to the proxy; a failure a retry may mend is [`Unreachable`].
@@ -448,45 +456,46 @@ async fn connect_for_retry(cfg: &OwnerConfig) -> anyhow::Result<ProxyClient<Chan
     })
 }
 
-/// One attempt: the spec fetched and checked, the share encrypted, and uploaded.
-async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerReport> {
-    let start = Instant::now();
+/// One attempt of the run begun at `start`: the spec fetched and checked, the
+/// share encrypted (or the one an earlier attempt encrypted for the same data and
+/// spec taken up again), and uploaded.
+async fn run_once(
+    cfg: &OwnerConfig,
+    secret: &[u8; 32],
+    attempts: &Attempts,
+    start: Instant,
+) -> anyhow::Result<OwnerReport> {
+    attempts.begin();
     let (bytes, name) = cfg.data.read()?;
     let mut client = connect_for_retry(cfg).await?;
     let (spec, noise_free) = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
-    let histogram = spec.norm_bins.is_some();
     check_risks(&cfg.study_id, &spec, noise_free, &cfg.accepted_risks)?;
-    let prepared = prepare_share(&spec, &bytes, &name, cfg.label.as_deref())?;
-    let (rows, clipped_rows) = (prepared.rows, prepared.clipped_rows);
-    let total = prepared.plaintexts.len();
-    let ct_bytes = total * spec.public_key.ciphertext_bytes();
-    let bar = progress_bar(cfg.progress, total as u64);
-    let deadline_unix_ms = spec.deadline_unix_ms;
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
-    let job = EncryptJob::new(cfg, spec, prepared.plaintexts, id, bar.clone());
-    // Everything is encrypted before the upload starts: the proxy gives each upload
-    // an allowance of time for its bytes (`--min-upload-rate`), so an upload slot is
-    // held for the transfer only, however slow the encryption.
-    let t = Instant::now();
-    let chunks = tokio::task::spawn_blocking(move || job.run())
-        .await
-        .context("encryption task panicked")??;
-    let seconds_encrypt = t.elapsed().as_secs_f64();
-    let now = now_unix_ms()?;
-    let wait = upload_wait(deadline_unix_ms, now);
-    let response = upload(&mut client, chunks, wait).await;
-    bar.finish_and_clear();
-    let response = response?;
+    let wire = spec_to_wire(&spec);
+    let ready = match attempts.kept_for(&id, &wire) {
+        Some(kept) => kept,
+        None => {
+            let t = Instant::now();
+            let ready = encrypt_share(cfg, &spec, &bytes, &name, id.clone()).await?;
+            attempts.keep(id, wire, ready.clone(), t.elapsed().as_secs_f64());
+            ready
+        }
+    };
+    let wait = upload_wait(spec.deadline_unix_ms, now_unix_ms()?);
+    let response = upload(&mut client, ready.chunks.clone(), wait).await?;
+    let count = attempts.count();
     Ok(OwnerReport {
         owner_id: cfg.owner_id.clone(),
-        rows,
-        clipped_rows,
-        ciphertexts: total,
-        bytes: ct_bytes,
+        rows: ready.rows,
+        clipped_rows: ready.clipped_rows,
+        ciphertexts: ready.ciphertexts,
+        bytes: ready.ciphertexts * spec.public_key.ciphertext_bytes(),
         newly_counted: response.newly_counted,
-        histogram,
-        seconds_encrypt,
+        histogram: spec.norm_bins.is_some(),
+        seconds_encrypt: count.seconds_encrypting,
         seconds_total: start.elapsed().as_secs_f64(),
+        attempts: count.attempts,
+        encryptions: count.encryptions,
         usage: Usage::of_self(),
         budget: (response.cap_epsilon > 0.0).then_some(BudgetReport {
             spent_epsilon: response.spent_epsilon,
@@ -494,6 +503,40 @@ async fn run_once(cfg: &OwnerConfig, secret: &[u8; 32]) -> anyhow::Result<OwnerR
             cap_epsilon: response.cap_epsilon,
             cap_delta: response.cap_delta,
         }),
+    })
+}
+
+/// The owner's table read from `bytes`, checked against `spec`, and its share
+/// encrypted off the async runtime into the chunks of its upload under
+/// `contribution_id`. Everything is encrypted before the upload starts: the proxy
+/// gives each upload an allowance of time for its bytes (`--min-upload-rate`), so
+/// an upload slot is held for the transfer only, however slow the encryption.
+async fn encrypt_share(
+    cfg: &OwnerConfig,
+    spec: &StudySpec,
+    bytes: &[u8],
+    name: &str,
+    contribution_id: String,
+) -> anyhow::Result<Encrypted> {
+    let prepared = prepare_share(spec, bytes, name, cfg.label.as_deref())?;
+    let ciphertexts = prepared.plaintexts.len();
+    let bar = progress_bar(cfg.progress, ciphertexts as u64);
+    let job = EncryptJob::new(
+        cfg,
+        spec.clone(),
+        prepared.plaintexts,
+        contribution_id,
+        bar.clone(),
+    );
+    let chunks = tokio::task::spawn_blocking(move || job.run())
+        .await
+        .context("encryption task panicked")??;
+    bar.finish_and_clear();
+    Ok(Encrypted {
+        chunks: Arc::new(chunks),
+        rows: prepared.rows,
+        clipped_rows: prepared.clipped_rows,
+        ciphertexts,
     })
 }
 
@@ -530,10 +573,10 @@ fn upload_wait(deadline_unix_ms: u64, now_unix_ms: u64) -> Duration {
 /// all.
 async fn upload(
     client: &mut ProxyClient<Channel>,
-    chunks: Vec<v1::ContributionChunk>,
+    chunks: Arc<Vec<v1::ContributionChunk>>,
     within: Duration,
 ) -> anyhow::Result<v1::ContributeResponse> {
-    let send = contribute_in_turn(client, std::sync::Arc::new(chunks));
+    let send = contribute_in_turn(client, chunks);
     match tokio::time::timeout(within, send).await {
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err(UploadRefusal::Contribute(s))) => {
@@ -760,7 +803,11 @@ mod tests {
     async fn an_upload_the_proxy_never_answers_ends_in_time() {
         let mut client = dpca_shell::testing::silent_proxy(false).await;
         let chunk = v1::ContributionChunk::default();
-        let upload = upload(&mut client, vec![chunk], Duration::from_millis(300));
+        let upload = upload(
+            &mut client,
+            Arc::new(vec![chunk]),
+            Duration::from_millis(300),
+        );
         let err = dpca_shell::testing::gives_up(upload).await;
         assert!(err.to_string().contains("no answer to the upload"), "{err}");
         // Not retried as an outage: it may have been counted.

@@ -24,10 +24,18 @@ pub struct OwnerReport {
     /// owners follows (read from the spec the owner encrypted for).
     #[serde(default)]
     pub histogram: bool,
-    /// Wall seconds spent encrypting.
+    /// Wall seconds spent encrypting, over every attempt.
     pub seconds_encrypt: f64,
-    /// Wall seconds from start to the proxy's acknowledgement.
+    /// Wall seconds from start to the proxy's acknowledgement, over every attempt.
     pub seconds_total: f64,
+    /// Attempts made: more than one where the proxy could not be reached or the
+    /// connection broke, and the owner tried again.
+    #[serde(default)]
+    pub attempts: u32,
+    /// Times the share was encrypted: once, however many attempts, unless the
+    /// data file or the study's spec changed between them.
+    #[serde(default)]
+    pub encryptions: u32,
     /// CPU time and peak memory of this owner's process, where `/proc` tells.
     #[serde(default)]
     pub usage: Option<Usage>,

@@ -144,6 +144,8 @@ impl Crashing {
             assert!(out.status.success(), "owner failed: {}", describe(&out));
             let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report");
             counted += usize::from(report["newly_counted"] == true);
+            // A retry after a kill sends the ciphertexts the owner already made.
+            assert_eq!(report["encryptions"], 1, "{report}");
         }
         eprintln!(
             "{} kills while {OWNERS} owners uploaded ({:.1} s)",

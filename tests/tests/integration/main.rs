@@ -3,6 +3,7 @@
 //! minutes of every build of the tests.
 
 mod adversaries;
+mod breaks;
 mod cleaning;
 mod crash;
 mod e2e;

@@ -1,0 +1,167 @@
+//! What an owner's run keeps across its attempts: the contribution encrypted on
+//! one, so that a retry after a broken upload or a restarting proxy sends the
+//! same ciphertexts instead of encrypting again (5-8 s at M = 1000 and 3072
+//! bits). The same ciphertexts sent again tell the proxy nothing it could not
+//! have kept from the first upload; fresh ones would be a second encryption of
+//! the same share, which tells it no more either.
+//!
+//! A kept contribution is reused only for the same contribution id (which hashes
+//! the study, the owner and the data file's bytes) and the same spec, compared
+//! in its wire form as the proxy sent it: a data file changed between attempts,
+//! or a spec that differs in any field, is encrypted afresh.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use dpca_proto::v1;
+
+/// A contribution ready to upload, with what the owner's report says of it.
+#[derive(Clone, Debug)]
+pub(crate) struct Encrypted {
+    /// The upload's chunks, header and count signature included.
+    pub chunks: Arc<Vec<v1::ContributionChunk>>,
+    /// Rows in the share.
+    pub rows: u64,
+    /// Rows the row-norm clip shortened.
+    pub clipped_rows: usize,
+    /// Ciphertexts in the chunks.
+    pub ciphertexts: usize,
+}
+
+/// What the contribution was encrypted for.
+struct Kept {
+    contribution_id: String,
+    spec: v1::StudySpec,
+    encrypted: Encrypted,
+}
+
+/// The attempts of one run so far.
+#[derive(Default)]
+struct Tally {
+    attempts: u32,
+    encryptions: u32,
+    seconds_encrypting: f64,
+    kept: Option<Kept>,
+}
+
+/// A run's attempts, shared by them in turn (each attempt is a future the retry
+/// loop makes anew, so the tally sits behind a lock no attempt holds across an
+/// await).
+#[derive(Default)]
+pub(crate) struct Attempts(Mutex<Tally>);
+
+/// How a run went, for its report.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Count {
+    /// Attempts begun.
+    pub attempts: u32,
+    /// Times the share was encrypted.
+    pub encryptions: u32,
+    /// Wall seconds spent encrypting, over every attempt.
+    pub seconds_encrypting: f64,
+}
+
+impl Attempts {
+    fn tally(&self) -> std::sync::MutexGuard<'_, Tally> {
+        // Nothing panics while holding it; a poisoned tally is still whole.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts an attempt begun.
+    pub fn begin(&self) {
+        self.tally().attempts += 1;
+    }
+
+    /// The contribution kept from an earlier attempt if it was encrypted for
+    /// `contribution_id` and `spec`.
+    pub fn kept_for(&self, contribution_id: &str, spec: &v1::StudySpec) -> Option<Encrypted> {
+        let tally = self.tally();
+        let kept = tally.kept.as_ref()?;
+        (kept.contribution_id == contribution_id && &kept.spec == spec)
+            .then(|| kept.encrypted.clone())
+    }
+
+    /// Keeps `encrypted`, made for `contribution_id` and `spec` in `seconds`.
+    pub fn keep(
+        &self,
+        contribution_id: String,
+        spec: v1::StudySpec,
+        encrypted: Encrypted,
+        seconds: f64,
+    ) {
+        let mut tally = self.tally();
+        tally.encryptions += 1;
+        tally.seconds_encrypting += seconds;
+        tally.kept = Some(Kept {
+            contribution_id,
+            spec,
+            encrypted,
+        });
+    }
+
+    /// The run so far.
+    pub fn count(&self) -> Count {
+        let tally = self.tally();
+        Count {
+            attempts: tally.attempts,
+            encryptions: tally.encryptions,
+            seconds_encrypting: tally.seconds_encrypting,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encrypted(rows: u64) -> Encrypted {
+        Encrypted {
+            chunks: Arc::new(vec![v1::ContributionChunk::default()]),
+            rows,
+            clipped_rows: 0,
+            ciphertexts: 1,
+        }
+    }
+
+    fn spec(deadline_unix_ms: u64) -> v1::StudySpec {
+        v1::StudySpec {
+            deadline_unix_ms,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_contribution_is_reused_only_for_its_id_and_its_spec() {
+        let attempts = Attempts::default();
+        assert!(attempts.kept_for("id", &spec(1)).is_none());
+        attempts.keep("id".into(), spec(1), encrypted(7), 2.0);
+        let again = attempts.kept_for("id", &spec(1)).expect("kept");
+        assert_eq!(again.rows, 7);
+        // The same chunks, not a copy of them.
+        let first = attempts.kept_for("id", &spec(1)).expect("kept");
+        assert!(Arc::ptr_eq(&first.chunks, &again.chunks));
+        // Another data file (another id), or a spec changed in any field.
+        assert!(attempts.kept_for("other", &spec(1)).is_none());
+        assert!(attempts.kept_for("id", &spec(2)).is_none());
+    }
+
+    #[test]
+    fn the_count_adds_up_attempts_and_encryptions() {
+        let attempts = Attempts::default();
+        attempts.begin();
+        attempts.keep("id".into(), spec(1), encrypted(1), 2.0);
+        attempts.begin();
+        attempts.begin();
+        attempts.keep("id".into(), spec(2), encrypted(1), 3.0);
+        assert_eq!(
+            attempts.count(),
+            Count {
+                attempts: 3,
+                encryptions: 2,
+                seconds_encrypting: 5.0,
+            }
+        );
+        // The last encryption replaced the first.
+        assert!(attempts.kept_for("id", &spec(1)).is_none());
+        assert!(attempts.kept_for("id", &spec(2)).is_some());
+    }
+}
