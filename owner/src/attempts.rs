@@ -7,8 +7,9 @@
 //!
 //! A kept contribution is reused only for the same contribution id (which hashes
 //! the study, the owner and the data file's bytes) and the same spec, compared
-//! in its wire form as the proxy sent it: a data file changed between attempts,
-//! or a spec that differs in any field, is encrypted afresh.
+//! in its wire form re-encoded from the validated spec, so exactly what the
+//! encryption read: a data file changed between attempts, or a spec that differs
+//! in any field, is encrypted afresh.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -36,7 +37,7 @@ struct Kept {
 
 /// The attempts of one run so far.
 #[derive(Default)]
-struct Tally {
+struct State {
     attempts: u32,
     encryptions: u32,
     seconds_encrypting: f64,
@@ -44,14 +45,14 @@ struct Tally {
 }
 
 /// A run's attempts, shared by them in turn (each attempt is a future the retry
-/// loop makes anew, so the tally sits behind a lock no attempt holds across an
+/// loop makes anew, so their state sits behind a lock no attempt holds across an
 /// await).
 #[derive(Default)]
-pub(crate) struct Attempts(Mutex<Tally>);
+pub(crate) struct Attempts(Mutex<State>);
 
 /// How a run went, for its report.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Count {
+pub(crate) struct Tally {
     /// Attempts begun.
     pub attempts: u32,
     /// Times the share was encrypted.
@@ -61,37 +62,38 @@ pub(crate) struct Count {
 }
 
 impl Attempts {
-    fn tally(&self) -> std::sync::MutexGuard<'_, Tally> {
-        // Nothing panics while holding it; a poisoned tally is still whole.
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // Nothing panics while holding it; a poisoned state is still whole.
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Counts an attempt begun.
     pub fn begin(&self) {
-        self.tally().attempts += 1;
+        self.state().attempts += 1;
     }
 
     /// The contribution kept from an earlier attempt if it was encrypted for
     /// `contribution_id` and `spec`.
     pub fn kept_for(&self, contribution_id: &str, spec: &v1::StudySpec) -> Option<Encrypted> {
-        let tally = self.tally();
-        let kept = tally.kept.as_ref()?;
+        let state = self.state();
+        let kept = state.kept.as_ref()?;
         (kept.contribution_id == contribution_id && &kept.spec == spec)
             .then(|| kept.encrypted.clone())
     }
 
-    /// Keeps `encrypted`, made for `contribution_id` and `spec` in `seconds`.
-    pub fn keep(
+    /// Counts an encryption of `seconds`, and keeps what it made, `encrypted` for
+    /// `contribution_id` and `spec`, for the attempts that follow.
+    pub fn record_encryption(
         &self,
         contribution_id: String,
         spec: v1::StudySpec,
         encrypted: Encrypted,
         seconds: f64,
     ) {
-        let mut tally = self.tally();
-        tally.encryptions += 1;
-        tally.seconds_encrypting += seconds;
-        tally.kept = Some(Kept {
+        let mut state = self.state();
+        state.encryptions += 1;
+        state.seconds_encrypting += seconds;
+        state.kept = Some(Kept {
             contribution_id,
             spec,
             encrypted,
@@ -99,12 +101,12 @@ impl Attempts {
     }
 
     /// The run so far.
-    pub fn count(&self) -> Count {
-        let tally = self.tally();
-        Count {
-            attempts: tally.attempts,
-            encryptions: tally.encryptions,
-            seconds_encrypting: tally.seconds_encrypting,
+    pub fn tally(&self) -> Tally {
+        let state = self.state();
+        Tally {
+            attempts: state.attempts,
+            encryptions: state.encryptions,
+            seconds_encrypting: state.seconds_encrypting,
         }
     }
 }
@@ -133,7 +135,7 @@ mod tests {
     fn a_contribution_is_reused_only_for_its_id_and_its_spec() {
         let attempts = Attempts::default();
         assert!(attempts.kept_for("id", &spec(1)).is_none());
-        attempts.keep("id".into(), spec(1), encrypted(7), 2.0);
+        attempts.record_encryption("id".into(), spec(1), encrypted(7), 2.0);
         let again = attempts.kept_for("id", &spec(1)).expect("kept");
         assert_eq!(again.rows, 7);
         // The same chunks, not a copy of them.
@@ -148,13 +150,13 @@ mod tests {
     fn the_count_adds_up_attempts_and_encryptions() {
         let attempts = Attempts::default();
         attempts.begin();
-        attempts.keep("id".into(), spec(1), encrypted(1), 2.0);
+        attempts.record_encryption("id".into(), spec(1), encrypted(1), 2.0);
         attempts.begin();
         attempts.begin();
-        attempts.keep("id".into(), spec(2), encrypted(1), 3.0);
+        attempts.record_encryption("id".into(), spec(2), encrypted(1), 3.0);
         assert_eq!(
-            attempts.count(),
-            Count {
+            attempts.tally(),
+            Tally {
                 attempts: 3,
                 encryptions: 2,
                 seconds_encrypting: 5.0,

@@ -422,7 +422,7 @@ fn refusal(what: String, status: &tonic::Status) -> anyhow::Error {
 /// (restarting, or the connection broke mid-stream) it tries again, for up to
 /// `cfg.retry_for`: the retry carries the same contribution id, so the proxy
 /// counts it once however often it arrives, and the same ciphertexts, encrypted
-/// once ([`attempts`]).
+/// once (the module `attempts`).
 pub async fn run(cfg: &OwnerConfig) -> anyhow::Result<OwnerReport> {
     let start = Instant::now();
     let unreachable = |e: &anyhow::Error| e.downcast_ref::<Unreachable>().is_some();
@@ -472,30 +472,29 @@ async fn run_once(
     check_risks(&cfg.study_id, &spec, noise_free, &cfg.accepted_risks)?;
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
     let wire = spec_to_wire(&spec);
-    let ready = match attempts.kept_for(&id, &wire) {
+    let encrypted = match attempts.kept_for(&id, &wire) {
         Some(kept) => kept,
         None => {
-            let t = Instant::now();
-            let ready = encrypt_share(cfg, &spec, &bytes, &name, id.clone()).await?;
-            attempts.keep(id, wire, ready.clone(), t.elapsed().as_secs_f64());
-            ready
+            let (encrypted, seconds) = encrypt_share(cfg, &spec, &bytes, &name, id.clone()).await?;
+            attempts.record_encryption(id, wire, encrypted.clone(), seconds);
+            encrypted
         }
     };
     let wait = upload_wait(spec.deadline_unix_ms, now_unix_ms()?);
-    let response = upload(&mut client, ready.chunks.clone(), wait).await?;
-    let count = attempts.count();
+    let response = upload(&mut client, encrypted.chunks.clone(), wait).await?;
+    let tally = attempts.tally();
     Ok(OwnerReport {
         owner_id: cfg.owner_id.clone(),
-        rows: ready.rows,
-        clipped_rows: ready.clipped_rows,
-        ciphertexts: ready.ciphertexts,
-        bytes: ready.ciphertexts * spec.public_key.ciphertext_bytes(),
+        rows: encrypted.rows,
+        clipped_rows: encrypted.clipped_rows,
+        ciphertexts: encrypted.ciphertexts,
+        bytes: encrypted.ciphertexts * spec.public_key.ciphertext_bytes(),
         newly_counted: response.newly_counted,
         histogram: spec.norm_bins.is_some(),
-        seconds_encrypt: count.seconds_encrypting,
+        seconds_encrypt: tally.seconds_encrypting,
         seconds_total: start.elapsed().as_secs_f64(),
-        attempts: count.attempts,
-        encryptions: count.encryptions,
+        attempts: tally.attempts,
+        encryptions: tally.encryptions,
         usage: Usage::of_self(),
         budget: (response.cap_epsilon > 0.0).then_some(BudgetReport {
             spent_epsilon: response.spent_epsilon,
@@ -508,16 +507,17 @@ async fn run_once(
 
 /// The owner's table read from `bytes`, checked against `spec`, and its share
 /// encrypted off the async runtime into the chunks of its upload under
-/// `contribution_id`. Everything is encrypted before the upload starts: the proxy
-/// gives each upload an allowance of time for its bytes (`--min-upload-rate`), so
-/// an upload slot is held for the transfer only, however slow the encryption.
+/// `contribution_id`; with the wall seconds the encryption took. Everything is
+/// encrypted before the upload starts: the proxy gives each upload an allowance
+/// of time for its bytes (`--min-upload-rate`), so an upload slot is held for the
+/// transfer only, however slow the encryption.
 async fn encrypt_share(
     cfg: &OwnerConfig,
     spec: &StudySpec,
     bytes: &[u8],
     name: &str,
     contribution_id: String,
-) -> anyhow::Result<Encrypted> {
+) -> anyhow::Result<(Encrypted, f64)> {
     let prepared = prepare_share(spec, bytes, name, cfg.label.as_deref())?;
     let ciphertexts = prepared.plaintexts.len();
     let bar = progress_bar(cfg.progress, ciphertexts as u64);
@@ -528,16 +528,19 @@ async fn encrypt_share(
         contribution_id,
         bar.clone(),
     );
+    let t = Instant::now();
     let chunks = tokio::task::spawn_blocking(move || job.run())
         .await
         .context("encryption task panicked")??;
+    let seconds = t.elapsed().as_secs_f64();
     bar.finish_and_clear();
-    Ok(Encrypted {
+    let encrypted = Encrypted {
         chunks: Arc::new(chunks),
         rows: prepared.rows,
         clipped_rows: prepared.clipped_rows,
         ciphertexts,
-    })
+    };
+    Ok((encrypted, seconds))
 }
 
 /// How long past the study's deadline, on the owner's clock, the owner waits for

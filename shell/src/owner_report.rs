@@ -26,7 +26,9 @@ pub struct OwnerReport {
     pub histogram: bool,
     /// Wall seconds spent encrypting, over every attempt.
     pub seconds_encrypt: f64,
-    /// Wall seconds from start to the proxy's acknowledgement, over every attempt.
+    /// Wall seconds from the first attempt's start to the proxy's
+    /// acknowledgement, the attempts before it and the pauses between them
+    /// included.
     pub seconds_total: f64,
     /// Attempts made: more than one where the proxy could not be reached or the
     /// connection broke, and the owner tried again.

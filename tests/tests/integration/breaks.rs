@@ -7,7 +7,8 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use dpca_tests::{describe, fixture, submit};
 
 /// Copies `from` to `to` until either side ends or more than `limit` bytes have
-/// gone through, then closes both ways of both.
+/// gone through (at most one read of 16 KiB past it), then closes both ways of
+/// both.
 fn pipe(mut from: TcpStream, mut to: TcpStream, limit: usize) {
     let mut buf = [0u8; 16 * 1024];
     let mut passed = 0;
@@ -60,8 +61,10 @@ fn a_broken_upload_is_retried_without_encrypting_again() {
         .parse()
         .expect("the proxy's address");
     // The handshake and the spec's fetch send a few KiB, the upload 47 KiB of
-    // ciphertexts (94 at 2048 bits), so the cut falls in the upload.
-    let relay = breaking_relay(proxy, 16 * 1024);
+    // ciphertexts (94 at 2048 bits), so the cut falls in the upload (checked
+    // below: the relay passes at most one read past `cut`).
+    let cut = 8 * 1024;
+    let relay = breaking_relay(proxy, cut);
     let data = f.good_file("broken.csv", 40, 0);
     let mut cmd = f.owner_cmd("hospital-a");
     cmd.args(["--owner-id", "hospital-a", "--retry-for", "60"]);
@@ -74,7 +77,19 @@ fn a_broken_upload_is_retried_without_encrypting_again() {
     );
     assert!(out.status.success(), "{}", describe(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report");
-    assert_eq!(report["attempts"], 2, "{report}");
+    assert!(
+        report["bytes"].as_u64() > Some(cut as u64 + 16 * 1024),
+        "{report}"
+    );
+    // The warning of the retry names the upload, not the connection or the fetch.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("proxy refused the contribution"),
+        "{stderr}"
+    );
+    // Two attempts, or a third where the retry came before the proxy had seen
+    // the first upload end (it then refuses a second upload of the same owner).
+    assert!(report["attempts"].as_u64() >= Some(2), "{report}");
     assert_eq!(report["encryptions"], 1, "{report}");
     assert_eq!(report["newly_counted"], true, "{report}");
     assert_eq!(f.owners_in(), 1);
