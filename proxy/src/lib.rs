@@ -26,7 +26,7 @@ pub mod service;
 pub mod status;
 pub mod store;
 pub mod study;
-pub(crate) mod upload_slots;
+pub mod upload_slots;
 pub mod world;
 
 use std::net::SocketAddr;

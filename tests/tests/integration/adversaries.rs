@@ -869,6 +869,36 @@ fn a_counted_owner_asking_again_does_not_wait_for_an_upload_slot() {
     assert_eq!(f.owners_in(), 1);
 }
 
+/// An owner that reserves its upload slot again is answered what is left of
+/// the slot's lease, not a fresh one: the slot is not kept any longer for the
+/// second call, and the answer promises no more time than it is kept.
+#[test]
+fn reserving_again_answers_what_is_left_of_the_lease() {
+    let f = fixture();
+    let lease = dpca_proxy::upload_slots::LEASE.as_secs();
+    let reserve = v1::ReserveUploadRequest {
+        study_id: f.study.clone(),
+        owner_id: "hospital-a".into(),
+        contribution_id: "kept".into(),
+    };
+    let (first, again) = rt().block_on(async {
+        let mut c = f.client("hospital-a").await;
+        let first = c.reserve_upload(reserve.clone()).await.expect("reserve");
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        let again = c.reserve_upload(reserve).await.expect("reserve again");
+        (
+            first.into_inner().lease_seconds,
+            again.into_inner().lease_seconds,
+        )
+    });
+    assert_eq!(u64::from(first), lease);
+    assert!(
+        u64::from(again) <= lease - 2,
+        "{again} s after 2.5 s of {lease}"
+    );
+    assert!(again >= 1, "the slot is still kept");
+}
+
 /// An upload that waited for a slot was not read while it waited, and with no
 /// time limit: its owner could fill the stream's window with one-byte frames,
 /// each keeping a whole read buffer of the proxy alive (about 1 GiB per waiting
