@@ -8,7 +8,7 @@
 //! method: an owner calling `OpenStudy`, which only a user may, or sending a
 //! `GetStudy` whose study id is a megabyte. The handlers still authorize each
 //! call in full (names, the study's opener: `access::permit`); the gate refuses
-//! by role ([`access::may_call`]) and size ([`Limits::request_cap`]) only. The
+//! by role ([`crate::access::may_call`]) and size ([`Limits::request_cap`]) only. The
 //! operator listener screens its calls the same way ([`Screened`]), by method.
 
 use std::convert::Infallible;

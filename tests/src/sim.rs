@@ -224,7 +224,7 @@ static SEEDS: AtomicU64 = AtomicU64::new(1);
 
 impl Sim {
     /// Starts a proxy and opens a study of `centering`, with each owner's two
-    /// `tables` (rows of [`DIM`] values in [-1, 1]).
+    /// `tables` (rows of `DIM` values in [-1, 1]).
     pub fn new(centering: Centering, tables: Vec<[Vec<Vec<f64>>; 2]>) -> Self {
         assert_eq!(tables.len(), OWNERS.len(), "one pair of tables per owner");
         let dir = tempfile::tempdir().expect("tempdir");

@@ -153,7 +153,7 @@ const SIBLINGS: [&str; 2] = ["proxy", "owner"];
 
 /// Builds all three programs into `dir` the way a run from the source tree does:
 /// the user alone (as `cargo run -p user` builds it), then the proxy and the owner
-/// together (as [`sibling_binaries`] does). cargo unifies features per build, so
+/// together (as `sibling_binaries` does). cargo unifies features per build, so
 /// one build of the three would compile each differently from those two, and a
 /// `user local` run after it would build the proxy and the owner again, over the
 /// ones just built.

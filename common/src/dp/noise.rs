@@ -93,7 +93,7 @@ impl NoiseScale {
 
     /// Samples the upper triangle (row-major, i <= j) of a symmetric dim x dim noise
     /// matrix. Gaussian and Laplace entries are iid; Wishart entries are those of Z Z^T.
-    /// The draws run on the pool ([`iid`]): which values come out depends on `rng`
+    /// The draws run on the pool (`iid`): which values come out depends on `rng`
     /// alone, not on the number of threads.
     pub fn sample_upper<R: RngCore + CryptoRng>(&self, dim: usize, rng: &mut R) -> Vec<BigInt> {
         let count = dim * (dim + 1) / 2;

@@ -106,7 +106,7 @@ pub struct StudyLayout {
     pub count_scale: u64,
     /// Bits of the mask b: b is uniform in [0, 2^mask_bits).
     pub mask_bits: u64,
-    /// The paper's way (see [`StudySpec::baseline`]).
+    /// The paper's way (see [`SpecDraft::baseline`](crate::study::SpecDraft::baseline)).
     pub baseline: bool,
 }
 
