@@ -53,6 +53,10 @@ pub struct ProxyService {
     /// Owners with an upload in progress: one slot per owner, so no certificate
     /// holder can take every slot.
     uploading: PerKey<String>,
+    /// Studies whose release is being computed: one computation per study at a
+    /// time. Held by the computation, not the call: a caller that drops its call
+    /// does not stop the blocking work it started.
+    releasing: PerKey<String>,
     store: Option<Arc<Store>>,
     /// Owner id -> privacy budget. Locked after `studies` when both are held.
     budgets: Arc<Mutex<HashMap<String, OwnerBudget>>>,
@@ -97,6 +101,7 @@ impl ProxyService {
             config,
             studies: Arc::new(Mutex::new(studies)),
             uploading: PerKey::default(),
+            releasing: PerKey::default(),
             store,
             budgets: Arc::new(Mutex::new(budgets)),
         })
@@ -1140,6 +1145,13 @@ impl v1::proxy_server::Proxy for ProxyService {
         let req = req.into_inner();
         let id = req.study_id;
         self.authorize_user(peer.as_ref(), &id).await?;
+        // A second computation of the same release would only be thrown away at
+        // `commit_release`, after minutes of every core at M = 1000.
+        let computing = self.releasing.take(id.clone(), 1).ok_or_else(|| {
+            Refusal::Unavailable(format!(
+                "the release of study `{id}` is being computed: ask again once it is stored"
+            ))
+        })?;
         // Checked on a copy, off the lock of all studies: the opening costs a full
         // exponentiation, and `commit_release` re-checks the phase under the lock.
         let snapshot = self.with_study(&id, |s| Ok(s.clone())).await?;
@@ -1169,9 +1181,12 @@ impl v1::proxy_server::Proxy for ProxyService {
             } else {
                 compute()
             };
-            released.map_err(Refusal::from)
+            // The slot goes back when the release is stored, or here if this call
+            // was dropped meanwhile and no one will store it.
+            released.map(|r| (r, computing)).map_err(Refusal::from)
         })
         .await?;
+        let (released, _computing) = released;
         // Stored before it can be served: a restart serves this release again.
         self.update_study(&id, move |s| Ok(s.commit_release(released)?))
             .await?;
@@ -1617,6 +1632,44 @@ mod tests {
         assert_eq!(opened, 2, "opened past the limit of 2");
     }
 
+    /// One computation of a study's release at a time: a `Release` that comes
+    /// while one of the same study is being computed (held here as that one
+    /// holds it) is refused at once instead of computing the release again; a
+    /// user that sent many at once made the proxy compute each (minutes of every
+    /// core at M = 1000) only to throw all but one away when storing it.
+    #[test]
+    fn a_release_being_computed_is_not_computed_again() {
+        use v1::proxy_server::Proxy;
+        let (_dir, svc, cts) = collecting_with(Centering::DpMean, 2);
+        two_threads().block_on(async {
+            for owner in ["a", "b"] {
+                let counted = svc.commit_contribution(upload(owner), cts.clone(), None);
+                counted.await.expect("counted");
+            }
+        });
+        let phase = || rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())));
+        assert_eq!(phase().expect("study"), "sealed");
+        let release = || {
+            svc.release(Request::new(v1::ReleaseRequest {
+                study_id: "s1".into(),
+                count: None,
+            }))
+        };
+        let computing = svc.releasing.take("s1".into(), 1).expect("no release yet");
+        let refused = two_threads()
+            .block_on(release())
+            .expect_err("computed a second time");
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+        assert!(refused.message().contains("being computed"), "{refused:?}");
+        drop(computing);
+        two_threads()
+            .block_on(release())
+            .expect("released once the other is done");
+        assert_eq!(phase().expect("study"), "released");
+        // The computation gave its slot back.
+        assert!(svc.releasing.take("s1".into(), 1).is_some());
+    }
+
     /// A service holding the test study `s1` (quorum 8, so it keeps collecting),
     /// and fresh ciphertexts of a contribution to it.
     fn collecting_with_contribution() -> (tempfile::TempDir, ProxyService, Vec<Elem>) {
@@ -1625,10 +1678,18 @@ mod tests {
 
     /// As [`collecting_with_contribution`], sealing at `quorum` owners.
     fn collecting_with_quorum(quorum: u32) -> (tempfile::TempDir, ProxyService, Vec<Elem>) {
+        collecting_with(Centering::Mask, quorum)
+    }
+
+    /// As [`collecting_with_quorum`], under `centering`.
+    fn collecting_with(
+        centering: Centering,
+        quorum: u32,
+    ) -> (tempfile::TempDir, ProxyService, Vec<Elem>) {
         use rand::SeedableRng;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
-        let mut s = study(quorum, 1);
+        let mut s = crate::study::tests::study_with(centering, quorum, 1);
         s.spec = SpecDraft {
             deadline_unix_ms: u64::MAX,
             ..s.spec.to_draft()
