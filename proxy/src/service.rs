@@ -15,7 +15,7 @@ use dpca_proto::v1;
 use dpca_shell::signed_count;
 use dpca_shell::signed_count::signing_identity;
 use rand::RngCore;
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use dpca_shell::tls::{Peer, Transport};
@@ -26,7 +26,7 @@ use crate::cell::{Locked, StudyCell};
 use crate::per_key::{Held, PerKey};
 use crate::refusal::Refusal;
 use crate::store::{signed_count_to_wire, Announced, Store, StoreError, Ticket};
-use crate::study::{ContributionOutcome, Phase, SignedCount, Study};
+use crate::study::{ContributionOutcome, Phase, Released, SignedCount, Study};
 use crate::upload_slots::{Slot, SlotError, UploadSlots};
 use crate::ProxyConfig;
 
@@ -1250,7 +1250,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         let peer = self.caller(&req)?;
         let id = req.into_inner().study_id;
         self.authorize_user(peer.as_ref(), &id).await?;
-        let chunks = self
+        let (released, pk, header) = self
             .with_study(&id, |s| {
                 let Phase::Released(r) = &s.phase else {
                     return Err(Refusal::WrongPhase(format!(
@@ -1258,31 +1258,49 @@ impl v1::proxy_server::Proxy for ProxyService {
                         s.phase.name()
                     )));
                 };
-                let pk = &s.spec.public_key;
-                let grid = f64::from(s.spec.fixed.frac_bits).exp2();
-                // The mask release is N S~ (N proven at the release); dp-mean's is S~.
-                let scale = r.n_rows.unwrap_or(1) as f64 * grid * grid;
-                let total = r.ciphertexts.len() as u32;
-                let grid_scale = r.plan.matrix.grid_parameter().to_string();
-                let mut out = Vec::new();
-                for (k, part) in r.ciphertexts.chunks(CIPHERTEXTS_PER_CHUNK).enumerate() {
-                    let mut chunk = v1::ResultChunk {
-                        ciphertexts: part.iter().map(|c| pk.ciphertext_to_bytes(c)).collect(),
-                        ..Default::default()
-                    };
-                    if k == 0 {
-                        chunk.n_rows = r.n_rows.unwrap_or(0);
-                        chunk.noise_scale_grid = grid_scale.clone();
-                        chunk.noise_scale = r.plan.matrix.std_dev() / scale;
-                        chunk.n_owners = r.owners.len() as u32;
-                        chunk.total_ciphertexts = total;
-                    }
-                    out.push(Ok(chunk));
-                }
-                Ok(out)
+                Ok((
+                    Arc::clone(r),
+                    s.spec.public_key.clone(),
+                    result_header(s, r),
+                ))
             })
             .await?;
-        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+        // Each chunk is encoded when its caller reads it: a stream holds the
+        // release it shares with the study, not a copy of it, however slowly (or
+        // never) it is read.
+        let total = released.ciphertexts.len();
+        let stream = tokio_stream::iter(0..total.div_ceil(CIPHERTEXTS_PER_CHUNK)).map(move |k| {
+            let start = k * CIPHERTEXTS_PER_CHUNK;
+            let part = released
+                .ciphertexts
+                .get(start..total.min(start + CIPHERTEXTS_PER_CHUNK))
+                .unwrap_or_default();
+            let ciphertexts = part.iter().map(|c| pk.ciphertext_to_bytes(c)).collect();
+            let chunk = match k {
+                0 => header.clone(),
+                _ => v1::ResultChunk::default(),
+            };
+            Ok(v1::ResultChunk {
+                ciphertexts,
+                ..chunk
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// What the first chunk of study `s`'s result `r` says besides its ciphertexts.
+fn result_header(s: &Study, r: &Released) -> v1::ResultChunk {
+    let grid = f64::from(s.spec.fixed.frac_bits).exp2();
+    // The mask release is N S~ (N proven at the release); dp-mean's is S~.
+    let scale = r.n_rows.unwrap_or(1) as f64 * grid * grid;
+    v1::ResultChunk {
+        n_rows: r.n_rows.unwrap_or(0),
+        noise_scale_grid: r.plan.matrix.grid_parameter().to_string(),
+        noise_scale: r.plan.matrix.std_dev() / scale,
+        n_owners: r.owners.len() as u32,
+        total_ciphertexts: r.ciphertexts.len() as u32,
+        ..Default::default()
     }
 }
 
@@ -1640,13 +1658,7 @@ mod tests {
     #[test]
     fn a_release_being_computed_is_not_computed_again() {
         use v1::proxy_server::Proxy;
-        let (_dir, svc, cts) = collecting_with(Centering::DpMean, 2);
-        two_threads().block_on(async {
-            for owner in ["a", "b"] {
-                let counted = svc.commit_contribution(upload(owner), cts.clone(), None);
-                counted.await.expect("counted");
-            }
-        });
+        let (_dir, svc) = sealed_dp_mean();
         let phase = || rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())));
         assert_eq!(phase().expect("study"), "sealed");
         let release = || {
@@ -1668,6 +1680,67 @@ mod tests {
         assert_eq!(phase().expect("study"), "released");
         // The computation gave its slot back.
         assert!(svc.releasing.take("s1".into(), 1).is_some());
+    }
+
+    /// A service holding `s1` under `dp-mean`, sealed with two owners.
+    fn sealed_dp_mean() -> (tempfile::TempDir, ProxyService) {
+        let (dir, svc, cts) = collecting_with(Centering::DpMean, 2);
+        two_threads().block_on(async {
+            for owner in ["a", "b"] {
+                let counted = svc.commit_contribution(upload(owner), cts.clone(), None);
+                counted.await.expect("counted");
+            }
+        });
+        (dir, svc)
+    }
+
+    /// A `FetchResult` stream shares the stored release and encodes each chunk
+    /// as it is read: before, each stream held the whole release encoded until
+    /// its caller read it, so a user that opened its 128 streams and read none
+    /// held 128 copies (about 2.6 GB at M = 1000 and 3072 bits).
+    #[test]
+    fn a_result_stream_holds_the_release_it_shares_not_a_copy() {
+        use v1::proxy_server::Proxy;
+        let (_dir, svc) = sealed_dp_mean();
+        let runtime = two_threads();
+        let release = Request::new(v1::ReleaseRequest {
+            study_id: "s1".into(),
+            count: None,
+        });
+        runtime.block_on(svc.release(release)).expect("released");
+        let shared = || {
+            let held = rt().block_on(svc.with_study("s1", |s| match &s.phase {
+                Phase::Released(r) => Ok(Arc::clone(r)),
+                other => panic!("phase {}", other.name()),
+            }));
+            Arc::strong_count(&held.expect("study")) - 1
+        };
+        let before = shared();
+        let fetch = || {
+            let req = Request::new(v1::FetchResultRequest {
+                study_id: "s1".into(),
+            });
+            runtime.block_on(svc.fetch_result(req)).expect("fetch")
+        };
+        let unread: Vec<_> = (0..3).map(|_| fetch()).collect();
+        assert_eq!(
+            shared(),
+            before + 3,
+            "each unread stream shares the release"
+        );
+        // Read whole, a stream gives every ciphertext, the header on its first
+        // chunk (results of many chunks are read whole by the integration tests).
+        let chunks: Vec<_> = runtime.block_on(fetch().into_inner().collect::<Vec<_>>());
+        let chunks: Vec<v1::ResultChunk> = chunks.into_iter().map(|c| c.expect("chunk")).collect();
+        let total = chunks[0].total_ciphertexts as usize;
+        assert!(total > 0);
+        assert_eq!(chunks[0].n_owners, 2);
+        assert_eq!(
+            chunks.iter().map(|c| c.ciphertexts.len()).sum::<usize>(),
+            total
+        );
+        drop(unread);
+        assert_eq!(shared(), before);
     }
 
     /// A service holding the test study `s1` (quorum 8, so it keeps collecting),
