@@ -57,6 +57,15 @@ impl<K: std::hash::Hash + Eq + Clone> PerKey<K> {
             key,
         })
     }
+
+    /// How many counts of `key` are held (for tests that wait for a holder).
+    #[cfg(test)]
+    pub fn held(&self, key: &K) -> usize {
+        self.0
+            .lock()
+            .map(|map| map.get(key).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

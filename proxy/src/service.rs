@@ -1149,7 +1149,7 @@ impl v1::proxy_server::Proxy for ProxyService {
         // `commit_release`, after minutes of every core at M = 1000.
         let computing = self.releasing.take(id.clone(), 1).ok_or_else(|| {
             Refusal::Unavailable(format!(
-                "the release of study `{id}` is being computed: ask again once it is stored"
+                "the release of study `{id}` is being computed: fetch the result once it is stored"
             ))
         })?;
         // Checked on a copy, off the lock of all studies: the opening costs a full
@@ -1651,35 +1651,48 @@ mod tests {
     }
 
     /// One computation of a study's release at a time: a `Release` that comes
-    /// while one of the same study is being computed (held here as that one
-    /// holds it) is refused at once instead of computing the release again; a
-    /// user that sent many at once made the proxy compute each (minutes of every
-    /// core at M = 1000) only to throw all but one away when storing it.
+    /// while another of the same study is under way (here held up at the write
+    /// that stores it) is refused at once instead of computing the release
+    /// again; a user that sent many at once made the proxy compute each (minutes
+    /// of every core at M = 1000) only to throw all but one away when storing it.
     #[test]
+    // The held lock is the point: the first release's write waits on it.
+    #[allow(clippy::await_holding_lock)]
     fn a_release_being_computed_is_not_computed_again() {
         use v1::proxy_server::Proxy;
-        let (_dir, svc) = sealed_dp_mean();
-        let phase = || rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())));
-        assert_eq!(phase().expect("study"), "sealed");
-        let release = || {
-            svc.release(Request::new(v1::ReleaseRequest {
+        fn request() -> Request<v1::ReleaseRequest> {
+            Request::new(v1::ReleaseRequest {
                 study_id: "s1".into(),
                 count: None,
-            }))
-        };
-        let computing = svc.releasing.take("s1".into(), 1).expect("no release yet");
-        let refused = two_threads()
-            .block_on(release())
-            .expect_err("computed a second time");
+            })
+        }
+        let (_dir, svc) = sealed_dp_mean();
+        let store = svc.store.clone().expect("a store");
+        let s1 = "s1".to_string();
+        let refused = two_threads().block_on(async {
+            let writes = store.hold_writes();
+            let first = tokio::spawn({
+                let svc = svc.clone();
+                async move { svc.release(request()).await }
+            });
+            for _ in 0..500 {
+                if svc.releasing.held(&s1) == 1 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // Bounded: a second computation would wait for the held write too.
+            let second = tokio::time::timeout(Duration::from_secs(5), svc.release(request()));
+            let refused = second.await.expect("answered at once");
+            drop(writes);
+            first.await.expect("task").expect("the first release");
+            refused.expect_err("computed a second time")
+        });
         assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
         assert!(refused.message().contains("being computed"), "{refused:?}");
-        drop(computing);
-        two_threads()
-            .block_on(release())
-            .expect("released once the other is done");
-        assert_eq!(phase().expect("study"), "released");
-        // The computation gave its slot back.
-        assert!(svc.releasing.take("s1".into(), 1).is_some());
+        let phase = rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())));
+        assert_eq!(phase.expect("study"), "released");
+        assert_eq!(svc.releasing.held(&s1), 0, "the slot was given back");
     }
 
     /// A service holding `s1` under `dp-mean`, sealed with two owners.
