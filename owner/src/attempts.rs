@@ -24,8 +24,13 @@ pub(crate) struct Encrypted {
     pub rows: u64,
     /// Rows the row-norm clip shortened.
     pub clipped_rows: usize,
+}
+
+impl Encrypted {
     /// Ciphertexts in the chunks.
-    pub ciphertexts: usize,
+    pub fn ciphertexts(&self) -> usize {
+        self.chunks.iter().map(|c| c.ciphertexts.len()).sum()
+    }
 }
 
 /// What the contribution was encrypted for.
@@ -38,9 +43,7 @@ struct Kept {
 /// The attempts of one run so far.
 #[derive(Default)]
 struct State {
-    attempts: u32,
-    encryptions: u32,
-    seconds_encrypting: f64,
+    tally: Tally,
     kept: Option<Kept>,
 }
 
@@ -51,7 +54,7 @@ struct State {
 pub(crate) struct Attempts(Mutex<State>);
 
 /// How a run went, for its report.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Tally {
     /// Attempts begun.
     pub attempts: u32,
@@ -69,7 +72,7 @@ impl Attempts {
 
     /// Counts an attempt begun.
     pub fn begin(&self) {
-        self.state().attempts += 1;
+        self.state().tally.attempts += 1;
     }
 
     /// The contribution kept from an earlier attempt if it was encrypted for
@@ -91,8 +94,8 @@ impl Attempts {
         seconds: f64,
     ) {
         let mut state = self.state();
-        state.encryptions += 1;
-        state.seconds_encrypting += seconds;
+        state.tally.encryptions += 1;
+        state.tally.seconds_encrypting += seconds;
         state.kept = Some(Kept {
             contribution_id,
             spec,
@@ -102,12 +105,7 @@ impl Attempts {
 
     /// The run so far.
     pub fn tally(&self) -> Tally {
-        let state = self.state();
-        Tally {
-            attempts: state.attempts,
-            encryptions: state.encryptions,
-            seconds_encrypting: state.seconds_encrypting,
-        }
+        self.state().tally
     }
 }
 
@@ -120,7 +118,6 @@ mod tests {
             chunks: Arc::new(vec![v1::ContributionChunk::default()]),
             rows,
             clipped_rows: 0,
-            ciphertexts: 1,
         }
     }
 

@@ -487,8 +487,8 @@ async fn run_once(
         owner_id: cfg.owner_id.clone(),
         rows: encrypted.rows,
         clipped_rows: encrypted.clipped_rows,
-        ciphertexts: encrypted.ciphertexts,
-        bytes: encrypted.ciphertexts * spec.public_key.ciphertext_bytes(),
+        ciphertexts: encrypted.ciphertexts(),
+        bytes: encrypted.ciphertexts() * spec.public_key.ciphertext_bytes(),
         newly_counted: response.newly_counted,
         histogram: spec.norm_bins.is_some(),
         seconds_encrypt: tally.seconds_encrypting,
@@ -519,8 +519,7 @@ async fn encrypt_share(
     contribution_id: String,
 ) -> anyhow::Result<(Encrypted, f64)> {
     let prepared = prepare_share(spec, bytes, name, cfg.label.as_deref())?;
-    let ciphertexts = prepared.plaintexts.len();
-    let bar = progress_bar(cfg.progress, ciphertexts as u64);
+    let bar = progress_bar(cfg.progress, prepared.plaintexts.len() as u64);
     let job = EncryptJob::new(
         cfg,
         spec.clone(),
@@ -538,7 +537,6 @@ async fn encrypt_share(
         chunks: Arc::new(chunks),
         rows: prepared.rows,
         clipped_rows: prepared.clipped_rows,
-        ciphertexts,
     };
     Ok((encrypted, seconds))
 }

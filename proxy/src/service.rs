@@ -1269,14 +1269,12 @@ impl v1::proxy_server::Proxy for ProxyService {
         // release it shares with the study, not a copy of it, however slowly (or
         // never) it is read.
         let total = released.ciphertexts.len();
-        let stream = tokio_stream::iter(0..total.div_ceil(CIPHERTEXTS_PER_CHUNK)).map(move |k| {
-            let start = k * CIPHERTEXTS_PER_CHUNK;
-            let part = released
-                .ciphertexts
-                .get(start..total.min(start + CIPHERTEXTS_PER_CHUNK))
-                .unwrap_or_default();
+        let starts = (0..total).step_by(CIPHERTEXTS_PER_CHUNK);
+        let stream = tokio_stream::iter(starts).map(move |start| {
+            let end = total.min(start + CIPHERTEXTS_PER_CHUNK);
+            let part = released.ciphertexts.get(start..end).unwrap_or_default();
             let ciphertexts = part.iter().map(|c| pk.ciphertext_to_bytes(c)).collect();
-            let chunk = match k {
+            let chunk = match start {
                 0 => header.clone(),
                 _ => v1::ResultChunk::default(),
             };

@@ -1,8 +1,8 @@
 //! An owner's upload, sent in its turn. An upload that finds every upload slot of
 //! the proxy taken is refused after a moment (the proxy does not leave an upload
-//! waiting long with its stream open: `dpca_proto::upload_slot`); the owner then
-//! waits for a slot in `ReserveUpload`, whose request holds nothing else, and
-//! sends again.
+//! waiting long with its stream open: its `service::upload_slot`); the owner
+//! then waits for a slot in `ReserveUpload`, whose request holds nothing else,
+//! and sends again.
 
 use std::sync::Arc;
 
