@@ -85,6 +85,11 @@ struct LimitArgs {
     /// Studies open at once by one user.
     #[arg(long, default_value_t = limits::DEFAULT_MAX_OPEN_STUDIES_PER_USER)]
     max_open_studies_per_user: usize,
+    /// Ended studies (released or aborted) kept per user: when a user opens a
+    /// study, its older ended ones are dropped, with their results.
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_ENDED_STUDIES_PER_USER as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_ended_studies_per_user: u64,
 }
 
 impl LimitArgs {
@@ -99,6 +104,8 @@ impl LimitArgs {
             min_upload_rate: self.min_upload_rate.saturating_mul(1024),
             max_open_studies: self.max_open_studies,
             max_open_studies_per_user: self.max_open_studies_per_user,
+            max_ended_studies_per_user: usize::try_from(self.max_ended_studies_per_user)
+                .unwrap_or(usize::MAX),
         }
     }
 }

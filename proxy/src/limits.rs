@@ -36,6 +36,12 @@ pub struct Limits {
     pub max_open_studies: usize,
     /// Studies open at once by one user.
     pub max_open_studies_per_user: usize,
+    /// Ended studies (released or aborted) kept per user: when a user opens a
+    /// study, its ended ones past its newest this many are dropped, from memory
+    /// and the state file. Ended studies count against no other limit, so without
+    /// this a user that opens study after study, each ending at once, grows both
+    /// without bound.
+    pub max_ended_studies_per_user: usize,
     /// Slowest upload accepted (bytes per second): a contribution of B bytes must
     /// arrive within the idle timeout plus B over this rate, so no sender keeps
     /// a slot by trickling.
@@ -47,6 +53,11 @@ pub struct Limits {
 pub const DEFAULT_MAX_OPEN_STUDIES: usize = 64;
 /// Default [`Limits::max_open_studies_per_user`].
 pub const DEFAULT_MAX_OPEN_STUDIES_PER_USER: usize = 8;
+
+/// Default [`Limits::max_ended_studies_per_user`]: a user reads its result in
+/// the run that opened the study (its key lives in that run only), so these serve
+/// the status history, and twice the open studies a user may hold is ample.
+pub const DEFAULT_MAX_ENDED_STUDIES_PER_USER: usize = 16;
 
 /// Default [`Limits::min_upload_rate`]: 64 KiB/s, a contribution of M = 1000 at
 /// 3072 bits (9.9 MB) in about two and a half minutes.
@@ -75,6 +86,7 @@ impl Default for Limits {
             min_upload_rate: DEFAULT_MIN_UPLOAD_RATE,
             max_open_studies: DEFAULT_MAX_OPEN_STUDIES,
             max_open_studies_per_user: DEFAULT_MAX_OPEN_STUDIES_PER_USER,
+            max_ended_studies_per_user: DEFAULT_MAX_ENDED_STUDIES_PER_USER,
         }
     }
 }
@@ -139,6 +151,19 @@ pub enum LimitError {
         /// The limit.
         max: usize,
     },
+}
+
+/// A study as the limits on what a user holds see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeldStudy {
+    /// Its id.
+    pub id: String,
+    /// The user who opened it (`None`: plaintext).
+    pub opened_by: Option<String>,
+    /// Collecting or sealed, its deadline applied; otherwise ended.
+    pub open: bool,
+    /// Its deadline, which orders a user's ended studies, oldest first.
+    pub deadline_unix_ms: u64,
 }
 
 /// Room in a request beyond its spec or its ciphertexts: ids, a signature, a
@@ -219,13 +244,14 @@ impl Limits {
         Ok(())
     }
 
-    /// Checks that one more study, opened by `user`, fits: `open` lists the users
-    /// (`None`: plaintext) of the studies open now.
-    pub fn check_open(
-        &self,
-        open: &[Option<String>],
-        user: Option<&str>,
-    ) -> Result<(), LimitError> {
+    /// Checks that one more study, opened by `user`, fits beside the open ones of
+    /// `held` (ended ones count against no limit here: [`Limits::ended_to_drop`]).
+    pub fn check_open(&self, held: &[HeldStudy], user: Option<&str>) -> Result<(), LimitError> {
+        let open: Vec<&Option<String>> = held
+            .iter()
+            .filter(|s| s.open)
+            .map(|s| &s.opened_by)
+            .collect();
         if open.len() >= self.max_open_studies {
             return Err(LimitError::Studies {
                 open: open.len(),
@@ -242,6 +268,22 @@ impl Limits {
             });
         }
         Ok(())
+    }
+
+    /// The ended studies of `user` to drop as it opens another: all but its newest
+    /// [`Limits::max_ended_studies_per_user`] (by deadline, then id, so the choice
+    /// does not depend on the order `held` lists them in).
+    pub fn ended_to_drop(&self, held: &[HeldStudy], user: Option<&str>) -> Vec<String> {
+        let mut ended: Vec<&HeldStudy> = held
+            .iter()
+            .filter(|s| !s.open && s.opened_by.as_deref() == user)
+            .collect();
+        ended.sort_by(|a, b| (b.deadline_unix_ms, &b.id).cmp(&(a.deadline_unix_ms, &a.id)));
+        ended
+            .into_iter()
+            .skip(self.max_ended_studies_per_user)
+            .map(|s| s.id.clone())
+            .collect()
     }
 
     /// How long an upload of `bytes` may take once admitted.
@@ -377,8 +419,11 @@ mod tests {
             max_open_studies_per_user: 2,
             ..Limits::default()
         };
-        let open = |v: &[&str]| v.iter().map(|u| Some(u.to_string())).collect::<Vec<_>>();
+        let open = |v: &[&str]| v.iter().map(|u| held(u, true, 0)).collect::<Vec<_>>();
         assert_eq!(limits.check_open(&open(&["a"]), Some("a")), Ok(()));
+        let mut with_ended = open(&["a"]);
+        with_ended.extend((1..9).map(|d| held("a", false, d)));
+        assert_eq!(limits.check_open(&with_ended, Some("a")), Ok(()), "ended");
         let err = limits
             .check_open(&open(&["a", "a"]), Some("a"))
             .expect_err("a's third");
@@ -391,5 +436,42 @@ mod tests {
             .check_open(&open(&["a", "a", "b"]), Some("c"))
             .expect_err("fourth");
         assert!(err.to_string().contains("(--max-open-studies)"), "{err}");
+    }
+
+    fn held(user: &str, open: bool, deadline_unix_ms: u64) -> HeldStudy {
+        HeldStudy {
+            id: format!("{user}-{deadline_unix_ms}-{open}"),
+            opened_by: Some(user.to_string()),
+            open,
+            deadline_unix_ms,
+        }
+    }
+
+    #[test]
+    fn a_user_keeps_its_newest_ended_studies_and_no_one_elses_are_touched() {
+        let limits = Limits {
+            max_ended_studies_per_user: 2,
+            ..Limits::default()
+        };
+        let mut studies: Vec<HeldStudy> = [5, 1, 9, 3].map(|d| held("a", false, d)).to_vec();
+        studies.extend([held("a", true, 0), held("b", false, 0), held("b", false, 1)]);
+        studies.push(HeldStudy {
+            opened_by: None,
+            ..held("plain", false, 0)
+        });
+        let mut dropped = limits.ended_to_drop(&studies, Some("a"));
+        dropped.sort();
+        assert_eq!(dropped, ["a-1-false", "a-3-false"]);
+        studies.reverse();
+        let mut again = limits.ended_to_drop(&studies, Some("a"));
+        again.sort();
+        assert_eq!(again, dropped, "the order listed does not matter");
+        assert!(limits.ended_to_drop(&studies, Some("b")).is_empty());
+        assert!(limits.ended_to_drop(&studies, None).is_empty());
+        let one = Limits {
+            max_ended_studies_per_user: 1,
+            ..limits
+        };
+        assert_eq!(one.ended_to_drop(&studies, Some("b")), ["b-0-false"]);
     }
 }

@@ -23,6 +23,7 @@ use dpca_shell::tls::{Peer, Transport};
 use crate::access::{permit, Action};
 use crate::budget::{charge, OwnerBudget};
 use crate::cell::{Locked, StudyCell};
+use crate::limits::HeldStudy;
 use crate::per_key::{Held, PerKey};
 use crate::refusal::Refusal;
 use crate::store::{signed_count_to_wire, Announced, Store, StoreError, Ticket};
@@ -39,6 +40,24 @@ type SharedStudy = Arc<StudyCell>;
 /// What a contribution's answer reports: counted or a retry, the owners counted
 /// now, and the owner's budget.
 type FoldOutcome = (ContributionOutcome, usize, Option<OwnerBudget>);
+
+/// A study just put in the table under its lock, and the ended studies taken out
+/// for it ([`ProxyService::reserve`]).
+struct Reserved {
+    opened: Locked,
+    dropped: Vec<Locked>,
+}
+
+/// A study as the limits on what a user holds see it, its deadline applied at
+/// `now_ms`.
+fn held_study(s: &Study, now_ms: u64) -> HeldStudy {
+    HeldStudy {
+        id: s.id.clone(),
+        opened_by: s.opened_by.clone(),
+        open: s.open_at(now_ms),
+        deadline_unix_ms: s.spec.deadline_unix_ms,
+    }
+}
 
 /// The proxy's gRPC service.
 #[derive(Clone)]
@@ -270,30 +289,54 @@ impl ProxyService {
             .map_err(|_| Refusal::Internal("study table poisoned".into()))
     }
 
-    /// Counts the studies open now (collecting or sealed, from their views) and,
-    /// within the limits, puts `study` among them, all under the table's lock: opens
-    /// sent at once cannot all pass one count. Returns it under its lock, which the
-    /// caller holds until its record is stored (and removes it again if it cannot
-    /// be).
-    fn reserve(&self, study: &Study) -> Result<Locked, Refusal> {
+    /// Counts the studies open now (collecting or sealed, read off their views)
+    /// and, within the limits, puts `study` among them, all under the table's
+    /// lock: opens sent at once cannot all pass one count. Returns it under its
+    /// lock, which the caller holds until its record is stored (and removes it
+    /// again if it cannot be), with the opener's ended studies past those it may
+    /// keep, taken out of the table and held under their locks for the caller to
+    /// drop from the store (one busy now, or still holding contributions stored
+    /// one by one, is left for the opener's next study).
+    fn reserve(&self, study: &Study) -> Result<Reserved, Refusal> {
         let now = self.config.clock.now_ms();
         let mut table = self.table()?;
-        let open: Vec<Option<String>> = table
+        let held: Vec<HeldStudy> = table
             .values()
-            .map(|cell| cell.view(now))
-            .filter(|s| matches!(s.phase, Phase::Collecting | Phase::Sealed))
-            .map(|s| s.opened_by)
+            .map(|cell| cell.peek(|s| held_study(s, now)))
             .collect();
-        self.config
-            .limits
-            .check_open(&open, study.opened_by.as_deref())
+        let (limits, user) = (&self.config.limits, study.opened_by.as_deref());
+        limits
+            .check_open(&held, user)
             .map_err(|e| Refusal::OverLimit(e.to_string()))?;
+        let dropped: Vec<Locked> = limits
+            .ended_to_drop(&held, user)
+            .iter()
+            .filter_map(|id| table.get(id)?.try_lock())
+            .filter(|s| !self.holds_pending(s))
+            .collect();
+        for s in &dropped {
+            table.remove(&s.id);
+        }
         let cell = StudyCell::new(study.clone());
-        let held = cell
+        let opened = cell
             .try_lock()
             .ok_or_else(|| Refusal::Internal("a new study's cell is held".into()))?;
         table.insert(study.id.clone(), cell);
-        Ok(held)
+        Ok(Reserved { opened, dropped })
+    }
+
+    /// Deletes the studies `reserve` took out of the table from the state file,
+    /// in the commit that stores the study opened in their place.
+    fn forget(&self, dropped: &[Locked]) -> Result<(), Refusal> {
+        let (Some(store), false) = (&self.store, dropped.is_empty()) else {
+            return Ok(());
+        };
+        for s in dropped {
+            tracing::info!(study = %s.id, phase = s.phase.name(), "ended study dropped: its user opened another past those it may keep");
+        }
+        store
+            .drop_studies(dropped.iter().map(|s| s.id.clone()).collect())
+            .map_err(|e| not_stored(&dropped[0].id, e))
     }
 
     /// Every study, to visit one at a time (the table is not held meanwhile).
@@ -1039,15 +1082,15 @@ impl v1::proxy_server::Proxy for ProxyService {
         // Held until stored: no call reaches the study before its record is queued.
         // The write, the removal if it fails and the release all run on the
         // blocking thread, which finishes even if the caller goes away.
-        let held = self.reserve(&study)?;
+        let Reserved { opened, dropped } = self.reserve(&study)?;
         let (svc, key) = (self.clone(), id.clone());
         blocking(move || {
-            let stored = svc.persist(&study);
+            let stored = svc.forget(&dropped).and_then(|()| svc.persist(&study));
             if stored.is_err() {
                 // Not stored: not opened.
                 svc.table()?.remove(&key);
             }
-            drop(held);
+            drop((opened, dropped));
             stored
         })
         .await?;
@@ -1646,6 +1689,60 @@ mod tests {
             calls.join_all().await.into_iter().filter(|ok| *ok).count()
         });
         assert_eq!(opened, 2, "opened past the limit of 2");
+    }
+
+    /// A user that opens study after study, each ending at once, holds no more
+    /// than its newest ended ones (here 2) beside the one it opens, in memory and
+    /// in the state file: before, every ended study stayed in both for good.
+    #[test]
+    fn a_user_keeps_only_its_newest_ended_studies() {
+        use v1::proxy_server::Proxy;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let clock = Arc::new(crate::world::ManualClock::at(10_000));
+        let config = ProxyConfig {
+            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
+            limits: crate::limits::Limits {
+                max_ended_studies_per_user: 2,
+                ..crate::limits::Limits::default()
+            },
+            ..config(&path, false)
+        };
+        let svc = ProxyService::new(config.clone()).expect("service");
+        let s = study(2, 1);
+        let mut opened = Vec::new();
+        for _ in 0..6 {
+            let spec = SpecDraft {
+                deadline_unix_ms: crate::world::Clock::now_ms(&*clock) + 1_000,
+                ..s.spec.to_draft()
+            }
+            .validate()
+            .expect("spec");
+            let request = Request::new(v1::OpenStudyRequest {
+                spec: Some(spec_to_wire(&spec)),
+                noise_free_for_testing: false,
+            });
+            let id = rt().block_on(svc.open_study(request)).expect("opened");
+            opened.push(id.into_inner().study_id);
+            // Its deadline passes with no owner in: aborted.
+            clock.advance(Duration::from_secs(2));
+        }
+        let held = |svc: &ProxyService| {
+            let mut ids: Vec<String> = svc.table().expect("table").keys().cloned().collect();
+            ids.sort();
+            ids
+        };
+        // The sixth study's open kept the newest two ended before it.
+        let mut kept = opened[3..].to_vec();
+        kept.sort();
+        assert_eq!(held(&svc), kept, "in memory");
+        let status = rt()
+            .block_on(svc.status(Request::new(v1::StatusRequest::default())))
+            .expect("status");
+        assert_eq!(status.into_inner().studies.len(), 3, "in status");
+        drop(svc);
+        let restarted = ProxyService::new(config).expect("restarted");
+        assert_eq!(held(&restarted), kept, "in the state file");
     }
 
     /// One computation of a study's release at a time: a `Release` that comes

@@ -135,6 +135,8 @@ enum Write {
         cts: Vec<Elem>,
         budget: Option<OwnerBudget>,
     },
+    /// Ended studies dropped whole ([`Store::drop_studies`]).
+    Drop(Vec<String>),
     /// Nothing: done once everything before it is durable.
     Barrier,
 }
@@ -378,6 +380,14 @@ impl Store {
         .map_err(|s| self.stopped_error(s))
     }
 
+    /// Queues the deletion of studies `ids`, whole: each record, its owners' rows,
+    /// its aggregate and any contribution stored on its own. Durable with the next
+    /// write waited for; a study whose deletion a crash loses is loaded again and
+    /// can be dropped again.
+    pub fn drop_studies(&self, ids: Vec<String>) -> Result<(), StoreError> {
+        self.submit(Write::Drop(ids)).map(drop)
+    }
+
     /// Waits until every write submitted so far is on disk: what a caller was
     /// shown in memory (a contribution already counted) is then also durable.
     pub fn barrier(&self) -> Result<(), StoreError> {
@@ -433,6 +443,11 @@ impl Store {
                     cts,
                     budget,
                 } => self.put_contribution(&txn, study, owner, cts, budget.as_ref(), &mut next)?,
+                Write::Drop(ids) => {
+                    for id in ids {
+                        self.delete_study(&txn, id, &mut next)?;
+                    }
+                }
                 Write::Barrier => {}
             }
         }
@@ -569,6 +584,40 @@ impl Store {
             rows.insert((id, o), row.as_slice())
                 .map_err(|e| self.err(e))?;
         }
+        Ok(())
+    }
+
+    /// Deletes study `id`'s record and rows in the caller's transaction.
+    fn delete_study(
+        &self,
+        txn: &WriteTransaction,
+        id: &str,
+        pending: &mut PendingMap,
+    ) -> Result<(), StoreError> {
+        let mut studies = txn.open_table(STUDIES).map_err(|e| self.err(e))?;
+        studies.remove(id).map_err(|e| self.err(e))?;
+        let mut rows = txn.open_table(CONTRIBUTORS).map_err(|e| self.err(e))?;
+        let mut owners = Vec::new();
+        for entry in rows.range((id, "")..).map_err(|e| self.err(e))? {
+            let (key, _) = entry.map_err(|e| self.err(e))?;
+            match key.value() {
+                (study, owner) if study == id => owners.push(owner.to_string()),
+                _ => break,
+            }
+        }
+        let mut waiting = txn.open_table(PENDING).map_err(|e| self.err(e))?;
+        for owner in &owners {
+            let o = owner.as_str();
+            rows.remove((id, o)).map_err(|e| self.err(e))?;
+            waiting
+                .retain_in((id, o, 0)..=(id, o, u32::MAX), |_, _| false)
+                .map_err(|e| self.err(e))?;
+        }
+        let mut aggregates = txn.open_table(AGGREGATES).map_err(|e| self.err(e))?;
+        aggregates
+            .retain_in((id, 0)..=(id, u32::MAX), |_, _| false)
+            .map_err(|e| self.err(e))?;
+        pending.remove(id);
         Ok(())
     }
 
@@ -999,6 +1048,85 @@ mod tests {
         let txn = store.db.begin_read().expect("read");
         let table = txn.open_table(PENDING).expect("pending");
         table.iter().expect("iter").count()
+    }
+
+    /// Rows stored under study `id`, in each table: record, owners' rows, pending
+    /// contributions' slices, checkpointed aggregate's slices.
+    fn rows_of(store: &Store, id: &str) -> [usize; 4] {
+        let txn = store.db.begin_read().expect("read");
+        let studies = txn.open_table(STUDIES).expect("studies");
+        let owners = txn.open_table(CONTRIBUTORS).expect("contributors");
+        let pending = txn.open_table(PENDING).expect("pending");
+        let aggregates = txn.open_table(AGGREGATES).expect("aggregates");
+        let count = |keys: Vec<String>| keys.iter().filter(|k| *k == id).count();
+        [
+            count(
+                studies
+                    .iter()
+                    .expect("iter")
+                    .map(|e| e.expect("row").0.value().to_string())
+                    .collect(),
+            ),
+            count(
+                owners
+                    .iter()
+                    .expect("iter")
+                    .map(|e| e.expect("row").0.value().0.to_string())
+                    .collect(),
+            ),
+            count(
+                pending
+                    .iter()
+                    .expect("iter")
+                    .map(|e| e.expect("row").0.value().0.to_string())
+                    .collect(),
+            ),
+            count(
+                aggregates
+                    .iter()
+                    .expect("iter")
+                    .map(|e| e.expect("row").0.value().0.to_string())
+                    .collect(),
+            ),
+        ]
+    }
+
+    /// A dropped study leaves no row in any table, and a study whose id it
+    /// begins keeps all of its own.
+    #[test]
+    fn a_dropped_study_leaves_nothing_behind_and_touches_no_other() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let store = Store::open_with(&path, 2).expect("open");
+        // Collecting after three owners: two checkpointed, one stored on its own.
+        let mut s = study(4, 1);
+        let mut longer = study(4, 1);
+        longer.id = format!("{}x", s.id);
+        store.save_study(&s).expect("save");
+        store.save_study(&longer).expect("save");
+        for (owner, seed) in [("a", 1), ("b", 2), ("c", 3)] {
+            count(&store, &mut s, owner, seed);
+            count(&store, &mut longer, owner, seed + 10);
+        }
+        let before = rows_of(&store, &longer.id);
+        assert_eq!(
+            rows_of(&store, &s.id).map(|n| n > 0),
+            [true; 4],
+            "every table holds s1"
+        );
+        store.drop_studies(vec![s.id.clone()]).expect("drop");
+        store.barrier().expect("durable");
+        assert_eq!(rows_of(&store, &s.id), [0; 4]);
+        assert_eq!(rows_of(&store, &longer.id), before);
+        assert!(!store.has_pending(&s.id));
+        drop(store);
+        let loaded = Store::open(&path)
+            .expect("reopen")
+            .load_all()
+            .expect("load");
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(loaded[0].id, longer.id);
+        assert_eq!(loaded[0].aggregate(), longer.aggregate());
     }
 
     #[test]

@@ -426,10 +426,24 @@ impl Study {
         matches!(self.phase, Phase::Collecting) && now_ms >= self.spec.deadline_unix_ms
     }
 
+    fn has_quorum(&self) -> bool {
+        self.contributors.len() >= self.spec.min_owners as usize
+    }
+
+    /// Whether the study is collecting or sealed once its deadline is applied at
+    /// `now_ms` (what [`Study::tick`] would leave), read without a copy.
+    pub fn open_at(&self, now_ms: u64) -> bool {
+        match self.phase {
+            Phase::Collecting => !self.deadline_due(now_ms) || self.has_quorum(),
+            Phase::Sealed => true,
+            Phase::Released(_) | Phase::Aborted(_) => false,
+        }
+    }
+
     /// Applies the deadline: seal with at least `min_owners`, abort otherwise.
     pub fn tick(&mut self, now_ms: u64) {
         if self.deadline_due(now_ms) {
-            if self.contributors.len() >= self.spec.min_owners as usize {
+            if self.has_quorum() {
                 self.phase = Phase::Sealed;
             } else {
                 let missing = self.owners_missing();
