@@ -45,7 +45,7 @@ type FoldOutcome = (ContributionOutcome, usize, Option<OwnerBudget>);
 /// for it ([`ProxyService::reserve`]).
 struct Reserved {
     opened: Locked,
-    dropped: Vec<Locked>,
+    dropped: Vec<(SharedStudy, Locked)>,
 }
 
 /// A study as the limits on what a user holds see it, its deadline applied at
@@ -308,35 +308,57 @@ impl ProxyService {
         limits
             .check_open(&held, user)
             .map_err(|e| Refusal::OverLimit(e.to_string()))?;
-        let dropped: Vec<Locked> = limits
-            .ended_to_drop(&held, user)
-            .iter()
-            .filter_map(|id| table.get(id)?.try_lock())
-            .filter(|s| !self.holds_pending(s))
-            .collect();
-        for s in &dropped {
-            table.remove(&s.id);
-        }
         let cell = StudyCell::new(study.clone());
         let opened = cell
             .try_lock()
             .ok_or_else(|| Refusal::Internal("a new study's cell is held".into()))?;
+        let dropped = self.take_ended(&mut table, &held, user, now);
         table.insert(study.id.clone(), cell);
         Ok(Reserved { opened, dropped })
     }
 
-    /// Deletes the studies `reserve` took out of the table from the state file,
-    /// in the commit that stores the study opened in their place.
-    fn forget(&self, dropped: &[Locked]) -> Result<(), Refusal> {
+    /// Takes out of `table` the ended studies of `user` past those it may keep,
+    /// each under its lock and ended as the locked study shows it: the view they
+    /// were chosen by may be a moment old (a fold may since have counted the owner
+    /// that makes its quorum). One busy now, or whose contributions stored one by
+    /// one are not yet in its stored aggregate, is left for the user's next open.
+    fn take_ended(
+        &self,
+        table: &mut HashMap<String, SharedStudy>,
+        held: &[HeldStudy],
+        user: Option<&str>,
+        now_ms: u64,
+    ) -> Vec<(SharedStudy, Locked)> {
+        let mut taken = Vec::new();
+        for id in self.config.limits.ended_to_drop(held, user) {
+            let Some(cell) = table.get(&id).cloned() else {
+                continue;
+            };
+            let Some(mut s) = cell.try_lock() else {
+                continue;
+            };
+            s.tick(now_ms);
+            if s.open_at(now_ms) || self.holds_pending(&s) {
+                continue;
+            }
+            table.remove(&id);
+            taken.push((cell, s));
+        }
+        taken
+    }
+
+    /// Deletes the studies `reserve` took out of the table for study `opening`
+    /// from the state file, durably once the new study's record is.
+    fn forget(&self, opening: &str, dropped: &[(SharedStudy, Locked)]) -> Result<(), Refusal> {
         let (Some(store), false) = (&self.store, dropped.is_empty()) else {
             return Ok(());
         };
-        for s in dropped {
+        for (_, s) in dropped {
             tracing::info!(study = %s.id, phase = s.phase.name(), "ended study dropped: its user opened another past those it may keep");
         }
         store
-            .drop_studies(dropped.iter().map(|s| s.id.clone()).collect())
-            .map_err(|e| not_stored(&dropped[0].id, e))
+            .drop_studies(dropped.iter().map(|(_, s)| s.id.clone()).collect())
+            .map_err(|e| not_stored(opening, e))
     }
 
     /// Every study, to visit one at a time (the table is not held meanwhile).
@@ -1085,10 +1107,16 @@ impl v1::proxy_server::Proxy for ProxyService {
         let Reserved { opened, dropped } = self.reserve(&study)?;
         let (svc, key) = (self.clone(), id.clone());
         blocking(move || {
-            let stored = svc.forget(&dropped).and_then(|()| svc.persist(&study));
+            let stored = svc
+                .forget(&key, &dropped)
+                .and_then(|()| svc.persist(&study));
             if stored.is_err() {
-                // Not stored: not opened.
-                svc.table()?.remove(&key);
+                // Not stored: not opened, and nothing dropped.
+                let mut table = svc.table()?;
+                table.remove(&key);
+                for (cell, s) in &dropped {
+                    table.insert(s.id.clone(), Arc::clone(cell));
+                }
             }
             drop((opened, dropped));
             stored
@@ -1709,17 +1737,19 @@ mod tests {
             ..config(&path, false)
         };
         let svc = ProxyService::new(config.clone()).expect("service");
-        let s = study(2, 1);
-        let mut opened = Vec::new();
-        for _ in 0..6 {
-            let spec = SpecDraft {
-                deadline_unix_ms: crate::world::Clock::now_ms(&*clock) + 1_000,
-                ..s.spec.to_draft()
+        // A spec whose deadline is a second past the clock's now.
+        let spec_at = |clock: &dyn crate::world::Clock| {
+            SpecDraft {
+                deadline_unix_ms: clock.now_ms() + 1_000,
+                ..study(2, 1).spec.to_draft()
             }
             .validate()
-            .expect("spec");
+            .expect("spec")
+        };
+        let mut opened = Vec::new();
+        for _ in 0..6 {
             let request = Request::new(v1::OpenStudyRequest {
-                spec: Some(spec_to_wire(&spec)),
+                spec: Some(spec_to_wire(&spec_at(&*clock))),
                 noise_free_for_testing: false,
             });
             let id = rt().block_on(svc.open_study(request)).expect("opened");
@@ -1740,6 +1770,19 @@ mod tests {
             .block_on(svc.status(Request::new(v1::StatusRequest::default())))
             .expect("status");
         assert_eq!(status.into_inner().studies.len(), 3, "in status");
+        // A study busy at the open (here its lock held) is left for the next.
+        clock.advance(Duration::from_secs(2));
+        let busy = rt().block_on(svc.lock_study(&opened[3])).expect("lock");
+        let request = Request::new(v1::OpenStudyRequest {
+            spec: Some(spec_to_wire(&spec_at(&*clock))),
+            noise_free_for_testing: false,
+        });
+        let id = rt().block_on(svc.open_study(request)).expect("opened");
+        drop(busy);
+        let mut kept = opened[3..].to_vec();
+        kept.push(id.into_inner().study_id);
+        kept.sort();
+        assert_eq!(held(&svc), kept, "the busy one kept");
         drop(svc);
         let restarted = ProxyService::new(config).expect("restarted");
         assert_eq!(held(&restarted), kept, "in the state file");

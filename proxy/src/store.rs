@@ -1119,6 +1119,10 @@ mod tests {
         assert_eq!(rows_of(&store, &s.id), [0; 4]);
         assert_eq!(rows_of(&store, &longer.id), before);
         assert!(!store.has_pending(&s.id));
+        assert!(
+            store.has_pending(&longer.id),
+            "another study's pending owners"
+        );
         drop(store);
         let loaded = Store::open(&path)
             .expect("reopen")

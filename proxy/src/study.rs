@@ -700,23 +700,31 @@ pub(crate) mod tests {
         }
     }
 
+    /// `open_at` says, without applying the deadline, what `tick` leaves.
     #[test]
     fn deadline_seals_with_minimum_or_aborts() {
         let mut s = study(5, 2);
         s.contribute("a", "1", &fake_cts(&s, 1), add)
             .expect("counted");
+        assert!(s.open_at(999) && !s.open_at(1_000), "one of two owners");
         s.tick(999);
         assert_eq!(s.phase.name(), "collecting");
         s.tick(1_000);
         assert_eq!(s.phase.name(), "aborted");
+        assert!(!s.open_at(0));
 
         let mut s = study(5, 2);
         s.contribute("a", "1", &fake_cts(&s, 1), add)
             .expect("counted");
         s.contribute("b", "1", &fake_cts(&s, 1), add)
             .expect("counted");
+        assert!(
+            s.open_at(1_000),
+            "two of two owners: sealed at the deadline"
+        );
         s.tick(1_000);
         assert_eq!(s.phase.name(), "sealed");
+        assert!(s.open_at(u64::MAX));
         let late = s.contribute("c", "1", &fake_cts(&s, 1), add);
         assert!(matches!(late, Err(StudyError::Closed { .. })));
     }
