@@ -1360,13 +1360,10 @@ impl v1::proxy_server::Proxy for ProxyService {
 
 /// What the first chunk of study `s`'s result `r` says besides its ciphertexts.
 fn result_header(s: &Study, r: &Released) -> v1::ResultChunk {
-    let grid = f64::from(s.spec.fixed.frac_bits).exp2();
-    // The mask release is N S~ (N proven at the release); dp-mean's is S~.
-    let scale = r.n_rows.unwrap_or(1) as f64 * grid * grid;
     v1::ResultChunk {
         n_rows: r.n_rows.unwrap_or(0),
         noise_scale_grid: r.plan.matrix.grid_parameter().to_string(),
-        noise_scale: r.plan.matrix.std_dev() / scale,
+        noise_scale: s.spec.noise_sd_per_entry(&r.plan, r.n_rows),
         n_owners: r.owners.len() as u32,
         total_ciphertexts: r.ciphertexts.len() as u32,
         ..Default::default()

@@ -55,7 +55,7 @@ use redb::{
 use crate::budget::OwnerBudget;
 pub use crate::group_commit::Ticket;
 use crate::group_commit::{GroupCommit, Stopped};
-use crate::study::{release_plan, Phase, Released, SignedCount, Study};
+use crate::study::{Phase, Released, SignedCount, Study};
 
 /// Study id -> encoded [`v1::StoredStudy`], rewritten when the phase changes and
 /// at each checkpoint.
@@ -948,7 +948,7 @@ fn phase_from_record(
             Phase::Released(Arc::new(Released {
                 n_rows,
                 // A function of the spec and N: recomputed, not stored.
-                plan: release_plan(spec, rec.noise_free, n_rows),
+                plan: spec.release_plan(n_rows, rec.noise_free),
                 ciphertexts,
                 owners: contributors.keys().cloned().collect(),
             }))

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dpca_common::arith::Elem;
-use dpca_common::dp::{Centering, NoisePlan, NoiseScale};
+use dpca_common::dp::{Centering, NoisePlan};
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey};
 use dpca_common::protocol::{release, ProtocolError, ReleaseSecrets};
 use dpca_common::randomizer::{Randomizer, Randomness};
@@ -317,7 +317,7 @@ impl Study {
 
     /// The noise plan of this study's release for `n_rows` (`None`: not revealed).
     pub fn noise_plan(&self, n_rows: Option<u64>) -> NoisePlan {
-        release_plan(&self.spec, self.noise_free, n_rows)
+        self.spec.release_plan(n_rows, self.noise_free)
     }
 
     /// Owners counted so far.
@@ -587,19 +587,6 @@ impl Study {
         self.aggregate = Arc::new(count.into_iter().collect());
         Ok(())
     }
-}
-
-/// The noise plan of a release for `n_rows`: the spec's, or none in test mode.
-/// `None` (N not revealed) is only ever passed for `dp-mean`, whose plan does not
-/// read N (`plan_noise_blocks` scales by N only under `mask`).
-pub fn release_plan(spec: &StudySpec, noise_free: bool, n_rows: Option<u64>) -> NoisePlan {
-    let mut plan = spec.noise_plan(n_rows.unwrap_or(0));
-    if noise_free {
-        plan.matrix = NoiseScale::None;
-        plan.vector = plan.vector.map(|_| NoiseScale::None);
-        plan.epsilon = f64::INFINITY;
-    }
-    plan
 }
 
 #[cfg(test)]

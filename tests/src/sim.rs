@@ -393,7 +393,7 @@ impl Sim {
                 );
                 return None;
             }
-            Some(dpca_user::session::collect(&mut c, &user, sk, &spec, &study).await)
+            Some(dpca_user::session::collect(&mut c, &user, sk, &spec, &study, false).await)
         });
         match (self.model.phase, outcome) {
             (Phase::Collecting, None) => {}
@@ -455,7 +455,7 @@ impl Sim {
             .collect();
         let pooled = Share::sum(&shares).expect("at least one owner counted");
         let mask = self.spec.privacy.centering == Centering::Mask;
-        let plan = dpca_proxy::study::release_plan(&self.spec, false, mask.then_some(pooled.n));
+        let plan = self.spec.release_plan(mask.then_some(pooled.n), false);
         let layout = StudyLayout::new(&self.spec).expect("layout");
         // Draw 0 named the study; draw 1 is the release's.
         let replay = SeededEntropy::new(self.seed);

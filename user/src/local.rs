@@ -330,6 +330,7 @@ async fn conduct(
         &sk,
         &prep.spec,
         &prep.study_id,
+        opts.noise_free_for_testing,
     )
     .await?;
     let an = analyze(opts, plan, &prep.spec, prep.axes.as_ref(), &got)?;

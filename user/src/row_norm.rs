@@ -37,7 +37,15 @@ pub(crate) async fn choose_row_norm(
     cohort
         .contribute(&hid, &sk.public().fingerprint(), &spec_h)
         .await?;
-    let counts = collect_bins(client, cohort.transport(), sk, &spec_h, &hid).await?;
+    let counts = collect_bins(
+        client,
+        cohort.transport(),
+        sk,
+        &spec_h,
+        &hid,
+        noise_free_for_testing,
+    )
+    .await?;
     let chosen = bins.quantile(&counts, q);
     eprintln!("row-norm bound C = {chosen:.4}: the {q} quantile of the row norms");
     let choice = RowNormChoice {

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use dpca_common::dp::NoisePlan;
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey, SecretKey};
 use dpca_common::protocol::{open_release, Opened};
 use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION};
@@ -29,9 +30,11 @@ pub struct Collected {
     pub owners_in: Vec<String>,
     /// Owners the study expected but did not count.
     pub owners_missing: Vec<String>,
-    /// Noise standard deviation per entry of S, in normalized units.
+    /// Noise standard deviation per entry of S, in normalized units: the spec's
+    /// plan for this release, as the user computes it.
     pub noise_scale: f64,
-    /// Noise scale on the released integer grid, as the proxy reported it.
+    /// Noise scale on the released integer grid: the plan's, which the proxy
+    /// reported too.
     pub noise_scale_grid: String,
     /// The decrypted release.
     pub opened: Opened,
@@ -345,15 +348,25 @@ async fn await_seal(
 
 /// Waits for the study to seal, decrypts N (checking it against the spec), asks for
 /// the release (proving N to the proxy only where the noise is calibrated to it),
-/// fetches the release and decrypts it.
+/// fetches the release and decrypts it. `noise_free_for_testing` is what the
+/// study was opened with.
 pub async fn collect(
     client: &mut ProxyClient<Channel>,
     transport: &Transport,
     sk: &SecretKey,
     spec: &StudySpec,
     study_id: &str,
+    noise_free_for_testing: bool,
 ) -> anyhow::Result<Collected> {
-    let got = fetch_sealed(client, transport, sk, spec, study_id).await?;
+    let got = fetch_sealed(
+        client,
+        transport,
+        sk,
+        spec,
+        study_id,
+        noise_free_for_testing,
+    )
+    .await?;
     let n_rows = match &got.proven {
         Some((n, _)) => *n,
         None => open_count(sk, spec, study_id, &got.sealed)?.0,
@@ -374,6 +387,7 @@ pub async fn collect_bins(
     sk: &SecretKey,
     spec: &StudySpec,
     study_id: &str,
+    noise_free_for_testing: bool,
 ) -> anyhow::Result<Vec<f64>> {
     let bins = spec
         .norm_bins
@@ -382,7 +396,15 @@ pub async fn collect_bins(
     if spec.privacy.centering != dpca_common::dp::Centering::DpMean {
         bail!("a row-norm histogram study is dp-mean");
     }
-    let got = fetch_sealed(client, transport, sk, spec, study_id).await?;
+    let got = fetch_sealed(
+        client,
+        transport,
+        sk,
+        spec,
+        study_id,
+        noise_free_for_testing,
+    )
+    .await?;
     // N enters a dp-mean release only in S' = R' - v' v'^T / N, which no bin is
     // read off, and its noise plan reads none: 1 stands in for it.
     const STAND_IN_ROWS: u64 = 1;
@@ -396,7 +418,10 @@ struct Released {
     layout: StudyLayout,
     sealed: v1::SealedStudy,
     proven: Option<(u64, Opening)>,
-    fetched: Fetched,
+    /// The noise the release must carry, computed from the spec (and N where
+    /// proven), and found reported as such.
+    plan: NoisePlan,
+    ciphertexts: Vec<Ciphertext>,
     seconds_seal: f64,
     seconds_proxy: f64,
 }
@@ -409,6 +434,7 @@ async fn fetch_sealed(
     sk: &SecretKey,
     spec: &StudySpec,
     study_id: &str,
+    noise_free_for_testing: bool,
 ) -> anyhow::Result<Released> {
     // The proxy opens no study whose deadline has passed, and closes every study at
     // its deadline.
@@ -422,21 +448,20 @@ async fn fetch_sealed(
     let wait = ReleaseWait::for_study(&layout, sk.public().bits());
     request_release(client, study_id, proven.as_ref(), &wait).await?;
     let seconds_proxy = t.elapsed().as_secs_f64();
-    let announced = proven.as_ref().map_or(0, |(n, _)| *n);
-    let fetched = fetch_release(
-        client,
-        sk.public(),
-        &layout,
-        study_id,
-        announced,
-        CALL_TIMEOUT,
-    )
-    .await?;
+    let announced = proven.as_ref().map(|(n, _)| *n);
+    let plan = spec.release_plan(announced, noise_free_for_testing);
+    let expected = Expected {
+        layout: &layout,
+        n_rows: announced.unwrap_or(0),
+        noise_grid: plan.matrix.grid_parameter().to_string(),
+    };
+    let ciphertexts = fetch_release(client, sk.public(), study_id, &expected, CALL_TIMEOUT).await?;
     Ok(Released {
         layout,
         sealed,
         proven,
-        fetched,
+        plan,
+        ciphertexts,
         seconds_seal,
         seconds_proxy,
     })
@@ -455,7 +480,7 @@ fn open_collected(
         &got.layout,
         spec.privacy.centering,
         spec.projection.as_ref(),
-        &got.fetched.ciphertexts,
+        &got.ciphertexts,
         n_rows,
         spec.fixed.frac_bits,
     )?;
@@ -463,8 +488,8 @@ fn open_collected(
         n_rows,
         owners_in: got.sealed.owners_in,
         owners_missing: got.sealed.owners_missing,
-        noise_scale: got.fetched.noise_scale,
-        noise_scale_grid: got.fetched.noise_scale_grid,
+        noise_scale: spec.noise_sd_per_entry(&got.plan, got.proven.as_ref().map(|(n, _)| *n)),
+        noise_scale_grid: got.plan.matrix.grid_parameter().to_string(),
         opened,
         seconds_seal: got.seconds_seal,
         seconds_proxy: got.seconds_proxy,
@@ -604,26 +629,29 @@ fn count_to_prove(
     Ok(Some(open_count(sk, spec, study_id, sealed)?))
 }
 
-/// A release as fetched: every ciphertext checked, and the noise scale the proxy
-/// reported.
-struct Fetched {
-    ciphertexts: Vec<Ciphertext>,
-    noise_scale: f64,
-    noise_scale_grid: String,
+/// What the user knows a study's release must be before it reads it.
+struct Expected<'a> {
+    layout: &'a StudyLayout,
+    /// The N proven to the proxy (0 under `dp-mean`).
+    n_rows: u64,
+    /// The plan's noise scale on the integer grid, exact.
+    noise_grid: String,
 }
 
-/// Fetches the release: it must be for the N the user proved (`announced`, 0
-/// under `dp-mean`) and hold exactly the layout's ciphertexts, each in the group.
-/// The release is computed and stored before it is served, so the stream's first
-/// answer and each chunk after it must come within `patience`.
+/// Fetches the release: it must be for the N the user proved, carry the noise
+/// the user computed from the spec (as the proxy reports it: a proxy that drew
+/// another would otherwise have the user publish the spec's noise scale and noise
+/// floor, or a scale of its choosing, beside it) and hold exactly the layout's
+/// ciphertexts, each in the group. The release is computed and stored before it
+/// is served, so the stream's first answer and each chunk after it must come
+/// within `patience`.
 async fn fetch_release(
     client: &mut ProxyClient<Channel>,
     pk: &PublicKey,
-    layout: &StudyLayout,
     study_id: &str,
-    announced: u64,
+    want: &Expected<'_>,
     patience: Duration,
-) -> anyhow::Result<Fetched> {
+) -> anyhow::Result<Vec<Ciphertext>> {
     let request = v1::FetchResultRequest {
         study_id: study_id.to_string(),
     };
@@ -635,13 +663,22 @@ async fn fetch_release(
     let first = next_chunk(&mut stream, patience)
         .await?
         .context("empty result stream")?;
-    if first.n_rows != announced {
+    if first.n_rows != want.n_rows {
         bail!(
-            "proxy released for {} rows, not the {announced} proven",
-            first.n_rows
+            "proxy released for {} rows, not the {} proven",
+            first.n_rows,
+            want.n_rows
         );
     }
-    let expected = layout.release_ciphertexts();
+    if first.noise_scale_grid != want.noise_grid {
+        bail!(
+            "proxy released with noise {} on the integer grid; the spec's plan for this \
+             release is {}",
+            first.noise_scale_grid,
+            want.noise_grid
+        );
+    }
+    let expected = want.layout.release_ciphertexts();
     if first.total_ciphertexts as usize != expected {
         bail!(
             "proxy announced {} result ciphertexts, the layout has {expected}",
@@ -649,7 +686,6 @@ async fn fetch_release(
         );
     }
     let mut cts: Vec<Ciphertext> = Vec::with_capacity(expected);
-    let (noise_scale, noise_scale_grid) = (first.noise_scale, first.noise_scale_grid.clone());
     let mut chunk = Some(first);
     while let Some(c) = chunk {
         if cts.len() + c.ciphertexts.len() > expected {
@@ -667,11 +703,7 @@ async fn fetch_release(
             cts.len()
         );
     }
-    Ok(Fetched {
-        ciphertexts: cts,
-        noise_scale,
-        noise_scale_grid,
-    })
+    Ok(cts)
 }
 
 #[cfg(test)]
@@ -719,7 +751,12 @@ mod tests {
         // A result stream that opens and stalls, and one that never opens.
         for (opens, says) in [(true, "of the result stream"), (false, "of the result for")] {
             let mut client = silent_proxy(opens).await;
-            let fetch = fetch_release(&mut client, sk.public(), &layout, "a-study", 0, patience);
+            let want = Expected {
+                layout: &layout,
+                n_rows: 0,
+                noise_grid: "1".into(),
+            };
+            let fetch = fetch_release(&mut client, sk.public(), "a-study", &want, patience);
             let err = gives_up(fetch).await;
             assert!(err.to_string().contains(says), "{err}");
         }
@@ -745,8 +782,8 @@ mod tests {
         }
     }
 
-    /// A seal whose E[N] is `count` and a release of zeros for `spec`, as a
-    /// scripted proxy serves them.
+    /// A seal whose E[N] is `count` and a release of zeros for `spec` (its noise
+    /// reported as the spec plans it), as a scripted proxy serves them.
     fn forged_seal(spec: &StudySpec, count: u64) -> (v1::SealedStudy, v1::ResultChunk) {
         let pk = dpca_common::testing::test_key().public();
         let encrypted = |m: u64| {
@@ -760,9 +797,10 @@ mod tests {
             owners_in: vec!["owner-1".into()],
             ..Default::default()
         };
+        let plan = spec.release_plan(None, false);
         let result = v1::ResultChunk {
-            noise_scale: 1.0,
-            noise_scale_grid: "1".into(),
+            noise_scale: spec.noise_sd_per_entry(&plan, None),
+            noise_scale_grid: plan.matrix.grid_parameter().to_string(),
             n_owners: 1,
             ciphertexts: (0..layout.release_ciphertexts())
                 .map(|_| encrypted(0))
@@ -790,15 +828,49 @@ mod tests {
         let (sealed, result) = forged_seal(&spec, spec.max_rows + 1);
         let mut client = dpca_shell::testing::scripted_proxy(sealed, result).await;
         let plain = Transport::InsecurePlaintext;
-        let counts = collect_bins(&mut client, &plain, sk, &spec, "histogram-1")
+        let counts = collect_bins(&mut client, &plain, sk, &spec, "histogram-1", false)
             .await
             .expect("the bins, whatever E[N] holds");
         assert_eq!(counts.len(), bins.edges.len());
         // The same seal where the count is read: refused, undecided for the proxy.
-        let err = collect(&mut client, &plain, sk, &spec, "histogram-2")
+        let err = collect(&mut client, &plain, sk, &spec, "histogram-2", false)
             .await
             .expect_err("an implausible count decrypted and used");
         assert!(format!("{err:#}").contains("not in ["), "{err:#}");
+    }
+
+    /// The noise scale the user reports (sigma, the noise floor) is the spec's
+    /// plan, which it computes itself: a release reported with other noise, or
+    /// with none on a study not opened noise-free, is refused before anything of
+    /// it is decrypted. Before, the user took the proxy's figure into its report.
+    #[tokio::test]
+    async fn a_release_reported_with_other_noise_than_the_spec_plans_is_refused() {
+        let sk = dpca_common::testing::test_key();
+        let spec = dpca_common::testing::test_spec(sk.public(), 3);
+        let plain = Transport::InsecurePlaintext;
+        let (sealed, honest) = forged_seal(&spec, 2);
+        let planned = honest.noise_scale_grid.clone();
+        assert_ne!(planned, "0", "the test spec plans noise");
+        let lies = [("1", false), ("0", false), (planned.as_str(), true)];
+        for (i, (grid, noise_free)) in lies.into_iter().enumerate() {
+            let result = v1::ResultChunk {
+                noise_scale_grid: grid.to_string(),
+                ..honest.clone()
+            };
+            let mut client = dpca_shell::testing::scripted_proxy(sealed.clone(), result).await;
+            let id = format!("noisy-{i}");
+            let err = collect(&mut client, &plain, sk, &spec, &id, noise_free)
+                .await
+                .expect_err("a release with noise the spec does not plan");
+            assert!(format!("{err:#}").contains("the spec's plan"), "{err:#}");
+        }
+        let mut client = dpca_shell::testing::scripted_proxy(sealed, honest).await;
+        let got = collect(&mut client, &plain, sk, &spec, "noisy-planned", false)
+            .await
+            .expect("the planned noise");
+        let plan = spec.release_plan(None, false);
+        assert_eq!(got.noise_scale, spec.noise_sd_per_entry(&plan, None));
+        assert_eq!(got.noise_scale_grid, planned);
     }
 
     /// A proxy that gives a second study the id of the first is refused when it

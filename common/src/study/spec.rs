@@ -327,6 +327,29 @@ impl SpecDraft {
         )
     }
 
+    /// The noise a release of this study carries: the plan for `n_rows` (N, proven
+    /// to the proxy under `mask`; `None` under `dp-mean`, whose plan reads none),
+    /// or none at all on a study opened noise-free for testing. The proxy draws it;
+    /// the user, who knows all three, computes it too rather than take the
+    /// proxy's word for it.
+    pub fn release_plan(&self, n_rows: Option<u64>, noise_free: bool) -> crate::dp::NoisePlan {
+        let mut plan = self.noise_plan(n_rows.unwrap_or(0));
+        if noise_free {
+            plan.matrix = crate::dp::NoiseScale::None;
+            plan.vector = plan.vector.map(|_| crate::dp::NoiseScale::None);
+            plan.epsilon = f64::INFINITY;
+        }
+        plan
+    }
+
+    /// The standard deviation of `plan`'s noise per entry of the scatter S, in
+    /// the table's normalized units: the `mask` release is N S~ on the fixed-point
+    /// grid squared (N as proven), the `dp-mean` release S~ on that grid.
+    pub fn noise_sd_per_entry(&self, plan: &crate::dp::NoisePlan, n_rows: Option<u64>) -> f64 {
+        let grid = f64::from(self.fixed.frac_bits).exp2();
+        plan.matrix.std_dev() / (n_rows.unwrap_or(1) as f64 * grid * grid)
+    }
+
     fn validate_projection(&self, p: &Projection) -> Result<(), SpecError> {
         let (k, m) = (p.rank(), self.dim());
         if k == 0 || k > m {

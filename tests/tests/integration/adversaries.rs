@@ -110,6 +110,7 @@ fn a_user_that_reports_fewer_rows_is_refused_and_nothing_is_released() {
             &f.sk,
             &f.spec,
             &f.study,
+            false,
         )
         .await
         .expect("honest release");
@@ -1162,6 +1163,7 @@ fn an_owner_outside_the_ball_leaves_the_honest_rows_fully_noised_by_default() {
             &f.sk,
             &f.spec,
             &f.study,
+            false,
         )
         .await
         .expect("release")

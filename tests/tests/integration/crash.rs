@@ -173,7 +173,7 @@ impl Crashing {
             let mut c = dpca_shell::client::connect(&url, user)
                 .await
                 .expect("connect");
-            let collected = dpca_user::session::collect(&mut c, user, sk, spec, study)
+            let collected = dpca_user::session::collect(&mut c, user, sk, spec, study, true)
                 .await
                 .expect("collect after restarts");
             (collected, fetch_raw(&mut c, study).await.expect("fetch"))
