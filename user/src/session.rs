@@ -18,6 +18,7 @@ use dpca_shell::client::{transient, with_retries, CALL_TIMEOUT};
 use dpca_shell::clock::{now_unix_ms, until_past};
 use dpca_shell::signed_count::{signing_identity, verify_count, CountClaim};
 use dpca_shell::tls::Transport;
+use num_bigint::BigUint;
 use tonic::transport::Channel;
 
 /// What the user obtains from a finished study.
@@ -453,7 +454,7 @@ async fn fetch_sealed(
     let expected = Expected {
         layout: &layout,
         n_rows: announced.unwrap_or(0),
-        noise_grid: plan.matrix.grid_parameter().to_string(),
+        noise_grid: plan.matrix.grid_parameter(),
     };
     let ciphertexts = fetch_release(client, sk.public(), study_id, &expected, CALL_TIMEOUT).await?;
     Ok(Released {
@@ -629,13 +630,30 @@ fn count_to_prove(
     Ok(Some(open_count(sk, spec, study_id, sealed)?))
 }
 
+/// Checks the noise scale the proxy reports against the plan's, both on the
+/// integer grid: one unit apart at most, the slack for a last-bit difference
+/// between two platforms' `ln` and `exp`, which the calibration rounds up to an
+/// integer.
+fn check_noise_grid(reported: &str, planned: &BigUint) -> anyhow::Result<()> {
+    let value = BigUint::parse_bytes(reported.as_bytes(), 10)
+        .with_context(|| format!("proxy reported an unreadable noise scale `{reported}`"))?;
+    let one = BigUint::from(1u32);
+    if &value + &one < *planned || value > planned + &one {
+        bail!(
+            "proxy released with noise {value} on the integer grid; the spec's plan for this \
+             release is {planned}"
+        );
+    }
+    Ok(())
+}
+
 /// What the user knows a study's release must be before it reads it.
 struct Expected<'a> {
     layout: &'a StudyLayout,
     /// The N proven to the proxy (0 under `dp-mean`).
     n_rows: u64,
     /// The plan's noise scale on the integer grid, exact.
-    noise_grid: String,
+    noise_grid: BigUint,
 }
 
 /// Fetches the release: it must be for the N the user proved, carry the noise
@@ -670,14 +688,7 @@ async fn fetch_release(
             want.n_rows
         );
     }
-    if first.noise_scale_grid != want.noise_grid {
-        bail!(
-            "proxy released with noise {} on the integer grid; the spec's plan for this \
-             release is {}",
-            first.noise_scale_grid,
-            want.noise_grid
-        );
-    }
+    check_noise_grid(&first.noise_scale_grid, &want.noise_grid)?;
     let expected = want.layout.release_ciphertexts();
     if first.total_ciphertexts as usize != expected {
         bail!(
@@ -754,7 +765,7 @@ mod tests {
             let want = Expected {
                 layout: &layout,
                 n_rows: 0,
-                noise_grid: "1".into(),
+                noise_grid: BigUint::from(1u32),
             };
             let fetch = fetch_release(&mut client, sk.public(), "a-study", &want, patience);
             let err = gives_up(fetch).await;
@@ -851,7 +862,17 @@ mod tests {
         let (sealed, honest) = forged_seal(&spec, 2);
         let planned = honest.noise_scale_grid.clone();
         assert_ne!(planned, "0", "the test spec plans noise");
-        let lies = [("1", false), ("0", false), (planned.as_str(), true)];
+        let grid: BigUint = planned.parse().expect("a grid scale");
+        let two_below = (&grid - 2u32).to_string();
+        let two_above = (&grid + 2u32).to_string();
+        let lies = [
+            ("1", false),
+            ("0", false),
+            (planned.as_str(), true),
+            (two_below.as_str(), false),
+            (two_above.as_str(), false),
+            ("a lot", false),
+        ];
         for (i, (grid, noise_free)) in lies.into_iter().enumerate() {
             let result = v1::ResultChunk {
                 noise_scale_grid: grid.to_string(),
@@ -862,15 +883,30 @@ mod tests {
             let err = collect(&mut client, &plain, sk, &spec, &id, noise_free)
                 .await
                 .expect_err("a release with noise the spec does not plan");
-            assert!(format!("{err:#}").contains("the spec's plan"), "{err:#}");
+            let says = ["the spec's plan", "unreadable"];
+            let err = format!("{err:#}");
+            assert!(says.iter().any(|s| err.contains(s)), "{err}");
         }
-        let mut client = dpca_shell::testing::scripted_proxy(sealed, honest).await;
-        let got = collect(&mut client, &plain, sk, &spec, "noisy-planned", false)
-            .await
-            .expect("the planned noise");
+        // One unit off (rounding on another platform) passes; the user reports its
+        // own figures either way, whatever f64 the proxy sends beside them.
         let plan = spec.release_plan(None, false);
-        assert_eq!(got.noise_scale, spec.noise_sd_per_entry(&plan, None));
-        assert_eq!(got.noise_scale_grid, planned);
+        for (i, near) in [&grid - 1u32, grid.clone(), &grid + 1u32]
+            .iter()
+            .enumerate()
+        {
+            let result = v1::ResultChunk {
+                noise_scale_grid: near.to_string(),
+                noise_scale: 1e9,
+                ..honest.clone()
+            };
+            let mut client = dpca_shell::testing::scripted_proxy(sealed.clone(), result).await;
+            let id = format!("noisy-near-{i}");
+            let got = collect(&mut client, &plain, sk, &spec, &id, false)
+                .await
+                .expect("the planned noise, within a unit");
+            assert_eq!(got.noise_scale, spec.noise_sd_per_entry(&plan, None));
+            assert_eq!(got.noise_scale_grid, planned);
+        }
     }
 
     /// A proxy that gives a second study the id of the first is refused when it
