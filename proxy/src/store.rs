@@ -34,6 +34,9 @@
 //! collects, at most [`CHECKPOINT_EVERY`] less one of them. (Deleted values
 //! stay in pages redb has freed until it reuses them, as old aggregates did.)
 //!
+//! An ended study is deleted whole, record and rows, once its user has opened
+//! enough newer ones ([`Store::drop_studies`]; the rule is `Limits::ended_to_drop`).
+//!
 //! redb locks the file: a second proxy on the same state refuses to start.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
