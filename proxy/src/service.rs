@@ -1801,7 +1801,7 @@ mod tests {
                 count: None,
             })
         }
-        let (_dir, svc) = sealed_dp_mean();
+        let (_dir, svc) = sealed_dp_mean(2);
         let store = svc.store.clone().expect("a store");
         let s1 = "s1".to_string();
         let refused = two_threads().block_on(async {
@@ -1831,8 +1831,8 @@ mod tests {
     }
 
     /// A service holding `s1` under `dp-mean`, sealed with two owners.
-    fn sealed_dp_mean() -> (tempfile::TempDir, ProxyService) {
-        let (dir, svc, cts) = collecting_with(Centering::DpMean, 2);
+    fn sealed_dp_mean(features: usize) -> (tempfile::TempDir, ProxyService) {
+        let (dir, svc, cts) = collecting_with_features(Centering::DpMean, 2, features);
         two_threads().block_on(async {
             for owner in ["a", "b"] {
                 let counted = svc.commit_contribution(upload(owner), cts.clone(), None);
@@ -1849,20 +1849,22 @@ mod tests {
     #[test]
     fn a_result_stream_holds_the_release_it_shares_not_a_copy() {
         use v1::proxy_server::Proxy;
-        let (_dir, svc) = sealed_dp_mean();
+        // Enough features for a release of several chunks.
+        let (_dir, svc) = sealed_dp_mean(140);
         let runtime = two_threads();
         let release = Request::new(v1::ReleaseRequest {
             study_id: "s1".into(),
             count: None,
         });
         runtime.block_on(svc.release(release)).expect("released");
-        let shared = || {
+        let stored = || {
             let held = rt().block_on(svc.with_study("s1", |s| match &s.phase {
-                Phase::Released(r) => Ok(Arc::clone(r)),
+                Phase::Released(r) => Ok((Arc::clone(r), s.spec.public_key.clone())),
                 other => panic!("phase {}", other.name()),
             }));
-            Arc::strong_count(&held.expect("study")) - 1
+            held.expect("study")
         };
+        let shared = || Arc::strong_count(&stored().0) - 2;
         let before = shared();
         let fetch = || {
             let req = Request::new(v1::FetchResultRequest {
@@ -1876,18 +1878,30 @@ mod tests {
             before + 3,
             "each unread stream shares the release"
         );
-        // Read whole, a stream gives every ciphertext, the header on its first
-        // chunk (results of many chunks are read whole by the integration tests).
+        // Read whole, a stream gives every ciphertext in order, in full chunks
+        // but the last, the header on its first chunk only.
         let chunks: Vec<_> = runtime.block_on(fetch().into_inner().collect::<Vec<_>>());
         let chunks: Vec<v1::ResultChunk> = chunks.into_iter().map(|c| c.expect("chunk")).collect();
-        let total = chunks[0].total_ciphertexts as usize;
-        assert!(total > 0);
-        assert_eq!(chunks[0].n_owners, 2);
-        assert_eq!(
-            chunks.iter().map(|c| c.ciphertexts.len()).sum::<usize>(),
-            total
+        let (release, pk) = stored();
+        let total = release.ciphertexts.len();
+        assert!(
+            total > 2 * CIPHERTEXTS_PER_CHUNK,
+            "{total}: three chunks at least"
         );
-        drop(unread);
+        assert_eq!(chunks.len(), total.div_ceil(CIPHERTEXTS_PER_CHUNK));
+        assert_eq!(chunks[0].total_ciphertexts as usize, total);
+        assert_eq!(chunks[0].n_owners, 2);
+        assert!(chunks[1..]
+            .iter()
+            .all(|c| c.total_ciphertexts == 0 && c.n_owners == 0));
+        let sent: Vec<&Vec<u8>> = chunks.iter().flat_map(|c| &c.ciphertexts).collect();
+        let want: Vec<Vec<u8>> = release
+            .ciphertexts
+            .iter()
+            .map(|c| pk.ciphertext_to_bytes(c))
+            .collect();
+        assert!(sent.iter().zip(&want).all(|(a, b)| *a == b) && sent.len() == total);
+        drop((release, unread));
         assert_eq!(shared(), before);
     }
 
@@ -1907,16 +1921,29 @@ mod tests {
         centering: Centering,
         quorum: u32,
     ) -> (tempfile::TempDir, ProxyService, Vec<Elem>) {
+        collecting_with_features(centering, quorum, 2)
+    }
+
+    /// As [`collecting_with`], the study of `features` features.
+    fn collecting_with_features(
+        centering: Centering,
+        quorum: u32,
+        features: usize,
+    ) -> (tempfile::TempDir, ProxyService, Vec<Elem>) {
         use rand::SeedableRng;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
         let mut s = crate::study::tests::study_with(centering, quorum, 1);
+        let draft = s.spec.to_draft();
         s.spec = SpecDraft {
             deadline_unix_ms: u64::MAX,
-            ..s.spec.to_draft()
+            features: (0..features).map(|i| format!("f{i}")).collect(),
+            bounds: vec![draft.bounds[0]; features],
+            ..draft
         }
         .validate()
         .expect("spec");
+        s.layout = StudyLayout::new(&s.spec).expect("layout");
         Store::open(&path)
             .expect("store")
             .save_study(&s)
