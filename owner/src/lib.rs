@@ -482,13 +482,13 @@ async fn run_once(
     };
     let wait = upload_wait(spec.deadline_unix_ms, now_unix_ms()?);
     let response = upload(&mut client, encrypted.chunks.clone(), wait).await?;
-    let tally = attempts.tally();
+    let (tally, ciphertexts) = (attempts.tally(), encrypted.ciphertexts());
     Ok(OwnerReport {
         owner_id: cfg.owner_id.clone(),
         rows: encrypted.rows,
         clipped_rows: encrypted.clipped_rows,
-        ciphertexts: encrypted.ciphertexts(),
-        bytes: encrypted.ciphertexts() * spec.public_key.ciphertext_bytes(),
+        ciphertexts,
+        bytes: ciphertexts * spec.public_key.ciphertext_bytes(),
         newly_counted: response.newly_counted,
         histogram: spec.norm_bins.is_some(),
         seconds_encrypt: tally.seconds_encrypting,

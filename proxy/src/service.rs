@@ -1913,18 +1913,10 @@ mod tests {
 
     /// As [`collecting_with_contribution`], sealing at `quorum` owners.
     fn collecting_with_quorum(quorum: u32) -> (tempfile::TempDir, ProxyService, Vec<Elem>) {
-        collecting_with(Centering::Mask, quorum)
+        collecting_with_features(Centering::Mask, quorum, 2)
     }
 
-    /// As [`collecting_with_quorum`], under `centering`.
-    fn collecting_with(
-        centering: Centering,
-        quorum: u32,
-    ) -> (tempfile::TempDir, ProxyService, Vec<Elem>) {
-        collecting_with_features(centering, quorum, 2)
-    }
-
-    /// As [`collecting_with`], the study of `features` features.
+    /// As [`collecting_with_quorum`], under `centering`, of `features` features.
     fn collecting_with_features(
         centering: Centering,
         quorum: u32,
