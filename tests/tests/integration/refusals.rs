@@ -487,8 +487,12 @@ fn foreign_certificates_are_refused_at_once(f: &StudyFixture, data: &Path) {
             "a refused certificate was retried: {}",
             stderr(&o)
         );
-        // Final at once: not one retry.
-        assert!(!stderr(&o).contains("trying again"), "{}", stderr(&o));
+        // Final at once. In TLS 1.3 the proxy judges the owner's certificate after
+        // the owner's side of the handshake is done, so the owner's first request
+        // may be on its way when the alert comes, and then reads as a connection
+        // that closed: an outage, tried again once, when the alert is met. Not more.
+        let retries = stderr(&o).matches("trying again").count();
+        assert!(retries <= 1, "{}", stderr(&o));
     }
 }
 
