@@ -443,6 +443,9 @@ fn study_report(
 ) -> StudyReport {
     let (spec, layout) = (&prep.spec, &prep.layout);
     let floor = noise_floor(spec, got, an);
+    // The owners' reports reach the user only when it ran them (local).
+    let ran_owners = opts.remote.is_none();
+    let classes = spec.classes.as_ref();
     StudyReport {
         study_id: prep.study_id.clone(),
         features: plan.table.features.clone(),
@@ -456,11 +459,7 @@ fn study_report(
         delta: an.noise.delta,
         rho: an.noise.rho,
         sigma: got.noise_scale,
-        mean: got
-            .opened
-            .mean
-            .as_ref()
-            .map(|m| m.iter().copied().collect()),
+        mean: got.opened.mean.as_ref().map(|m| m.as_slice().to_vec()),
         noise_floor: floor,
         components_above_noise: crate::report::above_noise(&an.pca, floor),
         written_at: now_rfc3339(),
@@ -472,25 +471,14 @@ fn study_report(
         owners_missing: got.owners_missing.clone(),
         k: opts.k,
         encryption: Encryption::of(spec, layout),
-        // The owners' reports reach the user only when it ran them (local).
-        clipped_rows: opts
-            .remote
-            .is_none()
-            .then(|| run.owners.iter().map(|r| r.clipped_rows).sum()),
-        owner_rows: opts
-            .remote
-            .is_none()
-            .then(|| run.owners.iter().map(|r| r.rows).collect()),
+        clipped_rows: ran_owners.then(|| run.owners.iter().map(|r| r.clipped_rows).sum()),
+        owner_rows: ran_owners.then(|| run.owners.iter().map(|r| r.rows).collect()),
         psd_repair: opts.psd_repair,
         baseline: opts.baseline,
         synthetic_rows: opts.synthetic.unwrap_or(0),
         task: opts.task.name().into(),
-        classes: spec
-            .classes
-            .as_ref()
-            .map(|c| c.labels.clone())
-            .unwrap_or_default(),
-        class_covariance: spec.classes.as_ref().map(|c| c.covariance.name().into()),
+        classes: classes.map(|c| c.labels.clone()).unwrap_or_default(),
+        class_covariance: classes.map(|c| c.covariance.name().into()),
         covariance_fit: opts.synthetic.map(|_| an.fit.name().into()),
         class_counts: got.opened.classes.as_ref().map(|c| c.counts.clone()),
         pca_source: pca_source(opts),
