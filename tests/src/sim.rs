@@ -33,6 +33,7 @@ use dpca_proto::v1::proxy_client::ProxyClient;
 use dpca_proxy::world::{Clock, Entropy, ManualClock, SeededEntropy, SystemClock};
 use dpca_proxy::ProxyConfig;
 use dpca_shell::tls::{DevPki, Role, Transport};
+use dpca_user::session::OpenedStudy;
 use tonic::transport::Channel;
 
 /// The owners of a simulated study: the first [`INVITED`] are invited, the last is not.
@@ -393,7 +394,10 @@ impl Sim {
                 );
                 return None;
             }
-            Some(dpca_user::session::collect(&mut c, &user, sk, &spec, &study, false).await)
+            Some(
+                dpca_user::session::collect(&mut c, &user, sk, OpenedStudy::new(&study, &spec))
+                    .await,
+            )
         });
         match (self.model.phase, outcome) {
             (Phase::Collecting, None) => {}

@@ -30,7 +30,7 @@ use crate::report::{
     StudyReport,
 };
 use crate::row_norm::choose_row_norm;
-use crate::session::{collect, open_study, Collected};
+use crate::session::{collect, open_study, Collected, OpenedStudy};
 
 pub use crate::slicing::{equal_slices, owner_name, split_rows, SliceLayout};
 pub use crate::sweep::sweep;
@@ -324,15 +324,11 @@ async fn conduct(
         .contribute(&prep.study_id, &fingerprint, &prep.spec)
         .await?;
     let user_start = UserStart::now();
-    let got = collect(
-        &mut client,
-        cohort.transport(),
-        &sk,
-        &prep.spec,
-        &prep.study_id,
-        opts.noise_free_for_testing,
-    )
-    .await?;
+    let study = OpenedStudy {
+        noise_free_for_testing: opts.noise_free_for_testing,
+        ..OpenedStudy::new(&prep.study_id, &prep.spec)
+    };
+    let got = collect(&mut client, cohort.transport(), &sk, study).await?;
     let an = analyze(opts, plan, &prep.spec, prep.axes.as_ref(), &got)?;
     let run = RunFacts {
         seconds: user_start.seconds(&owners, &got, keygen, started),

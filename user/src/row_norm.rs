@@ -10,7 +10,7 @@ use tonic::transport::Channel;
 
 use crate::cohort::Cohort;
 use crate::report::RowNormChoice;
-use crate::session::{collect_bins, open_study};
+use crate::session::{collect_bins, open_study, OpenedStudy};
 
 /// Runs the histogram study of `spec`'s rows with request `h` and returns C as
 /// the `q` quantile of the rows' norms, with what the histogram spent.
@@ -37,15 +37,11 @@ pub(crate) async fn choose_row_norm(
     cohort
         .contribute(&hid, &sk.public().fingerprint(), &spec_h)
         .await?;
-    let counts = collect_bins(
-        client,
-        cohort.transport(),
-        sk,
-        &spec_h,
-        &hid,
+    let histogram = OpenedStudy {
         noise_free_for_testing,
-    )
-    .await?;
+        ..OpenedStudy::new(&hid, &spec_h)
+    };
+    let counts = collect_bins(client, cohort.transport(), sk, histogram).await?;
     let chosen = bins.quantile(&counts, q);
     eprintln!("row-norm bound C = {chosen:.4}: the {q} quantile of the row norms");
     let choice = RowNormChoice {

@@ -347,32 +347,44 @@ async fn await_seal(
         .map_err(status("study did not seal"))
 }
 
+/// A study as this user opened it, which its release is checked against.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenedStudy<'a> {
+    /// The id the proxy gave it.
+    pub id: &'a str,
+    /// The spec it was opened with.
+    pub spec: &'a StudySpec,
+    /// Whether it was opened noise-free (tests only): the noise its release must
+    /// carry follows.
+    pub noise_free_for_testing: bool,
+}
+
+impl<'a> OpenedStudy<'a> {
+    /// Study `id`, opened with `spec` and its noise.
+    pub fn new(id: &'a str, spec: &'a StudySpec) -> Self {
+        Self {
+            id,
+            spec,
+            noise_free_for_testing: false,
+        }
+    }
+}
+
 /// Waits for the study to seal, decrypts N (checking it against the spec), asks for
 /// the release (proving N to the proxy only where the noise is calibrated to it),
-/// fetches the release and decrypts it. `noise_free_for_testing` is what the
-/// study was opened with.
+/// fetches the release and decrypts it.
 pub async fn collect(
     client: &mut ProxyClient<Channel>,
     transport: &Transport,
     sk: &SecretKey,
-    spec: &StudySpec,
-    study_id: &str,
-    noise_free_for_testing: bool,
+    study: OpenedStudy<'_>,
 ) -> anyhow::Result<Collected> {
-    let got = fetch_sealed(
-        client,
-        transport,
-        sk,
-        spec,
-        study_id,
-        noise_free_for_testing,
-    )
-    .await?;
+    let got = fetch_sealed(client, transport, sk, study).await?;
     let n_rows = match &got.proven {
         Some((n, _)) => *n,
-        None => open_count(sk, spec, study_id, &got.sealed)?.0,
+        None => open_count(sk, study.spec, study.id, &got.sealed)?.0,
     };
-    open_collected(sk, spec, got, n_rows)
+    open_collected(sk, study.spec, got, n_rows)
 }
 
 /// The noisy counts of a row-norm histogram study's bins, collected as
@@ -386,10 +398,9 @@ pub async fn collect_bins(
     client: &mut ProxyClient<Channel>,
     transport: &Transport,
     sk: &SecretKey,
-    spec: &StudySpec,
-    study_id: &str,
-    noise_free_for_testing: bool,
+    study: OpenedStudy<'_>,
 ) -> anyhow::Result<Vec<f64>> {
+    let spec = study.spec;
     let bins = spec
         .norm_bins
         .as_ref()
@@ -397,15 +408,7 @@ pub async fn collect_bins(
     if spec.privacy.centering != dpca_common::dp::Centering::DpMean {
         bail!("a row-norm histogram study is dp-mean");
     }
-    let got = fetch_sealed(
-        client,
-        transport,
-        sk,
-        spec,
-        study_id,
-        noise_free_for_testing,
-    )
-    .await?;
+    let got = fetch_sealed(client, transport, sk, study).await?;
     // N enters a dp-mean release only in S' = R' - v' v'^T / N, which no bin is
     // read off, and its noise plan reads none: 1 stands in for it.
     const STAND_IN_ROWS: u64 = 1;
@@ -433,10 +436,13 @@ async fn fetch_sealed(
     client: &mut ProxyClient<Channel>,
     transport: &Transport,
     sk: &SecretKey,
-    spec: &StudySpec,
-    study_id: &str,
-    noise_free_for_testing: bool,
+    study: OpenedStudy<'_>,
 ) -> anyhow::Result<Released> {
+    let OpenedStudy {
+        id: study_id,
+        spec,
+        noise_free_for_testing,
+    } = study;
     // The proxy opens no study whose deadline has passed, and closes every study at
     // its deadline.
     let within = until_past(spec.deadline_unix_ms, now_unix_ms()?, SEAL_GRACE);
@@ -839,14 +845,24 @@ mod tests {
         let (sealed, result) = forged_seal(&spec, spec.max_rows + 1);
         let mut client = dpca_shell::testing::scripted_proxy(sealed, result).await;
         let plain = Transport::InsecurePlaintext;
-        let counts = collect_bins(&mut client, &plain, sk, &spec, "histogram-1", false)
-            .await
-            .expect("the bins, whatever E[N] holds");
+        let counts = collect_bins(
+            &mut client,
+            &plain,
+            sk,
+            OpenedStudy::new("histogram-1", &spec),
+        )
+        .await
+        .expect("the bins, whatever E[N] holds");
         assert_eq!(counts.len(), bins.edges.len());
         // The same seal where the count is read: refused, undecided for the proxy.
-        let err = collect(&mut client, &plain, sk, &spec, "histogram-2", false)
-            .await
-            .expect_err("an implausible count decrypted and used");
+        let err = collect(
+            &mut client,
+            &plain,
+            sk,
+            OpenedStudy::new("histogram-2", &spec),
+        )
+        .await
+        .expect_err("an implausible count decrypted and used");
         assert!(format!("{err:#}").contains("not in ["), "{err:#}");
     }
 
@@ -880,7 +896,11 @@ mod tests {
             };
             let mut client = dpca_shell::testing::scripted_proxy(sealed.clone(), result).await;
             let id = format!("noisy-{i}");
-            let err = collect(&mut client, &plain, sk, &spec, &id, noise_free)
+            let study = OpenedStudy {
+                noise_free_for_testing: noise_free,
+                ..OpenedStudy::new(&id, &spec)
+            };
+            let err = collect(&mut client, &plain, sk, study)
                 .await
                 .expect_err("a release with noise the spec does not plan");
             let says = ["the spec's plan", "unreadable"];
@@ -901,7 +921,7 @@ mod tests {
             };
             let mut client = dpca_shell::testing::scripted_proxy(sealed.clone(), result).await;
             let id = format!("noisy-near-{i}");
-            let got = collect(&mut client, &plain, sk, &spec, &id, false)
+            let got = collect(&mut client, &plain, sk, OpenedStudy::new(&id, &spec))
                 .await
                 .expect("the planned noise, within a unit");
             assert_eq!(got.noise_scale, spec.noise_sd_per_entry(&plan, None));

@@ -15,6 +15,7 @@ use dpca_tests::{
     describe, fixture, fixture_on, fixture_with, free_port, rt, sample, scrape, TEST_OWNERS,
     TEST_USERS,
 };
+use dpca_user::session::OpenedStudy;
 use num_bigint::BigUint;
 use rand::rngs::OsRng;
 use sha2::{Digest, Sha256};
@@ -108,9 +109,7 @@ fn a_user_that_reports_fewer_rows_is_refused_and_nothing_is_released() {
             &mut user,
             &f.proxy.transport("user"),
             &f.sk,
-            &f.spec,
-            &f.study,
-            false,
+            OpenedStudy::new(&f.study, &f.spec),
         )
         .await
         .expect("honest release");
@@ -1161,9 +1160,7 @@ fn an_owner_outside_the_ball_leaves_the_honest_rows_fully_noised_by_default() {
             &mut user,
             &f.proxy.transport("user"),
             &f.sk,
-            &f.spec,
-            &f.study,
-            false,
+            OpenedStudy::new(&f.study, &f.spec),
         )
         .await
         .expect("release")

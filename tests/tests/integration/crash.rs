@@ -173,7 +173,11 @@ impl Crashing {
             let mut c = dpca_shell::client::connect(&url, user)
                 .await
                 .expect("connect");
-            let collected = dpca_user::session::collect(&mut c, user, sk, spec, study, true)
+            let opened = dpca_user::session::OpenedStudy {
+                noise_free_for_testing: true,
+                ..dpca_user::session::OpenedStudy::new(study, spec)
+            };
+            let collected = dpca_user::session::collect(&mut c, user, sk, opened)
                 .await
                 .expect("collect after restarts");
             (collected, fetch_raw(&mut c, study).await.expect("fetch"))
