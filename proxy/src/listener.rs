@@ -6,9 +6,10 @@
 //! On TLS the handshake runs here, before a connection takes one of those slots:
 //! a client that connects and never finishes its handshake holds only a handshake
 //! place, for at most the handshake timeout, and the places are capped in all
-//! ([`MAX_HANDSHAKES`]) and per source address ([`MAX_HANDSHAKES_PER_SOURCE`]).
-//! While a place is free, a connection past its address's cap is closed at once,
-//! so a client that reconnects without end delays no one from another address.
+//! ([`MAX_HANDSHAKES`]) and per source ([`MAX_HANDSHAKES_PER_SOURCE`]: an IPv4
+//! address or an IPv6 /64). While a place is free, a connection past its
+//! source's cap is closed at once, so a client that reconnects without end
+//! delays no one from another source.
 //! While every place is held, the listener accepts nothing and new connections
 //! wait in the kernel's listen backlog ([`crate::LISTEN_BACKLOG`]), holding no
 //! descriptor or memory of the proxy process: a burst of hundreds of owners is
@@ -66,7 +67,8 @@ pub const MAX_HANDSHAKES: usize = 256;
 /// about 64 MiB for all of them, against 16 MiB with 256; a party holds at most
 /// [`MAX_CONNECTIONS_PER_PARTY`] of them.
 pub const MAX_WAITING: usize = 1024;
-/// TLS handshakes at once from one source address.
+/// TLS handshakes at once from one source ([`source_of`]: an IPv4 address, or
+/// an IPv6 address's /64).
 pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Connections served at once for one party (one certificate name).
 pub const MAX_CONNECTIONS_PER_PARTY: usize = 8;
@@ -346,7 +348,8 @@ pub fn capped_tls(
                 return;
             };
             // Past its source's cap the connection is closed at once (dropped here).
-            let Some(source) = sources.take(addr.ip(), MAX_HANDSHAKES_PER_SOURCE) else {
+            let key = source_of(addr.ip());
+            let Some(source) = sources.take(key, MAX_HANDSHAKES_PER_SOURCE) else {
                 refused(caps.name, ConnectionRefusal::SourceCap);
                 continue;
             };
@@ -373,6 +376,25 @@ pub fn capped_tls(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// The source whose handshakes a connection from `ip` counts against. An IPv4
+/// address is its own. An IPv6 host may take any address of its link's /64 (the
+/// low 64 bits are the host's to choose: SLAAC, privacy addresses), so counted by
+/// address one IPv6 client could hold every handshake place; counted by /64, the
+/// smallest block a network is given, it holds its source's share. (A client
+/// given a /56 or /48 still spreads over 256 or 65,536 sources: docs/PRIVACY.md
+/// keeps that open.) An IPv4 client of a dual-stack listener arrives as a mapped
+/// address (`::ffff:a.b.c.d`), counted as its IPv4 address: by /64, every IPv4
+/// client would share one source.
+fn source_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+    }
 }
 
 /// What an authenticated connection is admitted under: the listener's caps, its
@@ -688,6 +710,87 @@ mod tests {
             "turned away while the handshake places were held: {:?}",
             owner.err()
         );
+    }
+
+    #[test]
+    fn an_ipv6_client_is_counted_by_its_64_and_an_ipv4_one_by_its_address() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("address");
+        // Any address of one /64 is one source; the next /64 is another.
+        let one = source_of(ip("2001:db8:1:2::1"));
+        assert_eq!(one, source_of(ip("2001:db8:1:2:ffff:ffff:ffff:ffff")));
+        assert_eq!(one, ip("2001:db8:1:2::"));
+        assert_ne!(one, source_of(ip("2001:db8:1:3::1")));
+        // IPv4, plain or mapped, by address.
+        assert_eq!(source_of(ip("192.0.2.7")), ip("192.0.2.7"));
+        assert_eq!(source_of(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
+        assert_ne!(
+            source_of(ip("::ffff:192.0.2.7")),
+            source_of(ip("::ffff:192.0.2.8"))
+        );
+    }
+
+    /// A dual-stack listener sees its IPv4 clients as mapped IPv6 addresses, each
+    /// still a source of its own: silent connections from one address fill that
+    /// address's handshakes (the next is closed at once), not another's (an owner
+    /// from there gets in).
+    #[cfg(target_os = "linux")] // any 127/8 source address is bindable
+    #[tokio::test]
+    async fn ipv4_clients_of_a_dual_stack_listener_are_each_a_source() {
+        use dpca_shell::tls::{write_dev_pki, Transport};
+        use tokio::io::AsyncReadExt;
+        use tokio_stream::StreamExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let pki =
+            write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &names(&["a"])).expect("PKI");
+        let server = pki.proxy.load(Role::Proxy).expect("proxy files");
+        let acceptor = TlsAcceptor::from(Arc::new(server.rustls_server_config().expect("config")));
+        let listener = TcpListener::bind("[::]:0")
+            .await
+            .expect("a dual-stack listener (IPv6 on)");
+        let at =
+            std::net::SocketAddr::from(([127, 0, 0, 1], listener.local_addr().expect("at").port()));
+        let served = capped_tls(
+            listener,
+            caps(4, 0, WhenFull::Wait),
+            acceptor,
+            Duration::from_secs(30),
+        );
+        tokio::spawn(served.collect::<Vec<_>>());
+        let from = |last: u8| async move {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket
+                .bind((std::net::Ipv4Addr::new(127, 0, 0, last), 0).into())
+                .expect("bind");
+            socket.connect(at).await.expect("connect")
+        };
+        let mut silent = Vec::new();
+        for _ in 0..MAX_HANDSHAKES_PER_SOURCE {
+            silent.push(from(2).await);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut past_cap = from(2).await;
+        let read = tokio::time::timeout(Duration::from_secs(2), past_cap.read(&mut [0u8; 1])).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "a connection past its address's cap was not closed at once: {read:?}"
+        );
+        let transport = Transport::Tls(Arc::new(
+            pki.files("a")
+                .expect("files")
+                .load(Role::Owner)
+                .expect("load"),
+        ));
+        let other = Some(IpAddr::from([127, 0, 0, 3]));
+        let url = format!("https://{at}");
+        let attempt = dpca_shell::client::connect_from(&url, &transport, other);
+        let owner = tokio::time::timeout(Duration::from_secs(5), attempt).await;
+        assert!(
+            matches!(owner, Ok(Ok(_))),
+            "an owner from another address was refused: {:?}",
+            owner.map(|o| o.err())
+        );
+        drop(silent);
     }
 
     /// The main listener keeps a burst of connections it has not yet accepted:

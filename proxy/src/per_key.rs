@@ -1,11 +1,11 @@
 //! Counts held per key, each released when its holder is dropped: the proxy's
-//! caps per source address and per party (`listener`) and its one upload per owner
+//! caps per source and per party (`listener`) and its one upload per owner
 //! (`service`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Counts held per key (a source address, a party, an owner).
+/// Counts held per key (a source, a party, an owner).
 pub struct PerKey<K>(Arc<Mutex<HashMap<K, usize>>>);
 
 impl<K> Clone for PerKey<K> {
