@@ -7,9 +7,9 @@
 //! a client that connects and never finishes its handshake holds only a handshake
 //! place, for at most the handshake timeout, and the places are capped in all
 //! ([`MAX_HANDSHAKES`]) and per source ([`MAX_HANDSHAKES_PER_SOURCE`]: an IPv4
-//! address or an IPv6 /64). While a place is free, a connection past its
-//! source's cap is closed at once, so a client that reconnects without end
-//! delays no one from another source.
+//! address, or an IPv6 /64, with larger caps on its /56 and /48). While a place
+//! is free, a connection past its source's cap is closed at once, so a client
+//! that reconnects without end delays no one from another source.
 //! While every place is held, the listener accepts nothing and new connections
 //! wait in the kernel's listen backlog ([`crate::LISTEN_BACKLOG`]), holding no
 //! descriptor or memory of the proxy process: a burst of hundreds of owners is
@@ -67,8 +67,8 @@ pub const MAX_HANDSHAKES: usize = 256;
 /// about 64 MiB for all of them, against 16 MiB with 256; a party holds at most
 /// [`MAX_CONNECTIONS_PER_PARTY`] of them.
 pub const MAX_WAITING: usize = 1024;
-/// TLS handshakes at once from one source ([`source_of`]: an IPv4 address, or
-/// an IPv6 address's /64).
+/// TLS handshakes at once from one source: an IPv4 address, or an IPv6
+/// address's /64 (and 16 from its /56, 32 from its /48: `IPV6_BLOCK_CAPS`).
 pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Connections served at once for one party (one certificate name).
 pub const MAX_CONNECTIONS_PER_PARTY: usize = 8;
@@ -329,7 +329,7 @@ pub fn capped_tls(
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     // With no place the listener would never accept.
     let handshakes = Arc::new(Semaphore::new(caps.handshakes.max(1)));
-    let sources = PerKey::<IpAddr>::default();
+    let sources = Sources::default();
     let admission = Admission {
         caps,
         slots: Slots::new(&caps),
@@ -348,8 +348,7 @@ pub fn capped_tls(
                 return;
             };
             // Past its source's cap the connection is closed at once (dropped here).
-            let key = source_of(addr.ip());
-            let Some(source) = sources.take(key, MAX_HANDSHAKES_PER_SOURCE) else {
+            let Some(source) = sources.take(addr.ip()) else {
                 refused(caps.name, ConnectionRefusal::SourceCap);
                 continue;
             };
@@ -378,22 +377,75 @@ pub fn capped_tls(
     ReceiverStream::new(rx)
 }
 
-/// The source whose handshakes a connection from `ip` counts against. An IPv4
-/// address is its own. An IPv6 host may take any address of its link's /64 (the
-/// low 64 bits are the host's to choose: SLAAC, privacy addresses), so counted by
-/// address one IPv6 client could hold every handshake place; counted by /64, the
-/// smallest block a network is given, it holds its source's share. (A client
-/// given a /56 or /48 still spreads over 256 or 65,536 sources: docs/PRIVACY.md
-/// keeps that open.) An IPv4 client of a dual-stack listener arrives as a mapped
-/// address (`::ffff:a.b.c.d`), counted as its IPv4 address: by /64, every IPv4
-/// client would share one source.
-fn source_of(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
-        },
+/// A block of addresses whose handshakes are counted together: its first
+/// address and its prefix length.
+type Block = (IpAddr, u8);
+
+/// The IPv6 blocks a client's handshakes count against, as (prefix length, cap).
+/// A host may take any address of its link's /64 (the low 64 bits are its to
+/// choose: SLAAC, privacy addresses), and a home or small site is commonly given
+/// a /56 and a site a /48 (RIPE-690); so counted by address one IPv6 client could
+/// hold every handshake place, and counted by /64 alone, 32 of a /56's 256 did.
+/// Now a /56 holds 16 places at most and a /48 32: it takes 8 sites to hold them
+/// all, as it takes 32 IPv4 addresses.
+const IPV6_BLOCK_CAPS: [(u8, usize); 3] = [
+    (64, MAX_HANDSHAKES_PER_SOURCE),
+    (56, 2 * MAX_HANDSHAKES_PER_SOURCE),
+    (48, 4 * MAX_HANDSHAKES_PER_SOURCE),
+];
+
+/// The blocks a connection from `ip` counts against, each with its cap: an IPv4
+/// address alone, or an IPv6 address's /64, /56 and /48. An IPv6 address that
+/// stands for an IPv4 one counts as that address (`embedded_ipv4`).
+fn blocks_of(ip: IpAddr) -> Vec<(Block, usize)> {
+    let v6 = match ip {
+        IpAddr::V4(_) => return vec![((ip, 32), MAX_HANDSHAKES_PER_SOURCE)],
+        IpAddr::V6(v6) => v6,
+    };
+    if let Some(v4) = embedded_ipv4(v6) {
+        return blocks_of(IpAddr::V4(v4));
+    }
+    IPV6_BLOCK_CAPS
+        .iter()
+        .map(|&(len, cap)| {
+            let mask = !(u128::MAX >> len);
+            ((IpAddr::V6((u128::from(v6) & mask).into()), len), cap)
+        })
+        .collect()
+}
+
+/// The IPv4 address an IPv6 one stands for: mapped (`::ffff:a.b.c.d`, an IPv4
+/// client of a dual-stack listener: counted by its /64, every IPv4 client would
+/// share one source), translated under NAT64's well-known prefix (`64:ff9b::/96`,
+/// RFC 6052: every IPv4 client of a proxy behind such a translator) or a 6to4
+/// site's (`2002:a.b.c.d::/48`, RFC 3056: any IPv4 host has one).
+fn embedded_ipv4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    const NAT64_WELL_KNOWN: u128 = 0x0064_ff9b_0000_0000_0000_0000; // top 96 bits
+    const SIX_TO_FOUR: u128 = 0x2002; // top 16 bits
+    let bits = u128::from(v6);
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        Some(v4)
+    } else if bits >> 32 == NAT64_WELL_KNOWN {
+        Some((bits as u32).into())
+    } else if bits >> 112 == SIX_TO_FOUR {
+        Some(((bits >> 80) as u32).into())
+    } else {
+        None
+    }
+}
+
+/// Handshakes under way per block of source addresses.
+#[derive(Clone, Default)]
+struct Sources(PerKey<Block>);
+
+impl Sources {
+    /// One handshake of a client at `ip`, held in every block it counts against;
+    /// none if one of them holds its cap already (nothing is then held).
+    fn take(&self, ip: IpAddr) -> Option<Vec<Held<Block>>> {
+        blocks_of(ip)
+            .into_iter()
+            .map(|(block, cap)| self.0.take(block, cap))
+            .collect()
     }
 }
 
@@ -680,7 +732,7 @@ mod tests {
             }
         });
         // A silent client takes the one place (from another address: the
-        // per-address cap is not what this test is about).
+        // per-source cap is not what this test is about).
         let silent = tokio::net::TcpSocket::new_v4().expect("socket");
         silent
             .bind("127.0.0.2:0".parse().expect("source"))
@@ -712,21 +764,55 @@ mod tests {
         );
     }
 
+    /// Takes handshakes from `from` until its sources refuse one: how many fit.
+    fn fill(sources: &Sources, held: &mut Vec<Vec<Held<Block>>>, from: &[&str]) -> usize {
+        let before = held.len();
+        for (i, ip) in from.iter().cycle().enumerate() {
+            match sources.take(ip.parse().expect("address")) {
+                Some(h) => held.push(h),
+                None => return held.len() - before,
+            }
+            assert!(i < 1000, "no cap");
+        }
+        unreachable!("cycle ends only at a refusal")
+    }
+
     #[test]
-    fn an_ipv6_client_is_counted_by_its_64_and_an_ipv4_one_by_its_address() {
-        let ip = |s: &str| s.parse::<IpAddr>().expect("address");
-        // Any address of one /64 is one source; the next /64 is another.
-        let one = source_of(ip("2001:db8:1:2::1"));
-        assert_eq!(one, source_of(ip("2001:db8:1:2:ffff:ffff:ffff:ffff")));
-        assert_eq!(one, ip("2001:db8:1:2::"));
-        assert_ne!(one, source_of(ip("2001:db8:1:3::1")));
-        // IPv4, plain or mapped, by address.
-        assert_eq!(source_of(ip("192.0.2.7")), ip("192.0.2.7"));
-        assert_eq!(source_of(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
-        assert_ne!(
-            source_of(ip("::ffff:192.0.2.7")),
-            source_of(ip("::ffff:192.0.2.8"))
-        );
+    fn an_ipv6_client_is_capped_by_its_64_56_and_48() {
+        let (sources, mut held) = (Sources::default(), Vec::new());
+        // Any addresses of one /64: 8.
+        let a = ["2001:db8:0:100::1", "2001:db8:0:100:ffff:ffff:ffff:ffff"];
+        assert_eq!(fill(&sources, &mut held, &a), 8);
+        // Another /64 of the same /56: the /56's 16.
+        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:101::1"]), 8);
+        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:1ff::1"]), 0);
+        // Other /56s of the same /48: the /48's 32.
+        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:200::1"]), 8);
+        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:300::1"]), 8);
+        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:400::1"]), 0);
+        // Another /48 is a site of its own.
+        assert_eq!(fill(&sources, &mut held, &["2001:db8:1::1"]), 8);
+        // A handshake that ends gives its place back in every block.
+        held.truncate(held.len() - 9);
+        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:400::1"]), 1);
+    }
+
+    #[test]
+    fn an_ipv4_client_is_capped_by_its_address_however_it_arrives() {
+        let (sources, mut held) = (Sources::default(), Vec::new());
+        // Plain, mapped (a dual-stack listener), NAT64 and 6to4: one source.
+        let one = [
+            "192.0.2.7",
+            "::ffff:192.0.2.7",
+            "64:ff9b::192.0.2.7",
+            "2002:c000:207::1",
+            "2002:c000:207:ffff::1",
+        ];
+        assert_eq!(fill(&sources, &mut held, &one), 8);
+        // Each other address is a source of its own, however it arrives.
+        for other in ["192.0.2.8", "::ffff:192.0.2.9", "64:ff9b::192.0.2.10"] {
+            assert_eq!(fill(&sources, &mut held, &[other]), 8, "{other}");
+        }
     }
 
     /// A dual-stack listener sees its IPv4 clients as mapped IPv6 addresses, each
@@ -745,9 +831,17 @@ mod tests {
             write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &names(&["a"])).expect("PKI");
         let server = pki.proxy.load(Role::Proxy).expect("proxy files");
         let acceptor = TlsAcceptor::from(Arc::new(server.rustls_server_config().expect("config")));
-        let listener = TcpListener::bind("[::]:0")
-            .await
-            .expect("a dual-stack listener (IPv6 on)");
+        // Dual-stack whatever the host's default (`net.ipv6.bindv6only`).
+        let dual = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None);
+        let Ok(dual) = dual else {
+            return eprintln!("skipped: no IPv6 sockets on this host, so no dual-stack listener");
+        };
+        dual.set_only_v6(false).expect("dual-stack");
+        let any = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0));
+        dual.bind(&any.into()).expect("bind");
+        dual.listen(64).expect("listen");
+        dual.set_nonblocking(true).expect("non-blocking");
+        let listener = TcpListener::from_std(dual.into()).expect("listener");
         let at =
             std::net::SocketAddr::from(([127, 0, 0, 1], listener.local_addr().expect("at").port()));
         let served = capped_tls(
@@ -768,7 +862,6 @@ mod tests {
         for _ in 0..MAX_HANDSHAKES_PER_SOURCE {
             silent.push(from(2).await);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
         let mut past_cap = from(2).await;
         let read = tokio::time::timeout(Duration::from_secs(2), past_cap.read(&mut [0u8; 1])).await;
         assert!(

@@ -237,7 +237,7 @@ pub async fn connect(
 
 /// [`connect`] from a chosen local address (`None`: the system's choice). A load
 /// test gives each simulated party its own loopback address, as real parties have
-/// their own, so the proxy's per-address limits see them apart.
+/// their own, so the proxy's per-source limits see them apart.
 pub async fn connect_from(
     url: &str,
     transport: &Transport,

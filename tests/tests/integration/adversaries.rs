@@ -408,7 +408,7 @@ fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
     let (outcome, outcomes) = std::sync::mpsc::channel();
     // Each user holds 2 connections, each served once (or not) and then kept idle.
     // Each connection from its own loopback address, as real users have their
-    // own: the per-address handshake cap (8) is not what this test is about.
+    // own: the per-source handshake cap (8) is not what this test is about.
     let held: Vec<_> = TEST_USERS
         .iter()
         .flat_map(|u| [f.proxy.transport(u), f.proxy.transport(u)])
@@ -502,7 +502,7 @@ fn owners_holding_every_connection_cannot_lock_the_user_or_operator_out() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let (outcome, outcomes) = std::sync::mpsc::channel();
     // Every connection from its own loopback address, as real parties have their
-    // own: the per-address handshake cap is not what this test is about.
+    // own: the per-source handshake cap is not what this test is about.
     let idle = |party: &str, i: usize| {
         let (url, study, outcome) = (f.url.clone(), f.study.clone(), outcome.clone());
         let transport = f.proxy.transport(party);
