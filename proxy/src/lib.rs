@@ -23,6 +23,7 @@ pub mod operator;
 pub(crate) mod per_key;
 pub mod refusal;
 pub mod service;
+pub mod sources;
 pub mod status;
 pub mod store;
 pub mod study;

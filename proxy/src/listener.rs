@@ -7,9 +7,10 @@
 //! a client that connects and never finishes its handshake holds only a handshake
 //! place, for at most the handshake timeout, and the places are capped in all
 //! ([`MAX_HANDSHAKES`]) and per source ([`MAX_HANDSHAKES_PER_SOURCE`]: an IPv4
-//! address, or an IPv6 /64, with larger caps on its /56 and /48). While a place
-//! is free, a connection past its source's cap is closed at once, so a client
-//! that reconnects without end delays no one from another source.
+//! address, or an IPv6 /64, and once places run short an IPv6 /56 and /48 too:
+//! [`crate::sources`]). While a place is free, a connection past a cap of its
+//! source's is closed at once, so a client that reconnects without end delays no
+//! one from another source (nor, while places run short, from another site).
 //! While every place is held, the listener accepts nothing and new connections
 //! wait in the kernel's listen backlog ([`crate::LISTEN_BACKLOG`]), holding no
 //! descriptor or memory of the proxy process: a burst of hundreds of owners is
@@ -34,7 +35,6 @@
 //! the proxy raises its own limit to 4096 where the system lets it
 //! (`cli::DESCRIPTORS_NEEDED`).
 
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -50,6 +50,8 @@ use tonic::transport::server::Connected;
 
 use crate::metrics::{connection_refused as refused, ConnectionRefusal};
 use crate::per_key::{Held, PerKey};
+pub use crate::sources::MAX_HANDSHAKES_PER_SOURCE;
+use crate::sources::{Crowding, Sources};
 use dpca_shell::tls::{Peer, Role};
 
 /// Connections served at once.
@@ -67,9 +69,6 @@ pub const MAX_HANDSHAKES: usize = 256;
 /// about 64 MiB for all of them, against 16 MiB with 256; a party holds at most
 /// [`MAX_CONNECTIONS_PER_PARTY`] of them.
 pub const MAX_WAITING: usize = 1024;
-/// TLS handshakes at once from one source: an IPv4 address, or an IPv6
-/// address's /64 (and 16 from its /56, 32 from its /48: `IPV6_BLOCK_CAPS`).
-pub const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Connections served at once for one party (one certificate name).
 pub const MAX_CONNECTIONS_PER_PARTY: usize = 8;
 /// Of the main listener's [`MAX_CONNECTIONS`], those kept for users and the
@@ -328,7 +327,8 @@ pub fn capped_tls(
 ) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     // With no place the listener would never accept.
-    let handshakes = Arc::new(Semaphore::new(caps.handshakes.max(1)));
+    let places = caps.handshakes.max(1);
+    let handshakes = Arc::new(Semaphore::new(places));
     let sources = Sources::default();
     let admission = Admission {
         caps,
@@ -348,7 +348,8 @@ pub fn capped_tls(
                 return;
             };
             // Past its source's cap the connection is closed at once (dropped here).
-            let Some(source) = sources.take(addr.ip()) else {
+            let crowding = Crowding::of(handshakes.available_permits(), places);
+            let Some(source) = sources.take(addr.ip(), crowding) else {
                 refused(caps.name, ConnectionRefusal::SourceCap);
                 continue;
             };
@@ -375,78 +376,6 @@ pub fn capped_tls(
         }
     });
     ReceiverStream::new(rx)
-}
-
-/// A block of addresses whose handshakes are counted together: its first
-/// address and its prefix length.
-type Block = (IpAddr, u8);
-
-/// The IPv6 blocks a client's handshakes count against, as (prefix length, cap).
-/// A host may take any address of its link's /64 (the low 64 bits are its to
-/// choose: SLAAC, privacy addresses), and a home or small site is commonly given
-/// a /56 and a site a /48 (RIPE-690); so counted by address one IPv6 client could
-/// hold every handshake place, and counted by /64 alone, 32 of a /56's 256 did.
-/// Now a /56 holds 16 places at most and a /48 32: it takes 8 sites to hold them
-/// all, as it takes 32 IPv4 addresses.
-const IPV6_BLOCK_CAPS: [(u8, usize); 3] = [
-    (64, MAX_HANDSHAKES_PER_SOURCE),
-    (56, 2 * MAX_HANDSHAKES_PER_SOURCE),
-    (48, 4 * MAX_HANDSHAKES_PER_SOURCE),
-];
-
-/// The blocks a connection from `ip` counts against, each with its cap: an IPv4
-/// address alone, or an IPv6 address's /64, /56 and /48. An IPv6 address that
-/// stands for an IPv4 one counts as that address (`embedded_ipv4`).
-fn blocks_of(ip: IpAddr) -> Vec<(Block, usize)> {
-    let v6 = match ip {
-        IpAddr::V4(_) => return vec![((ip, 32), MAX_HANDSHAKES_PER_SOURCE)],
-        IpAddr::V6(v6) => v6,
-    };
-    if let Some(v4) = embedded_ipv4(v6) {
-        return blocks_of(IpAddr::V4(v4));
-    }
-    IPV6_BLOCK_CAPS
-        .iter()
-        .map(|&(len, cap)| {
-            let mask = !(u128::MAX >> len);
-            ((IpAddr::V6((u128::from(v6) & mask).into()), len), cap)
-        })
-        .collect()
-}
-
-/// The IPv4 address an IPv6 one stands for: mapped (`::ffff:a.b.c.d`, an IPv4
-/// client of a dual-stack listener: counted by its /64, every IPv4 client would
-/// share one source), translated under NAT64's well-known prefix (`64:ff9b::/96`,
-/// RFC 6052: every IPv4 client of a proxy behind such a translator) or a 6to4
-/// site's (`2002:a.b.c.d::/48`, RFC 3056: any IPv4 host has one).
-fn embedded_ipv4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
-    const NAT64_WELL_KNOWN: u128 = 0x0064_ff9b_0000_0000_0000_0000; // top 96 bits
-    const SIX_TO_FOUR: u128 = 0x2002; // top 16 bits
-    let bits = u128::from(v6);
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        Some(v4)
-    } else if bits >> 32 == NAT64_WELL_KNOWN {
-        Some((bits as u32).into())
-    } else if bits >> 112 == SIX_TO_FOUR {
-        Some(((bits >> 80) as u32).into())
-    } else {
-        None
-    }
-}
-
-/// Handshakes under way per block of source addresses.
-#[derive(Clone, Default)]
-struct Sources(PerKey<Block>);
-
-impl Sources {
-    /// One handshake of a client at `ip`, held in every block it counts against;
-    /// none if one of them holds its cap already (nothing is then held).
-    fn take(&self, ip: IpAddr) -> Option<Vec<Held<Block>>> {
-        blocks_of(ip)
-            .into_iter()
-            .map(|(block, cap)| self.0.take(block, cap))
-            .collect()
-    }
 }
 
 /// What an authenticated connection is admitted under: the listener's caps, its
@@ -764,55 +693,17 @@ mod tests {
         );
     }
 
-    /// Takes handshakes from `from` until its sources refuse one: how many fit.
-    fn fill(sources: &Sources, held: &mut Vec<Vec<Held<Block>>>, from: &[&str]) -> usize {
-        let before = held.len();
-        for (i, ip) in from.iter().cycle().enumerate() {
-            match sources.take(ip.parse().expect("address")) {
-                Some(h) => held.push(h),
-                None => return held.len() - before,
-            }
-            assert!(i < 1000, "no cap");
-        }
-        unreachable!("cycle ends only at a refusal")
-    }
-
-    #[test]
-    fn an_ipv6_client_is_capped_by_its_64_56_and_48() {
-        let (sources, mut held) = (Sources::default(), Vec::new());
-        // Any addresses of one /64: 8.
-        let a = ["2001:db8:0:100::1", "2001:db8:0:100:ffff:ffff:ffff:ffff"];
-        assert_eq!(fill(&sources, &mut held, &a), 8);
-        // Another /64 of the same /56: the /56's 16.
-        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:101::1"]), 8);
-        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:1ff::1"]), 0);
-        // Other /56s of the same /48: the /48's 32.
-        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:200::1"]), 8);
-        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:300::1"]), 8);
-        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:400::1"]), 0);
-        // Another /48 is a site of its own.
-        assert_eq!(fill(&sources, &mut held, &["2001:db8:1::1"]), 8);
-        // A handshake that ends gives its place back in every block.
-        held.truncate(held.len() - 9);
-        assert_eq!(fill(&sources, &mut held, &["2001:db8:0:400::1"]), 1);
-    }
-
-    #[test]
-    fn an_ipv4_client_is_capped_by_its_address_however_it_arrives() {
-        let (sources, mut held) = (Sources::default(), Vec::new());
-        // Plain, mapped (a dual-stack listener), NAT64 and 6to4: one source.
-        let one = [
-            "192.0.2.7",
-            "::ffff:192.0.2.7",
-            "64:ff9b::192.0.2.7",
-            "2002:c000:207::1",
-            "2002:c000:207:ffff::1",
-        ];
-        assert_eq!(fill(&sources, &mut held, &one), 8);
-        // Each other address is a source of its own, however it arrives.
-        for other in ["192.0.2.8", "::ffff:192.0.2.9", "64:ff9b::192.0.2.10"] {
-            assert_eq!(fill(&sources, &mut held, &[other]), 8, "{other}");
-        }
+    /// A listener on every address, IPv4 and IPv6, whatever the host's default
+    /// (`net.ipv6.bindv6only`); none on a host without IPv6 sockets.
+    fn dual_stack_listener() -> Option<TcpListener> {
+        let dual = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None);
+        let dual = dual.ok()?;
+        dual.set_only_v6(false).expect("dual-stack");
+        let any = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0));
+        dual.bind(&any.into()).expect("bind");
+        dual.listen(64).expect("listen");
+        dual.set_nonblocking(true).expect("non-blocking");
+        Some(TcpListener::from_std(dual.into()).expect("listener"))
     }
 
     /// A dual-stack listener sees its IPv4 clients as mapped IPv6 addresses, each
@@ -831,17 +722,9 @@ mod tests {
             write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &names(&["a"])).expect("PKI");
         let server = pki.proxy.load(Role::Proxy).expect("proxy files");
         let acceptor = TlsAcceptor::from(Arc::new(server.rustls_server_config().expect("config")));
-        // Dual-stack whatever the host's default (`net.ipv6.bindv6only`).
-        let dual = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None);
-        let Ok(dual) = dual else {
+        let Some(listener) = dual_stack_listener() else {
             return eprintln!("skipped: no IPv6 sockets on this host, so no dual-stack listener");
         };
-        dual.set_only_v6(false).expect("dual-stack");
-        let any = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0));
-        dual.bind(&any.into()).expect("bind");
-        dual.listen(64).expect("listen");
-        dual.set_nonblocking(true).expect("non-blocking");
-        let listener = TcpListener::from_std(dual.into()).expect("listener");
         let at =
             std::net::SocketAddr::from(([127, 0, 0, 1], listener.local_addr().expect("at").port()));
         let served = capped_tls(
@@ -874,7 +757,7 @@ mod tests {
                 .load(Role::Owner)
                 .expect("load"),
         ));
-        let other = Some(IpAddr::from([127, 0, 0, 3]));
+        let other = Some(std::net::IpAddr::from([127, 0, 0, 3]));
         let url = format!("https://{at}");
         let attempt = dpca_shell::client::connect_from(&url, &transport, other);
         let owner = tokio::time::timeout(Duration::from_secs(5), attempt).await;

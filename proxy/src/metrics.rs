@@ -115,7 +115,7 @@ pub fn store_commit(writes: usize, took: std::time::Duration) {
 /// Why a listener let a connection go before serving it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnectionRefusal {
-    /// Its source (an IPv4 address or an IPv6 /64) had its share of handshakes under way.
+    /// Its source had its share of handshakes under way (`sources`).
     SourceCap,
     /// Its TLS handshake failed (a certificate refused, or no TLS at all).
     Handshake,
