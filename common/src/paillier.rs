@@ -271,17 +271,17 @@ impl PublicKey {
         self.encrypt_with_mask(m, &mask)
     }
 
-    /// E[a] * E[b] = E[a + b].
+    /// E\[a\] * E\[b\] = E\[a + b\].
     pub fn add(&self, a: &Ciphertext, b: &Ciphertext) -> Ciphertext {
         Ciphertext(self.ring.mul(&a.0, &b.0))
     }
 
-    /// E[a]^k = E[k a].
+    /// E\[a\]^k = E\[k a\].
     pub fn scale(&self, a: &Ciphertext, k: &BigUint) -> Ciphertext {
         Ciphertext(self.ring.pow(&a.0, k))
     }
 
-    /// prod_t E[a_t]^(k_t) = E[sum_t k_t a_t] by simultaneous exponentiation
+    /// prod_t E\[a_t\]^(k_t) = E\[sum_t k_t a_t\] by simultaneous exponentiation
     /// (Straus with fixed windows): the squarings are shared by all terms, so t
     /// exponents of B bits cost about B squarings plus t (B / w + 2^w) multiplications
     /// instead of t (3B / 2). The window w is chosen for the call.
@@ -300,7 +300,7 @@ impl PublicKey {
         self.multi_scale_tables(&pairs)
     }
 
-    /// The small powers E[a]^d, d < 2^window, for [`PublicKey::multi_scale_tables`].
+    /// The small powers E\[a\]^d, d < 2^window, for [`PublicKey::multi_scale_tables`].
     /// A base used in several multi-exponentiations pays for its table once.
     pub fn power_table(&self, a: &Ciphertext, window: usize) -> PowerTable {
         let window = window.clamp(1, PowerTable::MAX_WINDOW);
@@ -359,7 +359,7 @@ impl PublicKey {
         Ciphertext(acc.map_or_else(BigUint::one, |a| a.to_big()))
     }
 
-    /// E[a] * (1 + m n) = E[a + m].
+    /// E\[a\] * (1 + m n) = E\[a + m\].
     pub fn add_plain(&self, a: &Ciphertext, m: &BigUint) -> Ciphertext {
         Ciphertext(self.ring.mul(&a.0, &self.plaintext_term(m)))
     }

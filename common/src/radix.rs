@@ -1,5 +1,5 @@
 //! Exponentiation of a few bases by long exponents known in the clear, when every
-//! base is raised many times: the `mask` release's E[v_i]^(B_seg), one base per
+//! base is raised many times: the `mask` release's E\[v_i\]^(B_seg), one base per
 //! row of the matrix and one exponent per packed segment of that row.
 //!
 //! A base a is read through its radix powers a^(2^(r k)), k = 0, 1, ..., taken off
@@ -74,7 +74,7 @@ pub fn digits_of(bits: u64, radix_bits: usize) -> usize {
     (bits.div_ceil(radix_bits.max(1) as u64) as usize).max(1)
 }
 
-/// sum_t values[t] 2^(t width): the mask's B_seg = sum_t b_(j+t) 2^(t w). A value
+/// sum_t values\[t\] 2^(t width): the mask's B_seg = sum_t b_(j+t) 2^(t w). A value
 /// may be wider than its slot, and then carries into the next.
 pub fn shifted_sum<'a>(values: impl IntoIterator<Item = &'a BigUint>, width: usize) -> BigUint {
     values
@@ -135,7 +135,7 @@ pub enum RadixError {
 }
 
 /// prod_t a_t^(e_t) by Yao's method over every term's radix powers (all of one
-/// radix). An empty product, or one whose exponents are all zero, is E[0] = 1.
+/// radix). An empty product, or one whose exponents are all zero, is E\[0\] = 1.
 pub fn product(
     pk: &PublicKey,
     terms: &[(&RadixPowers, &BigUint)],

@@ -4,7 +4,7 @@
 //! Textbook Paillier spends a full exponentiation r^n mod n^2 (an |n|-bit exponent)
 //! on every encryption. Here a party picks once a random x in Z*_n, sets
 //! h = -x^2 mod n and the fixed base h_s = h^n mod n^2, and precomputes
-//! table[i][d] = h_s^(d 2^(w i)) for every w-bit window i of a [`EXPONENT_BITS`]-bit
+//! table\[i\]\[d\] = h_s^(d 2^(w i)) for every w-bit window i of a [`EXPONENT_BITS`]-bit
 //! exponent. The randomizer of one encryption is h_s^a for a fresh uniform
 //! a < 2^[`EXPONENT_BITS`]: one table lookup and one multiplication mod n^2 per
 //! window, 56 multiplications with 8-bit windows instead of about 1.2 |n|.

@@ -199,7 +199,7 @@ impl Limits {
     /// The largest request body (its gRPC framing included) a call of `method`
     /// may send, which the gate (`gate::Gate`) checks as the body arrives, before
     /// the handler decodes it: a spec for `OpenStudy`, an id for the calls that
-    /// name a study, and an id with the opening of E[N] (N and a root below n)
+    /// name a study, and an id with the opening of `E[N]` (N and a root below n)
     /// for `Release`. `None` for an upload, whose chunks tonic bounds one by one
     /// at [`Limits::max_request_bytes`] and whose whole its time allowance bounds
     /// ([`Limits::upload_allowance`]).

@@ -6,7 +6,7 @@
 //! On TLS the handshake runs here, before a connection takes one of those slots:
 //! a client that connects and never finishes its handshake holds only a handshake
 //! place, for at most the handshake timeout, and the places are capped in all
-//! ([`MAX_HANDSHAKES`]) and per source ([`MAX_HANDSHAKES_PER_SOURCE`]: an IPv4
+//! ([`MAX_HANDSHAKES`]) and per source ([`crate::sources::MAX_HANDSHAKES_PER_SOURCE`]: an IPv4
 //! address, or an IPv6 /64, and once places run short an IPv6 /56 and /48 too:
 //! [`crate::sources`]). While a place is free, a connection past a cap of its
 //! source's is closed at once, so a client that reconnects without end delays no
@@ -50,7 +50,6 @@ use tonic::transport::server::Connected;
 
 use crate::metrics::{connection_refused as refused, ConnectionRefusal};
 use crate::per_key::{Held, PerKey};
-pub use crate::sources::MAX_HANDSHAKES_PER_SOURCE;
 use crate::sources::{Crowding, Sources};
 use dpca_shell::tls::{Peer, Role};
 
@@ -695,6 +694,7 @@ mod tests {
 
     /// A listener on every address, IPv4 and IPv6, whatever the host's default
     /// (`net.ipv6.bindv6only`); none on a host without IPv6 sockets.
+    #[cfg(target_os = "linux")]
     fn dual_stack_listener() -> Option<TcpListener> {
         let dual = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None);
         let dual = dual.ok()?;
@@ -742,7 +742,7 @@ mod tests {
             socket.connect(at).await.expect("connect")
         };
         let mut silent = Vec::new();
-        for _ in 0..MAX_HANDSHAKES_PER_SOURCE {
+        for _ in 0..crate::sources::MAX_HANDSHAKES_PER_SOURCE {
             silent.push(from(2).await);
         }
         let mut past_cap = from(2).await;

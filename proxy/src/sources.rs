@@ -10,8 +10,8 @@
 //! hosting providers and carriers give each customer a /64 of a shared /56 or
 //! /48, whose customers an attacker among them would otherwise lock out. The
 //! /56's and /48's apply once more than half the places are held, so one site
-//! holds at most half the places and a few more, and the rest take 8 sites, as
-//! they take 32 IPv4 addresses.
+//! holds at most half the places (it takes them freely while half are free) and
+//! each further site 32: five sites hold them all, where one IPv6 client did.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

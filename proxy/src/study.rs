@@ -104,7 +104,7 @@ pub enum StudyError {
         /// Study id.
         study: String,
     },
-    /// The opening does not prove that E[N] holds the N given: the user's word
+    /// The opening does not prove that `E[N]` holds the N given: the user's word
     /// alone would set the noise.
     #[error(
         "the opening of E[N] for study {study} does not verify: E[N] does not hold the \
@@ -130,7 +130,7 @@ pub enum StudyError {
 #[derive(Clone, Debug)]
 pub struct Released {
     /// The pooled row count the noise was calibrated to, proven by the user's
-    /// opening of E[N] (`mask`); `None` where N was never revealed (`dp-mean`).
+    /// opening of `E[N]` (`mask`); `None` where N was never revealed (`dp-mean`).
     pub n_rows: Option<u64>,
     /// The noise plan actually used.
     pub plan: NoisePlan,
@@ -174,11 +174,11 @@ pub enum ContributionOutcome {
     AlreadyCounted,
 }
 
-/// An owner's E[N_i] as it signed it (`mask` over TLS): what the user checks
-/// before it decrypts E[N] (`dpca_shell::signed_count`).
+/// An owner's `E[N_i]` as it signed it (`mask` over TLS): what the user checks
+/// before it decrypts `E[N]` (`dpca_shell::signed_count`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SignedCount {
-    /// E[N_i], the bytes the owner sent.
+    /// `E[N_i]`, the bytes the owner sent.
     pub ciphertext: Vec<u8>,
     /// The owner's signature over (study, ciphertext).
     pub signature: Vec<u8>,
@@ -291,7 +291,7 @@ impl Study {
         })
     }
 
-    /// Keeps a counted owner's signed E[N_i] for the user to check at the seal.
+    /// Keeps a counted owner's signed `E[N_i]` for the user to check at the seal.
     pub fn keep_signed_count(&mut self, owner: &str, count: SignedCount) -> Result<(), String> {
         if !self.contributors.contains_key(owner) {
             return Err(format!("owner `{owner}` is not counted in this study"));
@@ -300,7 +300,7 @@ impl Study {
         Ok(())
     }
 
-    /// Owner id -> signed E[N_i] of the owners counted (`mask` over TLS).
+    /// Owner id -> signed `E[N_i]` of the owners counted (`mask` over TLS).
     pub fn signed_counts(&self) -> &BTreeMap<String, SignedCount> {
         &self.signed_counts
     }
@@ -463,7 +463,7 @@ impl Study {
 
     /// Checks a request for the release and returns the N its noise is to be
     /// calibrated to. Under `mask` the noise scales with N, so N is taken only with
-    /// an opening that verifies against the aggregate E[N] (the user's word alone
+    /// an opening that verifies against the aggregate `E[N]` (the user's word alone
     /// could shrink the noise N-fold), and it must be plausible: one row per counted
     /// owner at least, max_rows at most. Under `dp-mean` nothing depends on N and
     /// an opening is refused, so N never leaves the user.

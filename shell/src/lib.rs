@@ -1,7 +1,7 @@
 //! The shell every role shares, above the wire types of `dpca-proto`:
 //! [`client::connect`] and its retries, the wall [`clock`] study deadlines are read
 //! on, [`config`] (the settings file under env and flags), mutual TLS ([`tls`]),
-//! [`invitation`] files, [`signed_count`] (owners' signatures on their E[N_i]),
+//! [`invitation`] files, [`signed_count`] (owners' signatures on their E\[N_i\]),
 //! [`logging::init`], [`usage::Usage`], the owner's report line ([`owner_report`])
 //! and the entry points of the fuzz targets ([`fuzzing`]); with `test-support`, a
 //! proxy that never answers (`testing`).

@@ -1,8 +1,8 @@
-//! An owner's encrypted row count E[N_i], signed with the key of its certificate.
+//! An owner's encrypted row count E\[N_i\], signed with the key of its certificate.
 //!
-//! Under `mask` centering the user decrypts E[N] and proves N to the proxy. A proxy
-//! that sent another ciphertext as E[N] (one owner's E[N_i], a class count) would
-//! use the user as a decryption oracle. So each owner signs (study, E[N_i]) with
+//! Under `mask` centering the user decrypts E\[N\] and proves N to the proxy. A proxy
+//! that sent another ciphertext as E\[N\] (one owner's E\[N_i\], a class count) would
+//! use the user as a decryption oracle. So each owner signs (study, E\[N_i\]) with
 //! its TLS key, the proxy forwards the signed counts at the seal, and the user
 //! decrypts only the product it forms itself of counts it verified: each signed by
 //! a certificate of the study's CA that names an owner counted in the study.
@@ -55,7 +55,7 @@ pub enum CountSignatureError {
 }
 
 /// The TLS identity counts are signed and checked with, where they are: under
-/// `mask`, whose E[N] the user decrypts for the proxy, over TLS (on plaintext
+/// `mask`, whose E\[N\] the user decrypts for the proxy, over TLS (on plaintext
 /// there is no key). The one rule owner, proxy and user follow.
 pub fn signing_identity(centering: Centering, transport: &Transport) -> Option<&LoadedTls> {
     match (centering, transport) {
@@ -103,7 +103,7 @@ pub struct CountClaim<'a> {
     pub study_id: &'a str,
     /// The fingerprint of the study's (the user's) Paillier key.
     pub key_fingerprint: &'a str,
-    /// E[N_i] as sent.
+    /// E\[N_i\] as sent.
     pub ciphertext: &'a [u8],
 }
 

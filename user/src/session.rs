@@ -158,13 +158,13 @@ type Decided = HashMap<(String, String), (Vec<u8>, Result<Opening, String>)>;
 
 static DECRYPTED_COUNTS: std::sync::OnceLock<Mutex<Decided>> = std::sync::OnceLock::new();
 
-/// The opening of a study's E[N] (`ciphertext`), computed by `open` the first time
+/// The opening of a study's E\[N\] (`ciphertext`), computed by `open` the first time
 /// only. The same ciphertext gets the first answer again, a refusal (an
 /// implausible value) included, so that retrying never buys the proxy one more
 /// bit. Another ciphertext for a study already decided is refused undecrypted:
 /// the first answer handed over for it would be the opening of a value the proxy
 /// chose (a study id given out twice under one key: the row-norm histogram's
-/// E[N], forged and decrypted after its release, then the study that follows
+/// E\[N\], forged and decrypted after its release, then the study that follows
 /// under the same id, whose opening is sent to the proxy).
 pub fn count_once(
     fingerprint: &str,
@@ -220,7 +220,7 @@ fn open_count(
     Ok((n, opening))
 }
 
-/// Checks that the proxy's E[N] is the product of the counted owners' E[N_i], each
+/// Checks that the proxy's E\[N\] is the product of the counted owners' E\[N_i\], each
 /// signed for this study and key by a certificate of the CA (`ca_pem`) naming
 /// that owner, one per owner counted, and that the owners counted are enough
 /// (`min_owners`) and invited (`expected_owners`, where the spec names them).
@@ -388,9 +388,9 @@ pub async fn collect(
 }
 
 /// The noisy counts of a row-norm histogram study's bins, collected as
-/// [`collect`] collects a study but for its E[N], which is not decrypted: the
+/// [`collect`] collects a study but for its E\[N\], which is not decrypted: the
 /// bins are read off the release's grids, and a histogram is `dp-mean`, whose
-/// noise reads no N. A proxy that sent a value of its choice as E[N] would
+/// noise reads no N. A proxy that sent a value of its choice as E\[N\] would
 /// otherwise learn whether it lies in [owners, max_rows] from whether this user
 /// goes on to open the study that follows (and under the histogram's study id,
 /// had the proxy given the next study the same one, have it sent back opened).

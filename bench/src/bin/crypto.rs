@@ -139,10 +139,10 @@ fn keygen_costs(bits: u64) -> anyhow::Result<(f64, f64)> {
 
 /// The `mask` release's mask term for one full segment of a layout like M = 1000's
 /// (slots of 69 bits, a 74-bit mask, as many segments a row as M = 1000 has at
-/// this key size), both ways, on GMP: E[v_seg]^(b_i) prod_t E[v_i 2^(69
+/// this key size), both ways, on GMP: E\[v_seg\]^(b_i) prod_t E\[v_i 2^(69
 /// t)]^(b_(j+t)) by windowed simultaneous exponentiation (each shifted base's
 /// table built once a row, the segment's share of it charged here), and
-/// E[v_seg]^(b_i) E[v_i]^(B_seg) by Yao's method on radix powers (v_seg's built
+/// E\[v_seg\]^(b_i) E\[v_i\]^(B_seg) by Yao's method on radix powers (v_seg's built
 /// here; the row's come off the chain the shifts need anyway). The chain itself is
 /// left out of both: the windowed way's ran through exponentiations by 2^69, Yao's
 /// keeps its powers, one squaring at a time, and runs a few dozen squarings

@@ -17,7 +17,7 @@
 //!   measured as one draw of the study's mechanism and scale in this run;
 //! - proxy: per received ciphertext one validation (range, and a divisibility test
 //!   by n) and one multiplication of its fold (on values held in the key's ring);
-//!   per column k one chain of squarings of E[v_k] (`StudyLayout::mask_chain`: as
+//!   per column k one chain of squarings of E\[v_k\] (`StudyLayout::mask_chain`: as
 //!   far as its shifts E[v_k 2^(t w)] and the radix powers of row k's mask
 //!   exponents reach); per value of the vector block but the last of each segment
 //!   one shift and one multiplication (Horner's rule); per released segment len - 1
@@ -232,7 +232,7 @@ impl Keyed {
         Ok(fastest(3, 1, || scale.sample_vector(DRAWS, rng)) / DRAWS as f64)
     }
 
-    /// One shift E[x] -> E[x 2^width], as the release computes it: one
+    /// One shift E\[x\] -> E\[x 2^width\], as the release computes it: one
     /// exponentiation by 2^width, that is width squarings inside GMP's.
     fn shift_cost(&mut self, width: u64) -> f64 {
         self.scale_priced((Exponent::Shift, width), |_| {

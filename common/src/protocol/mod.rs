@@ -11,7 +11,7 @@
 //!
 //! with P the packed plaintext b_i b_(j+t) + E'_(i,j+t), and E[v_k 2^(t w)] the
 //! shifted ciphertexts precomputed once per k by squarings. The product over t is
-//! E[v_i]^(B_seg) with B_seg = sum_t b_(j+t) 2^(t w), computed with E[v_seg]^(b_i)
+//! E\[v_i\]^(B_seg) with B_seg = sum_t b_(j+t) 2^(t w), computed with E\[v_seg\]^(b_i)
 //! as one Yao product on radix powers off the same chains ([`crate::radix`]). The
 //! user computes
 //! T - v' v'^T = N R - v v^T + E' = N S~ + E', in which the masks cancel exactly:

@@ -223,7 +223,7 @@ impl StudyLayout {
         (len - 1) * self.budget.slot_width + self.mask_bits + u64::from(len > 1)
     }
 
-    /// What the mask term takes off the chain of squarings of E[v_k]: the shifts
+    /// What the mask term takes off the chain of squarings of E\[v_k\]: the shifts
     /// E[v_k 2^(t w)] that segments starting at columns j = k - t read (t <= k), and
     /// the radix powers that read B_seg of every segment of row k.
     pub fn mask_chain(&self, k: usize) -> MaskChain {
@@ -246,14 +246,14 @@ impl StudyLayout {
 }
 
 /// The powers the `mask` release takes off one chain of squarings of a column's
-/// E[v_k] ([`StudyLayout::mask_chain`]).
+/// E\[v_k\] ([`StudyLayout::mask_chain`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MaskChain {
     /// Shifts E[v_k 2^(t w)], t below this.
     pub shifts: usize,
     /// The slot width w, in bits.
     pub width: u64,
-    /// Radix powers E[v_k]^(2^(r u)), u below this.
+    /// Radix powers E\[v_k\]^(2^(r u)), u below this.
     pub digits: usize,
     /// The radix r, in bits.
     pub radix: usize,

@@ -11,7 +11,7 @@ use crate::dp::Centering;
 /// The study's own features are the bins, with bounds [-1, 1] (the identity
 /// normalization) and C = 1: a one-hot row has norm exactly 1, so the ordinary
 /// `dp-mean` sensitivities of a unit-norm study cover it, and replacing one data row
-/// replaces one one-hot row. Bin b counts the norms in [edges[b], edges[b + 1]); the
+/// replaces one one-hot row. Bin b counts the norms in \[edges\[b\], edges\[b + 1\]); the
 /// last bin is open above.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NormBins {
