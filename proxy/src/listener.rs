@@ -570,20 +570,28 @@ mod tests {
         }
     }
 
+    /// A dev PKI for a proxy at 127.0.0.1 and these owners, and the proxy's
+    /// acceptor; the files live as long as the folder.
+    fn loopback_pki(owners: &[&str]) -> (tempfile::TempDir, dpca_shell::tls::DevPki, TlsAcceptor) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let pki =
+            dpca_shell::tls::write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &names(owners))
+                .expect("PKI");
+        let server = pki.proxy.load(Role::Proxy).expect("proxy files");
+        let acceptor = TlsAcceptor::from(Arc::new(server.rustls_server_config().expect("config")));
+        (dir, pki, acceptor)
+    }
+
     /// A connection waiting for a slot gives its handshake place back: with one
     /// slot and one handshake place, a party queued behind the one served leaves
     /// the place to the next, whose handshake completes (before, it was closed at
     /// accept).
     #[tokio::test]
     async fn a_party_waiting_for_a_slot_holds_no_handshake_place() {
-        use dpca_shell::tls::{write_dev_pki, Transport};
+        use dpca_shell::tls::Transport;
         use tokio_stream::StreamExt;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let owners = names(&["a", "b", "c"]);
-        let pki = write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &owners).expect("PKI");
-        let server = pki.proxy.load(Role::Proxy).expect("proxy files");
-        let acceptor = TlsAcceptor::from(Arc::new(server.rustls_server_config().expect("config")));
+        let (_dir, pki, acceptor) = loopback_pki(&["a", "b", "c"]);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("https://{}", listener.local_addr().expect("address"));
         let caps = ConnectionCaps {
@@ -638,14 +646,9 @@ mod tests {
     #[cfg(target_os = "linux")] // any 127/8 source address is bindable
     #[tokio::test]
     async fn a_connection_past_the_handshake_places_waits_for_one() {
-        use dpca_shell::tls::{write_dev_pki, Transport};
+        use dpca_shell::tls::Transport;
         use tokio_stream::StreamExt;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let pki =
-            write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &names(&["a"])).expect("PKI");
-        let server = pki.proxy.load(Role::Proxy).expect("proxy files");
-        let acceptor = TlsAcceptor::from(Arc::new(server.rustls_server_config().expect("config")));
+        let (_dir, pki, acceptor) = loopback_pki(&["a"]);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let at = listener.local_addr().expect("address");
         let caps = ConnectionCaps {
@@ -713,15 +716,10 @@ mod tests {
     #[cfg(target_os = "linux")] // any 127/8 source address is bindable
     #[tokio::test]
     async fn ipv4_clients_of_a_dual_stack_listener_are_each_a_source() {
-        use dpca_shell::tls::{write_dev_pki, Transport};
+        use dpca_shell::tls::Transport;
         use tokio::io::AsyncReadExt;
         use tokio_stream::StreamExt;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let pki =
-            write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &names(&["a"])).expect("PKI");
-        let server = pki.proxy.load(Role::Proxy).expect("proxy files");
-        let acceptor = TlsAcceptor::from(Arc::new(server.rustls_server_config().expect("config")));
+        let (_dir, pki, acceptor) = loopback_pki(&["a"]);
         let Some(listener) = dual_stack_listener() else {
             return eprintln!("skipped: no IPv6 sockets on this host, so no dual-stack listener");
         };

@@ -634,7 +634,7 @@ fn a_certificate_naming_no_role_is_refused_in_the_handshake() {
     // In TLS 1.3 the proxy judges the client's certificate after the client has
     // finished its side of the handshake, so a request already under way may end
     // as a closed connection before the alert is read: one attempt in five may
-    // see an outage. Before the alert was drained for, every attempt did.
+    // see an outage. Before the refusal moved into the handshake, every one did.
     let final_refusals = (0..5).filter(|_| attempt()).count();
     assert!(
         final_refusals >= 4,
