@@ -247,19 +247,16 @@ impl Limits {
     /// Checks that one more study, opened by `user`, fits beside the open ones of
     /// `held` (ended ones count against no limit here: [`Limits::ended_to_drop`]).
     pub fn check_open(&self, held: &[HeldStudy], user: Option<&str>) -> Result<(), LimitError> {
-        let open: Vec<&Option<String>> = held
-            .iter()
-            .filter(|s| s.open)
-            .map(|s| &s.opened_by)
-            .collect();
-        if open.len() >= self.max_open_studies {
+        let open = held.iter().filter(|s| s.open);
+        let all = open.clone().count();
+        if all >= self.max_open_studies {
             return Err(LimitError::Studies {
-                open: open.len(),
+                open: all,
                 max: self.max_open_studies,
                 by: None,
             });
         }
-        let mine = open.iter().filter(|u| u.as_deref() == user).count();
+        let mine = open.filter(|s| s.opened_by.as_deref() == user).count();
         if mine >= self.max_open_studies_per_user {
             return Err(LimitError::Studies {
                 open: mine,

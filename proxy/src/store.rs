@@ -1057,40 +1057,25 @@ mod tests {
     /// contributions' slices, checkpointed aggregate's slices.
     fn rows_of(store: &Store, id: &str) -> [usize; 4] {
         let txn = store.db.begin_read().expect("read");
-        let studies = txn.open_table(STUDIES).expect("studies");
-        let owners = txn.open_table(CONTRIBUTORS).expect("contributors");
-        let pending = txn.open_table(PENDING).expect("pending");
-        let aggregates = txn.open_table(AGGREGATES).expect("aggregates");
-        let count = |keys: Vec<String>| keys.iter().filter(|k| *k == id).count();
+        // The rows of `table` whose key's study id (`study` of the key `k`) is `id`.
+        macro_rules! rows {
+            ($table:expr, |$k:ident| $study:expr) => {
+                txn.open_table($table)
+                    .expect("table")
+                    .iter()
+                    .expect("iter")
+                    .filter(|e| {
+                        let $k = e.as_ref().expect("row").0.value();
+                        $study == id
+                    })
+                    .count()
+            };
+        }
         [
-            count(
-                studies
-                    .iter()
-                    .expect("iter")
-                    .map(|e| e.expect("row").0.value().to_string())
-                    .collect(),
-            ),
-            count(
-                owners
-                    .iter()
-                    .expect("iter")
-                    .map(|e| e.expect("row").0.value().0.to_string())
-                    .collect(),
-            ),
-            count(
-                pending
-                    .iter()
-                    .expect("iter")
-                    .map(|e| e.expect("row").0.value().0.to_string())
-                    .collect(),
-            ),
-            count(
-                aggregates
-                    .iter()
-                    .expect("iter")
-                    .map(|e| e.expect("row").0.value().0.to_string())
-                    .collect(),
-            ),
+            rows!(STUDIES, |k| k),
+            rows!(CONTRIBUTORS, |k| k.0),
+            rows!(PENDING, |k| k.0),
+            rows!(AGGREGATES, |k| k.0),
         ]
     }
 
