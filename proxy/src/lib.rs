@@ -190,7 +190,11 @@ pub async fn bind(addr: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {
 pub const LISTEN_BACKLOG: i32 = 1024;
 
 /// A listening socket on `addr` holding up to `backlog` connections not yet
-/// accepted, non-blocking, as the runtime takes it.
+/// accepted, non-blocking, as the runtime takes it. An IPv6 address serves IPv4
+/// clients too where it can (`[::]`), whatever the host's default
+/// (`net.ipv6.bindv6only`), so one `--listen [::]:port` means the same on every
+/// host; they arrive as mapped addresses, each still a source of its own
+/// ([`sources`]).
 pub fn listen(addr: SocketAddr, backlog: i32) -> std::io::Result<std::net::TcpListener> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),
@@ -202,6 +206,11 @@ pub fn listen(addr: SocketAddr, backlog: i32) -> std::io::Result<std::net::TcpLi
     // process take the port).
     #[cfg(not(windows))]
     socket.set_reuse_address(true)?;
+    // A host with no dual-stack sockets (OpenBSD) refuses the option; the
+    // listener then serves IPv6 only, as it would there anyway.
+    if addr.is_ipv6() && socket.set_only_v6(false).is_err() {
+        tracing::warn!(%addr, "this host has no dual-stack sockets: IPv6 clients only");
+    }
     socket.bind(&addr.into())?;
     socket.listen(backlog)?;
     socket.set_nonblocking(true)?;

@@ -695,18 +695,13 @@ mod tests {
         );
     }
 
-    /// A listener on every address, IPv4 and IPv6, whatever the host's default
-    /// (`net.ipv6.bindv6only`); none on a host without IPv6 sockets.
+    /// The proxy's own listener on every address, IPv4 and IPv6 (`[::]`); none
+    /// on a host without IPv6 sockets.
     #[cfg(target_os = "linux")]
     fn dual_stack_listener() -> Option<TcpListener> {
-        let dual = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None);
-        let dual = dual.ok()?;
-        dual.set_only_v6(false).expect("dual-stack");
         let any = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0));
-        dual.bind(&any.into()).expect("bind");
-        dual.listen(64).expect("listen");
-        dual.set_nonblocking(true).expect("non-blocking");
-        Some(TcpListener::from_std(dual.into()).expect("listener"))
+        let socket = crate::listen(any, 64).ok()?;
+        Some(TcpListener::from_std(socket).expect("listener"))
     }
 
     /// A dual-stack listener sees its IPv4 clients as mapped IPv6 addresses, each
