@@ -430,6 +430,11 @@ struct Released {
     seconds_proxy: f64,
 }
 
+/// N, where it was proven to the proxy.
+fn proven_rows(proven: Option<&(u64, Opening)>) -> Option<u64> {
+    proven.map(|(n, _)| *n)
+}
+
 /// Waits for the study to seal, asks for the release (proving N where the noise
 /// is calibrated to it) and fetches it.
 async fn fetch_sealed(
@@ -455,7 +460,7 @@ async fn fetch_sealed(
     let wait = ReleaseWait::for_study(&layout, sk.public().bits());
     request_release(client, study_id, proven.as_ref(), &wait).await?;
     let seconds_proxy = t.elapsed().as_secs_f64();
-    let announced = proven.as_ref().map(|(n, _)| *n);
+    let announced = proven_rows(proven.as_ref());
     let plan = spec.release_plan(announced, noise_free_for_testing);
     let expected = Expected {
         layout: &layout,
@@ -495,7 +500,7 @@ fn open_collected(
         n_rows,
         owners_in: got.sealed.owners_in,
         owners_missing: got.sealed.owners_missing,
-        noise_scale: spec.noise_sd_per_entry(&got.plan, got.proven.as_ref().map(|(n, _)| *n)),
+        noise_scale: spec.noise_sd_per_entry(&got.plan, proven_rows(got.proven.as_ref())),
         noise_scale_grid: got.plan.matrix.grid_parameter().to_string(),
         opened,
         seconds_seal: got.seconds_seal,
