@@ -155,26 +155,12 @@ fn a_privacy_sweep_scores_each_study_against_the_exact_scatter() {
     );
 }
 
-#[test]
-fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
-    let (dir, data) = train_set();
-    let (s_exact, s_float) = reference();
-
-    // epsilon = 1: the released S' differs from S by noise of the reported scale.
-    let out = dir.path().join("eps1");
-    // `mask`, by name: its S' carries exactly the matrix noise the study reports.
-    let o = local(&data, &out, &["--epsilon", "1", "--centering", "mask"]);
-    assert!(o.status.success(), "{}", describe(&o));
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        stdout.contains("PC1") && stdout.contains("cumulative"),
-        "no variance table:\n{stdout}"
-    );
-    let js = study_json(&out);
+/// The released scatter `s` differs from the exact one by noise of the sd
+/// study.json reports.
+fn assert_noise_is_as_reported(s: &DMatrix<f64>, s_exact: &DMatrix<f64>, js: &serde_json::Value) {
     let sigma = js["sigma"].as_f64().expect("sigma");
     assert!(sigma > 0.0);
-    let s = read_matrix(&out.join("scatter.csv"), false);
-    let diff = &s - &s_exact;
+    let diff = s - s_exact;
     let m = diff.nrows();
     let upper: Vec<f64> = (0..m)
         .flat_map(|i| (i..m).map(move |j| (i, j)))
@@ -186,6 +172,11 @@ fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
         (sd / sigma - 1.0).abs() < 0.15,
         "noise sd {sd} vs reported sigma {sigma}"
     );
+}
+
+/// study.json says what ran: the default delta, the spec, the key, the sizes
+/// and each role's time.
+fn assert_study_json_says_what_ran(js: &serde_json::Value) {
     let n = ROWS as f64;
     let delta = js["delta"].as_f64().expect("delta");
     assert!(
@@ -218,6 +209,26 @@ fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
             "seconds.{part}"
         );
     }
+}
+
+#[test]
+fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
+    let (dir, data) = train_set();
+    let (s_exact, s_float) = reference();
+
+    // epsilon = 1: the released S' differs from S by noise of the reported scale.
+    let out = dir.path().join("eps1");
+    // `mask`, by name: its S' carries exactly the matrix noise the study reports.
+    let o = local(&data, &out, &["--epsilon", "1", "--centering", "mask"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("PC1") && stdout.contains("cumulative"),
+        "no variance table:\n{stdout}"
+    );
+    let js = study_json(&out);
+    assert_noise_is_as_reported(&read_matrix(&out.join("scatter.csv"), false), &s_exact, &js);
+    assert_study_json_says_what_ran(&js);
 
     // Large epsilon, both centerings and a pure mechanism: the components capture
     // the variance of the true top-5 subspace.
@@ -249,11 +260,8 @@ fn noisy_release_has_the_documented_noise_and_keeps_the_components() {
 /// the first component.
 #[test]
 fn synthetic_rows_follow_the_preprocessed_data() {
-    let (dir, data) = train_set();
-    let out = dir.path().join("synthetic");
-    let o = local(
-        &data,
-        &out,
+    let (_dir, out, rows, labels) = synthetic_study(
+        "synthetic",
         &[
             "--centering",
             "dp-mean",
@@ -263,45 +271,32 @@ fn synthetic_rows_follow_the_preprocessed_data() {
             "2000",
         ],
     );
-    assert!(o.status.success(), "{}", describe(&o));
-    let mut reader = csv::Reader::from_path(out.join("synthetic.csv")).expect("synthetic.csv");
-    let header: Vec<String> = reader
-        .headers()
-        .expect("header")
-        .iter()
-        .map(str::to_string)
-        .collect();
-    let input_header = std::fs::read_to_string(&data).expect("input");
-    let first_line = input_header.lines().next().expect("input header");
-    assert_eq!(header.join(","), first_line);
-    let m = header.len() - 1;
-    let rows: Vec<Vec<f64>> = reader
-        .records()
-        .map(|r| {
-            let r = r.expect("record");
-            assert_eq!(r.get(m), Some(""), "label column left empty");
-            (0..m)
-                .map(|j| r[j].parse::<f64>().expect("number"))
-                .collect()
-        })
-        .collect();
+    assert!(
+        labels.iter().all(String::is_empty),
+        "label column left empty"
+    );
     assert_eq!(rows.len(), 2000);
     assert!(rows.iter().flatten().all(|x| (0.0..=16.0).contains(x)));
-    assert_eq!(study_json(&out)["synthetic_rows"], 2000);
+    let js = study_json(&out);
+    assert_eq!(js["synthetic_rows"], 2000);
+    // The denoised fit puts the variance the k components leave out back as a
+    // residual, so the total variance is the real one too (the paper's reading
+    // keeps only the span's share of it).
+    assert_eq!(js["covariance_fit"], "denoised");
+    assert_moments_follow_the_real_rows(&rows);
+}
 
-    // The real rows as the study saw them, in the input's units.
-    let t = optdigits();
-    let bounds = vec![(0.0, 16.0); m];
-    let real: Vec<Vec<f64>> = t.rows[..ROWS]
-        .iter()
-        .map(|r| dpca_common::synth::preprocessed(r, &bounds, 1.0))
-        .collect();
+/// The synthetic `rows` have the real rows' mean, their variance along the first
+/// component and their total variance.
+fn assert_moments_follow_the_real_rows(rows: &[Vec<f64>]) {
+    let (real, _) = real_rows();
+    let m = real[0].len();
     let mean = |rows: &[Vec<f64>]| -> Vec<f64> {
         (0..m)
             .map(|j| rows.iter().map(|r| r[j]).sum::<f64>() / rows.len() as f64)
             .collect()
     };
-    let (mr, ms) = (mean(&real), mean(&rows));
+    let (mr, ms) = (mean(&real), mean(rows));
     let gap = mr
         .iter()
         .zip(&ms)
@@ -314,7 +309,7 @@ fn synthetic_rows_follow_the_preprocessed_data() {
         let x = DMatrix::from_fn(rows.len(), m, |i, j| rows[i][j] - mu[j]);
         x.transpose() * x / rows.len() as f64
     };
-    let (cr, cs) = (spread(&real, &mr), spread(&rows, &ms));
+    let (cr, cs) = (spread(&real, &mr), spread(rows, &ms));
     let top = pca(&cr, 1).components;
     let var_real = (top.transpose() * &cr * &top)[(0, 0)];
     let var_synth = (top.transpose() * &cs * &top)[(0, 0)];
@@ -322,10 +317,6 @@ fn synthetic_rows_follow_the_preprocessed_data() {
         (var_synth / var_real - 1.0).abs() < 0.2,
         "variance along PC1: real {var_real}, synthetic {var_synth}"
     );
-    // The denoised fit puts the variance the k components leave out back as a
-    // residual, so the total variance is the real one too (the paper's reading
-    // keeps only the span's share of it).
-    assert_eq!(study_json(&out)["covariance_fit"], "denoised");
     let (total_real, total_synth) = (cr.trace(), cs.trace());
     assert!(
         (total_synth / total_real - 1.0).abs() < 0.15,
@@ -333,42 +324,37 @@ fn synthetic_rows_follow_the_preprocessed_data() {
     );
 }
 
-#[test]
-fn an_unknown_covariance_fit_is_refused_before_anything_runs() {
+/// `user local` with `flags` fails before anything runs: its error says
+/// `expected` and it writes nothing.
+fn refused_before_anything_runs(flags: &[&str], expected: &str) {
     let (dir, data) = train_set();
     let out = dir.path().join("refused");
-    let o = local(
-        &data,
-        &out,
-        &["--synthetic", "10", "--covariance-fit", "exact"],
-    );
-    assert!(!o.status.success());
+    let o = local(&data, &out, flags);
+    assert!(!o.status.success(), "{flags:?} ran");
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        err.contains("unknown covariance fit `exact` (expected denoised or paper)"),
-        "{err}"
+    assert!(err.contains(expected), "{flags:?}: {err}");
+    assert!(!out.exists(), "{flags:?}: nothing written");
+}
+
+#[test]
+fn an_unknown_covariance_fit_is_refused_before_anything_runs() {
+    refused_before_anything_runs(
+        &["--synthetic", "10", "--covariance-fit", "exact"],
+        "unknown covariance fit `exact` (expected denoised or paper)",
     );
-    assert!(!out.exists(), "nothing written");
 }
 
 #[test]
 fn synthetic_data_in_mask_mode_is_refused_before_anything_runs() {
-    let (dir, data) = train_set();
-    let out = dir.path().join("refused");
-    let o = local(&data, &out, &["--centering", "mask", "--synthetic", "10"]);
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("--centering dp-mean"), "{err}");
-    assert!(!out.exists(), "nothing written");
+    refused_before_anything_runs(
+        &["--centering", "mask", "--synthetic", "10"],
+        "--centering dp-mean",
+    );
 }
 
 #[test]
 fn classification_in_mask_mode_is_refused_before_anything_runs() {
-    let (dir, data) = train_set();
-    let out = dir.path().join("refused");
-    let o = local(
-        &data,
-        &out,
+    refused_before_anything_runs(
         &[
             "--centering",
             "mask",
@@ -377,11 +363,8 @@ fn classification_in_mask_mode_is_refused_before_anything_runs() {
             "--synthetic",
             "10",
         ],
+        "--centering dp-mean",
     );
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("--centering dp-mean"), "{err}");
-    assert!(!out.exists(), "nothing written");
 }
 
 /// Reads `synthetic.csv`: header, feature rows and label cells.
@@ -482,6 +465,43 @@ fn centroid_accuracy(
     hits as f64 / test.len() as f64
 }
 
+/// A nearest-centroid classifier fitted to the synthetic (rows, labels)
+/// classifies the real rows at least 0.9 times as well as one fitted to them.
+fn assert_classifies_almost_as_well(rows: &[Vec<f64>], labels: &[String]) {
+    let (real, real_labels) = real_rows();
+    let real_acc = centroid_accuracy(&real, &real_labels, &real, &real_labels);
+    let synth_acc = centroid_accuracy(rows, labels, &real, &real_labels);
+    assert!(
+        synth_acc > 0.9 * real_acc,
+        "nearest centroid: synthetic {synth_acc}, real {real_acc}"
+    );
+}
+
+/// The released class counts are the real ones up to the tiny noise of a huge
+/// epsilon, and the synthetic `labels` come in the real proportions.
+fn assert_class_counts_follow_the_data(json: &serde_json::Value, labels: &[String]) {
+    let (_, real_labels) = real_rows();
+    let classes = json["classes"].as_array().expect("classes");
+    assert_eq!(classes.len(), 10);
+    for (c, count) in classes
+        .iter()
+        .zip(json["class_counts"].as_array().expect("counts"))
+    {
+        let c = c.as_str().expect("label");
+        let real_count = real_labels.iter().filter(|l| *l == c).count() as f64;
+        let got = count.as_f64().expect("count");
+        assert!(
+            (got - real_count).abs() < 1.0,
+            "class {c}: {got} vs {real_count}"
+        );
+        let share = labels.iter().filter(|l| *l == c).count() as f64 / labels.len() as f64;
+        assert!(
+            (share - real_count / ROWS as f64).abs() < 0.04,
+            "class {c}: synthetic share {share}"
+        );
+    }
+}
+
 /// Algorithm 3 through the real programs: `synthetic.csv` carries the input's
 /// header and real class labels in the real proportions, and at a huge epsilon a
 /// nearest-centroid classifier fitted to the synthetic rows classifies real rows
@@ -515,43 +535,17 @@ fn classification_synthetic_rows_carry_the_classes() {
     let (_, rows, labels) = read_synthetic(&out);
     assert_eq!(rows.len(), 3000);
     assert!(rows.iter().flatten().all(|x| (0.0..=16.0).contains(x)));
-    let (real, real_labels) = real_rows();
-    let real_labels = &real_labels[..];
     let json = study_json(&out);
     assert_eq!(json["task"], "classify");
     assert_eq!(json["class_covariance"], "shared");
     assert_eq!(json["centering"], "dp-mean");
-    let classes = json["classes"].as_array().expect("classes");
-    assert_eq!(classes.len(), 10);
-    // Released counts: exact up to the tiny noise, and the sampled proportions follow.
-    for (c, count) in classes
-        .iter()
-        .zip(json["class_counts"].as_array().expect("counts"))
-    {
-        let c = c.as_str().expect("label");
-        let real_count = real_labels.iter().filter(|l| *l == c).count() as f64;
-        let got = count.as_f64().expect("count");
-        assert!(
-            (got - real_count).abs() < 1.0,
-            "class {c}: {got} vs {real_count}"
-        );
-        let share = labels.iter().filter(|l| *l == c).count() as f64 / 3000.0;
-        assert!(
-            (share - real_count / ROWS as f64).abs() < 0.04,
-            "class {c}: synthetic share {share}"
-        );
-    }
+    assert_class_counts_follow_the_data(&json, &labels);
     let ledger = &json["budget"];
     assert_eq!(ledger["parts"].as_array().expect("parts").len(), 2);
     assert!(ledger["epsilon"].as_f64().expect("eps") <= 100000.0 * (1.0 + 1e-9));
 
-    let real_acc = centroid_accuracy(&real, real_labels, &real, real_labels);
-    let synth_acc = centroid_accuracy(&rows, &labels, &real, real_labels);
-    // Measured: see the closing note; the class deviations live in the top-20 span.
-    assert!(
-        synth_acc > 0.9 * real_acc,
-        "nearest centroid: synthetic {synth_acc}, real {real_acc}"
-    );
+    // The class deviations live in the top-20 span.
+    assert_classifies_almost_as_well(&rows, &labels);
 }
 
 /// Algorithm 2 through the real programs: the numeric label is drawn jointly with
@@ -677,13 +671,7 @@ fn projected_second_round_uses_the_first_studys_components() {
         .starts_with("components of"));
 
     let (_, rows, labels) = read_synthetic(&second);
-    let (real, real_labels) = real_rows();
-    let real_acc = centroid_accuracy(&real, &real_labels, &real, &real_labels);
-    let synth_acc = centroid_accuracy(&rows, &labels, &real, &real_labels);
-    assert!(
-        synth_acc > 0.9 * real_acc,
-        "nearest centroid: synthetic {synth_acc}, real {real_acc}"
-    );
+    assert_classifies_almost_as_well(&rows, &labels);
 }
 
 /// `--row-norm-quantile`: a histogram study on the same owners counts the rows'
