@@ -601,7 +601,7 @@ fn assert_label_predicted_from_the_features(rows: &[Vec<f64>], y: Vec<f64>) {
     let sd = (truth.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / ROWS as f64).sqrt();
     eprintln!("RMSE synthetic-trained {rmse}, real-trained {rmse_real}, label sd {sd}");
     // Measured 0.284 to 0.289 over four runs (the release's noise and the draws;
-    // 0.347 to 0.383 before the denoised covariance fit) against sd 0.423 and
+    // an earlier version measured 0.347 to 0.383) against sd 0.423 and
     // the (in-sample, optimistic) real-trained 0.241; a label
     // drawn apart from the features gives sd or more, so 0.95 sd still tells them
     // apart without failing on an unlucky draw.
