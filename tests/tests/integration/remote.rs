@@ -118,16 +118,56 @@ fn small_study<'a>(flags: &[&'a str]) -> Vec<&'a str> {
     [flags, &SMALL_STUDY[..]].concat()
 }
 
+/// An owner's run ended counted, every row of its slice clipped (at C = 1 every
+/// optdigits row is longer than the bound), and it was told so.
+fn assert_counted_with_every_row_clipped(owner: Proc) {
+    let out = take_output(owner);
+    assert!(out.status.success(), "owner: {}", describe(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("owner report");
+    assert_eq!(report["newly_counted"], true, "{report}");
+    let rows = report["rows"].as_u64().expect("rows");
+    assert_eq!(report["clipped_rows"], rows, "{report}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("WARNING: all {rows} rows were longer")),
+        "{stderr}"
+    );
+}
+
+/// The first study's outputs: sealed at its quorum with the missing owner named,
+/// announced in the invitation, its components and synthetic rows written.
+fn assert_first_study_written(r: &Remote) -> serde_json::Value {
+    let study = r.study_json("out");
+    assert_eq!(study["n_rows"], 700, "{study}");
+    assert_eq!(study["n_owners"], 2);
+    assert_eq!(study["owners_missing"], serde_json::json!(["hospital-a"]));
+    let inv = std::fs::read_to_string(r.invitation()).expect("invitation");
+    assert!(
+        inv.contains(study["study_id"].as_str().expect("study id")),
+        "{inv}"
+    );
+    assert!(inv.contains(study["key_fingerprint"].as_str().expect("fingerprint")));
+    let components = std::fs::read_to_string(r.path("out/components.csv")).expect("components");
+    assert_eq!(
+        components.lines().next(),
+        Some("feature,PC1,PC2,PC3"),
+        "{components}"
+    );
+    let synthetic = std::fs::read_to_string(r.path("out/synthetic.csv")).expect("synthetic");
+    assert_eq!(synthetic.lines().next(), Some(r.header.join(",").as_str()));
+    assert_eq!(synthetic.lines().count(), 51);
+    study
+}
+
 #[test]
 fn user_study_invites_owners_who_wait_for_the_invitation() {
     let r = Remote::new();
     let table = optdigits();
     write_slice(&table, 0, 300, &r.path("a.csv"));
     write_slice(&table, 300, 400, &r.path("b.csv"));
-    let invitation = r.invitation();
     // A stale invitation must not send the owners to another study.
     std::fs::write(
-        &invitation,
+        r.invitation(),
         format!(
             "study = \"old\"\nkey-fingerprint = \"{}\"\n",
             "0".repeat(64)
@@ -150,43 +190,12 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
         )
     };
     let user = Proc(user_cmd("out").spawn().expect("start user"));
-    let owners = r.owners_a_b();
-    for o in owners {
-        let out = take_output(o);
-        assert!(out.status.success(), "owner: {}", describe(&out));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("owner report");
-        assert_eq!(report["newly_counted"], true, "{report}");
-        // At C = 1 every optdigits row is longer than the bound: the owner is told.
-        let rows = report["rows"].as_u64().expect("rows");
-        assert_eq!(report["clipped_rows"], rows, "{report}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains(&format!("WARNING: all {rows} rows were longer")),
-            "{stderr}"
-        );
-    }
+    r.owners_a_b()
+        .into_iter()
+        .for_each(assert_counted_with_every_row_clipped);
     let out = take_output(user);
     assert!(out.status.success(), "user: {}", describe(&out));
-
-    let study = r.study_json("out");
-    assert_eq!(study["n_rows"], 700, "{study}");
-    assert_eq!(study["n_owners"], 2);
-    assert_eq!(study["owners_missing"], serde_json::json!(["hospital-a"]));
-    let inv = std::fs::read_to_string(&invitation).expect("invitation");
-    assert!(
-        inv.contains(study["study_id"].as_str().expect("study id")),
-        "{inv}"
-    );
-    assert!(inv.contains(study["key_fingerprint"].as_str().expect("fingerprint")));
-    let components = std::fs::read_to_string(r.path("out/components.csv")).expect("components");
-    assert_eq!(
-        components.lines().next(),
-        Some("feature,PC1,PC2,PC3"),
-        "{components}"
-    );
-    let synthetic = std::fs::read_to_string(r.path("out/synthetic.csv")).expect("synthetic");
-    assert_eq!(synthetic.lines().next(), Some(r.header.join(",").as_str()));
-    assert_eq!(synthetic.lines().count(), 51);
+    let study = assert_first_study_written(&r);
 
     // The owner who came late finds the study sealed (after waiting a little for
     // a newer invitation), and is told so.
@@ -203,16 +212,9 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
     let owners = r.owners_a_b();
     std::thread::sleep(std::time::Duration::from_secs(2));
     let user = Proc(user_cmd("out2").spawn().expect("start the second user"));
-    for o in owners {
-        let out = take_output(o);
-        assert!(
-            out.status.success(),
-            "owner, second study: {}",
-            describe(&out)
-        );
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("owner report");
-        assert_eq!(report["newly_counted"], true, "second study: {report}");
-    }
+    owners
+        .into_iter()
+        .for_each(assert_counted_with_every_row_clipped);
     let out = take_output(user);
     assert!(out.status.success(), "second user: {}", describe(&out));
     let second = r.study_json("out2");
