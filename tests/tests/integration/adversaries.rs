@@ -298,6 +298,21 @@ fn fixture_with_operator_listener() -> (dpca_tests::StudyFixture, String) {
     )
 }
 
+/// `status` on a fresh connection to `url` as `party`, if it is answered within
+/// `within`, connection included.
+async fn fresh_status(
+    url: &str,
+    party: &dpca_shell::tls::Transport,
+    within: Duration,
+) -> Option<v1::ProxyStatus> {
+    let call = async {
+        let mut c = dpca_shell::client::connect(url, party).await.ok()?;
+        c.status(v1::StatusRequest::default()).await.ok()
+    };
+    let answered = tokio::time::timeout(within, call).await.ok().flatten();
+    answered.map(tonic::Response::into_inner)
+}
+
 /// Anyone who reaches the main port can fill its handshake places (here 320
 /// silent connections from 40 addresses, 8 each, against 256 places; the other
 /// 64 wait in the listen backlog), and so can hundreds of owners connecting in
@@ -333,19 +348,7 @@ fn status_answers_on_the_operator_listener_while_the_main_one_is_flooded() {
     }
     assert_eq!(held.load(std::sync::atomic::Ordering::Relaxed), 320);
     let user = f.proxy.transport("user");
-    let status = |url: String| {
-        let user = user.clone();
-        runtime.block_on(async move {
-            let call = async {
-                let mut c = dpca_shell::client::connect(&url, &user).await.ok()?;
-                c.status(v1::StatusRequest::default()).await.ok()
-            };
-            tokio::time::timeout(Duration::from_secs(5), call)
-                .await
-                .ok()
-                .flatten()
-        })
-    };
+    let status = |url: String| runtime.block_on(fresh_status(&url, &user, Duration::from_secs(5)));
     // The flood is on: without it this test would prove nothing.
     assert!(
         status(f.url.clone()).is_none(),
@@ -353,12 +356,7 @@ fn status_answers_on_the_operator_listener_while_the_main_one_is_flooded() {
     );
     let answered = status(format!("https://{operator_at}"))
         .expect("the operator listener did not answer during the flood");
-    let ids: Vec<String> = answered
-        .into_inner()
-        .studies
-        .into_iter()
-        .map(|s| s.study_id)
-        .collect();
+    let ids: Vec<String> = answered.studies.into_iter().map(|s| s.study_id).collect();
     assert_eq!(ids, vec![f.study.clone()]);
     let refused = runtime.block_on(async {
         let mut c = dpca_shell::client::connect(&format!("https://{operator_at}"), &user)
@@ -446,21 +444,14 @@ fn users_holding_connections_cannot_lock_the_operator_out_of_its_listener() {
         "users hold {users_in} of the operator listener's 8 slots"
     );
     let operator = f.proxy.operator_transport();
-    let answered = runtime.block_on(async {
-        let call = async {
-            let mut c = dpca_shell::client::connect(&operator_url, &operator)
-                .await
-                .ok()?;
-            c.status(v1::StatusRequest::default()).await.ok()
-        };
-        tokio::time::timeout(Duration::from_secs(10), call)
-            .await
-            .ok()
-            .flatten()
-    });
-    let answered =
-        answered.expect("the operator's status waited behind the users' idle connections");
-    assert_eq!(answered.into_inner().studies.len(), 1);
+    let answered = runtime
+        .block_on(fresh_status(
+            &operator_url,
+            &operator,
+            Duration::from_secs(10),
+        ))
+        .expect("the operator's status waited behind the users' idle connections");
+    assert_eq!(answered.studies.len(), 1);
     for task in held {
         task.abort();
     }
@@ -568,17 +559,12 @@ fn owners_holding_every_connection_cannot_lock_the_user_or_operator_out() {
             });
             tokio::time::timeout(within, call).await.ok()?.ok()
         };
-        let operator = async {
-            let mut c = dpca_shell::client::connect(&f.url, &operator).await.ok()?;
-            let call = c.status(v1::StatusRequest::default());
-            tokio::time::timeout(within, call).await.ok()?.ok()
-        };
-        tokio::join!(user, operator)
+        tokio::join!(user, fresh_status(&f.url, &operator, within))
     });
     let user = user.expect("the user waited behind the owners' and eve's connections");
     assert_eq!(user.into_inner().owners_in, 0);
     let operator = operator.expect("the operator's status waited behind the others' connections");
-    assert_eq!(operator.into_inner().studies.len(), 1);
+    assert_eq!(operator.studies.len(), 1);
     // Every queued connection closed, none served in a slot the calls left.
     let all = held.len();
     let tally = tally_until(&|t| t.values().sum::<usize>() >= all);
