@@ -106,6 +106,16 @@ fn owner_refuses_unknown_study_and_foreign_key() {
 #[test]
 fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
     let f = fixture();
+    rt().block_on(async {
+        refuses_ciphertexts_outside_the_group_and_other_layouts(&f).await;
+        refuses_specs_the_users_checks_would_stop(&f).await;
+    });
+    assert_eq!(f.owners_in(), 0);
+}
+
+/// Contributions whose ciphertext 1 is not in the group (n^2, 0, 3 n), or of
+/// another layout, are refused naming what is wrong.
+async fn refuses_ciphertexts_outside_the_group_and_other_layouts(f: &dpca_tests::StudyFixture) {
     let n_bytes = f.spec.public_key.ciphertext_bytes();
     let total = dpca_common::study::StudyLayout::new(&f.spec)
         .expect("layout")
@@ -128,68 +138,67 @@ fn proxy_refuses_ciphertexts_outside_the_group_and_bad_specs() {
         cap_delta: 1e-3,
         ..Default::default()
     };
-    rt().block_on(async {
-        let mut c = f.client("mallory").await;
-        // c = n^2 (out of range), c = 0 and c = 3 n (not units), each at index 1.
-        for (bad, why) in [
-            (n2.clone(), "not below n^2"),
-            (vec![0u8; n_bytes], "zero"),
-            (three_n, "a multiple of n"),
-        ] {
-            let chunk = chunk(LAYOUT_VERSION, vec![one.clone(), bad]);
-            let err = c
-                .contribute(tokio_stream_iter(vec![chunk]))
-                .await
-                .expect_err("invalid ciphertext accepted");
-            assert_eq!(err.code(), tonic::Code::InvalidArgument);
-            assert!(err.message().contains("ciphertext 1"), "{}", err.message());
-            assert!(err.message().contains(why), "{}", err.message());
-        }
+    let mut c = f.client("mallory").await;
+    // c = n^2 (out of range), c = 0 and c = 3 n (not units), each at index 1.
+    for (bad, why) in [
+        (n2.clone(), "not below n^2"),
+        (vec![0u8; n_bytes], "zero"),
+        (three_n, "a multiple of n"),
+    ] {
+        let chunk = chunk(LAYOUT_VERSION, vec![one.clone(), bad]);
+        let err = c
+            .contribute(tokio_stream_iter(vec![chunk]))
+            .await
+            .expect_err("invalid ciphertext accepted");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("ciphertext 1"), "{}", err.message());
+        assert!(err.message().contains(why), "{}", err.message());
+    }
 
-        // An owner of a build before layout versions (no `layout`) or of another
-        // layout: its valid ciphertexts would be noised at the wrong offsets.
-        for layout in [0, LAYOUT_VERSION + 1] {
-            let chunk = chunk(layout, vec![one.clone(); total]);
-            let err = c
-                .contribute(tokio_stream_iter(vec![chunk]))
-                .await
-                .expect_err("a contribution of another layout accepted");
-            assert_eq!(err.code(), tonic::Code::InvalidArgument);
-            assert!(err.message().contains("layout"), "{}", err.message());
-        }
+    // An owner of a build before layout versions (no `layout`) or of another
+    // layout: its valid ciphertexts would be noised at the wrong offsets.
+    for layout in [0, LAYOUT_VERSION + 1] {
+        let chunk = chunk(layout, vec![one.clone(); total]);
+        let err = c
+            .contribute(tokio_stream_iter(vec![chunk]))
+            .await
+            .expect_err("a contribution of another layout accepted");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("layout"), "{}", err.message());
+    }
+}
 
-        // Specs the user's own checks would stop, sent raw: the proxy checks too.
-        let mut c = f.client("user").await;
-        let mut wire = spec_to_wire(&f.spec);
-        for (field, eps, delta) in [
-            ("epsilon", 0.0, 1e-5),
-            ("epsilon", -1.0, 1e-5),
-            ("delta", 1.0, 1.5),
-            ("delta", 1.0, 0.0),
-        ] {
-            wire.epsilon = eps;
-            wire.delta = delta;
-            let err = c
-                .open_study(v1::OpenStudyRequest {
-                    spec: Some(wire.clone()),
-                    noise_free_for_testing: false,
-                })
-                .await
-                .expect_err("bad privacy parameters accepted");
-            assert_eq!(err.code(), tonic::Code::InvalidArgument);
-            assert!(err.message().contains(field), "{}", err.message());
-        }
-        // A noise-free study on a proxy not in test mode.
+/// Specs the user's own checks would stop, sent raw: the proxy checks too; and a
+/// noise-free study on a proxy not in test mode.
+async fn refuses_specs_the_users_checks_would_stop(f: &dpca_tests::StudyFixture) {
+    let mut c = f.client("user").await;
+    let mut wire = spec_to_wire(&f.spec);
+    for (field, eps, delta) in [
+        ("epsilon", 0.0, 1e-5),
+        ("epsilon", -1.0, 1e-5),
+        ("delta", 1.0, 1.5),
+        ("delta", 1.0, 0.0),
+    ] {
+        wire.epsilon = eps;
+        wire.delta = delta;
         let err = c
             .open_study(v1::OpenStudyRequest {
-                spec: Some(spec_to_wire(&f.spec)),
-                noise_free_for_testing: true,
+                spec: Some(wire.clone()),
+                noise_free_for_testing: false,
             })
             .await
-            .expect_err("noise-free accepted");
-        assert_eq!(err.code(), tonic::Code::PermissionDenied);
-    });
-    assert_eq!(f.owners_in(), 0);
+            .expect_err("bad privacy parameters accepted");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains(field), "{}", err.message());
+    }
+    let err = c
+        .open_study(v1::OpenStudyRequest {
+            spec: Some(spec_to_wire(&f.spec)),
+            noise_free_for_testing: true,
+        })
+        .await
+        .expect_err("noise-free accepted");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
 }
 
 fn tokio_stream_iter(
