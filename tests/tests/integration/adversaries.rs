@@ -1106,6 +1106,30 @@ fn a_mask_contribution_without_a_valid_signed_count_is_refused() {
     assert_eq!(f.owners_in(), 0);
 }
 
+/// What a release holds beyond the shares it was folded from (`honest`'s scatter;
+/// `honest`'s and `evil`'s sums): its noise, on the matrix's upper triangle
+/// and on the vector, on the integer grid.
+fn release_less(
+    opened: &dpca_common::protocol::Opened,
+    honest: &Share,
+    evil: &Share,
+) -> (Vec<f64>, Vec<f64>) {
+    let as_f64 = |x: num_bigint::BigInt| x.to_string().parse::<f64>().expect("f64");
+    let m = honest.v.len();
+    let upper = (0..m).flat_map(|i| (i..m).map(move |j| (i, j)));
+    let matrix = upper
+        .zip(&honest.r_upper)
+        .map(|((i, j), r)| as_f64(&opened.matrix_grid[0][i][j] - num_bigint::BigInt::from(*r)))
+        .collect();
+    let vector = (0..m)
+        .map(|i| {
+            let exact = num_bigint::BigInt::from(honest.v[i] + evil.v[i]);
+            as_f64(&opened.vector_grid[i] - exact)
+        })
+        .collect();
+    (matrix, vector)
+}
+
 /// An owner working with the user sends v far outside the norm ball (and R = 0).
 /// Under `mask` that let the user read the others' rows with Delta/sigma about 16.
 /// Under `dp-mean`, the default, the release is linear in each share: the user,
@@ -1165,25 +1189,7 @@ fn an_owner_outside_the_ball_leaves_the_honest_rows_fully_noised_by_default() {
     let spread = |residuals: &[f64]| {
         (residuals.iter().map(|e| e * e).sum::<f64>() / residuals.len() as f64).sqrt()
     };
-    let mut matrix = Vec::new();
-    let mut k = 0;
-    for i in 0..m {
-        for j in i..m {
-            let released = &opened.matrix_grid[0][i][j];
-            let exact = num_bigint::BigInt::from(honest.r_upper[k]);
-            matrix.push((released - exact).to_string().parse::<f64>().expect("f64"));
-            k += 1;
-        }
-    }
-    let vector: Vec<f64> = (0..m)
-        .map(|i| {
-            let exact = num_bigint::BigInt::from(honest.v[i] + evil.v[i]);
-            (&opened.vector_grid[i] - exact)
-                .to_string()
-                .parse::<f64>()
-                .expect("f64")
-        })
-        .collect();
+    let (matrix, vector) = release_less(&opened, &honest, &evil);
     let sigma_r = plan.matrix.std_dev();
     let sigma_v = plan.vector.as_ref().expect("dp-mean noises v").std_dev();
     // 2080 and 64 draws of the planned noise: their spread is the plan's, not less.
