@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use dpca_common::risk::Risk;
+use dpca_common::study::DEFAULT_MAX_CIPHERTEXTS;
 use dpca_shell::owner_report::OwnerReport;
 use dpca_shell::tls::{Role, TransportArgs};
 
@@ -79,6 +80,16 @@ struct Args {
     /// is refused before the data is read.
     #[arg(long = "accept-risk", value_name = "NAME", value_parser = |s: &str| Risk::parse(s).map_err(|e| e.to_string()))]
     accept_risk: Vec<Risk>,
+    /// The most ciphertexts this owner encrypts for one study: a study whose spec
+    /// asks more (extreme parameters shrink the packing) is refused before the
+    /// data is read. The default is the proxy's default cap on a contribution.
+    #[arg(long, default_value_t = DEFAULT_MAX_CIPHERTEXTS)]
+    max_ciphertexts: usize,
+    /// Encrypt the paper's way (one value per ciphertext, each with a full r^n:
+    /// hours of CPU at large M) when a study asks for it, as a speed comparison
+    /// does; without it such a study is refused before the data is read.
+    #[arg(long)]
+    allow_baseline: bool,
     #[command(flatten)]
     transport: TransportArgs,
 }
@@ -164,6 +175,10 @@ impl Invocation {
             budget_cap: args.budget_cap,
             retry_for,
             accepted_risks: args.accept_risk,
+            work: crate::work::WorkCap {
+                max_ciphertexts: args.max_ciphertexts,
+                allow_baseline: args.allow_baseline,
+            },
         };
         let report = match &args.invitation {
             Some(path) => crate::run_invited(&cfg, path).await?,

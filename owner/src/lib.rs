@@ -8,6 +8,7 @@
 
 mod attempts;
 pub mod cli;
+pub mod work;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,6 +70,9 @@ pub struct OwnerConfig {
     /// Study properties below the default protection this owner accepts
     /// ([`Risk`]); a study with any other is refused before the data is read.
     pub accepted_risks: Vec<Risk>,
+    /// The most encryption work it takes on for one study; a study that asks more
+    /// is refused before the data is read.
+    pub work: work::WorkCap,
 }
 
 /// Where an owner's table comes from.
@@ -470,6 +474,9 @@ async fn run_once(
     let mut client = connect_for_retry(cfg).await?;
     let (spec, noise_free) = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
     check_risks(&cfg.study_id, &spec, noise_free, &cfg.accepted_risks)?;
+    let layout = StudyLayout::new(&spec)
+        .with_context(|| format!("study `{}` has no layout", cfg.study_id))?;
+    cfg.work.check(&cfg.study_id, &spec, &layout)?;
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
     let wire = spec_to_wire(&spec);
     let encrypted = match attempts.kept_for(&id, &wire) {

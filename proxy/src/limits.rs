@@ -70,9 +70,8 @@ pub const DEFAULT_MAX_SPEC_BYTES: usize = 1 << 20;
 pub const DEFAULT_MAX_FEATURES: usize = 2000;
 /// Default [`Limits::max_key_bits`]: above the 3072 bits recommended for new keys.
 pub const DEFAULT_MAX_KEY_BITS: u64 = 4096;
-/// Default [`Limits::max_ciphertexts`]: the M = 1000 study at 2048 bits fits (about
-/// 40,000 ciphertexts); at 4096 bits this is 64 MiB per contribution held.
-pub const DEFAULT_MAX_CIPHERTEXTS: usize = 1 << 16;
+/// Default [`Limits::max_ciphertexts`], the owners' default too.
+pub use dpca_common::study::DEFAULT_MAX_CIPHERTEXTS;
 
 impl Default for Limits {
     fn default() -> Self {

@@ -513,11 +513,14 @@ impl StudyFixture {
     /// Runs owner `id` on `data` for the study, accepting the named risks
     /// (`--accept-risk`).
     pub fn owner_accepting(&self, id: &str, data: &Path, risks: &[&str]) -> Output {
+        let flags: Vec<&str> = risks.iter().flat_map(|r| ["--accept-risk", r]).collect();
+        self.owner_with(id, data, &flags)
+    }
+
+    /// Runs owner `id` on `data` for the study with further `flags`.
+    pub fn owner_with(&self, id: &str, data: &Path, flags: &[&str]) -> Output {
         let mut cmd = self.owner_cmd(id);
-        cmd.args(["--owner-id", id]);
-        for r in risks {
-            cmd.args(["--accept-risk", r]);
-        }
+        cmd.args(["--owner-id", id]).args(flags);
         submit(cmd, &self.url, &self.study, &self.fingerprint, data)
     }
 

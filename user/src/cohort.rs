@@ -197,6 +197,7 @@ impl LocalCohort {
         study_id: &str,
         fingerprint: &str,
         risks: &[Risk],
+        baseline: bool,
     ) -> anyhow::Result<Command> {
         let mut cmd = self.owner_bin.command();
         cmd.env_remove("DPCA_CONFIG");
@@ -227,6 +228,10 @@ impl LocalCohort {
         }
         for r in risks {
             cmd.args(["--accept-risk", r.name()]);
+        }
+        // The user asked for the paper's way, to compare speeds.
+        if baseline {
+            cmd.arg("--allow-baseline");
         }
         cmd.stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -263,7 +268,7 @@ impl Cohort for LocalCohort {
         let mut tasks = Vec::new();
         for i in 0..self.owner_files.len() {
             let child = self
-                .owner_command(i, study_id, fingerprint, &risks)?
+                .owner_command(i, study_id, fingerprint, &risks, spec.baseline)?
                 .spawn()
                 .with_context(|| format!("cannot start {}", self.owner_bin.program.display()))?;
             let bar = bar.clone();

@@ -22,6 +22,12 @@ use crate::radix;
 ///   unpacks); the vector block with slots of its own.
 pub const LAYOUT_VERSION: u32 = 2;
 
+/// The most ciphertexts one contribution holds by default, at the proxy (which
+/// holds every owner's while it folds) and at an owner (which encrypts its
+/// own): the M = 1000 study at 2048 bits fits (about 40,000 ciphertexts); at
+/// 4096 bits this is 64 MiB per contribution held.
+pub const DEFAULT_MAX_CIPHERTEXTS: usize = 1 << 16;
+
 /// The shape of a study's released blocks, without the packing: all a plaintext
 /// reference computation needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

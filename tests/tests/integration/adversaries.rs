@@ -179,6 +179,53 @@ fn owners_refuse_a_mask_study_unless_they_accept_it_by_name() {
     assert!(o.status.success(), "{}", describe(&o));
 }
 
+/// An owner's encryption work follows from the spec the proxy serves. A proxy
+/// serving the paper's baseline layout (one value per ciphertext, each with a
+/// full r^n) had an owner spend about 2.6 hours of one core at M = 1000 and
+/// 2048 bits, and extreme but valid parameters multiply the ciphertexts of the
+/// packed layout. Owners now refuse a baseline study unless they allow it, and a
+/// contribution past their cap on ciphertexts, before they encrypt anything.
+#[test]
+fn owners_refuse_a_study_that_asks_more_work_than_their_cap() {
+    let baseline = fixture_with(|s| s.baseline = true);
+    let o = baseline.owner("hospital-a", &baseline.good_file("a.csv", 20, 0));
+    assert!(
+        !o.status.success(),
+        "encrypted the baseline layout unasked: {}",
+        describe(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--allow-baseline"), "{err}");
+    assert_eq!(baseline.owners_in(), 0, "a refused owner was counted");
+
+    let f = fixture();
+    let data = f.good_file("a.csv", 20, 0);
+    let count = dpca_common::study::StudyLayout::new(&f.spec)
+        .expect("layout")
+        .owner_ciphertexts();
+    let below = (count - 1).to_string();
+    let o = f.owner_with("hospital-a", &data, &["--max-ciphertexts", &below]);
+    assert!(
+        !o.status.success(),
+        "encrypted past its cap: {}",
+        describe(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("asks for {count} ciphertexts")),
+        "{err}"
+    );
+    assert!(err.contains("--max-ciphertexts"), "{err}");
+    assert_eq!(f.owners_in(), 0, "a refused owner was counted");
+    let o = f.owner_with(
+        "hospital-a",
+        &data,
+        &["--max-ciphertexts", &count.to_string()],
+    );
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(f.owners_in(), 1);
+}
+
 /// A user's spec fixes what the proxy allocates for a study. A study of 20,000
 /// features (each contribution about six million ciphertexts) or of an outsized key
 /// is refused at the door, naming the limit that refused it; the proxy goes on

@@ -324,6 +324,25 @@ fn assert_moments_follow_the_real_rows(rows: &[Vec<f64>]) {
     );
 }
 
+/// `--baseline` (the paper's way, to compare speeds) runs: `user local` lets its
+/// owners encrypt that way, which they refuse unless allowed. Eight features
+/// keep the textbook encryption short.
+#[test]
+fn a_baseline_study_runs_its_owners_allowing_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("narrow.csv");
+    let mut table = optdigits();
+    table.features.truncate(8);
+    for row in &mut table.rows {
+        row.truncate(8);
+    }
+    write_rows(&table, ROWS, &data);
+    let out = dir.path().join("baseline");
+    let o = local(&data, &out, &["--baseline", "--k", "3"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(study_json(&out)["baseline"], true);
+}
+
 /// `user local` with `flags` fails before anything runs: its error says
 /// `expected` and it writes nothing.
 fn refused_before_anything_runs(flags: &[&str], expected: &str) {
