@@ -6,10 +6,14 @@
 //! the same share, which tells it no more either.
 //!
 //! A kept contribution is reused only for the same contribution id (which hashes
-//! the study, the owner and the data file's bytes) and the same spec, compared
-//! in its wire form re-encoded from the validated spec, so exactly what the
-//! encryption read: a data file changed between attempts, or a spec that differs
-//! in any field, is encrypted afresh.
+//! the study, the owner and the data file's bytes): a data file changed between
+//! attempts is encrypted afresh. The spec is the run's first: a proxy serves a
+//! study's stored spec unchanged across restarts, so one that differs on a later
+//! attempt (compared in its wire form re-encoded from the validated spec, so
+//! exactly what the encryption read) ends the run. Encrypting again for it would
+//! let a proxy that answers each upload as an outage and changes a field have
+//! the owner encrypt (and, under `mask`, sign a count) over and over, and send
+//! contributions of the same rows under two specs to one study.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -32,6 +36,16 @@ impl Encrypted {
         self.chunks.iter().map(|c| c.ciphertexts.len()).sum()
     }
 }
+
+/// The proxy served the study with another spec than the one this run
+/// encrypted for.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "the proxy served the study with another spec than on an earlier attempt of this run, \
+     which encrypted for the first: refusing to encrypt again (a restarted proxy serves \
+     the stored spec unchanged, so this one's state changed or it deviates)"
+)]
+pub(crate) struct SpecChanged;
 
 /// What the contribution was encrypted for.
 struct Kept {
@@ -76,12 +90,21 @@ impl Attempts {
     }
 
     /// The contribution kept from an earlier attempt if it was encrypted for
-    /// `contribution_id` and `spec`.
-    pub fn kept_for(&self, contribution_id: &str, spec: &v1::StudySpec) -> Option<Encrypted> {
+    /// `contribution_id`; refused if it was encrypted for another spec than
+    /// `spec`.
+    pub fn kept_for(
+        &self,
+        contribution_id: &str,
+        spec: &v1::StudySpec,
+    ) -> Result<Option<Encrypted>, SpecChanged> {
         let state = self.state();
-        let kept = state.kept.as_ref()?;
-        (kept.contribution_id == contribution_id && &kept.spec == spec)
-            .then(|| kept.encrypted.clone())
+        let Some(kept) = state.kept.as_ref() else {
+            return Ok(None);
+        };
+        if &kept.spec != spec {
+            return Err(SpecChanged);
+        }
+        Ok((kept.contribution_id == contribution_id).then(|| kept.encrypted.clone()))
     }
 
     /// Counts an encryption of `seconds`, and keeps what it made, `encrypted` for
@@ -131,16 +154,41 @@ mod tests {
     #[test]
     fn a_contribution_is_reused_only_for_its_id_and_its_spec() {
         let attempts = Attempts::default();
-        assert!(attempts.kept_for("id", &spec(1)).is_none());
+        assert_eq!(
+            attempts.kept_for("id", &spec(1)).map(|k| k.is_some()),
+            Ok(false)
+        );
         attempts.record_encryption("id".into(), spec(1), encrypted(7), 2.0);
-        let again = attempts.kept_for("id", &spec(1)).expect("kept");
+        let again = attempts
+            .kept_for("id", &spec(1))
+            .expect("same spec")
+            .expect("kept");
         assert_eq!(again.rows, 7);
         // The same chunks, not a copy of them.
-        let first = attempts.kept_for("id", &spec(1)).expect("kept");
+        let first = attempts
+            .kept_for("id", &spec(1))
+            .expect("same spec")
+            .expect("kept");
         assert!(Arc::ptr_eq(&first.chunks, &again.chunks));
-        // Another data file (another id), or a spec changed in any field.
-        assert!(attempts.kept_for("other", &spec(1)).is_none());
-        assert!(attempts.kept_for("id", &spec(2)).is_none());
+        // Another data file (another id) is encrypted afresh.
+        let other = attempts.kept_for("other", &spec(1)).expect("same spec");
+        assert!(other.is_none());
+    }
+
+    /// A proxy that answers each upload as an outage and changes the spec (here
+    /// its deadline by a millisecond) had the owner encrypt again on every attempt.
+    #[test]
+    fn a_spec_changed_between_attempts_ends_the_run() {
+        let attempts = Attempts::default();
+        attempts.record_encryption("id".into(), spec(1), encrypted(7), 2.0);
+        assert_eq!(
+            attempts.kept_for("id", &spec(2)).map(|k| k.is_some()),
+            Err(SpecChanged)
+        );
+        assert_eq!(
+            attempts.kept_for("other", &spec(2)).map(|k| k.is_some()),
+            Err(SpecChanged)
+        );
     }
 
     #[test]
@@ -150,7 +198,7 @@ mod tests {
         attempts.record_encryption("id".into(), spec(1), encrypted(1), 2.0);
         attempts.begin();
         attempts.begin();
-        attempts.record_encryption("id".into(), spec(2), encrypted(1), 3.0);
+        attempts.record_encryption("other".into(), spec(1), encrypted(1), 3.0);
         assert_eq!(
             attempts.tally(),
             Tally {
@@ -160,7 +208,7 @@ mod tests {
             }
         );
         // The last encryption replaced the first.
-        assert!(attempts.kept_for("id", &spec(1)).is_none());
-        assert!(attempts.kept_for("id", &spec(2)).is_some());
+        let kept = |id| attempts.kept_for(id, &spec(1)).map(|k| k.is_some());
+        assert_eq!((kept("id"), kept("other")), (Ok(false), Ok(true)));
     }
 }

@@ -479,7 +479,10 @@ async fn run_once(
     cfg.work.check(&cfg.study_id, &spec, &layout)?;
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
     let wire = spec_to_wire(&spec);
-    let encrypted = match attempts.kept_for(&id, &wire) {
+    let kept = attempts
+        .kept_for(&id, &wire)
+        .with_context(|| format!("study `{}`", cfg.study_id))?;
+    let encrypted = match kept {
         Some(kept) => kept,
         None => {
             let (encrypted, seconds) = encrypt_share(cfg, &spec, &bytes, &name, id.clone()).await?;
