@@ -395,7 +395,7 @@ impl ProxyService {
                     if let Some(mut s) = shared.try_lock() {
                         s.tick(now);
                         phases.push(s.phase.name());
-                        if svc.holds_pending(&s) {
+                        if svc.transition_unstored(&s) {
                             closed.push(s.id.clone());
                         }
                     }
@@ -408,16 +408,31 @@ impl ProxyService {
         });
     }
 
+    /// Whether `s` has left collecting while the state file still says it
+    /// collects, or holds some of its contributions one by one: a deadline's seal
+    /// or abort is made in memory and not stored by itself.
+    fn transition_unstored(&self, s: &Study) -> bool {
+        self.holds_pending(s)
+            || !matches!(s.phase, Phase::Collecting)
+                && self
+                    .store
+                    .as_ref()
+                    .is_some_and(|st| st.stored_collecting(&s.id))
+    }
+
     /// Whether `s` has left collecting while the state file still holds some of
-    /// its contributions one by one (a deadline transition is not stored by itself).
+    /// its contributions one by one.
     fn holds_pending(&self, s: &Study) -> bool {
         !matches!(s.phase, Phase::Collecting)
             && self.store.as_ref().is_some_and(|st| st.has_pending(&s.id))
     }
 
-    /// Stores a study that its deadline sealed or aborted, so its contributions
-    /// kept one by one are multiplied into the stored aggregate and deleted: no
-    /// single owner's ciphertexts stay in the file of a study nobody will finish.
+    /// Stores a study that its deadline sealed or aborted: a restart whose clock
+    /// reads before the deadline (a clock stepped back, a machine moved) would
+    /// otherwise reopen it, after the user was told it sealed, and count more
+    /// owners; and its contributions kept one by one are multiplied into the
+    /// stored aggregate and deleted, so no single owner's ciphertexts stay in the
+    /// file of a study nobody will finish.
     async fn store_deadline_transition(&self, id: &str) {
         if let Err(e) = self.update_study(id, |_| Ok(())).await {
             tracing::warn!(study = %id, error = %Status::from(e).message(), "deadline transition not stored");
@@ -1200,8 +1215,16 @@ impl v1::proxy_server::Proxy for ProxyService {
                 })
                 .await?;
             if let Some(sealed) = ready {
-                // The contribution that sealed it may still be on its way to disk.
+                // The contribution that sealed it may still be on its way to disk,
+                // and a seal by the deadline is stored by the ticker only: the user
+                // hears of a seal a restart keeps.
                 self.settled(&id).await?;
+                if self
+                    .read_study(&id, |s| Ok(self.transition_unstored(s)))
+                    .await?
+                {
+                    self.update_study(&id, |_| Ok(())).await?;
+                }
                 return Ok(Response::new(sealed));
             }
             tokio::time::sleep(POLL).await;
@@ -1538,6 +1561,105 @@ mod tests {
         assert_eq!(phase(), "collecting");
         clock.advance(Duration::from_secs(2));
         assert_eq!(phase(), "aborted");
+    }
+
+    /// `s1` stored with its deadline at 70 s, sealing at 2 owners and needing 1,
+    /// with owner `a` in and its contribution in the stored aggregate (a
+    /// checkpoint at every contribution): nothing of it is stored one by one.
+    fn stored_with_one_owner_checkpointed(path: &std::path::Path) {
+        use rand::SeedableRng;
+        let mut s = crate::study::tests::study_with(Centering::DpMean, 2, 1);
+        s.spec = SpecDraft {
+            deadline_unix_ms: 70_000,
+            ..s.spec.to_draft()
+        }
+        .validate()
+        .expect("spec");
+        let store = Store::open_with(path, 1).expect("store");
+        store.save_study(&s).expect("save");
+        let pk = s.spec.public_key.clone();
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
+        let cts: Vec<Elem> = (0..s.layout.owner_ciphertexts())
+            .map(|_| {
+                pk.ring()
+                    .elem(&pk.encrypt(&1u8.into(), &mut rng).expect("enc").0)
+            })
+            .collect();
+        s.contribute("a", "c", &cts, |x, y| pk.ring().mul_elem(x, y))
+            .expect("counted");
+        let ticket = store
+            .submit_contribution(None, s, "a".into(), cts, None)
+            .expect("submitted");
+        store.wait(ticket).expect("stored");
+        assert!(!store.has_pending("s1"));
+    }
+
+    /// `s1`'s phase on a proxy restarted on the state file at `path` with its
+    /// clock at 10 s, before the deadline (a clock stepped back, a machine moved).
+    fn phase_after_a_restart_before_the_deadline(path: &std::path::Path) -> &'static str {
+        let clock = Arc::new(crate::world::ManualClock::at(10_000));
+        let svc = ProxyService::new(ProxyConfig {
+            clock: clock as Arc<dyn crate::world::Clock>,
+            ..config(path, false)
+        })
+        .expect("restarted");
+        rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
+            .expect("study")
+    }
+
+    /// A seal by the deadline was made in memory and stored only where some
+    /// contribution was still stored one by one: the user was told the study
+    /// sealed, and a restart whose clock read before the deadline reopened it
+    /// to more owners. Now the seal is stored before the user hears of it.
+    #[test]
+    fn a_seal_by_the_deadline_is_stored_before_the_user_hears_of_it() {
+        use v1::proxy_server::Proxy;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        stored_with_one_owner_checkpointed(&path);
+        let clock = Arc::new(crate::world::ManualClock::at(10_000));
+        let svc = ProxyService::new(ProxyConfig {
+            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
+            ..config(&path, false)
+        })
+        .expect("service");
+        clock.advance(Duration::from_secs(61));
+        let sealed = rt()
+            .block_on(svc.await_seal(Request::new(v1::AwaitSealRequest {
+                study_id: "s1".into(),
+            })))
+            .expect("sealed");
+        assert_eq!(sealed.into_inner().owners_in, vec!["a".to_string()]);
+        drop(svc);
+        assert_eq!(phase_after_a_restart_before_the_deadline(&path), "sealed");
+    }
+
+    /// The deadline ticker stores every transition the deadline makes, not only
+    /// those of studies holding contributions stored one by one.
+    #[test]
+    fn the_ticker_stores_a_deadline_transition() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        stored_with_one_owner_checkpointed(&path);
+        let clock = Arc::new(crate::world::ManualClock::at(10_000));
+        let svc = ProxyService::new(ProxyConfig {
+            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
+            ..config(&path, false)
+        })
+        .expect("service");
+        rt().block_on(async {
+            svc.spawn_deadline_ticker();
+            clock.advance(Duration::from_secs(61));
+            for _ in 0..100 {
+                let store = svc.store.as_ref().expect("store");
+                if !store.stored_collecting("s1") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        drop(svc);
+        assert_eq!(phase_after_a_restart_before_the_deadline(&path), "sealed");
     }
 
     /// `status` reads the studies' views: it answers while a study is held by a

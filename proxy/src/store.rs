@@ -165,6 +165,10 @@ pub struct Store {
     checkpoint_every: usize,
     /// As of the last commit.
     pending: Mutex<PendingMap>,
+    /// The studies whose stored record says collecting, as of the last commit
+    /// (and of loading): a deadline's seal or abort, made in memory by the
+    /// clock, is not stored until something writes the record.
+    collecting: Mutex<BTreeSet<String>>,
     queue: GroupCommit<Write>,
     commits: AtomicU64,
     #[cfg(test)]
@@ -193,6 +197,7 @@ impl Store {
             path: path.to_path_buf(),
             checkpoint_every: checkpoint_every.max(1),
             pending: Mutex::default(),
+            collecting: Mutex::default(),
             queue: GroupCommit::new(COMMIT_LINGER),
             commits: AtomicU64::new(0),
             #[cfg(test)]
@@ -292,12 +297,8 @@ impl Store {
         }
     }
 
-    /// The pending map; a panic elsewhere while it was held leaves it as the last
-    /// commit left it (it is changed only after a commit), so it is still true.
     fn lock_pending(&self) -> MutexGuard<'_, PendingMap> {
-        self.pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.pending)
     }
 
     /// Writes `study`'s record after a transition other than a contribution
@@ -436,8 +437,10 @@ impl Store {
         // Only a commit's leader changes the map, one at a time: a copy now, put
         // back once committed, keeps `has_pending` from waiting on the fsync.
         let mut next = self.lock_pending().clone();
+        let mut collecting = lock(&self.collecting).clone();
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         for job in &jobs {
+            stored_phases(job, &mut collecting);
             match job {
                 Write::Study(study) => self.put_study(&txn, study, &mut next)?,
                 Write::Contribution {
@@ -460,6 +463,7 @@ impl Store {
         }
         txn.commit().map_err(|e| self.err(e))?;
         *self.lock_pending() = next;
+        *lock(&self.collecting) = collecting;
         self.commits.fetch_add(1, Ordering::Relaxed);
         crate::metrics::store_commit(jobs.len(), started.elapsed());
         Ok(())
@@ -537,6 +541,11 @@ impl Store {
     #[cfg(test)]
     pub(crate) fn fail_next_commit(&self) {
         self.fail_next_commit.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether study `id`'s stored record says it collects (as of the last commit).
+    pub fn stored_collecting(&self, id: &str) -> bool {
+        lock(&self.collecting).contains(id)
     }
 
     /// Whether some contributions of study `id` are stored one by one, not yet in
@@ -651,6 +660,9 @@ impl Store {
             let parts = self.read_parts(&txn, &key)?;
             let study = from_record(&key, value.value(), parts)
                 .map_err(|reason| self.record_error(&key, reason))?;
+            if matches!(study.phase, Phase::Collecting) {
+                lock(&self.collecting).insert(key);
+            }
             out.push(study);
         }
         Ok(out)
@@ -716,6 +728,35 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// `set` (studies stored as collecting) once `job` is committed: a contribution
+/// written while the study collects leaves its record collecting (a record not
+/// rewritten was, since phases only move on), any other write stores the
+/// study's phase, and a dropped study is no longer stored.
+fn stored_phases(job: &Write, set: &mut BTreeSet<String>) {
+    let study = match job {
+        Write::Study(study) | Write::Contribution { study, .. } => study,
+        Write::Drop(ids) => {
+            for id in ids {
+                set.remove(id);
+            }
+            return;
+        }
+        Write::Barrier => return,
+    };
+    match study.phase {
+        Phase::Collecting => set.insert(study.id.clone()),
+        Phase::Sealed | Phase::Released(_) | Phase::Aborted(_) => set.remove(&study.id),
+    };
+}
+
+/// `mutex`'s value; a panic elsewhere while it was held leaves it as the last
+/// commit left it (it changes only after a commit), so it is still true.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A study's stored rows besides its record: what [`from_record`] rebuilds it from.
