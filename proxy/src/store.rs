@@ -643,7 +643,8 @@ impl Store {
             let key = key.value().to_string();
             let rec = v1::StoredBudget::decode(value.value())
                 .map_err(|e| self.record_error(&key, format!("undecodable budget record: {e}")))?;
-            out.insert(key, budget_from_record(rec));
+            let budget = budget_from_record(rec).map_err(|e| self.record_error(&key, e))?;
+            out.insert(key, budget);
         }
         Ok(out)
     }
@@ -828,14 +829,30 @@ fn budget_to_record(b: &OwnerBudget) -> v1::StoredBudget {
     }
 }
 
-fn budget_from_record(rec: v1::StoredBudget) -> OwnerBudget {
-    OwnerBudget {
+/// An owner's stored budget, each figure checked as `budget::charge` keeps it: a
+/// cap of epsilon above 0 and delta in [0, 1), spent amounts of 0 or more, all
+/// finite. A NaN spent amount made every charge pass its cap (no comparison
+/// with NaN is true), so one is refused as the corrupt record it is; the ledger
+/// cannot be dropped instead, as that would reset what the owner has spent.
+fn budget_from_record(rec: v1::StoredBudget) -> Result<OwnerBudget, String> {
+    let figures = [
+        ("cap epsilon", rec.cap_epsilon, rec.cap_epsilon > 0.0),
+        ("cap delta", rec.cap_delta, rec.cap_delta < 1.0),
+        ("spent epsilon", rec.spent_epsilon, true),
+        ("spent delta", rec.spent_delta, true),
+    ];
+    for (what, value, within) in figures {
+        if !(value.is_finite() && value >= 0.0 && within) {
+            return Err(format!("budget record with {what} {value}"));
+        }
+    }
+    Ok(OwnerBudget {
         cap_epsilon: rec.cap_epsilon,
         cap_delta: rec.cap_delta,
         spent_epsilon: rec.spent_epsilon,
         spent_delta: rec.spent_delta,
         studies: rec.studies,
-    }
+    })
 }
 
 /// The durable record of a study (its rows and aggregate are stored on their own).
@@ -1374,6 +1391,72 @@ mod tests {
     /// A file written by a format-1 proxy (one record per study holding its
     /// contributors and aggregate) is moved to rows when opened: the study and
     /// the owners' budgets carry on.
+    /// A stored budget spent NaN passed every later charge (no comparison with
+    /// NaN is true): the owner's cap was never enforced again. It is refused on
+    /// loading, naming the owner, as is any figure `charge` would not keep.
+    #[test]
+    fn a_budget_record_with_a_figure_charge_would_not_keep_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let budget =
+            crate::budget::charge("a", None, (2.0, 1e-4), "s1", (1.0, 1e-5)).expect("charge");
+        let bad = [
+            OwnerBudget {
+                spent_epsilon: f64::NAN,
+                ..budget.clone()
+            },
+            OwnerBudget {
+                spent_delta: -1e-5,
+                ..budget.clone()
+            },
+            OwnerBudget {
+                cap_epsilon: f64::INFINITY,
+                ..budget.clone()
+            },
+            OwnerBudget {
+                cap_delta: 1.0,
+                ..budget.clone()
+            },
+        ];
+        for (i, b) in bad.iter().enumerate() {
+            {
+                let store = Store::open(&path).expect("open");
+                let txn = store.db.begin_write().expect("write");
+                {
+                    let mut budgets = txn.open_table(BUDGETS).expect("budgets");
+                    budgets
+                        .insert("a", budget_to_record(b).encode_to_vec().as_slice())
+                        .expect("budget");
+                }
+                txn.commit().expect("commit");
+            }
+            let err = Store::open(&path)
+                .expect("open")
+                .load_budgets()
+                .expect_err("a corrupt budget was loaded");
+            assert!(
+                matches!(&err, StoreError::Record { key, .. } if key == "a"),
+                "budget {i}: {err}"
+            );
+        }
+        {
+            let store = Store::open(&path).expect("open");
+            let txn = store.db.begin_write().expect("write");
+            {
+                let mut budgets = txn.open_table(BUDGETS).expect("budgets");
+                budgets
+                    .insert("a", budget_to_record(&budget).encode_to_vec().as_slice())
+                    .expect("budget");
+            }
+            txn.commit().expect("commit");
+        }
+        let loaded = Store::open(&path)
+            .expect("open")
+            .load_budgets()
+            .expect("a sound budget");
+        assert_eq!(loaded["a"].spent_epsilon, 1.0);
+    }
+
     #[test]
     fn a_format_1_file_is_moved_to_rows_keeping_studies_and_budgets() {
         let dir = tempfile::tempdir().expect("tempdir");
