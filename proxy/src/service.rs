@@ -283,6 +283,33 @@ impl ProxyService {
         .await
     }
 
+    /// The release of `snapshot` (checked for release) with `n_rows`, computed
+    /// off the runtime: on every core, or on one for the baseline, the paper's
+    /// way.
+    async fn compute_release(
+        &self,
+        snapshot: Study,
+        n_rows: Option<u64>,
+    ) -> Result<crate::study::Released, Refusal> {
+        let entropy = std::sync::Arc::clone(&self.config.entropy);
+        blocking(move || {
+            let mut rng = entropy.rng();
+            let baseline = snapshot.layout.baseline;
+            let mut compute = move || snapshot.compute_release(n_rows, &mut rng);
+            let released = if baseline {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .build()
+                    .map_err(|e| Refusal::Internal(format!("thread pool: {e}")))?
+                    .install(compute)
+            } else {
+                compute()
+            };
+            released.map_err(Refusal::from)
+        })
+        .await
+    }
+
     fn table(&self) -> Result<MutexGuard<'_, HashMap<String, SharedStudy>>, Refusal> {
         self.studies
             .lock()
@@ -1259,34 +1286,25 @@ impl v1::proxy_server::Proxy for ProxyService {
             Ok((snapshot, n_rows))
         })
         .await?;
-        let started = std::time::Instant::now();
-        let entropy = std::sync::Arc::clone(&self.config.entropy);
-        let released = blocking(move || {
-            let mut rng = entropy.rng();
-            let baseline = snapshot.layout.baseline;
-            let mut compute = move || snapshot.compute_release(n_rows, &mut rng);
-            let released = if baseline {
-                // The baseline runs the paper's way, on one thread.
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(1)
-                    .build()
-                    .map_err(|e| Refusal::Internal(format!("thread pool: {e}")))?
-                    .install(compute)
-            } else {
-                compute()
-            };
-            // The slot goes back when the release is stored, or here if this call
-            // was dropped meanwhile and no one will store it.
-            released.map(|r| (r, computing)).map_err(Refusal::from)
+        // One task computes and stores the release, holding the slot until both
+        // are done: a caller that goes away meanwhile cancels neither (minutes of
+        // every core at M = 1000), and a request the slot refused meanwhile
+        // fetches the stored result.
+        let svc = self.clone();
+        tokio::spawn(async move {
+            let _computing = computing;
+            let started = std::time::Instant::now();
+            let released = svc.compute_release(snapshot, n_rows).await?;
+            // Stored before it can be served: a restart serves this release again.
+            svc.update_study(&id, move |s| Ok(s.commit_release(released)?))
+                .await?;
+            let seconds = started.elapsed().as_secs_f64();
+            crate::metrics::release(seconds);
+            tracing::info!(study = %id, seconds, "release computed");
+            Ok::<_, Refusal>(())
         })
-        .await?;
-        let (released, _computing) = released;
-        // Stored before it can be served: a restart serves this release again.
-        self.update_study(&id, move |s| Ok(s.commit_release(released)?))
-            .await?;
-        let seconds = started.elapsed().as_secs_f64();
-        crate::metrics::release(seconds);
-        tracing::info!(study = %id, seconds, "release computed");
+        .await
+        .map_err(|e| Refusal::Internal(format!("the release's task: {e}")))??;
         Ok(Response::new(v1::ReleaseResponse {}))
     }
 
@@ -1949,6 +1967,54 @@ mod tests {
         assert!(refused.message().contains("being computed"), "{refused:?}");
         let phase = rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())));
         assert_eq!(phase.expect("study"), "released");
+        assert_eq!(svc.releasing.held(&s1), 0, "the slot was given back");
+    }
+
+    /// A release whose caller goes away while it is computed or stored is still
+    /// stored, and its slot held until then: before, the computed release (minutes
+    /// of every core at M = 1000) was thrown away with the call, its slot freed.
+    #[test]
+    // The held lock is the point: the release's write waits on it.
+    #[allow(clippy::await_holding_lock)]
+    fn a_release_whose_caller_goes_away_is_still_stored() {
+        use v1::proxy_server::Proxy;
+        let (_dir, svc) = sealed_dp_mean(2);
+        let store = svc.store.clone().expect("a store");
+        let s1 = "s1".to_string();
+        let phase = || rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())));
+        two_threads().block_on(async {
+            let writes = store.hold_writes();
+            let caller = tokio::spawn({
+                let svc = svc.clone();
+                async move {
+                    svc.release(Request::new(v1::ReleaseRequest {
+                        study_id: "s1".into(),
+                        count: None,
+                    }))
+                    .await
+                }
+            });
+            for _ in 0..500 {
+                if svc.releasing.held(&s1) == 1 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            caller.abort();
+            assert!(
+                caller.await.is_err_and(|e| e.is_cancelled()),
+                "the call went on"
+            );
+            assert_eq!(svc.releasing.held(&s1), 1, "the slot went with the call");
+            drop(writes);
+            for _ in 0..500 {
+                if svc.releasing.held(&s1) == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        assert_eq!(phase().expect("study"), "released");
         assert_eq!(svc.releasing.held(&s1), 0, "the slot was given back");
     }
 
