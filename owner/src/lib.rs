@@ -345,15 +345,18 @@ pub async fn fetch_study(
         })?
         .into_inner();
     let wire = info.spec.context("proxy sent a study without a spec")?;
-    let spec =
-        spec_from_wire(&wire).with_context(|| format!("study `{study_id}` has an invalid spec"))?;
-    let got = spec.public_key.fingerprint();
+    // The key first (`PublicKey::fingerprint` hashes the modulus as the wire
+    // carries it): a study under a key this owner did not pin is refused before
+    // its spec is validated, which squares the modulus and derives the layout.
+    let got = hex::encode(Sha256::digest(&wire.public_key));
     if !got.eq_ignore_ascii_case(fingerprint.trim()) {
         bail!(
             "study `{study_id}` uses a key with fingerprint {got}, not the pinned {}: refusing to encrypt for it",
             fingerprint.trim()
         );
     }
+    let spec =
+        spec_from_wire(&wire).with_context(|| format!("study `{study_id}` has an invalid spec"))?;
     if let Some(late) = now_unix_ms()
         .ok()
         .and_then(|now| collecting_past_deadline(&info.state, spec.deadline_unix_ms, now))
