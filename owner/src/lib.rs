@@ -345,9 +345,10 @@ pub async fn fetch_study(
         })?
         .into_inner();
     let wire = info.spec.context("proxy sent a study without a spec")?;
-    // The key first (`PublicKey::fingerprint` hashes the modulus as the wire
-    // carries it): a study under a key this owner did not pin is refused before
-    // its spec is validated, which squares the modulus and derives the layout.
+    // The key first (`PublicKey::fingerprint` hashes the modulus's canonical
+    // bytes, which an honest proxy sends: others are refused): a study under a
+    // key this owner did not pin is refused before its spec is validated, which
+    // squares the modulus and derives the layout.
     let got = hex::encode(Sha256::digest(&wire.public_key));
     if !got.eq_ignore_ascii_case(fingerprint.trim()) {
         bail!(
@@ -809,6 +810,25 @@ mod tests {
     fn plaintext_owners_draw_a_fresh_secret() {
         let t = Transport::InsecurePlaintext;
         assert_ne!(contribution_secret(&t), contribution_secret(&t));
+    }
+
+    /// A study under a key the owner did not pin is refused on the key, before
+    /// its spec is validated: here a spec that would not validate (no features,
+    /// no key) is refused naming the fingerprint, not the spec.
+    #[tokio::test]
+    async fn a_foreign_key_is_refused_before_the_spec_is_validated() {
+        let mut client = dpca_shell::testing::scripted_proxy(
+            v1::SealedStudy::default(),
+            v1::ResultChunk::default(),
+        )
+        .await;
+        let pinned = "0".repeat(64);
+        let err = fetch_study(&mut client, "s1", &pinned)
+            .await
+            .expect_err("an empty spec was taken");
+        let message = format!("{err:#}");
+        assert!(message.contains("not the pinned"), "{message}");
+        assert!(!message.contains("invalid spec"), "{message}");
     }
 
     /// Before the upload was bounded, an owner whose upload the proxy took and

@@ -701,6 +701,9 @@ mod tests {
     fn dual_stack_listener() -> Option<TcpListener> {
         let any = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0));
         let socket = crate::listen(any, 64).ok()?;
+        // Whatever the host's default (`net.ipv6.bindv6only`).
+        let only_v6 = socket2::SockRef::from(&socket).only_v6();
+        assert!(matches!(only_v6, Ok(false)), "{only_v6:?}");
         Some(TcpListener::from_std(socket).expect("listener"))
     }
 

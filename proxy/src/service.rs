@@ -1,7 +1,7 @@
 //! The gRPC shell around the study state machine: each handler validates at the
 //! edge, loads the study, applies one transition and replies.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -79,6 +79,23 @@ pub struct ProxyService {
     store: Option<Arc<Store>>,
     /// Owner id -> privacy budget. Locked after `studies` when both are held.
     budgets: Arc<Mutex<HashMap<String, OwnerBudget>>>,
+    /// Studies this proxy's settings aborted at startup ([`not_served_here`]),
+    /// never stored so: a proxy restarted with other settings serves them again.
+    held_back: Arc<HashSet<String>>,
+}
+
+/// Why this proxy does not serve a restored study, if it does not: one opened
+/// noise-free by a proxy in test mode (its release, if any, holds no noise), or
+/// one stored under larger limits than this proxy's.
+fn not_served_here(study: &Study, config: &ProxyConfig) -> Option<String> {
+    if study.noise_free && !config.allow_noise_free_for_testing {
+        return Some("opened noise-free in test mode; this proxy is not in test mode".into());
+    }
+    config
+        .limits
+        .check_layout(&study.layout)
+        .err()
+        .map(|e| e.to_string())
 }
 
 impl ProxyService {
@@ -86,22 +103,16 @@ impl ProxyService {
     pub fn new(config: ProxyConfig) -> Result<Self, StoreError> {
         let mut studies = HashMap::new();
         let mut budgets = HashMap::new();
+        let mut held_back = HashSet::new();
         let store = match &config.state {
             Some(path) => {
                 let store = Store::open(path)?;
                 budgets = store.load_budgets()?;
                 for mut study in store.load_all()? {
                     study.tick(config.clock.now_ms());
-                    if study.noise_free && !config.allow_noise_free_for_testing {
-                        // Opened by a proxy in test mode: never served by one that
-                        // is not (its release, if any, holds no noise).
-                        study.phase = Phase::Aborted(
-                            "opened noise-free in test mode; this proxy is not in test mode".into(),
-                        );
-                    }
-                    if let Err(e) = config.limits.check_layout(&study.layout) {
-                        // Stored under larger limits: not held again by this proxy.
-                        study.phase = Phase::Aborted(e.to_string());
+                    if let Some(reason) = not_served_here(&study, &config) {
+                        study.phase = Phase::Aborted(reason);
+                        held_back.insert(study.id.clone());
                     }
                     tracing::info!(
                         study = %study.id,
@@ -123,6 +134,7 @@ impl ProxyService {
             releasing: PerKey::default(),
             store,
             budgets: Arc::new(Mutex::new(budgets)),
+            held_back: Arc::new(held_back),
         })
     }
 
@@ -283,6 +295,36 @@ impl ProxyService {
         .await
     }
 
+    /// Checks study `id`'s release against the user's `count` opening, computes
+    /// it and stores it (before it can be served: a restart serves this release
+    /// again).
+    async fn check_compute_and_store(
+        &self,
+        id: &str,
+        count: Option<v1::CountOpening>,
+    ) -> Result<(), Refusal> {
+        // Checked on a copy, off the lock of all studies: the opening costs a full
+        // exponentiation, and `commit_release` re-checks the phase under the lock.
+        let snapshot = self.with_study(id, |s| Ok(s.clone())).await?;
+        let opening = count
+            .as_ref()
+            .map(|o| opening_from_wire(&snapshot.spec.public_key, o))
+            .transpose()?;
+        let (snapshot, n_rows) = blocking(move || {
+            let n_rows = snapshot.check_release(opening.as_ref())?;
+            Ok((snapshot, n_rows))
+        })
+        .await?;
+        let started = std::time::Instant::now();
+        let released = self.compute_release(snapshot, n_rows).await?;
+        self.update_study(id, move |s| Ok(s.commit_release(released)?))
+            .await?;
+        let seconds = started.elapsed().as_secs_f64();
+        crate::metrics::release(seconds);
+        tracing::info!(study = %id, seconds, "release computed");
+        Ok(())
+    }
+
     /// The release of `snapshot` (checked for release) with `n_rows`, computed
     /// off the runtime: on every core, or on one for the baseline, the paper's
     /// way.
@@ -428,6 +470,10 @@ impl ProxyService {
                     }
                 }
                 crate::metrics::phases(phases.into_iter());
+                // A stopped store writes nothing until a restart.
+                if svc.store.as_ref().is_some_and(|st| st.stopped()) {
+                    continue;
+                }
                 for id in closed {
                     svc.store_deadline_transition(&id).await;
                 }
@@ -435,12 +481,20 @@ impl ProxyService {
         });
     }
 
-    /// Whether `s` has left collecting while the state file still says it
-    /// collects, or holds some of its contributions one by one: a deadline's seal
-    /// or abort is made in memory and not stored by itself.
+    /// Whether `s` has left collecting by its deadline while the state file
+    /// still says it collects, or holds some of its contributions one by one: a
+    /// deadline's seal or abort is made in memory and not stored by itself. (An
+    /// abort decided at startup, of a noise-free study on a proxy out of test mode
+    /// or of one past lowered limits, is not the deadline's: it stays unstored, so
+    /// a restart as before serves the study again.)
     fn transition_unstored(&self, s: &Study) -> bool {
+        if self.held_back.contains(&s.id) {
+            return false;
+        }
+        let by_deadline = s.spec.deadline_unix_ms <= self.config.clock.now_ms();
         self.holds_pending(s)
-            || !matches!(s.phase, Phase::Collecting)
+            || by_deadline
+                && !matches!(s.phase, Phase::Collecting)
                 && self
                     .store
                     .as_ref()
@@ -1273,35 +1327,18 @@ impl v1::proxy_server::Proxy for ProxyService {
                 "the release of study `{id}` is being computed: fetch the result once it is stored"
             ))
         })?;
-        // Checked on a copy, off the lock of all studies: the opening costs a full
-        // exponentiation, and `commit_release` re-checks the phase under the lock.
-        let snapshot = self.with_study(&id, |s| Ok(s.clone())).await?;
-        let opening = req
-            .count
-            .as_ref()
-            .map(|o| opening_from_wire(&snapshot.spec.public_key, o))
-            .transpose()?;
-        let (snapshot, n_rows) = blocking(move || {
-            let n_rows = snapshot.check_release(opening.as_ref())?;
-            Ok((snapshot, n_rows))
-        })
-        .await?;
-        // One task computes and stores the release, holding the slot until both
-        // are done: a caller that goes away meanwhile cancels neither (minutes of
-        // every core at M = 1000), and a request the slot refused meanwhile
-        // fetches the stored result.
+        // One task checks, computes and stores the release, holding the slot
+        // until it is done, and spawned before this call next waits: a caller that
+        // goes away cancels none of it (minutes of every core at M = 1000), and a
+        // request the slot refused meanwhile fetches the stored result.
         let svc = self.clone();
         tokio::spawn(async move {
             let _computing = computing;
-            let started = std::time::Instant::now();
-            let released = svc.compute_release(snapshot, n_rows).await?;
-            // Stored before it can be served: a restart serves this release again.
-            svc.update_study(&id, move |s| Ok(s.commit_release(released)?))
-                .await?;
-            let seconds = started.elapsed().as_secs_f64();
-            crate::metrics::release(seconds);
-            tracing::info!(study = %id, seconds, "release computed");
-            Ok::<_, Refusal>(())
+            let done = svc.check_compute_and_store(&id, req.count).await;
+            if let Err(e) = &done {
+                tracing::warn!(study = %id, error = %e, "release not stored");
+            }
+            done
         })
         .await
         .map_err(|e| Refusal::Internal(format!("the release's task: {e}")))??;
@@ -1584,9 +1621,10 @@ mod tests {
     /// `s1` stored with its deadline at 70 s, sealing at 2 owners and needing 1,
     /// with owner `a` in and its contribution in the stored aggregate (a
     /// checkpoint at every contribution): nothing of it is stored one by one.
-    fn stored_with_one_owner_checkpointed(path: &std::path::Path) {
+    fn stored_with_one_owner_checkpointed(path: &std::path::Path, noise_free: bool) {
         use rand::SeedableRng;
         let mut s = crate::study::tests::study_with(Centering::DpMean, 2, 1);
+        s.noise_free = noise_free;
         s.spec = SpecDraft {
             deadline_unix_ms: 70_000,
             ..s.spec.to_draft()
@@ -1634,7 +1672,7 @@ mod tests {
         use v1::proxy_server::Proxy;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
-        stored_with_one_owner_checkpointed(&path);
+        stored_with_one_owner_checkpointed(&path, false);
         let clock = Arc::new(crate::world::ManualClock::at(10_000));
         let svc = ProxyService::new(ProxyConfig {
             clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
@@ -1652,13 +1690,43 @@ mod tests {
         assert_eq!(phase_after_a_restart_before_the_deadline(&path), "sealed");
     }
 
+    /// An abort this proxy's settings decide at startup (here: a noise-free study
+    /// on a proxy out of test mode) is not stored, though the deadline has passed
+    /// and the ticker runs: a proxy restarted in test mode serves the study again
+    /// (sealed by its deadline), as before.
+    #[test]
+    fn an_abort_decided_at_startup_is_not_stored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        stored_with_one_owner_checkpointed(&path, true);
+        let at = |test_mode: bool| {
+            ProxyService::new(ProxyConfig {
+                clock: Arc::new(crate::world::ManualClock::at(100_000)),
+                ..config(&path, test_mode)
+            })
+            .expect("service")
+        };
+        let phase = |svc: &ProxyService| {
+            rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
+                .expect("study")
+        };
+        let normal = at(false);
+        assert_eq!(phase(&normal), "aborted");
+        rt().block_on(async {
+            normal.spawn_deadline_ticker();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        });
+        drop(normal);
+        assert_eq!(phase(&at(true)), "sealed");
+    }
+
     /// The deadline ticker stores every transition the deadline makes, not only
     /// those of studies holding contributions stored one by one.
     #[test]
     fn the_ticker_stores_a_deadline_transition() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
-        stored_with_one_owner_checkpointed(&path);
+        stored_with_one_owner_checkpointed(&path, false);
         let clock = Arc::new(crate::world::ManualClock::at(10_000));
         let svc = ProxyService::new(ProxyConfig {
             clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,

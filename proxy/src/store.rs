@@ -1388,9 +1388,6 @@ mod tests {
         assert!(from_record("s1", b"\xff\xff not a record", folded()).is_err());
     }
 
-    /// A file written by a format-1 proxy (one record per study holding its
-    /// contributors and aggregate) is moved to rows when opened: the study and
-    /// the owners' budgets carry on.
     /// A stored budget spent NaN passed every later charge (no comparison with
     /// NaN is true): the owner's cap was never enforced again. It is refused on
     /// loading, naming the owner, as is any figure `charge` would not keep.
@@ -1457,6 +1454,9 @@ mod tests {
         assert_eq!(loaded["a"].spent_epsilon, 1.0);
     }
 
+    /// A file written by a format-1 proxy (one record per study holding its
+    /// contributors and aggregate) is moved to rows when opened: the study and
+    /// the owners' budgets carry on.
     #[test]
     fn a_format_1_file_is_moved_to_rows_keeping_studies_and_budgets() {
         let dir = tempfile::tempdir().expect("tempdir");
