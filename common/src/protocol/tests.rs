@@ -628,6 +628,8 @@ fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
     good.clone().validate().expect("valid");
     let mut bad_edges = bins.clone();
     bad_edges.edges.swap(2, 3);
+    let mut unbounded = bins.clone();
+    unbounded.bounds[1] = (0.0, f64::INFINITY);
     let cases = [
         SpecDraft {
             features: (0..6).map(|i| format!("f{i}")).collect(),
@@ -643,6 +645,10 @@ fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
                 frac_bits: 16,
                 row_norm_bound: 2.0,
             },
+            ..good.clone()
+        },
+        SpecDraft {
+            norm_bins: Some(unbounded),
             ..good.clone()
         },
         SpecDraft {

@@ -8,6 +8,21 @@ use crate::dp::{plan_noise_blocks, Centering, PrivacyRequest};
 use crate::encoding::FixedPoint;
 use crate::paillier::PublicKey;
 
+/// Each feature's bounds finite with lo <= hi, or what is wrong with the first
+/// that is not.
+pub(super) fn check_intervals(features: &[String], bounds: &[(f64, f64)]) -> Result<(), String> {
+    match features
+        .iter()
+        .zip(bounds)
+        .find(|(_, (lo, hi))| !(lo.is_finite() && hi.is_finite() && lo <= hi))
+    {
+        Some((name, (lo, hi))) => Err(format!(
+            "bounds of `{name}` must be finite with lo <= hi, got [{lo}, {hi}]"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Most classes a study may declare (every class adds M + 1 released values).
 pub const MAX_CLASSES: usize = 1000;
 
@@ -147,14 +162,7 @@ impl SpecDraft {
                 )));
             }
         }
-        for (name, &(lo, hi)) in self.features.iter().zip(&self.bounds) {
-            if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
-                return Err(SpecError::Schema(format!(
-                    "bounds of `{name}` must be finite with lo <= hi, got [{lo}, {hi}]"
-                )));
-            }
-        }
-        Ok(())
+        check_intervals(&self.features, &self.bounds).map_err(SpecError::Schema)
     }
 
     /// The ball C and the fixed-point scale it is encoded at.
