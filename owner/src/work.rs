@@ -1,10 +1,10 @@
 //! How much encryption an owner does for one study, whatever the proxy's spec
 //! asks. The layout, and so the owner's work, follows from fields the proxy
 //! serves: a hostile proxy could ask the paper's baseline layout (one value per
-//! ciphertext, each encrypted with a full r^n: about 2.6 hours of one core at
-//! M = 1000 and 2048 bits), or shrink the packing with extreme but valid
-//! parameters (tens of times the honest ciphertexts, and their upload). The owner
-//! refuses such a study before it reads its data.
+//! ciphertext, each encrypted with a full r^n: 501,501 of them at M = 1000, one
+//! to three hours of one core at 2048 bits), or shrink the packing with extreme
+//! but valid parameters (tens of times the honest ciphertexts, and their
+//! upload). The owner refuses such a study before it parses its table.
 
 use dpca_common::study::{StudyLayout, StudySpec, DEFAULT_MAX_CIPHERTEXTS};
 

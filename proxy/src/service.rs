@@ -1650,15 +1650,21 @@ mod tests {
         assert!(!store.has_pending("s1"));
     }
 
+    /// A service on the state file at `path`, on a manual clock at 10 s.
+    fn at_ten_seconds(path: &std::path::Path) -> (Arc<crate::world::ManualClock>, ProxyService) {
+        let clock = Arc::new(crate::world::ManualClock::at(10_000));
+        let svc = ProxyService::new(ProxyConfig {
+            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
+            ..config(path, false)
+        })
+        .expect("service");
+        (clock, svc)
+    }
+
     /// `s1`'s phase on a proxy restarted on the state file at `path` with its
     /// clock at 10 s, before the deadline (a clock stepped back, a machine moved).
     fn phase_after_a_restart_before_the_deadline(path: &std::path::Path) -> &'static str {
-        let clock = Arc::new(crate::world::ManualClock::at(10_000));
-        let svc = ProxyService::new(ProxyConfig {
-            clock: clock as Arc<dyn crate::world::Clock>,
-            ..config(path, false)
-        })
-        .expect("restarted");
+        let (_clock, svc) = at_ten_seconds(path);
         rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
             .expect("study")
     }
@@ -1673,12 +1679,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
         stored_with_one_owner_checkpointed(&path, false);
-        let clock = Arc::new(crate::world::ManualClock::at(10_000));
-        let svc = ProxyService::new(ProxyConfig {
-            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
-            ..config(&path, false)
-        })
-        .expect("service");
+        let (clock, svc) = at_ten_seconds(&path);
         clock.advance(Duration::from_secs(61));
         let sealed = rt()
             .block_on(svc.await_seal(Request::new(v1::AwaitSealRequest {
@@ -1727,12 +1728,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
         stored_with_one_owner_checkpointed(&path, false);
-        let clock = Arc::new(crate::world::ManualClock::at(10_000));
-        let svc = ProxyService::new(ProxyConfig {
-            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
-            ..config(&path, false)
-        })
-        .expect("service");
+        let (clock, svc) = at_ten_seconds(&path);
         rt().block_on(async {
             svc.spawn_deadline_ticker();
             clock.advance(Duration::from_secs(61));

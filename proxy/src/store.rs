@@ -1415,18 +1415,19 @@ mod tests {
                 ..budget.clone()
             },
         ];
-        for (i, b) in bad.iter().enumerate() {
+        let put = |b: &OwnerBudget| {
+            let store = Store::open(&path).expect("open");
+            let txn = store.db.begin_write().expect("write");
             {
-                let store = Store::open(&path).expect("open");
-                let txn = store.db.begin_write().expect("write");
-                {
-                    let mut budgets = txn.open_table(BUDGETS).expect("budgets");
-                    budgets
-                        .insert("a", budget_to_record(b).encode_to_vec().as_slice())
-                        .expect("budget");
-                }
-                txn.commit().expect("commit");
+                let mut budgets = txn.open_table(BUDGETS).expect("budgets");
+                budgets
+                    .insert("a", budget_to_record(b).encode_to_vec().as_slice())
+                    .expect("budget");
             }
+            txn.commit().expect("commit");
+        };
+        for (i, b) in bad.iter().enumerate() {
+            put(b);
             let err = Store::open(&path)
                 .expect("open")
                 .load_budgets()
@@ -1436,17 +1437,7 @@ mod tests {
                 "budget {i}: {err}"
             );
         }
-        {
-            let store = Store::open(&path).expect("open");
-            let txn = store.db.begin_write().expect("write");
-            {
-                let mut budgets = txn.open_table(BUDGETS).expect("budgets");
-                budgets
-                    .insert("a", budget_to_record(&budget).encode_to_vec().as_slice())
-                    .expect("budget");
-            }
-            txn.commit().expect("commit");
-        }
+        put(&budget);
         let loaded = Store::open(&path)
             .expect("open")
             .load_budgets()

@@ -181,7 +181,7 @@ fn owners_refuse_a_mask_study_unless_they_accept_it_by_name() {
 
 /// An owner's encryption work follows from the spec the proxy serves. A proxy
 /// serving the paper's baseline layout (one value per ciphertext, each with a
-/// full r^n) had an owner spend about 2.6 hours of one core at M = 1000 and
+/// full r^n) had an owner spend one to three hours of one core at M = 1000 and
 /// 2048 bits, and extreme but valid parameters multiply the ciphertexts of the
 /// packed layout. Owners now refuse a baseline study unless they allow it, and a
 /// contribution past their cap on ciphertexts, before they encrypt anything.
