@@ -73,8 +73,8 @@ pub struct ProxyService {
     /// holder can take every slot.
     uploading: PerKey<String>,
     /// Studies whose release is being computed: one computation per study at a
-    /// time. Held by the computation, not the call: a caller that drops its call
-    /// does not stop the blocking work it started.
+    /// time. Held by the task that checks, computes and stores it, not by the
+    /// call: a caller that drops its call stops none of that work.
     releasing: PerKey<String>,
     store: Option<Arc<Store>>,
     /// Owner id -> privacy budget. Locked after `studies` when both are held.
@@ -1297,8 +1297,9 @@ impl v1::proxy_server::Proxy for ProxyService {
                 .await?;
             if let Some(sealed) = ready {
                 // The contribution that sealed it may still be on its way to disk,
-                // and a seal by the deadline is stored by the ticker only: the user
-                // hears of a seal a restart keeps.
+                // and a seal by the deadline is stored by the ticker, which may not
+                // have come to it yet: stored here first, so the user hears only of
+                // a seal a restart keeps.
                 self.settled(&id).await?;
                 if self
                     .read_study(&id, |s| Ok(self.transition_unstored(s)))
