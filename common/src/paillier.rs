@@ -152,6 +152,13 @@ impl std::fmt::Debug for SecretKey {
     }
 }
 
+/// [`PublicKey::fingerprint`] of the key whose modulus is `n_bytes` as the wire
+/// and [`PublicKey::to_bytes`] carry it (big-endian, no leading zero): a key can
+/// be checked against a pinned fingerprint before it is parsed.
+pub fn fingerprint_of_modulus(n_bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(n_bytes))
+}
+
 impl PublicKey {
     /// Builds a public key from the modulus, refusing moduli below [`MIN_KEY_BITS`].
     pub fn from_modulus(n: BigUint) -> Result<Self, PaillierError> {
@@ -221,7 +228,7 @@ impl PublicKey {
     /// SHA-256 of the big-endian modulus, hex. Owners pin the user's key by this value,
     /// received out of band, so a proxy cannot substitute a key of its own.
     pub fn fingerprint(&self) -> String {
-        hex::encode(Sha256::digest(self.n.to_bytes_be()))
+        fingerprint_of_modulus(&self.to_bytes())
     }
 
     /// Maps a signed integer to its residue modulo n. Fails if |v| >= n / 2, where

@@ -345,11 +345,10 @@ pub async fn fetch_study(
         })?
         .into_inner();
     let wire = info.spec.context("proxy sent a study without a spec")?;
-    // The key first (`PublicKey::fingerprint` hashes the modulus's canonical
-    // bytes, which an honest proxy sends: others are refused): a study under a
-    // key this owner did not pin is refused before its spec is validated, which
-    // squares the modulus and derives the layout.
-    let got = hex::encode(Sha256::digest(&wire.public_key));
+    // The key first (an honest proxy sends the modulus's canonical bytes; others
+    // are refused): a study under a key this owner did not pin is refused before
+    // its spec is validated, which squares the modulus and derives the layout.
+    let got = dpca_common::paillier::fingerprint_of_modulus(&wire.public_key);
     if !got.eq_ignore_ascii_case(fingerprint.trim()) {
         bail!(
             "study `{study_id}` uses a key with fingerprint {got}, not the pinned {}: refusing to encrypt for it",
@@ -480,7 +479,7 @@ async fn run_once(
     check_risks(&cfg.study_id, &spec, noise_free, &cfg.accepted_risks)?;
     let layout = StudyLayout::new(&spec)
         .with_context(|| format!("study `{}` has no layout", cfg.study_id))?;
-    cfg.work.check(&cfg.study_id, &spec, &layout)?;
+    cfg.work.check(&cfg.study_id, &layout)?;
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
     let wire = spec_to_wire(&spec);
     let kept = attempts
@@ -489,7 +488,8 @@ async fn run_once(
     let encrypted = match kept {
         Some(kept) => kept,
         None => {
-            let (encrypted, seconds) = encrypt_share(cfg, &spec, &bytes, &name, id.clone()).await?;
+            let (encrypted, seconds) =
+                encrypt_share(cfg, &spec, &layout, &bytes, &name, id.clone()).await?;
             attempts.record_encryption(id, wire, encrypted.clone(), seconds);
             encrypted
         }
@@ -519,8 +519,8 @@ async fn run_once(
     })
 }
 
-/// The owner's table read from `bytes`, checked against `spec`, and its share
-/// encrypted off the async runtime into the chunks of its upload under
+/// The owner's table read from `bytes`, checked against `spec` (of `layout`),
+/// and its share encrypted off the async runtime into the chunks of its upload under
 /// `contribution_id`; with the wall seconds the encryption took. Everything is
 /// encrypted before the upload starts: the proxy gives each upload an allowance
 /// of time for its bytes (`--min-upload-rate`), so an upload slot is held for the
@@ -528,11 +528,12 @@ async fn run_once(
 async fn encrypt_share(
     cfg: &OwnerConfig,
     spec: &StudySpec,
+    layout: &StudyLayout,
     bytes: &[u8],
     name: &str,
     contribution_id: String,
 ) -> anyhow::Result<(Encrypted, f64)> {
-    let prepared = prepare_share(spec, bytes, name, cfg.label.as_deref())?;
+    let prepared = prepare_share(spec, layout, bytes, name, cfg.label.as_deref())?;
     let bar = progress_bar(cfg.progress, prepared.plaintexts.len() as u64);
     let job = EncryptJob::new(
         cfg,
@@ -619,10 +620,11 @@ struct PreparedShare {
 }
 
 /// Reads and checks the owner's table against the study (schema, labels, row
-/// count) and computes its exact share as the study's plaintexts. Nothing is sent
+/// count) and computes its exact share as the plaintexts of `layout`, `spec`'s. Nothing is sent
 /// if this fails.
 fn prepare_share(
     spec: &StudySpec,
+    layout: &StudyLayout,
     bytes: &[u8],
     name: &str,
     label: Option<&str>,
@@ -647,7 +649,6 @@ fn prepare_share(
             spec.max_rows
         );
     }
-    let layout = StudyLayout::new(spec)?;
     let labels = match &spec.classes {
         Some(classes) => Some(table.class_indices(&classes.labels, name)?),
         None => None,
@@ -665,7 +666,7 @@ fn prepare_share(
         class_rows.as_ref(),
         spec.projection.as_ref(),
     );
-    let plaintexts = share.plaintexts(&layout, &spec.public_key)?;
+    let plaintexts = share.plaintexts(layout, &spec.public_key)?;
     if clipped_rows > 0 {
         tracing::info!(clipped_rows, rows, "rows shortened to the row-norm bound");
     }

@@ -6,7 +6,7 @@
 //! but valid parameters (tens of times the honest ciphertexts, and their
 //! upload). The owner refuses such a study before it parses its table.
 
-use dpca_common::study::{StudyLayout, StudySpec, DEFAULT_MAX_CIPHERTEXTS};
+use dpca_common::study::{StudyLayout, DEFAULT_MAX_CIPHERTEXTS};
 
 /// The most encryption work an owner takes on for one study.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,14 +57,9 @@ pub enum WorkRefused {
 }
 
 impl WorkCap {
-    /// Refuses a study whose `layout` (that of `spec`) asks more than the cap.
-    pub fn check(
-        &self,
-        study: &str,
-        spec: &StudySpec,
-        layout: &StudyLayout,
-    ) -> Result<(), WorkRefused> {
-        if spec.baseline && !self.allow_baseline {
+    /// Refuses a study whose `layout` asks more than the cap.
+    pub fn check(&self, study: &str, layout: &StudyLayout) -> Result<(), WorkRefused> {
+        if layout.baseline && !self.allow_baseline {
             return Err(WorkRefused::Baseline {
                 study: study.to_string(),
             });

@@ -464,7 +464,7 @@ impl ProxyService {
                     if let Some(mut s) = shared.try_lock() {
                         s.tick(now);
                         phases.push(s.phase.name());
-                        if svc.transition_unstored(&s) {
+                        if svc.transition_unstored(&s, now) {
                             closed.push(s.id.clone());
                         }
                     }
@@ -481,17 +481,18 @@ impl ProxyService {
         });
     }
 
-    /// Whether `s` has left collecting by its deadline while the state file
-    /// still says it collects, or holds some of its contributions one by one: a
-    /// deadline's seal or abort is made in memory and not stored by itself. (An
+    /// Whether `s` has left collecting by its deadline (passed at `now_ms`) while
+    /// the state file still says it collects, or holds some of its contributions
+    /// one by one: a deadline's seal or abort is made in memory and not stored by
+    /// itself. (An
     /// abort decided at startup, of a noise-free study on a proxy out of test mode
     /// or of one past lowered limits, is not the deadline's: it stays unstored, so
     /// a restart as before serves the study again.)
-    fn transition_unstored(&self, s: &Study) -> bool {
+    fn transition_unstored(&self, s: &Study, now_ms: u64) -> bool {
         if self.held_back.contains(&s.id) {
             return false;
         }
-        let by_deadline = s.spec.deadline_unix_ms <= self.config.clock.now_ms();
+        let by_deadline = s.spec.deadline_unix_ms <= now_ms;
         self.holds_pending(s)
             || by_deadline
                 && !matches!(s.phase, Phase::Collecting)
@@ -1301,8 +1302,9 @@ impl v1::proxy_server::Proxy for ProxyService {
                 // have come to it yet: stored here first, so the user hears only of
                 // a seal a restart keeps.
                 self.settled(&id).await?;
+                let now = self.config.clock.now_ms();
                 if self
-                    .read_study(&id, |s| Ok(self.transition_unstored(s)))
+                    .read_study(&id, |s| Ok(self.transition_unstored(s, now)))
                     .await?
                 {
                     self.update_study(&id, |_| Ok(())).await?;
@@ -1556,16 +1558,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
         store_study(&path, u64::MAX, true);
-        let phase = |svc: &ProxyService| {
-            rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
-                .expect("study")
-        };
         assert_eq!(
-            phase(&ProxyService::new(config(&path, true)).expect("test mode")),
+            phase_of(&ProxyService::new(config(&path, true)).expect("test mode")),
             "collecting"
         );
         assert_eq!(
-            phase(&ProxyService::new(config(&path, false)).expect("normal")),
+            phase_of(&ProxyService::new(config(&path, false)).expect("normal")),
             "aborted"
         );
     }
@@ -1608,10 +1606,7 @@ mod tests {
     #[test]
     fn a_deadline_passes_on_the_injected_clock_without_a_real_wait() {
         let (_dir, clock, svc) = on_manual_clock();
-        let phase = || {
-            rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
-                .expect("study")
-        };
+        let phase = || phase_of(&svc);
         assert_eq!(phase(), "collecting");
         clock.advance(Duration::from_secs(59));
         assert_eq!(phase(), "collecting");
@@ -1665,7 +1660,11 @@ mod tests {
     /// `s1`'s phase on a proxy restarted on the state file at `path` with its
     /// clock at 10 s, before the deadline (a clock stepped back, a machine moved).
     fn phase_after_a_restart_before_the_deadline(path: &std::path::Path) -> &'static str {
-        let (_clock, svc) = at_ten_seconds(path);
+        phase_of(&at_ten_seconds(path).1)
+    }
+
+    /// `s1`'s phase on `svc`.
+    fn phase_of(svc: &ProxyService) -> &'static str {
         rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
             .expect("study")
     }
@@ -1708,18 +1707,14 @@ mod tests {
             })
             .expect("service")
         };
-        let phase = |svc: &ProxyService| {
-            rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
-                .expect("study")
-        };
         let normal = at(false);
-        assert_eq!(phase(&normal), "aborted");
+        assert_eq!(phase_of(&normal), "aborted");
         rt().block_on(async {
             normal.spawn_deadline_ticker();
             tokio::time::sleep(Duration::from_millis(300)).await;
         });
         drop(normal);
-        assert_eq!(phase(&at(true)), "sealed");
+        assert_eq!(phase_of(&at(true)), "sealed");
     }
 
     /// The deadline ticker stores every transition the deadline makes, not only
@@ -2030,8 +2025,7 @@ mod tests {
         });
         assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
         assert!(refused.message().contains("being computed"), "{refused:?}");
-        let phase = rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())));
-        assert_eq!(phase.expect("study"), "released");
+        assert_eq!(phase_of(&svc), "released");
         assert_eq!(svc.releasing.held(&s1), 0, "the slot was given back");
     }
 
@@ -2046,7 +2040,6 @@ mod tests {
         let (_dir, svc) = sealed_dp_mean(2);
         let store = svc.store.clone().expect("a store");
         let s1 = "s1".to_string();
-        let phase = || rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())));
         two_threads().block_on(async {
             let writes = store.hold_writes();
             let caller = tokio::spawn({
@@ -2079,7 +2072,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         });
-        assert_eq!(phase().expect("study"), "released");
+        assert_eq!(phase_of(&svc), "released");
         assert_eq!(svc.releasing.held(&s1), 0, "the slot was given back");
     }
 

@@ -215,7 +215,7 @@ impl Store {
         txn.commit().map_err(|e| store.err(e))?;
         store.migrate_format_1()?;
         let pending = store.read_pending_owners()?;
-        *store.lock_pending() = pending;
+        *lock(&store.pending) = pending;
         Ok(store)
     }
 
@@ -295,10 +295,6 @@ impl Store {
             key: key.to_string(),
             reason,
         }
-    }
-
-    fn lock_pending(&self) -> MutexGuard<'_, PendingMap> {
-        lock(&self.pending)
     }
 
     /// Writes `study`'s record after a transition other than a contribution
@@ -436,7 +432,7 @@ impl Store {
         let started = std::time::Instant::now();
         // Only a commit's leader changes the map, one at a time: a copy now, put
         // back once committed, keeps `has_pending` from waiting on the fsync.
-        let mut next = self.lock_pending().clone();
+        let mut next = lock(&self.pending).clone();
         let mut collecting = lock(&self.collecting).clone();
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         for job in &jobs {
@@ -462,7 +458,7 @@ impl Store {
             return Err(self.err(redb::Error::Io(std::io::Error::other("injected failure"))));
         }
         txn.commit().map_err(|e| self.err(e))?;
-        *self.lock_pending() = next;
+        *lock(&self.pending) = next;
         *lock(&self.collecting) = collecting;
         self.commits.fetch_add(1, Ordering::Relaxed);
         crate::metrics::store_commit(jobs.len(), started.elapsed());
@@ -551,7 +547,7 @@ impl Store {
     /// Whether some contributions of study `id` are stored one by one, not yet in
     /// its stored aggregate.
     pub fn has_pending(&self, id: &str) -> bool {
-        self.lock_pending().get(id).is_some_and(|w| !w.is_empty())
+        lock(&self.pending).get(id).is_some_and(|w| !w.is_empty())
     }
 
     fn write_record(&self, txn: &WriteTransaction, study: &Study) -> Result<(), StoreError> {
