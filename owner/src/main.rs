@@ -1,5 +1,5 @@
 //! `owner`: one data owner of private distributed PCA (`dpca_owner::cli`).
 
-fn main() -> anyhow::Result<()> {
-    dpca_owner::cli::main(std::env::args_os().collect())
+fn main() -> std::process::ExitCode {
+    dpca_shell::text::exit(dpca_owner::cli::main(std::env::args_os().collect()))
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use dpca_common::arith::Elem;
 use dpca_common::dp::Centering;
 use dpca_common::paillier::{Opening, PublicKey};
-use dpca_common::study::{StudyLayout, LAYOUT_VERSION, MAX_ID_BYTES};
+use dpca_common::study::{check_no_terminal_controls, StudyLayout, LAYOUT_VERSION, MAX_ID_BYTES};
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use dpca_shell::signed_count;
@@ -904,6 +904,8 @@ fn upload_header(first: &v1::ContributionChunk) -> Result<Upload, Refusal> {
                 id.len()
             )));
         }
+        // Ids are shown: in the operator's status table and the user's report.
+        check_no_terminal_controls(what, id).map_err(Refusal::Invalid)?;
     }
     Ok(Upload {
         study_id: first.study_id.clone(),
@@ -1498,6 +1500,12 @@ mod tests {
             ..header.clone()
         };
         assert!(invalid(upload_header(&long)).contains("contribution_id is 257 bytes"));
+        // Ids are shown in the status table: none that could drive a terminal.
+        let escaping = v1::ContributionChunk {
+            owner_id: "a\x1b]0;counted\x07".into(),
+            ..header.clone()
+        };
+        assert!(invalid(upload_header(&escaping)).contains("owner_id \"a\\u{1b}]0;counted"));
         // A megabyte of empty entries is refused off the header, before the study
         // is looked at; no more than a chunk's, each entry is checked.
         for (entries, says) in [(10_000, "at most 64"), (CIPHERTEXTS_PER_CHUNK, "zero")] {

@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use dpca_proto::v1;
 use dpca_shell::client::{answered, connect, status_message};
+use dpca_shell::text::printable;
 use dpca_shell::tls::Transport;
 
 /// Asks the proxy at `url` for its status.
@@ -35,16 +36,21 @@ pub fn render(status: &v1::ProxyStatus, now_ms: u64) -> String {
         let _ = writeln!(
             out,
             "{:<32}  {:<10}  {:>9}  {:>12}  {:<20}  {:<10}  {}",
-            s.study_id,
-            s.state,
+            printable(&s.study_id),
+            printable(&s.state),
             format!("{}/{} (>={})", s.owners_in.len(), s.quorum, s.min_owners),
             deadline,
-            format!("{} e={} d={:.1e}", s.mechanism, s.epsilon, s.delta),
-            s.opened_by,
+            format!(
+                "{} e={} d={:.1e}",
+                printable(&s.mechanism),
+                s.epsilon,
+                s.delta
+            ),
+            printable(&s.opened_by),
             if s.owners_missing.is_empty() {
-                "-".to_string()
+                "-".into()
             } else {
-                s.owners_missing.join(",")
+                printable(&s.owners_missing.join(",")).into_owned()
             }
         );
     }
@@ -58,7 +64,7 @@ pub fn render(status: &v1::ProxyStatus, now_ms: u64) -> String {
             let _ = writeln!(
                 out,
                 "{:<20}  {:>22}  {:>22}  {:>7}",
-                b.owner_id,
+                printable(&b.owner_id),
                 format!("{:.4} / {}", b.spent_epsilon, b.cap_epsilon),
                 format!("{:.2e} / {:.2e}", b.spent_delta, b.cap_delta),
                 b.studies
@@ -74,12 +80,37 @@ mod tests {
 
     #[test]
     fn the_table_shows_owners_missing_deadlines_and_budgets() {
-        let status = v1::ProxyStatus {
+        let text = render(&status_of("s1", "b", "a"), 70_000);
+        assert!(text.contains("1/3 (>=1)"), "{text}");
+        assert!(text.contains("60s ago"), "{text}");
+        assert!(text.contains("b,c"), "{text}");
+        assert!(text.contains("1.0000 / 2"), "{text}");
+        assert!(text.contains("alice"), "{text}");
+    }
+
+    /// A status from a proxy the reader does not run (or ids a lax proxy took in)
+    /// can write escape sequences; the table shows them escaped.
+    #[test]
+    fn the_table_escapes_terminal_controls_in_what_it_shows() {
+        let clear = "\x1b[2J";
+        let text = render(&status_of(clear, "b\x1b]0;t\x07", "a\u{202e}"), 0);
+        assert!(
+            !text
+                .chars()
+                .any(|c| c != '\n' && dpca_common::study::is_terminal_control(c)),
+            "{text:?}"
+        );
+        assert!(text.contains("\\u{1b}[2J"), "{text}");
+        assert!(text.contains("a\\u{202e}"), "{text}");
+    }
+
+    fn status_of(study: &str, missing: &str, owner: &str) -> v1::ProxyStatus {
+        v1::ProxyStatus {
             studies: vec![v1::StudySummary {
-                study_id: "s1".into(),
+                study_id: study.into(),
                 state: "sealed".into(),
                 owners_in: vec!["a".into()],
-                owners_missing: vec!["b".into(), "c".into()],
+                owners_missing: vec![missing.into(), "c".into()],
                 min_owners: 1,
                 quorum: 3,
                 deadline_unix_ms: 10_000,
@@ -89,19 +120,13 @@ mod tests {
                 opened_by: "alice".into(),
             }],
             budgets: vec![v1::OwnerBudgetSummary {
-                owner_id: "a".into(),
+                owner_id: owner.into(),
                 spent_epsilon: 1.0,
                 spent_delta: 1e-5,
                 cap_epsilon: 2.0,
                 cap_delta: 1e-4,
                 studies: 1,
             }],
-        };
-        let text = render(&status, 70_000);
-        assert!(text.contains("1/3 (>=1)"), "{text}");
-        assert!(text.contains("60s ago"), "{text}");
-        assert!(text.contains("b,c"), "{text}");
-        assert!(text.contains("1.0000 / 2"), "{text}");
-        assert!(text.contains("alice"), "{text}");
+        }
     }
 }

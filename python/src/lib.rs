@@ -112,7 +112,7 @@ fn role_main(py: Python<'_>, role: &str, args: Vec<String>) -> PyResult<i32> {
     match result {
         Ok(()) => Ok(0),
         Err(e) => {
-            eprintln!("Error: {e:?}");
+            eprintln!("{}", dpca_shell::text::error_report(e.as_ref()));
             Ok(1)
         }
     }

@@ -32,8 +32,11 @@ pub fn init(args: &LogArgs) {
     let filter = tracing_subscriber::EnvFilter::builder()
         .with_default_directive(tracing::level_filters::LevelFilter::WARN.into())
         .from_env_lossy();
+    // Colours only on a terminal: a scheduler's log file, or a test reading stderr
+    // for another party's escape sequences, gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     // A host process (the Python package) may run a role more than once, or have
     // set its own subscriber: the first one stays.

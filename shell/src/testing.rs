@@ -21,10 +21,11 @@ use tonic::{Request, Response, Status, Streaming};
 /// stream, which it answers as scripted. An upload's stream is read to its end
 /// first, so that what waits is the answer, not the transfer. If `busy`, every
 /// upload is refused for want of a slot and every reservation granted, counted
-/// there.
+/// there. If `refuses_study`, the call for a study is refused with that text.
 struct Silent {
     opens_streams: bool,
     answers_study: bool,
+    refuses_study: Option<String>,
     scripted: Option<Scripted>,
     busy: Option<Arc<AtomicUsize>>,
 }
@@ -51,6 +52,9 @@ impl v1::proxy_server::Proxy for Silent {
         }
     }
     async fn get_study(&self, _: Request<v1::GetStudyRequest>) -> Never<v1::StudyInfo> {
+        if let Some(text) = &self.refuses_study {
+            return Err(Status::permission_denied(text.clone()));
+        }
         if !self.answers_study {
             std::future::pending::<()>().await;
         }
@@ -132,6 +136,7 @@ pub async fn silent_proxy(opens_streams: bool) -> ProxyClient<Channel> {
     serve(Silent {
         opens_streams,
         answers_study: false,
+        refuses_study: None,
         scripted: None,
         busy: None,
     })
@@ -147,6 +152,7 @@ pub async fn stalled_proxy() -> ProxyClient<Channel> {
     serve(Silent {
         opens_streams: false,
         answers_study: true,
+        refuses_study: None,
         scripted: None,
         busy: None,
     })
@@ -164,6 +170,7 @@ pub async fn busy_proxy() -> (ProxyClient<Channel>, Arc<AtomicUsize>) {
     let client = serve(Silent {
         opens_streams: false,
         answers_study: false,
+        refuses_study: None,
         scripted: None,
         busy: Some(Arc::clone(&reserved)),
     })
@@ -185,13 +192,38 @@ pub async fn scripted_proxy(
     serve(Silent {
         opens_streams: true,
         answers_study: true,
+        refuses_study: None,
         scripted: Some(Scripted { sealed, result }),
         busy: None,
     })
     .await
 }
 
+/// The plaintext address of a new proxy that refuses every call for a study with
+/// `text` and answers nothing else, served on the calling runtime: a proxy that
+/// writes what it likes onto the terminal of a program run against it.
+///
+/// # Panics
+/// As [`silent_proxy`].
+pub async fn refusing_proxy(text: &str) -> std::net::SocketAddr {
+    listen(Silent {
+        opens_streams: false,
+        answers_study: false,
+        refuses_study: Some(text.into()),
+        scripted: None,
+        busy: None,
+    })
+    .await
+}
+
 async fn serve(proxy: Silent) -> ProxyClient<Channel> {
+    let at = listen(proxy).await;
+    ProxyClient::connect(format!("http://{at}"))
+        .await
+        .expect("connect to the fake proxy")
+}
+
+async fn listen(proxy: Silent) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind a loopback port");
@@ -201,9 +233,7 @@ async fn serve(proxy: Silent) -> ProxyClient<Channel> {
             .add_service(v1::proxy_server::ProxyServer::new(proxy))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
-    ProxyClient::connect(format!("http://{at}"))
-        .await
-        .expect("connect to the fake proxy")
+    at
 }
 
 /// The error `call` ends with against a proxy that never answers, which must come

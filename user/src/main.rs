@@ -12,7 +12,12 @@ use dpca_user::local::SliceLayout;
 use rand::rngs::OsRng;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    dpca_shell::text::exit(run().await)
+}
+
+/// The command the line names, run.
+async fn run() -> anyhow::Result<()> {
     let cli: Cli = dpca_shell::config::parse()?;
     dpca_shell::logging::init(&cli.log);
     match cli.command {

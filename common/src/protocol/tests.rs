@@ -630,6 +630,8 @@ fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
     bad_edges.edges.swap(2, 3);
     let mut unbounded = bins.clone();
     unbounded.bounds[1] = (0.0, f64::INFINITY);
+    let mut escaping = bins.clone();
+    escaping.features[0] = "a\x1b[2J".into();
     let cases = [
         SpecDraft {
             features: (0..6).map(|i| format!("f{i}")).collect(),
@@ -649,6 +651,10 @@ fn histogram_specs_that_do_not_describe_their_bins_are_refused() {
         },
         SpecDraft {
             norm_bins: Some(unbounded),
+            ..good.clone()
+        },
+        SpecDraft {
+            norm_bins: Some(escaping),
             ..good.clone()
         },
         SpecDraft {
@@ -679,6 +685,37 @@ fn invited_owner_lists_are_checked() {
     s.expected_owners = vec!["a".into()];
     let err = s.validate().expect_err("quorum").to_string();
     assert!(err.contains("more than the 1 owners invited"), "{err}");
+}
+
+/// Names and ids are shown on other parties' terminals (an owner's refusal, the
+/// operator's status table): a feature name or invited owner carrying an escape
+/// sequence, a carriage return or a bidirectional override is refused, named
+/// escaped; names in other scripts are kept.
+#[test]
+fn names_that_could_drive_a_terminal_are_refused() {
+    let mut s = draft(3, Centering::DpMean, Mechanism::GAUSSIAN);
+    s.features[0] = "Größe (cm) 身長".into();
+    assert!(s.clone().validate().is_ok());
+    for bad in ["x\x1b[2J", "x\r", "x\u{9b}1m", "x\u{202e}"] {
+        s.features[1] = bad.into();
+        let err = s.clone().validate().expect_err(bad).to_string();
+        assert!(
+            err.contains("feature name") && err.contains("control character"),
+            "{err}"
+        );
+        assert!(
+            !err.chars().any(crate::study::is_terminal_control),
+            "{err:?}"
+        );
+    }
+    s.features[1] = "f1".into();
+    s.quorum = 2;
+    s.expected_owners = vec!["a".into(), "b\x1b]0;owned\x07".into()];
+    let err = s.clone().validate().expect_err("hostile id").to_string();
+    assert!(
+        err.contains("expected_owners") && err.contains("owner id"),
+        "{err}"
+    );
 }
 
 /// A noise scale beyond u128 used to be cut to u128::MAX without a word: less noise

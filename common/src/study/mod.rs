@@ -15,7 +15,10 @@ pub use classes::{ClassCovariance, ClassSpec};
 pub use layout::{BlockShape, MaskChain, StudyLayout, DEFAULT_MAX_CIPHERTEXTS, LAYOUT_VERSION};
 pub use norm_bins::{NormBins, MAX_NORM_BINS, STANDARD_NORM_BINS};
 pub use projection::Projection;
-pub use spec::{SpecDraft, StudySpec, MAX_CLASSES, MAX_ID_BYTES};
+pub use spec::{
+    check_no_terminal_controls, is_terminal_control, SpecDraft, StudySpec, MAX_CLASSES,
+    MAX_ID_BYTES,
+};
 
 use crate::dp::DpError;
 use crate::encoding::EncodingError;

@@ -8,9 +8,12 @@ use crate::dp::{plan_noise_blocks, Centering, PrivacyRequest};
 use crate::encoding::FixedPoint;
 use crate::paillier::PublicKey;
 
-/// Each feature's bounds finite with lo <= hi, or what is wrong with the first
-/// that is not.
-pub(super) fn check_intervals(features: &[String], bounds: &[(f64, f64)]) -> Result<(), String> {
+/// Each feature's name free of terminal controls and its bounds finite with
+/// lo <= hi, or what is wrong with the first that is not.
+pub(super) fn check_columns(features: &[String], bounds: &[(f64, f64)]) -> Result<(), String> {
+    for name in features {
+        check_no_terminal_controls("feature name", name)?;
+    }
     match features
         .iter()
         .zip(bounds)
@@ -18,6 +21,32 @@ pub(super) fn check_intervals(features: &[String], bounds: &[(f64, f64)]) -> Res
     {
         Some((name, (lo, hi))) => Err(format!(
             "bounds of `{name}` must be finite with lo <= hi, got [{lo}, {hi}]"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Whether `c` changes how a terminal shows the text after it: a C0 or C1 control
+/// or DEL (escape sequences that retitle or clear a terminal, carriage returns and
+/// line feeds that overwrite or fake a line), or a bidirectional formatting
+/// character (which reorders a line). The names and ids one party shows another may
+/// hold none ([`check_no_terminal_controls`]); free text (a refusal) is escaped
+/// where it is printed.
+pub fn is_terminal_control(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// `text` (`what`: "feature name", "owner id") if it holds no
+/// [`is_terminal_control`] character; else what is wrong, with the text escaped.
+pub fn check_no_terminal_controls(what: &str, text: &str) -> Result<(), String> {
+    match text.chars().find(|&c| is_terminal_control(c)) {
+        Some(c) => Err(format!(
+            "{what} {text:?} holds the control character U+{:04X}",
+            u32::from(c)
         )),
         None => Ok(()),
     }
@@ -162,7 +191,7 @@ impl SpecDraft {
                 )));
             }
         }
-        check_intervals(&self.features, &self.bounds).map_err(SpecError::Schema)
+        check_columns(&self.features, &self.bounds).map_err(SpecError::Schema)
     }
 
     /// The ball C and the fixed-point scale it is encoded at.
@@ -232,6 +261,7 @@ impl SpecDraft {
                     format!("an owner id of {} bytes; at most {MAX_ID_BYTES}", o.len()),
                 ));
             }
+            check_no_terminal_controls("owner id", o).map_err(|e| param("expected_owners", e))?;
         }
         if self.quorum as usize > self.expected_owners.len() {
             return Err(param(

@@ -751,3 +751,46 @@ fn an_owner_does_not_wait_forever_on_a_proxy_that_never_answers() {
         "{err}"
     );
 }
+
+/// A proxy may refuse with any text it likes. Printed raw, escape sequences in it
+/// would retitle or clear the owner's terminal, or move the cursor back to
+/// overwrite the refusal with a line that reads as a success. The owner prints
+/// the refusal, and every message of its error, escaped.
+#[test]
+fn a_proxys_refusal_cannot_drive_the_owners_terminal() {
+    let hostile = "no\x1b]0;study released\x07\x1b[2J\x1b[1A\rcounted \u{9b}32mOK\u{202e}";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data.csv");
+    std::fs::write(&data, "a,b\n1,2\n").expect("write");
+    let out = rt().block_on(async {
+        let at = dpca_shell::testing::refusing_proxy(hostile).await;
+        let mut owner = Command::new(bin("owner"));
+        owner
+            .args([
+                "--insecure-plaintext",
+                "--owner-id",
+                "a",
+                "--retry-for",
+                "0",
+            ])
+            .args([
+                "--budget-cap",
+                "1.5,1e-4",
+                "--proxy",
+                &format!("http://{at}"),
+            ])
+            .args(["--study", "s", "--key-fingerprint", "00", "--data"])
+            .arg(&data);
+        tokio::task::spawn_blocking(move || run(&mut owner))
+            .await
+            .expect("the owner ran")
+    });
+    assert!(!out.status.success(), "{}", describe(&out));
+    let err = stderr(&out);
+    assert!(
+        !err.chars()
+            .any(|c| c != '\n' && dpca_common::study::is_terminal_control(c)),
+        "{err:?}"
+    );
+    assert!(err.contains("no\\u{1b}]0;study released\\u{7}"), "{err}");
+}
