@@ -16,6 +16,9 @@
 //! - [`protocol`]: owner shares, the proxy's masked and noised release, the user's
 //!   reconstruction of S + E.
 //! - [`randomizer`]: short-exponent encryption randomness on a fixed base.
+//! - [`owner_budget`]: an owner's privacy budget across studies (basic
+//!   composition), which the proxy keeps per owner and an owner may keep in a
+//!   ledger of its own.
 //! - [`risk`]: study properties an owner must accept by name (`mask`, Wishart,
 //!   noise-free).
 //! - [`data`]: CSV tables, bounds and row normalization.
@@ -34,6 +37,7 @@ pub mod data;
 pub mod dp;
 pub mod encoding;
 pub mod linalg;
+pub mod owner_budget;
 pub mod paillier;
 pub mod primes;
 pub mod protocol;

@@ -72,6 +72,13 @@ struct Args {
     #[arg(long, env = "DPCA_BUDGET_CAP", value_name = "EPSILON,DELTA",
           value_parser = parse_cap)]
     budget_cap: (f64, f64),
+    /// Keep this data set's own ledger of the studies it entered in FILE (JSON,
+    /// created by the first study): each study is charged to it against
+    /// --budget-cap before anything is sent, and one that would pass the cap is
+    /// refused whatever the proxy says, so a proxy that lost or reset its state
+    /// cannot let a user spend the budget again. Use one ledger per data set.
+    #[arg(long, env = "DPCA_LEDGER", value_name = "FILE")]
+    ledger: Option<PathBuf>,
     /// Take part in a study that protects this data less than the default, named
     /// (repeat for several): `mask-centering` (the paper's centering: private only
     /// if every other owner keeps its rows in the norm ball and the proxy forwards
@@ -179,6 +186,7 @@ impl Invocation {
                 max_ciphertexts: args.max_ciphertexts,
                 allow_baseline: args.allow_baseline,
             },
+            ledger: args.ledger.map(crate::ledger::Ledger::at),
         };
         let report = match &args.invitation {
             Some(path) => crate::run_invited(&cfg, path).await?,

@@ -8,6 +8,7 @@
 
 mod attempts;
 pub mod cli;
+pub mod ledger;
 pub mod work;
 
 use std::path::PathBuf;
@@ -73,6 +74,9 @@ pub struct OwnerConfig {
     /// The most encryption work it takes on for one study; a study that asks more
     /// is refused before the data is read.
     pub work: work::WorkCap,
+    /// This data set's own ledger of studies charged, kept beside the proxy's
+    /// ([`ledger`]); a study it refuses is not uploaded.
+    pub ledger: Option<ledger::Ledger>,
 }
 
 /// Where an owner's table comes from.
@@ -494,6 +498,7 @@ async fn run_once(
             encrypted
         }
     };
+    charge_ledger(cfg, &spec).await?;
     let wait = upload_wait(spec.deadline_unix_ms, now_unix_ms()?);
     let response = upload(&mut client, encrypted.chunks.clone(), wait).await?;
     let (tally, ciphertexts) = (attempts.tally(), encrypted.ciphertexts());
@@ -517,6 +522,24 @@ async fn run_once(
             cap_delta: response.cap_delta,
         }),
     })
+}
+
+/// Charges the study to the owner's own ledger, if it keeps one, before anything
+/// is sent (off the runtime: it may wait its turn behind another run's charge).
+async fn charge_ledger(cfg: &OwnerConfig, spec: &StudySpec) -> anyhow::Result<()> {
+    let Some(ledger) = cfg.ledger.clone() else {
+        return Ok(());
+    };
+    let (owner, fingerprint, study) = (
+        cfg.owner_id.clone(),
+        cfg.key_fingerprint.clone(),
+        cfg.study_id.clone(),
+    );
+    let (cap, cost) = (cfg.budget_cap, (spec.privacy.epsilon, spec.privacy.delta));
+    tokio::task::spawn_blocking(move || ledger.charge(&owner, &fingerprint, &study, cap, cost))
+        .await
+        .context("the ledger's task panicked")??;
+    Ok(())
 }
 
 /// The owner's table read from `bytes`, checked against `spec` (of `layout`),

@@ -11,7 +11,6 @@
 //! contribution and serves the same release.
 
 pub mod access;
-pub mod budget;
 pub mod cell;
 pub mod cli;
 pub mod gate;

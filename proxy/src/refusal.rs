@@ -5,8 +5,8 @@
 
 use tonic::Status;
 
-use crate::budget::BudgetError;
 use crate::study::StudyError;
+use dpca_common::owner_budget::BudgetError;
 
 /// Why a call was refused. The message is what the caller is told.
 #[derive(Debug, thiserror::Error)]

@@ -21,7 +21,6 @@ use tonic::{Request, Response, Status, Streaming};
 use dpca_shell::tls::{Peer, Transport};
 
 use crate::access::{permit, Action};
-use crate::budget::{charge, OwnerBudget};
 use crate::cell::{Locked, StudyCell};
 use crate::limits::HeldStudy;
 use crate::per_key::{Held, PerKey};
@@ -30,6 +29,7 @@ use crate::store::{signed_count_to_wire, Announced, Store, StoreError, Ticket};
 use crate::study::{ContributionOutcome, Phase, Released, SignedCount, Study};
 use crate::upload_slots::{Slot, SlotError, UploadSlots};
 use crate::ProxyConfig;
+use dpca_common::owner_budget::{charge, OwnerBudget};
 
 /// How often deadlines are checked and how often a waiting user re-checks.
 const POLL: Duration = Duration::from_millis(50);

@@ -55,10 +55,10 @@ use redb::{
     Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
 
-use crate::budget::OwnerBudget;
 pub use crate::group_commit::Ticket;
 use crate::group_commit::{GroupCommit, Stopped};
 use crate::study::{Phase, Released, SignedCount, Study};
+use dpca_common::owner_budget::OwnerBudget;
 
 /// Study id -> encoded [`v1::StoredStudy`], rewritten when the phase changes and
 /// at each checkpoint.
@@ -825,30 +825,16 @@ fn budget_to_record(b: &OwnerBudget) -> v1::StoredBudget {
     }
 }
 
-/// An owner's stored budget, each figure checked as `budget::charge` keeps it: a
-/// cap of epsilon above 0 and delta in [0, 1), spent amounts of 0 or more, all
-/// finite. A NaN spent amount made every charge pass its cap (no comparison
-/// with NaN is true), so one is refused as the corrupt record it is; the ledger
-/// cannot be dropped instead, as that would reset what the owner has spent.
+/// An owner's stored budget, each figure checked (`OwnerBudget::checked`).
 fn budget_from_record(rec: v1::StoredBudget) -> Result<OwnerBudget, String> {
-    let figures = [
-        ("cap epsilon", rec.cap_epsilon, rec.cap_epsilon > 0.0),
-        ("cap delta", rec.cap_delta, rec.cap_delta < 1.0),
-        ("spent epsilon", rec.spent_epsilon, true),
-        ("spent delta", rec.spent_delta, true),
-    ];
-    for (what, value, within) in figures {
-        if !(value.is_finite() && value >= 0.0 && within) {
-            return Err(format!("budget record with {what} {value}"));
-        }
-    }
-    Ok(OwnerBudget {
+    OwnerBudget {
         cap_epsilon: rec.cap_epsilon,
         cap_delta: rec.cap_delta,
         spent_epsilon: rec.spent_epsilon,
         spent_delta: rec.spent_delta,
         studies: rec.studies,
-    })
+    }
+    .checked()
 }
 
 /// The durable record of a study (its rows and aggregate are stored on their own).
@@ -1093,8 +1079,8 @@ mod tests {
             certificate: vec![seed as u8 + 1; 300],
         };
         s.keep_signed_count(owner, signed).expect("counted owner");
-        let b =
-            crate::budget::charge(owner, None, (2.0, 1e-4), &s.id, (1.0, 1e-5)).expect("charge");
+        let b = dpca_common::owner_budget::charge(owner, None, (2.0, 1e-4), &s.id, (1.0, 1e-5))
+            .expect("charge");
         store
             .save_contribution(s, owner, &cts, Some(&b))
             .expect("save contribution");
@@ -1391,8 +1377,8 @@ mod tests {
     fn a_budget_record_with_a_figure_charge_would_not_keep_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
-        let budget =
-            crate::budget::charge("a", None, (2.0, 1e-4), "s1", (1.0, 1e-5)).expect("charge");
+        let budget = dpca_common::owner_budget::charge("a", None, (2.0, 1e-4), "s1", (1.0, 1e-5))
+            .expect("charge");
         let bad = [
             OwnerBudget {
                 spent_epsilon: f64::NAN,
@@ -1463,8 +1449,8 @@ mod tests {
         if let Some(spec) = older.spec.as_mut() {
             spec.layout = 0;
         }
-        let budget =
-            crate::budget::charge("a", None, (2.0, 1e-4), "s1", (1.0, 1e-5)).expect("charge");
+        let budget = dpca_common::owner_budget::charge("a", None, (2.0, 1e-4), "s1", (1.0, 1e-5))
+            .expect("charge");
         {
             let db = Database::create(&path).expect("db");
             let txn = db.begin_write().expect("write");

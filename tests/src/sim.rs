@@ -353,6 +353,7 @@ impl Sim {
             budget_cap: (2.0 * EPSILON, 1e-5),
             accepted_risks: vec![Risk::MaskCentering],
             work: dpca_owner::work::WorkCap::default(),
+            ledger: None,
         };
         let got = self.rt.block_on(dpca_owner::run(&cfg));
         let what = format!("{} sending table {variant}", OWNERS[owner]);

@@ -226,6 +226,37 @@ fn owners_refuse_a_study_that_asks_more_work_than_their_cap() {
     assert_eq!(f.owners_in(), 1);
 }
 
+/// A proxy whose state was lost or reset, or one stood up afresh, has forgotten
+/// what an owner's data set spent: on its word alone the user could run study
+/// after study on the same rows. An owner keeping a ledger refuses a study past
+/// its cap whatever the proxy says; without one, the fresh proxy counts it.
+#[test]
+fn an_owners_ledger_holds_its_cap_against_a_proxy_that_forgot_it() {
+    let first = fixture();
+    let data = first.good_file("a.csv", 20, 0);
+    let path = first.dir.path().join("ledger.json");
+    let ledger = ["--ledger", path.to_str().expect("a UTF-8 path")];
+    for run in ["the study", "a retry of it, not charged again"] {
+        let o = first.owner_with("hospital-a", &data, &ledger);
+        assert!(o.status.success(), "{run}: {}", describe(&o));
+    }
+    assert_eq!(first.owners_in(), 1);
+    // The fixture's study costs epsilon 1 of the owner's cap of 1.5.
+    let forgetful = fixture();
+    let o = forgetful.owner_with("hospital-a", &data, &ledger);
+    assert!(
+        !o.status.success(),
+        "the ledger let a second study past the cap: {}",
+        describe(&o)
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("ledger") && err.contains("exhausted"), "{err}");
+    assert_eq!(forgetful.owners_in(), 0, "a refused owner was counted");
+    let o = forgetful.owner_with("hospital-a", &data, &[]);
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(forgetful.owners_in(), 1, "the proxy alone kept no cap");
+}
+
 /// A user's spec fixes what the proxy allocates for a study. A study of 20,000
 /// features (each contribution about six million ciphertexts) or of an outsized key
 /// is refused at the door, naming the limit that refused it; the proxy goes on

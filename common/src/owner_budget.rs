@@ -30,6 +30,28 @@ pub struct OwnerBudget {
     pub studies: Vec<String>,
 }
 
+impl OwnerBudget {
+    /// `self` if each figure is one [`charge`] keeps: a cap of epsilon above 0 and
+    /// delta in [0, 1), spent amounts of 0 or more, all finite; else the first that
+    /// is not. A budget read back from storage is checked so: a NaN spent amount
+    /// made every charge pass its cap (no comparison with NaN is true), and the
+    /// record cannot be dropped instead, as that would reset what was spent.
+    pub fn checked(self) -> Result<Self, String> {
+        let figures = [
+            ("cap epsilon", self.cap_epsilon, self.cap_epsilon > 0.0),
+            ("cap delta", self.cap_delta, self.cap_delta < 1.0),
+            ("spent epsilon", self.spent_epsilon, true),
+            ("spent delta", self.spent_delta, true),
+        ];
+        for (what, value, within) in figures {
+            if !(value.is_finite() && value >= 0.0 && within) {
+                return Err(format!("a budget with {what} {value}"));
+            }
+        }
+        Ok(self)
+    }
+}
+
 /// Why a charge was refused.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum BudgetError {
