@@ -87,46 +87,93 @@ impl Ledger {
         cap: (f64, f64),
         cost: (f64, f64),
     ) -> Result<OwnerBudget, LedgerError> {
-        let _turn = self.lock()?;
-        let current = self.read()?;
+        let file = LedgerFile(self.resolved()?);
+        let (_turn, charged_before) = file.lock()?;
+        let current = file.read(charged_before)?;
         let study = format!("{}/{study_id}", key_fingerprint.trim().to_lowercase());
         let next = charge(owner, current.as_ref(), cap, &study, cost).map_err(|source| {
             LedgerError::Refused {
-                path: self.0.clone(),
+                path: file.0.clone(),
                 source,
             }
         })?;
+        if current.is_none() {
+            tracing::warn!(ledger = %file.0.display(), "starting a new budget ledger");
+        }
         if current.as_ref() != Some(&next) {
-            self.write(&next)?;
+            file.write(&next)?;
         }
         Ok(next)
     }
 
-    /// The lock file beside the ledger, held exclusively until dropped. Not the
-    /// ledger itself: it is replaced by a rename, and a lock on the file renamed
-    /// over would not exclude a run that opened the new one.
-    fn lock(&self) -> Result<File, LedgerError> {
+    /// The ledger's path with its folder made absolute and links resolved, and
+    /// the file itself followed if it is a link: one ledger has one lock file
+    /// however it is spelled, its folder is known to sync (a bare file name's is
+    /// the working folder), and a link to it is written through, not replaced.
+    fn resolved(&self) -> Result<PathBuf, LedgerError> {
+        let io = |source| LedgerError::Io {
+            path: self.0.clone(),
+            source,
+        };
+        match std::fs::canonicalize(&self.0) {
+            Ok(path) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+        }
+        let name = self.0.file_name().ok_or_else(|| LedgerError::Unreadable {
+            path: self.0.clone(),
+            reason: "the path names no file".into(),
+        })?;
+        let dir = self.0.parent().filter(|d| !d.as_os_str().is_empty());
+        let dir = std::fs::canonicalize(dir.unwrap_or(Path::new("."))).map_err(io)?;
+        Ok(dir.join(name))
+    }
+}
+
+/// A ledger at its resolved path (`Ledger::resolved`).
+struct LedgerFile(PathBuf);
+
+impl LedgerFile {
+    /// The lock file beside the ledger, held exclusively until dropped, and
+    /// whether it was there before (left by an earlier charge). Not the ledger
+    /// itself: it is replaced by a rename, and a lock on the file renamed over
+    /// would not exclude a run that opened the new one.
+    fn lock(&self) -> Result<(File, bool), LedgerError> {
         let path = sibling(&self.0, "lock");
+        let existed = path.exists();
+        let io = |source| LedgerError::Io {
+            path: path.clone(),
+            source,
+        };
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
-            .map_err(|source| LedgerError::Io { path, source })?;
-        file.lock().map_err(|source| self.io(source))?;
-        Ok(file)
+            .map_err(io)?;
+        file.lock().map_err(io)?;
+        Ok((file, existed))
     }
 
-    /// The budget stored, `None` if there is no ledger yet.
-    fn read(&self) -> Result<Option<OwnerBudget>, LedgerError> {
-        let text = match std::fs::read_to_string(&self.0) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(self.io(e)),
-        };
+    /// The budget stored, `None` if there is no ledger yet. A ledger missing
+    /// beside the lock an earlier charge left was moved or deleted: refused, as
+    /// starting afresh would reset what was spent.
+    fn read(&self, charged_before: bool) -> Result<Option<OwnerBudget>, LedgerError> {
         let unreadable = |reason: String| LedgerError::Unreadable {
             path: self.0.clone(),
             reason,
+        };
+        let text = match std::fs::read_to_string(&self.0) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && charged_before => {
+                return Err(unreadable(format!(
+                    "it is gone, but the lock file {} an earlier charge left is there; \
+                     remove that only if no study was ever charged here",
+                    sibling(&self.0, "lock").display()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(self.io(e)),
         };
         let stored: Stored = serde_json::from_str(&text).map_err(|e| unreadable(e.to_string()))?;
         if stored.format != FORMAT {
@@ -145,7 +192,7 @@ impl Ledger {
     }
 
     /// Replaces the ledger with `budget`: written beside it and synced, renamed
-    /// over it, and the rename synced.
+    /// over it, and its folder synced.
     fn write(&self, budget: &OwnerBudget) -> Result<(), LedgerError> {
         let stored = Stored {
             format: FORMAT,
@@ -162,7 +209,8 @@ impl Ledger {
             .and_then(|()| file.sync_all())
             .and_then(|()| std::fs::rename(&next, &self.0))
             .map_err(|e| self.io(e))?;
-        if let Some(dir) = self.0.parent().filter(|d| !d.as_os_str().is_empty()) {
+        // A resolved path always has its folder.
+        if let Some(dir) = self.0.parent() {
             File::open(dir)
                 .and_then(|d| d.sync_all())
                 .map_err(|e| self.io(e))?;
@@ -211,7 +259,7 @@ mod tests {
             .expect_err("past the cap");
         assert!(matches!(err, LedgerError::Refused { .. }), "{err}");
         assert!(err.to_string().contains("exhausted"), "{err}");
-        let stored = ledger.read().expect("read").expect("a ledger");
+        let stored = stored(&dir.path().join("ledger.json"));
         assert_eq!(stored, b, "a refused study changed the ledger");
     }
 
@@ -264,7 +312,40 @@ mod tests {
                 .collect()
         });
         assert_eq!(charged.iter().filter(|&&c| c).count(), 2, "{charged:?}");
-        let stored = Ledger::at(&path).read().expect("read").expect("a ledger");
+        let stored = stored(&path);
         assert_eq!((stored.spent_epsilon, stored.studies.len()), (2.0, 2));
+    }
+
+    /// The ledger at `path`, read back.
+    fn stored(path: &Path) -> OwnerBudget {
+        LedgerFile(path.to_path_buf())
+            .read(false)
+            .expect("read")
+            .expect("a ledger")
+    }
+
+    /// A ledger reached through a link is written through it; one gone from
+    /// beside the lock an earlier charge left is refused, not started afresh.
+    #[test]
+    fn a_ledger_is_found_however_it_is_named_and_never_silently_lost() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().join("real.json");
+        Ledger::at(&real)
+            .charge("a", "ab", "s1", CAP, (0.5, 0.0))
+            .expect("first");
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&real, &link).expect("symlink");
+        Ledger::at(&link)
+            .charge("a", "ab", "s2", CAP, (0.5, 0.0))
+            .expect("through the link");
+        assert!(std::fs::symlink_metadata(&link).expect("link").is_symlink());
+        assert_eq!(stored(&real).studies, ["ab/s1", "ab/s2"]);
+        std::fs::remove_file(&real).expect("remove");
+        let err = Ledger::at(&real)
+            .charge("a", "ab", "s3", CAP, (0.5, 0.0))
+            .expect_err("a ledger gone");
+        assert!(matches!(err, LedgerError::Unreadable { .. }), "{err}");
+        assert!(err.to_string().contains("real.json.lock"), "{err}");
+        assert!(!real.exists(), "a fresh ledger was started");
     }
 }

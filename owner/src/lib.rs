@@ -331,13 +331,21 @@ pub fn check_risks(
     )
 }
 
-/// Fetches and validates the study, checks the pinned key fingerprint, and returns
-/// the spec with the proxy's noise-free (test-mode) flag.
+/// A study as the proxy serves it, its spec validated under the pinned key.
+#[derive(Debug)]
+pub struct Served {
+    /// The spec.
+    pub spec: StudySpec,
+    /// The proxy's noise-free (test-mode) flag.
+    pub noise_free: bool,
+}
+
+/// Fetches and validates the study and checks the pinned key fingerprint.
 pub async fn fetch_study(
     client: &mut ProxyClient<Channel>,
     study_id: &str,
     fingerprint: &str,
-) -> anyhow::Result<(StudySpec, bool)> {
+) -> anyhow::Result<Served> {
     let call = client.get_study(v1::GetStudyRequest {
         study_id: study_id.to_string(),
     });
@@ -373,7 +381,23 @@ pub async fn fetch_study(
             UPLOAD_GRACE.as_secs()
         );
     }
-    Ok((spec, info.noise_free))
+    Ok(Served {
+        spec,
+        noise_free: info.noise_free,
+    })
+}
+
+/// Refuses a study with an invitation list that does not name this owner, before
+/// its data is read (the proxy would refuse the upload; a ledger would have
+/// charged it).
+fn check_invited(study_id: &str, spec: &StudySpec, owner_id: &str) -> anyhow::Result<()> {
+    if spec.expected_owners.is_empty() || spec.expected_owners.iter().any(|o| o == owner_id) {
+        return Ok(());
+    }
+    bail!(
+        "study `{study_id}` invites {}, not `{owner_id}`: refusing to take part",
+        dpca_shell::text::count(spec.expected_owners.len() as u64, "other owner")
+    )
 }
 
 /// How far past the deadline on the owner's clock (`now_unix_ms`) a study the
@@ -479,8 +503,10 @@ async fn run_once(
     attempts.begin();
     let (bytes, name) = cfg.data.read()?;
     let mut client = connect_for_retry(cfg).await?;
-    let (spec, noise_free) = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
-    check_risks(&cfg.study_id, &spec, noise_free, &cfg.accepted_risks)?;
+    let served = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
+    let spec = served.spec;
+    check_risks(&cfg.study_id, &spec, served.noise_free, &cfg.accepted_risks)?;
+    check_invited(&cfg.study_id, &spec, &cfg.owner_id)?;
     let layout = StudyLayout::new(&spec)
         .with_context(|| format!("study `{}` has no layout", cfg.study_id))?;
     cfg.work.check(&cfg.study_id, &layout)?;
@@ -526,6 +552,9 @@ async fn run_once(
 
 /// Charges the study to the owner's own ledger, if it keeps one, before anything
 /// is sent (off the runtime: it may wait its turn behind another run's charge).
+/// Whatever state the proxy says the study is in: a proxy that said a study had
+/// stopped collecting and counted the upload all the same would otherwise have
+/// the rows enter it uncharged.
 async fn charge_ledger(cfg: &OwnerConfig, spec: &StudySpec) -> anyhow::Result<()> {
     let Some(ledger) = cfg.ledger.clone() else {
         return Ok(());

@@ -196,13 +196,19 @@ fn block_interruptibly<T: Send + 'static>(
     py.check_signals()?;
     match out {
         Some(Ok(value)) => Ok(value),
-        Some(Err(e)) => Err(StudyError::new_err(format!("{e:#}"))),
+        Some(Err(e)) => Err(StudyError::new_err(shown(&e))),
         None => Err(StudyError::new_err("the study was cancelled")),
     }
 }
 
+/// An error's messages, each escaped (`text::printable`), as an exception's text:
+/// a traceback prints it to a terminal, and it carries the proxy's words.
+fn shown(e: &anyhow::Error) -> String {
+    dpca_shell::text::printable(&format!("{e:#}")).into_owned()
+}
+
 fn value_error(e: anyhow::Error) -> PyErr {
-    PyValueError::new_err(format!("{e:#}"))
+    PyValueError::new_err(shown(&e))
 }
 
 /// The extension module.

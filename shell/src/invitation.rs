@@ -46,19 +46,26 @@ pub struct Invitation {
     pub key_fingerprint: String,
 }
 
+/// A study id's shape: 1 to 128 letters, digits, `-` and `_`. The proxy draws
+/// them so; a user checks the id the proxy gives a new study before it prints or
+/// writes it anywhere, and an owner the id an invitation names.
+pub fn check_study_id(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    match ok {
+        true => Ok(()),
+        false => Err(format!("{id:?} is not a study id")),
+    }
+}
+
 impl Invitation {
     /// Checks the fields' shapes: a study id of letters, digits, `-` and `_`, and a
     /// fingerprint of 64 hex digits.
     pub fn validate(&self) -> Result<(), String> {
-        let id_ok = !self.study.is_empty()
-            && self.study.len() <= 128
-            && self
-                .study
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if !id_ok {
-            return Err(format!("`{}` is not a study id", self.study));
-        }
+        check_study_id(&self.study)?;
         if self.key_fingerprint.len() != 64
             || !self.key_fingerprint.chars().all(|c| c.is_ascii_hexdigit())
         {
@@ -150,6 +157,10 @@ mod tests {
             ),
             ("study = \"s\"".into(), "key-fingerprint"),
             ("not toml".into(), "inv.toml"),
+            (
+                format!("study = \"s\\u001b[2J\"\nkey-fingerprint = \"{fp}\""),
+                "\"s\\u{1b}[2J\" is not a study id",
+            ),
         ];
         for (text, needle) in cases {
             let err = Invitation::parse(&text, p).expect_err(&text).to_string();

@@ -32,16 +32,48 @@ pub fn init(args: &LogArgs) {
     let filter = tracing_subscriber::EnvFilter::builder()
         .with_default_directive(tracing::level_filters::LevelFilter::WARN.into())
         .from_env_lossy();
-    // Colours only on a terminal: a scheduler's log file, or a test reading stderr
-    // for another party's escape sequences, gets plain text.
+    // No colours: every line is escaped as it is written (`EscapedStderr`), which
+    // would show a colour's escape sequence as text.
+    let json = args.log_format == LogFormat::Json;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_ansi(false)
+        .with_writer(move || EscapedStderr { json });
     // A host process (the Python package) may run a role more than once, or have
     // set its own subscriber: the first one stays.
     let _ = match args.log_format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+}
+
+/// Standard error, each log line written with the characters that drive a terminal
+/// escaped (`text::printable`; in JSON's form for JSON lines). A log line carries
+/// other parties' text in its fields (a proxy's refusal as the error a retry logs),
+/// which `tracing-subscriber` writes as they are: only its message field is
+/// escaped, and of the controls only some. The subscriber writes each event whole
+/// in one call, so a line is never split between two.
+#[derive(Clone, Copy)]
+struct EscapedStderr {
+    json: bool,
+}
+
+impl std::io::Write for EscapedStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        let (line, end) = text.strip_suffix('\n').map_or((&*text, ""), |l| (l, "\n"));
+        let line = if self.json {
+            crate::text::json_printable(line)
+        } else {
+            crate::text::printable(line)
+        };
+        std::io::stderr()
+            .lock()
+            .write_all(format!("{line}{end}").as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }

@@ -21,11 +21,12 @@ use tonic::{Request, Response, Status, Streaming};
 /// stream, which it answers as scripted. An upload's stream is read to its end
 /// first, so that what waits is the answer, not the transfer. If `busy`, every
 /// upload is refused for want of a slot and every reservation granted, counted
-/// there. If `refuses_study`, the call for a study is refused with that text.
+/// there. If `refuses_study`, the call for a study is refused with that code and
+/// text.
 struct Silent {
     opens_streams: bool,
     answers_study: bool,
-    refuses_study: Option<String>,
+    refuses_study: Option<(tonic::Code, String)>,
     scripted: Option<Scripted>,
     busy: Option<Arc<AtomicUsize>>,
 }
@@ -52,8 +53,8 @@ impl v1::proxy_server::Proxy for Silent {
         }
     }
     async fn get_study(&self, _: Request<v1::GetStudyRequest>) -> Never<v1::StudyInfo> {
-        if let Some(text) = &self.refuses_study {
-            return Err(Status::permission_denied(text.clone()));
+        if let Some((code, text)) = &self.refuses_study {
+            return Err(Status::new(*code, text.clone()));
         }
         if !self.answers_study {
             std::future::pending::<()>().await;
@@ -200,16 +201,17 @@ pub async fn scripted_proxy(
 }
 
 /// The plaintext address of a new proxy that refuses every call for a study with
-/// `text` and answers nothing else, served on the calling runtime: a proxy that
-/// writes what it likes onto the terminal of a program run against it.
+/// `code` and `text` and answers nothing else, served on the calling runtime: a
+/// proxy that writes what it likes onto the terminal of a program run against it
+/// (an outage's code has it retried, and logged at each retry).
 ///
 /// # Panics
 /// As [`silent_proxy`].
-pub async fn refusing_proxy(text: &str) -> std::net::SocketAddr {
+pub async fn refusing_proxy(code: tonic::Code, text: &str) -> std::net::SocketAddr {
     listen(Silent {
         opens_streams: false,
         answers_study: false,
-        refuses_study: Some(text.into()),
+        refuses_study: Some((code, text.into())),
         scripted: None,
         busy: None,
     })

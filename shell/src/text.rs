@@ -25,13 +25,23 @@ pub fn count(n: impl Into<u64>, noun: &str) -> String {
 /// `s` with every character that changes how a terminal shows what follows it
 /// ([`is_terminal_control`]) written as `\u{..}`; `s` itself when it has none.
 pub fn printable(s: &str) -> Cow<'_, str> {
+    escaped(s, |out, c| write!(out, "\\u{{{:x}}}", u32::from(c)))
+}
+
+/// As [`printable`], in JSON's form (`\u009b`): for text that stands inside a
+/// JSON string, as every such character of a JSON log line does.
+pub fn json_printable(s: &str) -> Cow<'_, str> {
+    escaped(s, |out, c| write!(out, "\\u{:04x}", u32::from(c)))
+}
+
+fn escaped(s: &str, escape: fn(&mut String, char) -> std::fmt::Result) -> Cow<'_, str> {
     if !s.chars().any(is_terminal_control) {
         return Cow::Borrowed(s);
     }
     let mut out = String::with_capacity(s.len() + 16);
     for c in s.chars() {
         if is_terminal_control(c) {
-            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            let _ = escape(&mut out, c);
         } else {
             out.push(c);
         }
@@ -94,6 +104,11 @@ mod tests {
             shown,
             "ok\\u{1b}]0;owned\\u{7}\\u{1b}[2J\\u{d}\\u{a}counted\\u{9b}31m\\u{202e}txt.exe\\u{7f}"
         );
+        let json = format!("{{\"m\":{}}}", serde_json::json!(hostile));
+        let shown = json_printable(&json);
+        assert!(!shown.chars().any(is_terminal_control), "{shown:?}");
+        let back: serde_json::Value = serde_json::from_str(&shown).expect("still JSON");
+        assert_eq!(back["m"], hostile, "the escapes are JSON's own");
     }
 
     #[derive(Debug, thiserror::Error)]

@@ -110,6 +110,8 @@ async fn open_study_within(
         })?
         .map_err(status("proxy refused to open the study"))?;
     let study_id = resp.into_inner().study_id;
+    dpca_shell::invitation::check_study_id(&study_id)
+        .map_err(|e| anyhow::anyhow!("the proxy named the new study so: {e}"))?;
     claim_study_id(&spec.public_key.fingerprint(), &study_id)?;
     // A proxy of a build before layout versions drops the field it does not know
     // and would noise the release at its own layout's offsets: read it back.

@@ -694,7 +694,7 @@ fn invited_owner_lists_are_checked() {
 #[test]
 fn names_that_could_drive_a_terminal_are_refused() {
     let mut s = draft(3, Centering::DpMean, Mechanism::GAUSSIAN);
-    s.features[0] = "Größe (cm) 身長".into();
+    s.features[0] = "Größe (cm) 身長 \u{200f}גובה".into();
     assert!(s.clone().validate().is_ok());
     for bad in ["x\x1b[2J", "x\r", "x\u{9b}1m", "x\u{202e}"] {
         s.features[1] = bad.into();

@@ -28,15 +28,17 @@ pub(super) fn check_columns(features: &[String], bounds: &[(f64, f64)]) -> Resul
 
 /// Whether `c` changes how a terminal shows the text after it: a C0 or C1 control
 /// or DEL (escape sequences that retitle or clear a terminal, carriage returns and
-/// line feeds that overwrite or fake a line), or a bidirectional formatting
-/// character (which reorders a line). The names and ids one party shows another may
+/// line feeds that overwrite or fake a line), or a bidirectional embedding,
+/// override or isolate (which reorders the rest of a line). The marks (LRM, RLM,
+/// ALM) are let through: they move no text past another, and right-to-left
+/// column names exported by spreadsheets carry them. The names and ids one party shows another may
 /// hold none ([`check_no_terminal_controls`]); free text (a refusal) is escaped
 /// where it is printed.
 pub fn is_terminal_control(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
-            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
         )
 }
 

@@ -755,42 +755,76 @@ fn an_owner_does_not_wait_forever_on_a_proxy_that_never_answers() {
 /// A proxy may refuse with any text it likes. Printed raw, escape sequences in it
 /// would retitle or clear the owner's terminal, or move the cursor back to
 /// overwrite the refusal with a line that reads as a success. The owner prints
-/// the refusal, and every message of its error, escaped.
+/// the refusal, and every message of its error, escaped; and a refusal it
+/// retries (an outage's code) in the warning each retry logs too.
 #[test]
 fn a_proxys_refusal_cannot_drive_the_owners_terminal() {
     let hostile = "no\x1b]0;study released\x07\x1b[2J\x1b[1A\rcounted \u{9b}32mOK\u{202e}";
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data.csv");
     std::fs::write(&data, "a,b\n1,2\n").expect("write");
-    let out = rt().block_on(async {
-        let at = dpca_shell::testing::refusing_proxy(hostile).await;
-        let mut owner = Command::new(bin("owner"));
-        owner
-            .args([
-                "--insecure-plaintext",
-                "--owner-id",
-                "a",
-                "--retry-for",
-                "0",
-            ])
-            .args([
-                "--budget-cap",
-                "1.5,1e-4",
-                "--proxy",
-                &format!("http://{at}"),
-            ])
-            .args(["--study", "s", "--key-fingerprint", "00", "--data"])
-            .arg(&data);
-        tokio::task::spawn_blocking(move || run(&mut owner))
-            .await
-            .expect("the owner ran")
+    for (code, retry_for) in [
+        (tonic::Code::PermissionDenied, "0"),
+        (tonic::Code::Unavailable, "1"),
+    ] {
+        let out = rt().block_on(async {
+            let at = dpca_shell::testing::refusing_proxy(code, hostile).await;
+            let mut owner = Command::new(bin("owner"));
+            owner
+                .args([
+                    "--insecure-plaintext",
+                    "--owner-id",
+                    "a",
+                    "--retry-for",
+                    retry_for,
+                ])
+                .args([
+                    "--budget-cap",
+                    "1.5,1e-4",
+                    "--proxy",
+                    &format!("http://{at}"),
+                ])
+                .args(["--study", "s", "--key-fingerprint", "00", "--data"])
+                .arg(&data);
+            tokio::task::spawn_blocking(move || run(&mut owner))
+                .await
+                .expect("the owner ran")
+        });
+        assert!(!out.status.success(), "{}", describe(&out));
+        let err = stderr(&out);
+        assert!(
+            !err.chars()
+                .any(|c| c != '\n' && dpca_common::study::is_terminal_control(c)),
+            "{code:?}: {err:?}"
+        );
+        assert!(err.contains("no\\u{1b}]0;study released\\u{7}"), "{err}");
+        if code == tonic::Code::Unavailable {
+            assert!(err.contains("trying again"), "no retry was logged: {err}");
+        }
+    }
+}
+
+/// An owner left off a study's invitation list refuses it before reading its
+/// data or charging its ledger: the proxy would refuse the upload, after the
+/// owner had spent its encryption and its budget on it.
+#[test]
+fn an_owner_not_invited_refuses_before_anything_is_spent() {
+    let f = dpca_tests::fixture_with(|s| {
+        s.expected_owners = vec!["hospital-b".into(), "hospital-c".into()];
     });
-    assert!(!out.status.success(), "{}", describe(&out));
-    let err = stderr(&out);
-    assert!(
-        !err.chars()
-            .any(|c| c != '\n' && dpca_common::study::is_terminal_control(c)),
-        "{err:?}"
+    let ledger = f.dir.path().join("ledger.json");
+    let data = f.good_file("a.csv", 20, 0);
+    let o = f.owner_with(
+        "hospital-a",
+        &data,
+        &["--ledger", ledger.to_str().expect("a UTF-8 path")],
     );
-    assert!(err.contains("no\\u{1b}]0;study released\\u{7}"), "{err}");
+    assert!(!o.status.success(), "{}", describe(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("invites 2 other owners, not `hospital-a`"),
+        "{err}"
+    );
+    assert!(!ledger.exists(), "the ledger was charged");
+    assert_eq!(f.owners_in(), 0);
 }
