@@ -7,7 +7,9 @@
 //! upload is sent, and refuses a study that would pass the cap whatever the proxy
 //! says. A study stays charged even if the proxy then refuses it or the upload
 //! breaks: the ledger counts every study the rows may have entered. A retry of a
-//! study already charged is not charged again.
+//! study already charged is not charged again; each study is kept with what it
+//! cost, and one served again at a higher cost (a proxy reusing a study's id under
+//! a larger epsilon) is refused.
 //!
 //! The file is JSON, replaced whole (written beside it, synced, renamed) so a crash
 //! leaves the old ledger or the new, never a torn one; runs sharing a ledger take
@@ -28,17 +30,73 @@ const FORMAT: u32 = 1;
 #[derive(Clone, Debug)]
 pub struct Ledger(PathBuf);
 
-/// The ledger as stored.
-#[derive(serde::Serialize, serde::Deserialize)]
+/// The ledger as stored: the cap and every study charged, with its cost. What
+/// was spent is their sum, so the file cannot hold a total its studies do not
+/// add up to.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Stored {
     format: u32,
     cap_epsilon: f64,
     cap_delta: f64,
-    spent_epsilon: f64,
-    spent_delta: f64,
-    /// The studies charged, each as `key fingerprint/study id`.
-    studies: Vec<String>,
+    studies: Vec<Charged>,
+}
+
+/// One study charged.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Charged {
+    /// `key fingerprint/study id`.
+    study: String,
+    epsilon: f64,
+    delta: f64,
+}
+
+impl Stored {
+    /// The budget the studies add up to, each figure checked as a charge keeps
+    /// it, and no study twice.
+    fn budget(&self) -> Result<OwnerBudget, String> {
+        let mut seen = std::collections::HashSet::new();
+        for c in &self.studies {
+            if !seen.insert(c.study.as_str()) {
+                return Err(format!("study {:?} charged twice", c.study));
+            }
+            if !(c.epsilon.is_finite() && c.epsilon >= 0.0 && c.delta.is_finite() && c.delta >= 0.0)
+            {
+                return Err(format!(
+                    "study {:?} charged ({}, {})",
+                    c.study, c.epsilon, c.delta
+                ));
+            }
+        }
+        OwnerBudget {
+            cap_epsilon: self.cap_epsilon,
+            cap_delta: self.cap_delta,
+            spent_epsilon: self.studies.iter().map(|c| c.epsilon).sum(),
+            spent_delta: self.studies.iter().map(|c| c.delta).sum(),
+            studies: self.studies.iter().map(|c| c.study.clone()).collect(),
+        }
+        .checked()
+    }
+
+    /// The ledger after `next` (the budget `charge` returned), which charged
+    /// `study` at `cost` if it was not charged before.
+    fn after(&self, next: &OwnerBudget, study: &str, cost: (f64, f64)) -> Stored {
+        let mut studies = self.studies.clone();
+        if !studies.iter().any(|c| c.study == study) {
+            studies.push(Charged {
+                study: study.to_string(),
+                epsilon: cost.0,
+                delta: cost.1,
+            });
+        }
+        Stored {
+            format: FORMAT,
+            cap_epsilon: next.cap_epsilon,
+            cap_delta: next.cap_delta,
+            studies,
+        }
+    }
 }
 
 /// Why the ledger refused a study, or could not be kept.
@@ -68,6 +126,22 @@ pub enum LedgerError {
         /// The budget's refusal.
         source: BudgetError,
     },
+    /// A study charged before is served again at a higher cost.
+    #[error("ledger {path}: study {study} was charged epsilon {charged_epsilon}, delta {charged_delta:e}, and is now served at epsilon {epsilon}, delta {delta:e}: the proxy reuses a study's id for another study; refusing it")]
+    CostRaised {
+        /// The file.
+        path: PathBuf,
+        /// The study (`key fingerprint/study id`).
+        study: String,
+        /// What it was charged.
+        charged_epsilon: f64,
+        /// What it was charged.
+        charged_delta: f64,
+        /// What it is served at now.
+        epsilon: f64,
+        /// What it is served at now.
+        delta: f64,
+    },
 }
 
 impl Ledger {
@@ -89,19 +163,37 @@ impl Ledger {
     ) -> Result<OwnerBudget, LedgerError> {
         let file = LedgerFile(self.resolved()?);
         let (_turn, charged_before) = file.lock()?;
-        let current = file.read(charged_before)?;
+        let stored = file.read(charged_before)?;
         let study = format!("{}/{study_id}", key_fingerprint.trim().to_lowercase());
+        let current = match &stored {
+            Some(s) => Some(file.checked(s)?),
+            None => None,
+        };
+        if let Some(before) = stored
+            .iter()
+            .flat_map(|s| &s.studies)
+            .find(|c| c.study == study)
+        {
+            file.check_cost(before, cost)?;
+        }
         let next = charge(owner, current.as_ref(), cap, &study, cost).map_err(|source| {
             LedgerError::Refused {
                 path: file.0.clone(),
                 source,
             }
         })?;
-        if current.is_none() {
+        let empty = Stored {
+            format: FORMAT,
+            cap_epsilon: cap.0,
+            cap_delta: cap.1,
+            studies: Vec::new(),
+        };
+        let after = stored.as_ref().unwrap_or(&empty).after(&next, &study, cost);
+        if stored.is_none() {
             tracing::warn!(ledger = %file.0.display(), "starting a new budget ledger");
         }
-        if current.as_ref() != Some(&next) {
-            file.write(&next)?;
+        if stored.as_ref() != Some(&after) {
+            file.write(&after)?;
         }
         Ok(next)
     }
@@ -155,18 +247,14 @@ impl LedgerFile {
         Ok((file, existed))
     }
 
-    /// The budget stored, `None` if there is no ledger yet. A ledger missing
-    /// beside the lock an earlier charge left was moved or deleted: refused, as
-    /// starting afresh would reset what was spent.
-    fn read(&self, charged_before: bool) -> Result<Option<OwnerBudget>, LedgerError> {
-        let unreadable = |reason: String| LedgerError::Unreadable {
-            path: self.0.clone(),
-            reason,
-        };
+    /// The ledger stored, `None` if there is none yet. A ledger missing beside
+    /// the lock an earlier charge left was moved or deleted: refused, as starting
+    /// afresh would reset what was spent.
+    fn read(&self, charged_before: bool) -> Result<Option<Stored>, LedgerError> {
         let text = match std::fs::read_to_string(&self.0) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && charged_before => {
-                return Err(unreadable(format!(
+                return Err(self.unreadable(format!(
                     "it is gone, but the lock file {} an earlier charge left is there; \
                      remove that only if no study was ever charged here",
                     sibling(&self.0, "lock").display()
@@ -175,34 +263,39 @@ impl LedgerFile {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(self.io(e)),
         };
-        let stored: Stored = serde_json::from_str(&text).map_err(|e| unreadable(e.to_string()))?;
+        let stored: Stored =
+            serde_json::from_str(&text).map_err(|e| self.unreadable(e.to_string()))?;
         if stored.format != FORMAT {
-            return Err(unreadable(format!("format {}", stored.format)));
+            return Err(self.unreadable(format!("format {}", stored.format)));
         }
-        OwnerBudget {
-            cap_epsilon: stored.cap_epsilon,
-            cap_delta: stored.cap_delta,
-            spent_epsilon: stored.spent_epsilon,
-            spent_delta: stored.spent_delta,
-            studies: stored.studies,
-        }
-        .checked()
-        .map(Some)
-        .map_err(unreadable)
+        Ok(Some(stored))
     }
 
-    /// Replaces the ledger with `budget`: written beside it and synced, renamed
+    /// The budget `stored` adds up to, or why it is not a ledger.
+    fn checked(&self, stored: &Stored) -> Result<OwnerBudget, LedgerError> {
+        stored.budget().map_err(|reason| self.unreadable(reason))
+    }
+
+    /// Refuses a study charged `before` that is served again at more than
+    /// `cost` = (epsilon, delta): an honest proxy serves a study's spec unchanged.
+    fn check_cost(&self, before: &Charged, cost: (f64, f64)) -> Result<(), LedgerError> {
+        if cost.0 <= before.epsilon && cost.1 <= before.delta {
+            return Ok(());
+        }
+        Err(LedgerError::CostRaised {
+            path: self.0.clone(),
+            study: before.study.clone(),
+            charged_epsilon: before.epsilon,
+            charged_delta: before.delta,
+            epsilon: cost.0,
+            delta: cost.1,
+        })
+    }
+
+    /// Replaces the ledger with `stored`: written beside it and synced, renamed
     /// over it, and its folder synced.
-    fn write(&self, budget: &OwnerBudget) -> Result<(), LedgerError> {
-        let stored = Stored {
-            format: FORMAT,
-            cap_epsilon: budget.cap_epsilon,
-            cap_delta: budget.cap_delta,
-            spent_epsilon: budget.spent_epsilon,
-            spent_delta: budget.spent_delta,
-            studies: budget.studies.clone(),
-        };
-        let json = serde_json::to_string_pretty(&stored).map_err(|e| self.io(e.into()))?;
+    fn write(&self, stored: &Stored) -> Result<(), LedgerError> {
+        let json = serde_json::to_string_pretty(stored).map_err(|e| self.io(e.into()))?;
         let next = sibling(&self.0, "next");
         let mut file = File::create(&next).map_err(|e| self.io(e))?;
         file.write_all(json.as_bytes())
@@ -216,6 +309,13 @@ impl LedgerFile {
                 .map_err(|e| self.io(e))?;
         }
         Ok(())
+    }
+
+    fn unreadable(&self, reason: String) -> LedgerError {
+        LedgerError::Unreadable {
+            path: self.0.clone(),
+            reason,
+        }
     }
 
     fn io(&self, source: std::io::Error) -> LedgerError {
@@ -272,8 +372,14 @@ mod tests {
             .charge("a", "ab", "s1", CAP, (1.0, 1e-5))
             .expect("first");
         let good = std::fs::read_to_string(&path).expect("read");
+        let mut twice = LedgerFile(path.clone())
+            .read(false)
+            .expect("read")
+            .expect("a ledger");
+        twice.studies.push(twice.studies[0].clone());
         for bad in [
-            good.replace("\"spent_epsilon\": 1.0", "\"spent_epsilon\": -1.0"),
+            good.replace("\"epsilon\": 1.0", "\"epsilon\": -1.0"),
+            serde_json::to_string(&twice).expect("json"),
             good.replace("\"format\": 1", "\"format\": 2"),
             good.replace("\"studies\"", "\"extra\": 0, \"studies\""),
             good[..good.len() / 2].to_string(),
@@ -322,6 +428,32 @@ mod tests {
             .read(false)
             .expect("read")
             .expect("a ledger")
+            .budget()
+            .expect("a budget")
+    }
+
+    /// A proxy reusing a study's id for a study of a larger epsilon or delta does
+    /// not have it taken for a retry: it is refused, and the ledger unchanged. The
+    /// same study served at its cost or less is the retry it looks like.
+    #[test]
+    fn a_study_served_again_at_a_higher_cost_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ledger.json");
+        let ledger = Ledger::at(&path);
+        let b = ledger
+            .charge("a", "ab", "s1", CAP, (0.5, 1e-6))
+            .expect("first");
+        for raised in [(0.6, 1e-6), (0.5, 1e-5)] {
+            let err = ledger
+                .charge("a", "ab", "s1", CAP, raised)
+                .expect_err("a higher cost");
+            assert!(matches!(err, LedgerError::CostRaised { .. }), "{err}");
+        }
+        assert_eq!(stored(&path), b);
+        let again = ledger
+            .charge("a", "ab", "s1", CAP, (0.4, 1e-6))
+            .expect("at less");
+        assert_eq!(again, b);
     }
 
     /// A ledger reached through a link is written through it; one gone from

@@ -524,7 +524,7 @@ async fn run_once(
             encrypted
         }
     };
-    charge_ledger(cfg, &spec).await?;
+    let ledger = charge_ledger(cfg, &spec).await?;
     let wait = upload_wait(spec.deadline_unix_ms, now_unix_ms()?);
     let response = upload(&mut client, encrypted.chunks.clone(), wait).await?;
     let (tally, ciphertexts) = (attempts.tally(), encrypted.ciphertexts());
@@ -547,6 +547,7 @@ async fn run_once(
             cap_epsilon: response.cap_epsilon,
             cap_delta: response.cap_delta,
         }),
+        ledger,
     })
 }
 
@@ -555,9 +556,12 @@ async fn run_once(
 /// Whatever state the proxy says the study is in: a proxy that said a study had
 /// stopped collecting and counted the upload all the same would otherwise have
 /// the rows enter it uncharged.
-async fn charge_ledger(cfg: &OwnerConfig, spec: &StudySpec) -> anyhow::Result<()> {
+async fn charge_ledger(
+    cfg: &OwnerConfig,
+    spec: &StudySpec,
+) -> anyhow::Result<Option<BudgetReport>> {
     let Some(ledger) = cfg.ledger.clone() else {
-        return Ok(());
+        return Ok(None);
     };
     let (owner, fingerprint, study) = (
         cfg.owner_id.clone(),
@@ -565,10 +569,16 @@ async fn charge_ledger(cfg: &OwnerConfig, spec: &StudySpec) -> anyhow::Result<()
         cfg.study_id.clone(),
     );
     let (cap, cost) = (cfg.budget_cap, (spec.privacy.epsilon, spec.privacy.delta));
-    tokio::task::spawn_blocking(move || ledger.charge(&owner, &fingerprint, &study, cap, cost))
-        .await
-        .context("the ledger's task panicked")??;
-    Ok(())
+    let b =
+        tokio::task::spawn_blocking(move || ledger.charge(&owner, &fingerprint, &study, cap, cost))
+            .await
+            .context("the ledger's task panicked")??;
+    Ok(Some(BudgetReport {
+        spent_epsilon: b.spent_epsilon,
+        spent_delta: b.spent_delta,
+        cap_epsilon: b.cap_epsilon,
+        cap_delta: b.cap_delta,
+    }))
 }
 
 /// The owner's table read from `bytes`, checked against `spec` (of `layout`),

@@ -716,6 +716,26 @@ pub(crate) mod tests {
         assert!(matches!(late, Err(StudyError::Closed { .. })));
     }
 
+    /// A study with an invitation list counts no one else, whatever it sends;
+    /// an invited owner is counted.
+    #[test]
+    fn an_owner_not_invited_is_refused_and_nothing_counted() {
+        let mut s = study(1, 1);
+        let mut draft = s.spec.to_draft();
+        draft.expected_owners = vec!["a".into()];
+        s.spec = draft.validate().expect("a spec inviting a");
+        assert!(matches!(
+            s.check_can_contribute("b", "1"),
+            Err(StudyError::NotInvited { .. })
+        ));
+        let res = s.contribute("b", "1", &fake_cts(&s, 3), add);
+        assert!(matches!(res, Err(StudyError::NotInvited { .. })), "{res:?}");
+        assert!(s.owners_in().is_empty());
+        s.contribute("a", "1", &fake_cts(&s, 3), add)
+            .expect("an invited owner");
+        assert_eq!(s.owners_in(), ["a"]);
+    }
+
     #[test]
     fn wrong_count_changes_nothing() {
         let mut s = study(2, 1);

@@ -45,9 +45,14 @@ pub struct OwnerReport {
     /// delta spent over all studies, and the cap in force.
     #[serde(default)]
     pub budget: Option<BudgetReport>,
+    /// This data set's budget in the owner's own ledger after this contribution
+    /// (`owner --ledger`), where it keeps one: over every study charged to it, at
+    /// every proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<BudgetReport>,
 }
 
-/// An owner's budget as the proxy keeps it.
+/// An owner's budget as the proxy (or the owner's ledger) keeps it.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct BudgetReport {
     /// Epsilon spent over all studies.

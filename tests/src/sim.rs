@@ -137,7 +137,9 @@ impl Model {
 
     fn contribute(&mut self, owner: usize, variant: usize) -> Expect {
         if owner >= INVITED {
-            return Expect::Refused("is not invited");
+            // Refused by the owner itself, which sees the invitation list in the
+            // spec (the proxy's own refusal: `study::tests`).
+            return Expect::Refused("invites 3 other owners, not `sim-outsider`");
         }
         match self.counted.get(&owner) {
             Some(&v) if v == variant => return Expect::AlreadyCounted,

@@ -239,6 +239,10 @@ fn an_owners_ledger_holds_its_cap_against_a_proxy_that_forgot_it() {
     for run in ["the study", "a retry of it, not charged again"] {
         let o = first.owner_with("hospital-a", &data, &ledger);
         assert!(o.status.success(), "{run}: {}", describe(&o));
+        let report: dpca_shell::owner_report::OwnerReport =
+            serde_json::from_slice(&o.stdout).expect("the owner's report");
+        let kept = report.ledger.expect("the ledger's figures reported");
+        assert_eq!((kept.spent_epsilon, kept.cap_epsilon), (1.0, 1.5), "{run}");
     }
     assert_eq!(first.owners_in(), 1);
     // The fixture's study costs epsilon 1 of the owner's cap of 1.5.
