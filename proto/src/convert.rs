@@ -12,6 +12,17 @@ use crate::v1;
 
 /// Converts and fully validates a wire study spec.
 pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
+    draft_from_wire(w)?.validate()
+}
+
+/// As [`spec_from_wire`], for a spec the proxy stored itself
+/// ([`SpecDraft::validate_stored`]).
+pub fn stored_spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
+    draft_from_wire(w)?.validate_stored()
+}
+
+/// The wire spec as a draft, its layout version and enumerations read.
+fn draft_from_wire(w: &v1::StudySpec) -> Result<SpecDraft, SpecError> {
     let version = w.layout.max(1);
     if version != LAYOUT_VERSION {
         return Err(SpecError::Parameter {
@@ -62,7 +73,7 @@ pub fn spec_from_wire(w: &v1::StudySpec) -> Result<StudySpec, SpecError> {
         norm_bins,
         expected_owners: w.expected_owners.clone(),
     };
-    spec.validate()
+    Ok(spec)
 }
 
 /// The projection's axes, `projection_rank` rows of one value per feature, if

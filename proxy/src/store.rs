@@ -48,7 +48,7 @@ use dpca_common::arith::Elem;
 use dpca_common::dp::Centering;
 use dpca_common::paillier::PublicKey;
 use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION};
-use dpca_proto::convert::{spec_from_wire, spec_to_wire};
+use dpca_proto::convert::{spec_to_wire, stored_spec_from_wire};
 use dpca_proto::v1;
 use prost::Message;
 use redb::{
@@ -910,7 +910,7 @@ pub fn from_record(key: &str, bytes: &[u8], parts: StoredParts) -> Result<Study,
     if wire.layout.max(1) != LAYOUT_VERSION {
         return of_older_layout(&rec, wire, contributors);
     }
-    let spec = spec_from_wire(wire).map_err(|e| format!("spec: {e}"))?;
+    let spec = stored_spec_from_wire(wire).map_err(|e| format!("spec: {e}"))?;
     let layout = StudyLayout::new(&spec).map_err(|e| format!("layout: {e}"))?;
     let phase = phase_from_record(&rec, &spec, &contributors)?;
     let aggregate = rebuild_aggregate(&spec, &layout, &phase, &parts)?;
@@ -946,7 +946,7 @@ fn of_older_layout(
         layout: LAYOUT_VERSION,
         ..wire.clone()
     };
-    let spec = spec_from_wire(&current).map_err(|e| format!("spec: {e}"))?;
+    let spec = stored_spec_from_wire(&current).map_err(|e| format!("spec: {e}"))?;
     let layout = StudyLayout::new(&spec).map_err(|e| format!("layout: {e}"))?;
     let reason = match rec.phase.as_str() {
         "aborted" => rec.abort_reason.clone(),
@@ -1308,6 +1308,32 @@ mod tests {
             }
             assert_eq!(l.contributors(), s.contributors());
         }
+    }
+
+    /// A study whose feature name a build before the terminal-control check took
+    /// in is still restored (owners refuse its spec when served it): refusing it
+    /// would stop the proxy, and every other study, at startup.
+    #[test]
+    fn a_stored_study_with_a_name_new_specs_refuse_is_restored() {
+        let pk = key().public().clone();
+        let mut s = study(3, 3);
+        let cts = contribution(&s, 1);
+        s.contribute("a", "a", &cts, |x, y| pk.ring().mul_elem(x, y))
+            .expect("contribute");
+        let mut rec = to_record(&s);
+        if let Some(spec) = rec.spec.as_mut() {
+            spec.features[0] = "a\x1b[2J".into();
+            assert!(dpca_proto::convert::spec_from_wire(spec).is_err());
+        }
+        let parts = StoredParts {
+            contributors: vec![contributor_row(&s, "a", false)],
+            checkpoint: slices(&pk, s.aggregate()).concat(),
+            ..Default::default()
+        };
+        let l = from_record("s1", &rec.encode_to_vec(), parts).expect("restored");
+        assert_eq!(l.phase.name(), "collecting");
+        assert_eq!(l.spec.features[0], "a\x1b[2J");
+        assert_eq!(l.contributors(), s.contributors());
     }
 
     #[test]

@@ -137,7 +137,7 @@ impl NormBins {
         }
         // An infinite bound made every row's norm NaN, counted silently in the
         // first bin.
-        super::spec::check_columns(&self.features, &self.bounds)
+        super::spec::check_intervals(&self.features, &self.bounds)
             .map_err(|e| param("norm_bins", e))?;
         if spec.features != self.bin_names()
             || spec.bounds.iter().any(|&b| b != (-1.0, 1.0))

@@ -8,12 +8,9 @@ use crate::dp::{plan_noise_blocks, Centering, PrivacyRequest};
 use crate::encoding::FixedPoint;
 use crate::paillier::PublicKey;
 
-/// Each feature's name free of terminal controls and its bounds finite with
-/// lo <= hi, or what is wrong with the first that is not.
-pub(super) fn check_columns(features: &[String], bounds: &[(f64, f64)]) -> Result<(), String> {
-    for name in features {
-        check_no_terminal_controls("feature name", name)?;
-    }
+/// Each feature's bounds finite with lo <= hi, or what is wrong with the first
+/// that is not.
+pub(super) fn check_intervals(features: &[String], bounds: &[(f64, f64)]) -> Result<(), String> {
     match features
         .iter()
         .zip(bounds)
@@ -151,7 +148,33 @@ impl SpecDraft {
     /// validated spec.
     pub fn validate(self) -> Result<StudySpec, SpecError> {
         self.check()?;
+        self.check_names()?;
         Ok(StudySpec(self))
+    }
+
+    /// As [`SpecDraft::validate`], but for a spec read back from the proxy's own
+    /// state: its names and ids are not checked for terminal controls, so a study
+    /// a build before that check took in is still restored (each owner refuses
+    /// it on the spec it is served, and the status table shows its names escaped).
+    pub fn validate_stored(self) -> Result<StudySpec, SpecError> {
+        self.check()?;
+        Ok(StudySpec(self))
+    }
+
+    /// The names and ids other parties print hold no terminal control: feature
+    /// names (a histogram's data features too) and invited owners.
+    fn check_names(&self) -> Result<(), SpecError> {
+        for name in &self.features {
+            check_no_terminal_controls("feature name", name).map_err(SpecError::Schema)?;
+        }
+        for name in self.norm_bins.iter().flat_map(|b| &b.features) {
+            check_no_terminal_controls("feature name", name).map_err(|e| param("norm_bins", e))?;
+        }
+        for owner in &self.expected_owners {
+            check_no_terminal_controls("owner id", owner)
+                .map_err(|e| param("expected_owners", e))?;
+        }
+        Ok(())
     }
 
     fn check(&self) -> Result<(), SpecError> {
@@ -193,7 +216,7 @@ impl SpecDraft {
                 )));
             }
         }
-        check_columns(&self.features, &self.bounds).map_err(SpecError::Schema)
+        check_intervals(&self.features, &self.bounds).map_err(SpecError::Schema)
     }
 
     /// The ball C and the fixed-point scale it is encoded at.
@@ -263,7 +286,6 @@ impl SpecDraft {
                     format!("an owner id of {} bytes; at most {MAX_ID_BYTES}", o.len()),
                 ));
             }
-            check_no_terminal_controls("owner id", o).map_err(|e| param("expected_owners", e))?;
         }
         if self.quorum as usize > self.expected_owners.len() {
             return Err(param(
