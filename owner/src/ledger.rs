@@ -1,38 +1,44 @@
 //! The owner's own record of what its data set has spent (`owner --ledger FILE`).
 //!
-//! The proxy keeps each owner's budget across studies (`dpca_common::owner_budget`), but
-//! a proxy whose state is lost, reset or replaced forgets it, and a user could then
-//! run study after study on the same rows. An owner given a ledger charges each
-//! study to it, by the same rule and the same cap, before the first byte of its
-//! upload is sent, and refuses a study that would pass the cap whatever the proxy
-//! says. A study stays charged even if the proxy then refuses it or the upload
-//! breaks: the ledger counts every study the rows may have entered. A retry of a
-//! study already charged is not charged again; each study is kept with what it
-//! cost, and one served again at a higher cost (a proxy reusing a study's id under
-//! a larger epsilon) is refused.
+//! The proxy keeps each owner's budget across studies (`dpca_common::owner_budget`),
+//! but a proxy whose state is lost, reset or replaced forgets it, and a user could
+//! then run study after study on the same rows. An owner given a ledger charges
+//! each study to it, by the same rule and the same cap, before the first byte of
+//! its upload is sent, and refuses a study that would pass the cap whatever the
+//! proxy says. A study stays charged even if the proxy then refuses it or the
+//! upload breaks: the ledger counts every study the rows may have entered. A retry
+//! of a study already charged is not charged again; each study is kept with the
+//! digest of its spec and what it cost, and one served again under the same id
+//! with another spec (a reused id passed off as a retry) is refused.
 //!
 //! The file is JSON, replaced whole (written beside it, synced, renamed) so a crash
 //! leaves the old ledger or the new, never a torn one; runs sharing a ledger take
-//! turns on a lock file beside it. A ledger that cannot be read, or holds a figure
-//! a charge never writes, is refused, never started afresh: that would reset what
-//! was spent.
+//! turns on a lock file beside it, which also records that a ledger was written. A
+//! ledger that cannot be read, holds a figure a charge never writes, or is gone
+//! from beside a lock that records one (or from behind a link) is refused, never
+//! started afresh: that would reset what was spent.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write as _;
+use std::io::{Read as _, Seek as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use dpca_common::owner_budget::{charge, BudgetError, OwnerBudget};
+use dpca_common::study::StudySpec;
+use prost::Message as _;
+use sha2::{Digest as _, Sha256};
 
 /// The ledger file's format, stored in it.
 const FORMAT: u32 = 1;
+
+/// What the lock file holds once a ledger was written beside it.
+const WRITTEN: &[u8] = b"a budget ledger was written beside this lock file\n";
 
 /// A ledger file, read and charged by [`Ledger::charge`].
 #[derive(Clone, Debug)]
 pub struct Ledger(PathBuf);
 
-/// The ledger as stored: the cap and every study charged, with its cost. What
-/// was spent is their sum, so the file cannot hold a total its studies do not
-/// add up to.
+/// The ledger as stored: the cap and every study charged. What was spent is their
+/// sum, so the file cannot hold a total its studies do not add up to.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Stored {
@@ -48,11 +54,36 @@ struct Stored {
 struct Charged {
     /// `key fingerprint/study id`.
     study: String,
+    /// SHA-256 of the spec it was charged for, as sent on the wire.
+    spec_sha256: String,
     epsilon: f64,
     delta: f64,
 }
 
+impl Charged {
+    /// `spec`, served as study `study_id` under the key `key_fingerprint`.
+    fn of(key_fingerprint: &str, study_id: &str, spec: &StudySpec) -> Self {
+        let wire = dpca_proto::convert::spec_to_wire(spec).encode_to_vec();
+        Self {
+            study: format!("{}/{study_id}", key_fingerprint.trim().to_lowercase()),
+            spec_sha256: hex::encode(Sha256::digest(wire)),
+            epsilon: spec.privacy.epsilon,
+            delta: spec.privacy.delta,
+        }
+    }
+}
+
 impl Stored {
+    /// A ledger with no study charged (its cap is the first charge's).
+    fn empty() -> Self {
+        Stored {
+            format: FORMAT,
+            cap_epsilon: 0.0,
+            cap_delta: 0.0,
+            studies: Vec::new(),
+        }
+    }
+
     /// The budget the studies add up to, each figure checked as a charge keeps
     /// it, and no study twice.
     fn budget(&self) -> Result<OwnerBudget, String> {
@@ -61,12 +92,9 @@ impl Stored {
             if !seen.insert(c.study.as_str()) {
                 return Err(format!("study {:?} charged twice", c.study));
             }
-            if !(c.epsilon.is_finite() && c.epsilon >= 0.0 && c.delta.is_finite() && c.delta >= 0.0)
-            {
-                return Err(format!(
-                    "study {:?} charged ({}, {})",
-                    c.study, c.epsilon, c.delta
-                ));
+            let figures = [c.epsilon, c.delta];
+            if !figures.iter().all(|x| x.is_finite() && *x >= 0.0) {
+                return Err(format!("study {:?} charged {figures:?}", c.study));
             }
         }
         OwnerBudget {
@@ -80,15 +108,11 @@ impl Stored {
     }
 
     /// The ledger after `next` (the budget `charge` returned), which charged
-    /// `study` at `cost` if it was not charged before.
-    fn after(&self, next: &OwnerBudget, study: &str, cost: (f64, f64)) -> Stored {
+    /// `study` if it was not charged before.
+    fn after(&self, next: &OwnerBudget, study: &Charged) -> Stored {
         let mut studies = self.studies.clone();
-        if !studies.iter().any(|c| c.study == study) {
-            studies.push(Charged {
-                study: study.to_string(),
-                epsilon: cost.0,
-                delta: cost.1,
-            });
+        if !studies.iter().any(|c| c.study == study.study) {
+            studies.push(study.clone());
         }
         Stored {
             format: FORMAT,
@@ -126,9 +150,9 @@ pub enum LedgerError {
         /// The budget's refusal.
         source: BudgetError,
     },
-    /// A study charged before is served again at a higher cost.
-    #[error("ledger {path}: study {study} was charged epsilon {charged_epsilon}, delta {charged_delta:e}, and is now served at epsilon {epsilon}, delta {delta:e}: the proxy reuses a study's id for another study; refusing it")]
-    CostRaised {
+    /// A study charged before is served again with another spec.
+    #[error("ledger {path}: study {study} was charged for another spec (epsilon {charged_epsilon}, delta {charged_delta:e}) than the one it is served with now: the proxy reuses a study's id for another study; refusing it")]
+    SpecChanged {
         /// The file.
         path: PathBuf,
         /// The study (`key fingerprint/study id`).
@@ -137,10 +161,6 @@ pub enum LedgerError {
         charged_epsilon: f64,
         /// What it was charged.
         charged_delta: f64,
-        /// What it is served at now.
-        epsilon: f64,
-        /// What it is served at now.
-        delta: f64,
     },
 }
 
@@ -150,58 +170,52 @@ impl Ledger {
         Self(path.into())
     }
 
-    /// Charges `owner`'s study `study_id` under the key `key_fingerprint` its cost
-    /// (epsilon, delta) against `cap`, and stores the result before returning it;
-    /// refused, with nothing stored, if it would pass the cap.
+    /// Charges `owner`'s study `study_id`, served with `spec` under the key
+    /// `key_fingerprint`, its epsilon and delta against `cap`, and stores the
+    /// result before returning it; refused, with nothing stored, if it would pass
+    /// the cap or the study was charged for another spec.
     pub fn charge(
         &self,
         owner: &str,
         key_fingerprint: &str,
         study_id: &str,
+        spec: &StudySpec,
         cap: (f64, f64),
-        cost: (f64, f64),
     ) -> Result<OwnerBudget, LedgerError> {
         let file = LedgerFile(self.resolved()?);
-        let (_turn, charged_before) = file.lock()?;
-        let stored = file.read(charged_before)?;
-        let study = format!("{}/{study_id}", key_fingerprint.trim().to_lowercase());
+        let mut turn = file.lock()?;
+        let stored = file.read(&turn)?;
+        let study = Charged::of(key_fingerprint, study_id, spec);
         let current = match &stored {
-            Some(s) => Some(file.checked(s)?),
+            Some(s) => Some(file.checked(s, &study)?),
             None => None,
         };
-        if let Some(before) = stored
-            .iter()
-            .flat_map(|s| &s.studies)
-            .find(|c| c.study == study)
-        {
-            file.check_cost(before, cost)?;
-        }
-        let next = charge(owner, current.as_ref(), cap, &study, cost).map_err(|source| {
+        let cost = (study.epsilon, study.delta);
+        let next = charge(owner, current.as_ref(), cap, &study.study, cost).map_err(|source| {
             LedgerError::Refused {
                 path: file.0.clone(),
                 source,
             }
         })?;
-        let empty = Stored {
-            format: FORMAT,
-            cap_epsilon: cap.0,
-            cap_delta: cap.1,
-            studies: Vec::new(),
+        let after = match &stored {
+            Some(s) => s.after(&next, &study),
+            None => {
+                tracing::warn!(ledger = %file.0.display(), "starting a new budget ledger");
+                Stored::empty().after(&next, &study)
+            }
         };
-        let after = stored.as_ref().unwrap_or(&empty).after(&next, &study, cost);
-        if stored.is_none() {
-            tracing::warn!(ledger = %file.0.display(), "starting a new budget ledger");
-        }
         if stored.as_ref() != Some(&after) {
             file.write(&after)?;
         }
+        file.mark_written(&mut turn)?;
         Ok(next)
     }
 
     /// The ledger's path with its folder made absolute and links resolved, and
     /// the file itself followed if it is a link: one ledger has one lock file
     /// however it is spelled, its folder is known to sync (a bare file name's is
-    /// the working folder), and a link to it is written through, not replaced.
+    /// the working folder), and a link to it is written through, not replaced. A
+    /// link to nothing (an unmounted volume, a moved file) is refused.
     fn resolved(&self) -> Result<PathBuf, LedgerError> {
         let io = |source| LedgerError::Io {
             path: self.0.clone(),
@@ -212,10 +226,17 @@ impl Ledger {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io(e)),
         }
-        let name = self.0.file_name().ok_or_else(|| LedgerError::Unreadable {
+        let unreadable = |reason: &str| LedgerError::Unreadable {
             path: self.0.clone(),
-            reason: "the path names no file".into(),
-        })?;
+            reason: reason.into(),
+        };
+        if std::fs::symlink_metadata(&self.0).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(unreadable("it is a link to nothing"));
+        }
+        let name = self
+            .0
+            .file_name()
+            .ok_or_else(|| unreadable("the path names no file"))?;
         let dir = self.0.parent().filter(|d| !d.as_os_str().is_empty());
         let dir = std::fs::canonicalize(dir.unwrap_or(Path::new("."))).map_err(io)?;
         Ok(dir.join(name))
@@ -225,38 +246,63 @@ impl Ledger {
 /// A ledger at its resolved path (`Ledger::resolved`).
 struct LedgerFile(PathBuf);
 
+/// A run's turn at the ledger: its lock file, held exclusively until dropped, and
+/// whether it records that a ledger was written.
+struct Turn {
+    lock: File,
+    written: bool,
+}
+
 impl LedgerFile {
-    /// The lock file beside the ledger, held exclusively until dropped, and
-    /// whether it was there before (left by an earlier charge). Not the ledger
-    /// itself: it is replaced by a rename, and a lock on the file renamed over
-    /// would not exclude a run that opened the new one.
-    fn lock(&self) -> Result<(File, bool), LedgerError> {
+    /// The lock file beside the ledger, locked. Not the ledger itself: it is
+    /// replaced by a rename, and a lock on the file renamed over would not exclude
+    /// a run that opened the new one.
+    fn lock(&self) -> Result<Turn, LedgerError> {
         let path = sibling(&self.0, "lock");
-        let existed = path.exists();
         let io = |source| LedgerError::Io {
             path: path.clone(),
             source,
         };
-        let file = OpenOptions::new()
+        let mut lock = OpenOptions::new()
             .create(true)
             .truncate(false)
+            .read(true)
             .write(true)
             .open(&path)
             .map_err(io)?;
-        file.lock().map_err(io)?;
-        Ok((file, existed))
+        lock.lock().map_err(io)?;
+        let mut held = Vec::new();
+        lock.read_to_end(&mut held).map_err(io)?;
+        let written = held.starts_with(WRITTEN);
+        Ok(Turn { lock, written })
     }
 
-    /// The ledger stored, `None` if there is none yet. A ledger missing beside
-    /// the lock an earlier charge left was moved or deleted: refused, as starting
-    /// afresh would reset what was spent.
-    fn read(&self, charged_before: bool) -> Result<Option<Stored>, LedgerError> {
+    /// Records in the lock file, once, that a ledger stands beside it.
+    fn mark_written(&self, turn: &mut Turn) -> Result<(), LedgerError> {
+        if turn.written {
+            return Ok(());
+        }
+        let lock = &mut turn.lock;
+        lock.rewind()
+            .and_then(|()| lock.write_all(WRITTEN))
+            .and_then(|()| lock.sync_all())
+            .map_err(|source| LedgerError::Io {
+                path: sibling(&self.0, "lock"),
+                source,
+            })?;
+        turn.written = true;
+        Ok(())
+    }
+
+    /// The ledger stored, `None` if there is none yet. A ledger missing beside a
+    /// lock that records one was moved or deleted: refused, as starting afresh
+    /// would reset what was spent.
+    fn read(&self, turn: &Turn) -> Result<Option<Stored>, LedgerError> {
         let text = match std::fs::read_to_string(&self.0) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && charged_before => {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && turn.written => {
                 return Err(self.unreadable(format!(
-                    "it is gone, but the lock file {} an earlier charge left is there; \
-                     remove that only if no study was ever charged here",
+                    "it is gone, but its lock file {} records that it was written",
                     sibling(&self.0, "lock").display()
                 )))
             }
@@ -271,25 +317,22 @@ impl LedgerFile {
         Ok(Some(stored))
     }
 
-    /// The budget `stored` adds up to, or why it is not a ledger.
-    fn checked(&self, stored: &Stored) -> Result<OwnerBudget, LedgerError> {
-        stored.budget().map_err(|reason| self.unreadable(reason))
-    }
-
-    /// Refuses a study charged `before` that is served again at more than
-    /// `cost` = (epsilon, delta): an honest proxy serves a study's spec unchanged.
-    fn check_cost(&self, before: &Charged, cost: (f64, f64)) -> Result<(), LedgerError> {
-        if cost.0 <= before.epsilon && cost.1 <= before.delta {
-            return Ok(());
+    /// The budget `stored` adds up to, or why it is not a ledger; refused if it
+    /// charged `study` for another spec: an honest proxy serves a study's spec
+    /// unchanged.
+    fn checked(&self, stored: &Stored, study: &Charged) -> Result<OwnerBudget, LedgerError> {
+        let budget = stored.budget().map_err(|reason| self.unreadable(reason))?;
+        match stored.studies.iter().find(|c| c.study == study.study) {
+            Some(before) if before.spec_sha256 != study.spec_sha256 => {
+                Err(LedgerError::SpecChanged {
+                    path: self.0.clone(),
+                    study: before.study.clone(),
+                    charged_epsilon: before.epsilon,
+                    charged_delta: before.delta,
+                })
+            }
+            _ => Ok(budget),
         }
-        Err(LedgerError::CostRaised {
-            path: self.0.clone(),
-            study: before.study.clone(),
-            charged_epsilon: before.epsilon,
-            charged_delta: before.delta,
-            epsilon: cost.0,
-            delta: cost.1,
-        })
     }
 
     /// Replaces the ledger with `stored`: written beside it and synced, renamed
@@ -337,30 +380,87 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
+    use dpca_common::study::SpecDraft;
 
     const CAP: (f64, f64) = (1.5, 1e-4);
+
+    /// The test study at `epsilon` (delta 1e-6).
+    fn spec(epsilon: f64) -> StudySpec {
+        let key = dpca_common::testing::test_key();
+        SpecDraft {
+            privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, Centering::DpMean, epsilon, 1e-6)
+                .expect("a privacy request"),
+            ..dpca_common::testing::test_draft(key.public(), 2)
+        }
+        .validate()
+        .expect("the test spec")
+    }
+
+    /// The ledger at `path`, read back.
+    fn stored(path: &Path) -> OwnerBudget {
+        let file = LedgerFile(path.to_path_buf());
+        let turn = file.lock().expect("lock");
+        let stored = file.read(&turn).expect("read").expect("a ledger");
+        stored.budget().expect("a budget")
+    }
 
     #[test]
     fn a_study_is_charged_once_and_one_past_the_cap_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let ledger = Ledger::at(dir.path().join("ledger.json"));
-        let b = ledger
-            .charge("a", "AB12", "s1", CAP, (1.0, 1e-5))
-            .expect("first");
-        assert_eq!(b.studies, ["ab12/s1"]);
+        let path = dir.path().join("ledger.json");
+        let (ledger, one) = (Ledger::at(&path), spec(1.0));
+        let b = ledger.charge("a", "AB12", "s1", &one, CAP).expect("first");
+        assert_eq!(
+            (b.spent_epsilon, b.studies.clone()),
+            (1.0, vec!["ab12/s1".into()])
+        );
         // A retry, read back from the file, costs nothing.
-        let again = Ledger::at(dir.path().join("ledger.json"))
-            .charge("a", "ab12", "s1", CAP, (1.0, 1e-5))
+        let again = Ledger::at(&path)
+            .charge("a", "ab12", "s1", &one, CAP)
             .expect("retry");
         assert_eq!(again, b);
         // The same study id under another key is another study.
         let err = ledger
-            .charge("a", "cd34", "s1", CAP, (1.0, 1e-5))
+            .charge("a", "cd34", "s1", &one, CAP)
             .expect_err("past the cap");
         assert!(matches!(err, LedgerError::Refused { .. }), "{err}");
         assert!(err.to_string().contains("exhausted"), "{err}");
-        let stored = stored(&dir.path().join("ledger.json"));
-        assert_eq!(stored, b, "a refused study changed the ledger");
+        assert_eq!(stored(&path), b, "a refused study changed the ledger");
+    }
+
+    /// A first charge refused (a study above the cap) leaves no ledger, and no
+    /// lock that would later read as a ledger gone.
+    #[test]
+    fn a_refused_first_charge_leaves_the_ledger_to_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ledger = Ledger::at(dir.path().join("ledger.json"));
+        let err = ledger
+            .charge("a", "ab", "s1", &spec(1.0), (0.5, 1e-4))
+            .expect_err("above the cap");
+        assert!(matches!(err, LedgerError::Refused { .. }), "{err}");
+        ledger
+            .charge("a", "ab", "s2", &spec(0.4), (0.5, 1e-4))
+            .expect("a study within the cap");
+    }
+
+    /// A proxy reusing a study's id for another spec, at any cost, does not have
+    /// it taken for a retry: it is refused, and the ledger unchanged.
+    #[test]
+    fn a_study_served_again_with_another_spec_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ledger.json");
+        let ledger = Ledger::at(&path);
+        let b = ledger
+            .charge("a", "ab", "s1", &spec(0.5), CAP)
+            .expect("first");
+        for other in [spec(0.6), spec(0.4)] {
+            let err = ledger
+                .charge("a", "ab", "s1", &other, CAP)
+                .expect_err("another spec");
+            assert!(matches!(err, LedgerError::SpecChanged { .. }), "{err}");
+        }
+        assert_eq!(stored(&path), b);
     }
 
     #[test]
@@ -369,13 +469,10 @@ mod tests {
         let path = dir.path().join("ledger.json");
         let ledger = Ledger::at(&path);
         ledger
-            .charge("a", "ab", "s1", CAP, (1.0, 1e-5))
+            .charge("a", "ab", "s1", &spec(1.0), CAP)
             .expect("first");
         let good = std::fs::read_to_string(&path).expect("read");
-        let mut twice = LedgerFile(path.clone())
-            .read(false)
-            .expect("read")
-            .expect("a ledger");
+        let mut twice: Stored = serde_json::from_str(&good).expect("a ledger");
         twice.studies.push(twice.studies[0].clone());
         for bad in [
             good.replace("\"epsilon\": 1.0", "\"epsilon\": -1.0"),
@@ -388,7 +485,7 @@ mod tests {
             assert_ne!(bad, good, "the corruption must change the file");
             std::fs::write(&path, &bad).expect("write");
             let err = ledger
-                .charge("a", "ab", "s2", CAP, (0.1, 0.0))
+                .charge("a", "ab", "s2", &spec(0.1), CAP)
                 .expect_err(&bad);
             assert!(matches!(err, LedgerError::Unreadable { .. }), "{err}");
             assert_eq!(std::fs::read_to_string(&path).expect("read"), bad);
@@ -402,14 +499,14 @@ mod tests {
     fn concurrent_charges_never_spend_past_the_cap() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("ledger.json");
+        let one = spec(1.0);
         let charged: Vec<bool> = std::thread::scope(|scope| {
             let runs: Vec<_> = (0..4)
                 .map(|i| {
-                    let ledger = Ledger::at(&path);
+                    let (ledger, one) = (Ledger::at(&path), &one);
                     scope.spawn(move || {
-                        ledger
-                            .charge("a", "ab", &format!("s{i}"), (2.5, 1e-4), (1.0, 0.0))
-                            .is_ok()
+                        let study = format!("s{i}");
+                        ledger.charge("a", "ab", &study, one, (2.5, 1e-4)).is_ok()
                     })
                 })
                 .collect();
@@ -422,62 +519,32 @@ mod tests {
         assert_eq!((stored.spent_epsilon, stored.studies.len()), (2.0, 2));
     }
 
-    /// The ledger at `path`, read back.
-    fn stored(path: &Path) -> OwnerBudget {
-        LedgerFile(path.to_path_buf())
-            .read(false)
-            .expect("read")
-            .expect("a ledger")
-            .budget()
-            .expect("a budget")
-    }
-
-    /// A proxy reusing a study's id for a study of a larger epsilon or delta does
-    /// not have it taken for a retry: it is refused, and the ledger unchanged. The
-    /// same study served at its cost or less is the retry it looks like.
-    #[test]
-    fn a_study_served_again_at_a_higher_cost_is_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("ledger.json");
-        let ledger = Ledger::at(&path);
-        let b = ledger
-            .charge("a", "ab", "s1", CAP, (0.5, 1e-6))
-            .expect("first");
-        for raised in [(0.6, 1e-6), (0.5, 1e-5)] {
-            let err = ledger
-                .charge("a", "ab", "s1", CAP, raised)
-                .expect_err("a higher cost");
-            assert!(matches!(err, LedgerError::CostRaised { .. }), "{err}");
-        }
-        assert_eq!(stored(&path), b);
-        let again = ledger
-            .charge("a", "ab", "s1", CAP, (0.4, 1e-6))
-            .expect("at less");
-        assert_eq!(again, b);
-    }
-
     /// A ledger reached through a link is written through it; one gone from
-    /// beside the lock an earlier charge left is refused, not started afresh.
+    /// behind its link, or from beside the lock that records it, is refused, not
+    /// started afresh.
     #[test]
     fn a_ledger_is_found_however_it_is_named_and_never_silently_lost() {
         let dir = tempfile::tempdir().expect("tempdir");
         let real = dir.path().join("real.json");
+        let half = spec(0.5);
         Ledger::at(&real)
-            .charge("a", "ab", "s1", CAP, (0.5, 0.0))
+            .charge("a", "ab", "s1", &half, CAP)
             .expect("first");
         let link = dir.path().join("link.json");
         std::os::unix::fs::symlink(&real, &link).expect("symlink");
         Ledger::at(&link)
-            .charge("a", "ab", "s2", CAP, (0.5, 0.0))
+            .charge("a", "ab", "s2", &half, CAP)
             .expect("through the link");
         assert!(std::fs::symlink_metadata(&link).expect("link").is_symlink());
         assert_eq!(stored(&real).studies, ["ab/s1", "ab/s2"]);
         std::fs::remove_file(&real).expect("remove");
-        let err = Ledger::at(&real)
-            .charge("a", "ab", "s3", CAP, (0.5, 0.0))
-            .expect_err("a ledger gone");
-        assert!(matches!(err, LedgerError::Unreadable { .. }), "{err}");
-        assert!(err.to_string().contains("real.json.lock"), "{err}");
+        for path in [&real, &link] {
+            let err = Ledger::at(path)
+                .charge("a", "ab", "s3", &half, CAP)
+                .expect_err("a ledger gone");
+            assert!(matches!(err, LedgerError::Unreadable { .. }), "{err}");
+        }
         assert!(!real.exists(), "a fresh ledger was started");
+        assert!(std::fs::symlink_metadata(&link).expect("link").is_symlink());
     }
 }

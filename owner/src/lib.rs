@@ -388,8 +388,8 @@ pub async fn fetch_study(
 }
 
 /// Refuses a study with an invitation list that does not name this owner, before
-/// its data is read (the proxy would refuse the upload; a ledger would have
-/// charged it).
+/// its data is parsed or encrypted (the proxy would refuse the upload; a ledger
+/// would have charged it).
 fn check_invited(study_id: &str, spec: &StudySpec, owner_id: &str) -> anyhow::Result<()> {
     if spec.expected_owners.is_empty() || spec.expected_owners.iter().any(|o| o == owner_id) {
         return Ok(());
@@ -568,11 +568,12 @@ async fn charge_ledger(
         cfg.key_fingerprint.clone(),
         cfg.study_id.clone(),
     );
-    let (cap, cost) = (cfg.budget_cap, (spec.privacy.epsilon, spec.privacy.delta));
-    let b =
-        tokio::task::spawn_blocking(move || ledger.charge(&owner, &fingerprint, &study, cap, cost))
-            .await
-            .context("the ledger's task panicked")??;
+    let (spec, cap) = (spec.clone(), cfg.budget_cap);
+    let b = tokio::task::spawn_blocking(move || {
+        ledger.charge(&owner, &fingerprint, &study, &spec, cap)
+    })
+    .await
+    .context("the ledger's task panicked")??;
     Ok(Some(BudgetReport {
         spent_epsilon: b.spent_epsilon,
         spent_delta: b.spent_delta,

@@ -167,7 +167,9 @@ async fn status(proxy: &str, json: bool, transport: &TransportArgs) -> anyhow::R
     let status = crate::status::fetch(proxy, &transport).await?;
     if json {
         // Field names as in the protocol's StudySummary and OwnerBudgetSummary.
-        println!("{}", serde_json::to_string(&status)?);
+        // serde_json escapes the C0 controls only.
+        let line = serde_json::to_string(&status)?;
+        println!("{}", dpca_shell::text::json_printable(&line));
     } else {
         let now = dpca_shell::clock::now_unix_ms().unwrap_or(0);
         print!("{}", crate::status::render(&status, now));
