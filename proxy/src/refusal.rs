@@ -3,10 +3,10 @@
 //! (`dpca_shell::client::transient`: only `Unavailable` is worth a retry), so the
 //! code of a refusal is part of the protocol; it is chosen here and nowhere else.
 
+use dpca_common::owner_budget::BudgetError;
 use tonic::Status;
 
 use crate::study::StudyError;
-use dpca_common::owner_budget::BudgetError;
 
 /// Why a call was refused. The message is what the caller is told.
 #[derive(Debug, thiserror::Error)]

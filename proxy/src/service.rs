@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use dpca_common::arith::Elem;
 use dpca_common::dp::Centering;
+use dpca_common::owner_budget::{charge, OwnerBudget};
 use dpca_common::paillier::{Opening, PublicKey};
 use dpca_common::study::{check_no_terminal_controls, StudyLayout, LAYOUT_VERSION, MAX_ID_BYTES};
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
@@ -29,7 +30,6 @@ use crate::store::{signed_count_to_wire, Announced, Store, StoreError, Ticket};
 use crate::study::{ContributionOutcome, Phase, Released, SignedCount, Study};
 use crate::upload_slots::{Slot, SlotError, UploadSlots};
 use crate::ProxyConfig;
-use dpca_common::owner_budget::{charge, OwnerBudget};
 
 /// How often deadlines are checked and how often a waiting user re-checks.
 const POLL: Duration = Duration::from_millis(50);

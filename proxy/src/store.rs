@@ -46,6 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use dpca_common::arith::Elem;
 use dpca_common::dp::Centering;
+use dpca_common::owner_budget::OwnerBudget;
 use dpca_common::paillier::PublicKey;
 use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION};
 use dpca_proto::convert::{spec_to_wire, stored_spec_from_wire};
@@ -58,7 +59,6 @@ use redb::{
 pub use crate::group_commit::Ticket;
 use crate::group_commit::{GroupCommit, Stopped};
 use crate::study::{Phase, Released, SignedCount, Study};
-use dpca_common::owner_budget::OwnerBudget;
 
 /// Study id -> encoded [`v1::StoredStudy`], rewritten when the phase changes and
 /// at each checkpoint.

@@ -6,9 +6,10 @@
 //! them can retitle the terminal, clear it, move the cursor over earlier lines or
 //! reorder a line with bidirectional controls, so that a refusal reads as a
 //! success. The names and ids a spec carries are refused with such characters
-//! (`dpca_common::study::check_no_terminal_controls`); free text (a refusal) is
-//! printed through [`printable`], and errors, whose chains carry it, through
-//! [`error_report`].
+//! (`dpca_common::study::check_no_terminal_controls`), and so is a study id that
+//! is not one (`invitation::check_study_id`); free text (a refusal) is printed
+//! through [`printable`], errors, whose chains carry it, through [`error_report`],
+//! and log lines, whose fields carry it, through the log writer (`logging`).
 
 use dpca_common::study::is_terminal_control;
 use std::borrow::Cow;

@@ -27,10 +27,10 @@ pub(super) fn check_intervals(features: &[String], bounds: &[(f64, f64)]) -> Res
 /// or DEL (escape sequences that retitle or clear a terminal, carriage returns and
 /// line feeds that overwrite or fake a line), or a bidirectional embedding,
 /// override or isolate (which reorders the rest of a line). The marks (LRM, RLM,
-/// ALM) are let through: they move no text past another, and right-to-left
-/// column names exported by spreadsheets carry them. The names and ids one party shows another may
-/// hold none ([`check_no_terminal_controls`]); free text (a refusal) is escaped
-/// where it is printed.
+/// ALM) are let through: they move no text past another, and right-to-left column
+/// names exported by spreadsheets carry them. The names and ids one party shows
+/// another may hold none ([`check_no_terminal_controls`]); free text (a refusal)
+/// is escaped where it is printed.
 pub fn is_terminal_control(c: char) -> bool {
     c.is_control()
         || matches!(
