@@ -37,19 +37,28 @@ impl OwnerBudget {
     /// made every charge pass its cap (no comparison with NaN is true), and the
     /// record cannot be dropped instead, as that would reset what was spent.
     pub fn checked(self) -> Result<Self, String> {
-        let figures = [
-            ("cap epsilon", self.cap_epsilon, self.cap_epsilon > 0.0),
-            ("cap delta", self.cap_delta, self.cap_delta < 1.0),
-            ("spent epsilon", self.spent_epsilon, true),
-            ("spent delta", self.spent_delta, true),
-        ];
-        for (what, value, within) in figures {
-            if !(value.is_finite() && value >= 0.0 && within) {
+        if !is_cap((self.cap_epsilon, self.cap_delta)) {
+            return Err(format!(
+                "a budget with the cap ({}, {})",
+                self.cap_epsilon, self.cap_delta
+            ));
+        }
+        for (what, value) in [
+            ("spent epsilon", self.spent_epsilon),
+            ("spent delta", self.spent_delta),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
                 return Err(format!("a budget with {what} {value}"));
             }
         }
         Ok(self)
     }
+}
+
+/// Whether `cap` = (epsilon, delta) is a budget: epsilon above 0 and finite,
+/// delta in [0, 1).
+fn is_cap((epsilon, delta): (f64, f64)) -> bool {
+    epsilon > 0.0 && epsilon.is_finite() && (0.0..1.0).contains(&delta)
 }
 
 /// Why a charge was refused.
@@ -99,7 +108,7 @@ pub fn charge(
     cost: (f64, f64),
 ) -> Result<OwnerBudget, BudgetError> {
     let (cap_epsilon, cap_delta) = cap;
-    if !(cap_epsilon > 0.0 && cap_epsilon.is_finite() && (0.0..1.0).contains(&cap_delta)) {
+    if !is_cap(cap) {
         return Err(BudgetError::InvalidCap {
             epsilon: cap_epsilon,
             delta: cap_delta,

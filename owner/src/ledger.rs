@@ -74,16 +74,6 @@ impl Charged {
 }
 
 impl Stored {
-    /// A ledger with no study charged (its cap is the first charge's).
-    fn empty() -> Self {
-        Stored {
-            format: FORMAT,
-            cap_epsilon: 0.0,
-            cap_delta: 0.0,
-            studies: Vec::new(),
-        }
-    }
-
     /// The budget the studies add up to, each figure checked as a charge keeps
     /// it, and no study twice.
     fn budget(&self) -> Result<OwnerBudget, String> {
@@ -107,10 +97,10 @@ impl Stored {
         .checked()
     }
 
-    /// The ledger after `next` (the budget `charge` returned), which charged
-    /// `study` if it was not charged before.
-    fn after(&self, next: &OwnerBudget, study: &Charged) -> Stored {
-        let mut studies = self.studies.clone();
+    /// The ledger `before` (none yet: `None`) becomes after `next`, the budget
+    /// `charge` returned, which charged `study` if it was not charged before.
+    fn after(before: Option<&Stored>, next: &OwnerBudget, study: &Charged) -> Stored {
+        let mut studies = before.map(|s| s.studies.clone()).unwrap_or_default();
         if !studies.iter().any(|c| c.study == study.study) {
             studies.push(study.clone());
         }
@@ -197,13 +187,10 @@ impl Ledger {
                 source,
             }
         })?;
-        let after = match &stored {
-            Some(s) => s.after(&next, &study),
-            None => {
-                tracing::warn!(ledger = %file.0.display(), "starting a new budget ledger");
-                Stored::empty().after(&next, &study)
-            }
-        };
+        if stored.is_none() {
+            tracing::warn!(ledger = %file.0.display(), "starting a new budget ledger");
+        }
+        let after = Stored::after(stored.as_ref(), &next, &study);
         if stored.as_ref() != Some(&after) {
             file.write(&after)?;
         }

@@ -391,7 +391,7 @@ pub async fn fetch_study(
 /// its data is parsed or encrypted (the proxy would refuse the upload; a ledger
 /// would have charged it).
 fn check_invited(study_id: &str, spec: &StudySpec, owner_id: &str) -> anyhow::Result<()> {
-    if spec.expected_owners.is_empty() || spec.expected_owners.iter().any(|o| o == owner_id) {
+    if spec.invites(owner_id) {
         return Ok(());
     }
     bail!(
@@ -574,12 +574,7 @@ async fn charge_ledger(
     })
     .await
     .context("the ledger's task panicked")??;
-    Ok(Some(BudgetReport {
-        spent_epsilon: b.spent_epsilon,
-        spent_delta: b.spent_delta,
-        cap_epsilon: b.cap_epsilon,
-        cap_delta: b.cap_delta,
-    }))
+    Ok(Some(BudgetReport::from(&b)))
 }
 
 /// The owner's table read from `bytes`, checked against `spec` (of `layout`),

@@ -1622,10 +1622,15 @@ mod tests {
         assert_eq!(phase(), "aborted");
     }
 
-    /// `s1` stored with its deadline at 70 s, sealing at 2 owners and needing 1,
-    /// with owner `a` in and its contribution in the stored aggregate (a
-    /// checkpoint at every contribution): nothing of it is stored one by one.
-    fn stored_with_one_owner_checkpointed(path: &std::path::Path, noise_free: bool) {
+    /// A state file in a new folder holding `s1` with its deadline at 70 s,
+    /// sealing at 2 owners and needing 1, with owner `a` in and its contribution in
+    /// the stored aggregate (a checkpoint at every contribution): nothing of it is
+    /// stored one by one.
+    fn stored_with_one_owner_checkpointed(
+        noise_free: bool,
+    ) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
         use rand::SeedableRng;
         let mut s = crate::study::tests::study_with(Centering::DpMean, 2, 1);
         s.noise_free = noise_free;
@@ -1635,7 +1640,7 @@ mod tests {
         }
         .validate()
         .expect("spec");
-        let store = Store::open_with(path, 1).expect("store");
+        let store = Store::open_with(&path, 1).expect("store");
         store.save_study(&s).expect("save");
         let pk = s.spec.public_key.clone();
         let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(3);
@@ -1652,6 +1657,7 @@ mod tests {
             .expect("submitted");
         store.wait(ticket).expect("stored");
         assert!(!store.has_pending("s1"));
+        (dir, path)
     }
 
     /// A service on the state file at `path`, on a manual clock at 10 s.
@@ -1684,9 +1690,7 @@ mod tests {
     #[test]
     fn a_seal_by_the_deadline_is_stored_before_the_user_hears_of_it() {
         use v1::proxy_server::Proxy;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("state.redb");
-        stored_with_one_owner_checkpointed(&path, false);
+        let (_dir, path) = stored_with_one_owner_checkpointed(false);
         let (clock, svc) = at_ten_seconds(&path);
         clock.advance(Duration::from_secs(61));
         let sealed = rt()
@@ -1705,9 +1709,7 @@ mod tests {
     /// (sealed by its deadline), as before.
     #[test]
     fn an_abort_decided_at_startup_is_not_stored() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("state.redb");
-        stored_with_one_owner_checkpointed(&path, true);
+        let (_dir, path) = stored_with_one_owner_checkpointed(true);
         let at = |test_mode: bool| {
             ProxyService::new(ProxyConfig {
                 clock: Arc::new(crate::world::ManualClock::at(100_000)),
@@ -1729,9 +1731,7 @@ mod tests {
     /// those of studies holding contributions stored one by one.
     #[test]
     fn the_ticker_stores_a_deadline_transition() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("state.redb");
-        stored_with_one_owner_checkpointed(&path, false);
+        let (_dir, path) = stored_with_one_owner_checkpointed(false);
         let (clock, svc) = at_ten_seconds(&path);
         rt().block_on(async {
             svc.spawn_deadline_ticker();
@@ -2018,12 +2018,7 @@ mod tests {
                 let svc = svc.clone();
                 async move { svc.release(request()).await }
             });
-            for _ in 0..500 {
-                if svc.releasing.held(&s1) == 1 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            releasing(&svc, 1).await;
             // Bounded: a second computation would wait for the held write too.
             let second = tokio::time::timeout(Duration::from_secs(5), svc.release(request()));
             let refused = second.await.expect("answered at once");
@@ -2060,12 +2055,7 @@ mod tests {
                     .await
                 }
             });
-            for _ in 0..500 {
-                if svc.releasing.held(&s1) == 1 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            releasing(&svc, 1).await;
             caller.abort();
             assert!(
                 caller.await.is_err_and(|e| e.is_cancelled()),
@@ -2073,12 +2063,7 @@ mod tests {
             );
             assert_eq!(svc.releasing.held(&s1), 1, "the slot went with the call");
             drop(writes);
-            for _ in 0..500 {
-                if svc.releasing.held(&s1) == 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            releasing(&svc, 0).await;
         });
         assert_eq!(phase_of(&svc), "released");
         assert_eq!(svc.releasing.held(&s1), 0, "the slot was given back");
@@ -2304,6 +2289,17 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime")
+    }
+
+    /// Waits (5 s at most) until `held` computations of `s1`'s release hold its
+    /// slot.
+    async fn releasing(svc: &ProxyService, held: usize) {
+        for _ in 0..500 {
+            if svc.releasing.held(&"s1".to_string()) == held {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Waits until `s1`'s view counts `owners` owners (the fold is done).

@@ -1279,18 +1279,29 @@ mod tests {
     /// A study stored by a build of another ciphertext layout loads aborted, its
     /// owner kept, instead of having its ciphertexts read at the wrong offsets or
     /// stopping the proxy; an aborted one keeps its own reason.
-    #[test]
-    fn studies_of_another_layout_load_aborted() {
+    /// A study of three owners with owner `a` counted, and `a`'s ciphertexts.
+    fn with_owner_a() -> (Study, Vec<Elem>) {
         let pk = key().public().clone();
         let mut s = study(3, 3);
         let cts = contribution(&s, 1);
         s.contribute("a", "a", &cts, |x, y| pk.ring().mul_elem(x, y))
             .expect("contribute");
-        let parts = || StoredParts {
-            contributors: vec![contributor_row(&s, "a", false)],
-            checkpoint: slices(&pk, s.aggregate()).concat(),
+        (s, cts)
+    }
+
+    /// `s`'s stored parts with owner `a`'s contribution in the stored aggregate.
+    fn a_folded(s: &Study) -> StoredParts {
+        StoredParts {
+            contributors: vec![contributor_row(s, "a", false)],
+            checkpoint: slices(key().public(), s.aggregate()).concat(),
             ..Default::default()
-        };
+        }
+    }
+
+    #[test]
+    fn studies_of_another_layout_load_aborted() {
+        let (s, _) = with_owner_a();
+        let parts = || a_folded(&s);
         let mut rec = to_record(&s);
         if let Some(spec) = rec.spec.as_mut() {
             spec.layout = 0;
@@ -1315,22 +1326,13 @@ mod tests {
     /// would stop the proxy, and every other study, at startup.
     #[test]
     fn a_stored_study_with_a_name_new_specs_refuse_is_restored() {
-        let pk = key().public().clone();
-        let mut s = study(3, 3);
-        let cts = contribution(&s, 1);
-        s.contribute("a", "a", &cts, |x, y| pk.ring().mul_elem(x, y))
-            .expect("contribute");
+        let (s, _) = with_owner_a();
         let mut rec = to_record(&s);
         if let Some(spec) = rec.spec.as_mut() {
             spec.features[0] = "a\x1b[2J".into();
             assert!(dpca_proto::convert::spec_from_wire(spec).is_err());
         }
-        let parts = StoredParts {
-            contributors: vec![contributor_row(&s, "a", false)],
-            checkpoint: slices(&pk, s.aggregate()).concat(),
-            ..Default::default()
-        };
-        let l = from_record("s1", &rec.encode_to_vec(), parts).expect("restored");
+        let l = from_record("s1", &rec.encode_to_vec(), a_folded(&s)).expect("restored");
         assert_eq!(l.phase.name(), "collecting");
         assert_eq!(l.spec.features[0], "a\x1b[2J");
         assert_eq!(l.contributors(), s.contributors());
@@ -1339,17 +1341,10 @@ mod tests {
     #[test]
     fn records_that_do_not_fit_their_spec_are_refused_by_name() {
         let pk = key().public().clone();
-        let mut s = study(3, 3);
-        let cts = contribution(&s, 1);
-        s.contribute("a", "a", &cts, |x, y| pk.ring().mul_elem(x, y))
-            .expect("contribute");
+        let (s, cts) = with_owner_a();
         let good = to_record(&s).encode_to_vec();
         let row = |pending| contributor_row(&s, "a", pending);
-        let folded = || StoredParts {
-            contributors: vec![row(false)],
-            checkpoint: slices(&pk, s.aggregate()).concat(),
-            ..Default::default()
-        };
+        let folded = || a_folded(&s);
         let pending = || StoredParts {
             contributors: vec![row(true)],
             pending: [("a".to_string(), slices(&pk, &cts).concat())].into(),

@@ -346,9 +346,7 @@ impl Study {
         owner: &str,
         contribution_id: &str,
     ) -> Result<Option<ContributionOutcome>, StudyError> {
-        if !self.spec.expected_owners.is_empty()
-            && !self.spec.expected_owners.iter().any(|o| o == owner)
-        {
+        if !self.spec.invites(owner) {
             return Err(StudyError::NotInvited {
                 study: self.id.clone(),
                 owner: owner.to_string(),

@@ -64,3 +64,14 @@ pub struct BudgetReport {
     /// The cap's delta.
     pub cap_delta: f64,
 }
+
+impl From<&dpca_common::owner_budget::OwnerBudget> for BudgetReport {
+    fn from(b: &dpca_common::owner_budget::OwnerBudget) -> Self {
+        Self {
+            spent_epsilon: b.spent_epsilon,
+            spent_delta: b.spent_delta,
+            cap_epsilon: b.cap_epsilon,
+            cap_delta: b.cap_delta,
+        }
+    }
+}

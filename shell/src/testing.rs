@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 /// upload is refused for want of a slot and every reservation granted, counted
 /// there. If `refuses_study`, the call for a study is refused with that code and
 /// text.
+#[derive(Default)]
 struct Silent {
     opens_streams: bool,
     answers_study: bool,
@@ -136,10 +137,7 @@ impl v1::proxy_server::Proxy for Silent {
 pub async fn silent_proxy(opens_streams: bool) -> ProxyClient<Channel> {
     serve(Silent {
         opens_streams,
-        answers_study: false,
-        refuses_study: None,
-        scripted: None,
-        busy: None,
+        ..Silent::default()
     })
     .await
 }
@@ -151,11 +149,8 @@ pub async fn silent_proxy(opens_streams: bool) -> ProxyClient<Channel> {
 /// As [`silent_proxy`].
 pub async fn stalled_proxy() -> ProxyClient<Channel> {
     serve(Silent {
-        opens_streams: false,
         answers_study: true,
-        refuses_study: None,
-        scripted: None,
-        busy: None,
+        ..Silent::default()
     })
     .await
 }
@@ -169,11 +164,8 @@ pub async fn stalled_proxy() -> ProxyClient<Channel> {
 pub async fn busy_proxy() -> (ProxyClient<Channel>, Arc<AtomicUsize>) {
     let reserved = Arc::new(AtomicUsize::new(0));
     let client = serve(Silent {
-        opens_streams: false,
-        answers_study: false,
-        refuses_study: None,
-        scripted: None,
         busy: Some(Arc::clone(&reserved)),
+        ..Silent::default()
     })
     .await;
     (client, reserved)
@@ -193,9 +185,8 @@ pub async fn scripted_proxy(
     serve(Silent {
         opens_streams: true,
         answers_study: true,
-        refuses_study: None,
         scripted: Some(Scripted { sealed, result }),
-        busy: None,
+        ..Silent::default()
     })
     .await
 }
@@ -209,11 +200,8 @@ pub async fn scripted_proxy(
 /// As [`silent_proxy`].
 pub async fn refusing_proxy(code: tonic::Code, text: &str) -> std::net::SocketAddr {
     listen(Silent {
-        opens_streams: false,
-        answers_study: false,
         refuses_study: Some((code, text.into())),
-        scripted: None,
-        busy: None,
+        ..Silent::default()
     })
     .await
 }

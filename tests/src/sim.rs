@@ -42,10 +42,6 @@ pub const OWNERS: [&str; 4] = ["sim-1", "sim-2", "sim-3", "sim-outsider"];
 /// Owners the study invites.
 pub const INVITED: usize = 3;
 
-/// How the owner refuses a study of the first `INVITED` owners, as the outsider.
-const OUTSIDER_REFUSED: &str = "invites 3 other owners, not `sim-outsider`";
-const _: () = assert!(INVITED == 3, "OUTSIDER_REFUSED names the count");
-
 /// Owners that seal the study at once.
 const QUORUM: u32 = 3;
 
@@ -143,7 +139,7 @@ impl Model {
         if owner >= INVITED {
             // Refused by the owner itself, which sees the invitation list in the
             // spec (the proxy's own refusal: `study::tests`).
-            return Expect::Refused(OUTSIDER_REFUSED);
+            return Expect::Refused("other owners, not `sim-outsider`");
         }
         match self.counted.get(&owner) {
             Some(&v) if v == variant => return Expect::AlreadyCounted,

@@ -343,6 +343,12 @@ impl SpecDraft {
         self.features.len()
     }
 
+    /// Whether `owner` may contribute: any owner when no list is given, else one
+    /// the list names.
+    pub fn invites(&self, owner: &str) -> bool {
+        self.expected_owners.is_empty() || self.expected_owners.iter().any(|o| o == owner)
+    }
+
     fn validate_classes(&self, classes: &ClassSpec) -> Result<(), SpecError> {
         let n = classes.labels.len();
         if !(2..=MAX_CLASSES).contains(&n) {
