@@ -268,11 +268,13 @@ fn check_state_folder(state: &std::path::Path) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    /// The limit asked for covers both listeners full, with room to spare.
+    /// The limit asked for covers both listeners and the status lane full, with
+    /// room to spare.
     #[test]
     fn the_descriptors_asked_for_cover_both_listeners() {
-        let listeners =
-            crate::listener::ConnectionCaps::MAIN.most_held() + crate::operator::CAPS.most_held();
+        let listeners = crate::listener::ConnectionCaps::MAIN.most_held()
+            + crate::operator::CAPS.most_held()
+            + crate::operator::LANE_CAPS.most_held();
         assert!(
             listeners + 256 <= DESCRIPTORS_NEEDED as usize,
             "{listeners} descriptors for the listeners"

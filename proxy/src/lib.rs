@@ -13,6 +13,7 @@
 pub mod access;
 pub mod cell;
 pub mod cli;
+pub mod door;
 pub mod gate;
 pub mod group_commit;
 pub mod limits;
@@ -101,11 +102,7 @@ pub async fn run(
     let gate = gate::Gate::new(config.limits.clone(), acceptor.is_some());
     let svc = service::ProxyService::new(config)?;
     svc.spawn_deadline_ticker();
-    // Stopped when this returns.
-    let _operator = operator
-        .map(|l| operator::spawn(svc.clone(), l, acceptor.clone(), handshake_timeout))
-        .transpose()?;
-    let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
+    let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc.clone())
         .max_decoding_message_size(max_request_bytes)
         .max_encoding_message_size(dpca_proto::convert::MAX_MESSAGE_BYTES);
     // The gate runs inside the count, so a call it refuses is counted too.
@@ -115,28 +112,44 @@ pub async fn run(
             gate::Screened::new(s, gate.clone())
         }))
         .add_service(server);
-    match acceptor {
-        // The listener runs the handshake (client certificates required and checked
-        // against the CA) under its caps and timeout, before a connection takes a
-        // slot; a connection without a certificate never reaches the service.
-        Some(acceptor) => {
-            let incoming = listener::capped_tls(
-                listener,
-                listener::ConnectionCaps::MAIN,
-                acceptor,
-                handshake_timeout,
-            );
-            router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await?
-        }
-        None => {
-            let incoming = listener::capped(listener, listener::MAX_CONNECTIONS);
-            router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await?
-        }
-    }
+    let Some(acceptor) = acceptor else {
+        // Stopped when this returns.
+        let _operator = operator
+            .map(|l| operator::spawn(svc, None, Some(l), None, handshake_timeout))
+            .transpose()?;
+        let incoming = listener::capped(listener, listener::MAX_CONNECTIONS);
+        router
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await?;
+        return Ok(());
+    };
+    // The main port's door runs on the operator's thread, which serves a
+    // `status` call it sorts out there; every other connection comes back here
+    // for its handshake (client certificates required and checked against the
+    // CA), under the listener's caps and timeout, before it takes a slot: a
+    // connection without a certificate never reaches the service.
+    let (arrivals, to_handshake) = tokio::sync::mpsc::unbounded_channel();
+    let main = operator::MainDoor {
+        listener: listener.into_std()?,
+        arrivals,
+    };
+    // Stopped when this returns.
+    let _operator = operator::spawn(
+        svc,
+        Some(main),
+        operator,
+        Some(acceptor.clone()),
+        handshake_timeout,
+    )?;
+    let incoming = listener::capped_tls(
+        tokio_stream::wrappers::UnboundedReceiverStream::new(to_handshake),
+        listener::ConnectionCaps::MAIN,
+        acceptor,
+        handshake_timeout,
+    );
+    router
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
     Ok(())
 }
 

@@ -46,17 +46,22 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
+use crate::door::Arrival;
 use crate::metrics::{connection_refused as refused, ConnectionRefusal};
 use crate::per_key::{Held, PerKey};
-use crate::sources::{Crowding, Sources};
 use dpca_shell::tls::{Peer, Role};
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
 /// TLS handshakes at once.
 pub const MAX_HANDSHAKES: usize = 256;
+/// Connections the main port's door holds past its handshake places: read for
+/// their lane and queued for a handshake ([`crate::door`]). As many as the listen
+/// backlog, so a burst that fitted there is taken in and sorted.
+pub const MAX_QUEUED_HANDSHAKES: usize = 1024;
 /// Authenticated connections waiting for a slot at once, on the main listener.
 /// With the handshakes and the connections served, it holds at most 64 + 256 +
 /// 1024 TLS connections (and their descriptors). As many as the listen backlog:
@@ -122,40 +127,6 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Capped<IO> {
     }
 }
 
-/// Accepts TCP connections until the receiver is dropped, retrying transient
-/// errors (out of descriptors and the like) after a pause.
-async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
-    loop {
-        match listener.accept().await {
-            Ok((io, addr)) => {
-                // Small frames of many ciphertexts: do not wait to coalesce.
-                let _ = io.set_nodelay(true);
-                // A peer gone without a FIN is found even while idle.
-                let keepalive = socket2::TcpKeepalive::new().with_time(crate::KEEPALIVE_INTERVAL);
-                let _ = socket2::SockRef::from(&io).set_tcp_keepalive(&keepalive);
-                return (io, addr);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-/// A handshake place, then the next connection (`None` once the places are
-/// closed, which they are not). While every place is held the listener accepts
-/// nothing: connections wait in the kernel's backlog ([`crate::LISTEN_BACKLOG`])
-/// instead of being closed and coming back, so hundreds of owners connecting in
-/// one instant each connect once.
-async fn place_then_accept(
-    places: &Arc<Semaphore>,
-    listener: &TcpListener,
-) -> Option<(OwnedSemaphorePermit, (TcpStream, std::net::SocketAddr))> {
-    let place = Arc::clone(places).acquire_owned().await.ok()?;
-    Some((place, accept(listener).await))
-}
-
 /// The listener's plaintext connections, at most `cap` open at once (test only:
 /// with no handshake there is nothing to time out before the HTTP/2 preface).
 pub fn capped(
@@ -169,7 +140,7 @@ pub fn capped(
             let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
                 return;
             };
-            let (io, _) = accept(&listener).await;
+            let (io, _) = crate::door::accept(&listener).await;
             let conn = Capped {
                 io,
                 _slot: slot,
@@ -209,6 +180,11 @@ pub struct ConnectionCaps {
     pub reserved_per_party: usize,
     /// What a party that is not reserved does when every slot it may take is held.
     pub when_full: WhenFull,
+    /// Connections let in at once, from their accept to the end of their
+    /// handshake ([`crate::door`]): at least `handshakes`. More on the main port,
+    /// whose door reads each one's ClientHello before it queues for a handshake
+    /// place, so that a `status` call is not queued behind a burst of owners.
+    pub door_places: usize,
     /// TLS handshakes at once ([`MAX_HANDSHAKES`]).
     pub handshakes: usize,
     /// Authenticated connections waiting for a slot at once ([`MAX_WAITING`]).
@@ -231,7 +207,12 @@ impl ConnectionCaps {
     /// The most TLS connections (each a descriptor) a listener under these caps
     /// holds at once: served, handshaking and waiting for a slot.
     pub const fn most_held(&self) -> usize {
-        self.connections + self.handshakes + self.waiting
+        let door = if self.door_places > self.handshakes {
+            self.door_places
+        } else {
+            self.handshakes
+        };
+        self.connections + door + self.waiting
     }
 
     /// The main listener's: [`MAX_CONNECTIONS`], [`MAX_CONNECTIONS_PER_PARTY`],
@@ -246,6 +227,7 @@ impl ConnectionCaps {
         reserved_for: steers_studies,
         reserved_per_party: MAIN_RESERVED_PER_PARTY,
         when_full: WhenFull::Wait,
+        door_places: MAX_HANDSHAKES + MAX_QUEUED_HANDSHAKES,
         handshakes: MAX_HANDSHAKES,
         waiting: MAX_WAITING,
     };
@@ -316,19 +298,34 @@ impl Slots {
     }
 }
 
-/// The listener's TLS connections: handshakes under their caps and timeout, then
-/// the parties `caps` admits, at most its connections in all and per party.
-pub fn capped_tls(
+/// A TLS listener on the current runtime: its door (no lanes, so no sorting) and
+/// its handshakes under `caps`.
+pub fn tls_listener(
     listener: TcpListener,
     caps: ConnectionCaps,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
 ) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
+    let (main, arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let lanes = crate::door::Lanes { main, status: None };
+    let places = caps.door_places.max(caps.handshakes);
+    crate::door::open(caps.name, listener, places, handshake_timeout, lanes);
+    let arrivals = tokio_stream::wrappers::UnboundedReceiverStream::new(arrivals);
+    capped_tls(arrivals, caps, acceptor, handshake_timeout)
+}
+
+/// The TLS connections of what came through a door ([`crate::door`]), run on the
+/// current runtime: handshakes under their caps and timeout, then the parties
+/// `caps` admits, at most its connections in all and per party. Arrivals queue
+/// for a handshake place in the order they come.
+pub fn capped_tls(
+    mut arrivals: impl Stream<Item = Arrival> + Send + Unpin + 'static,
+    caps: ConnectionCaps,
+    acceptor: TlsAcceptor,
+    handshake_timeout: Duration,
+) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
-    // With no place the listener would never accept.
-    let places = caps.handshakes.max(1);
-    let handshakes = Arc::new(Semaphore::new(places));
-    let sources = Sources::default();
+    let handshakes = Arc::new(Semaphore::new(caps.handshakes.max(1)));
     let admission = Admission {
         caps,
         slots: Slots::new(&caps),
@@ -338,36 +335,19 @@ pub fn capped_tls(
     };
     tokio::spawn(async move {
         loop {
-            // Ends with the server (its receiver dropped), not at the next connection.
+            // Ends with the server (its receiver dropped), or with the door.
             let next = tokio::select! {
-                conn = place_then_accept(&handshakes, &listener) => conn,
+                next = place_then_arrival(&handshakes, &mut arrivals) => next,
                 () = tx.closed() => return,
             };
-            let Some((place, (io, addr))) = next else {
+            let Some((place, arrival)) = next else {
                 return;
-            };
-            // Past its source's cap the connection is closed at once (dropped here).
-            let crowding = Crowding::of(handshakes.available_permits(), places);
-            let Some(source) = sources.take(addr.ip(), crowding) else {
-                refused(caps.name, ConnectionRefusal::SourceCap);
-                continue;
             };
             let (acceptor, admission, tx) = (acceptor.clone(), admission.clone(), tx.clone());
             tokio::spawn(async move {
-                let accept = acceptor.accept(io).into_fallible();
-                let name = admission.caps.name;
-                let tls = match tokio::time::timeout(handshake_timeout, accept).await {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err((_, io))) => {
-                        refused(name, ConnectionRefusal::Handshake);
-                        return close_after_alert(io).await;
-                    }
-                    Err(_) => return refused(name, ConnectionRefusal::HandshakeTimeout),
+                let Some(tls) = handshake(arrival, &acceptor, &admission, place).await else {
+                    return;
                 };
-                drop(source);
-                // Done with the handshake: a party waiting for a slot holds a
-                // waiting place instead.
-                drop(place);
                 if let Some(conn) = admission.admit(tls).await {
                     let _ = tx.send(Ok(conn)).await;
                 }
@@ -375,6 +355,48 @@ pub fn capped_tls(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// A handshake place, then the next arrival (`None` once the door is gone).
+async fn place_then_arrival(
+    places: &Arc<Semaphore>,
+    arrivals: &mut (impl Stream<Item = Arrival> + Unpin),
+) -> Option<(OwnedSemaphorePermit, Arrival)> {
+    use tokio_stream::StreamExt;
+    let place = Arc::clone(places).acquire_owned().await.ok()?;
+    Some((place, arrivals.next().await?))
+}
+
+/// The TLS handshake of `arrival` on the current runtime, within the handshake
+/// timeout; its place and what it held at the door are let go when it ends.
+async fn handshake(
+    arrival: Arrival,
+    acceptor: &TlsAcceptor,
+    admission: &Admission,
+    place: OwnedSemaphorePermit,
+) -> Option<TlsStream<TcpStream>> {
+    let name = admission.caps.name;
+    let Ok(io) = TcpStream::from_std(arrival.io) else {
+        refused(name, ConnectionRefusal::Handshake);
+        return None;
+    };
+    let accept = acceptor.accept(io).into_fallible();
+    let tls = match tokio::time::timeout(admission.handshake_timeout, accept).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err((_, io))) => {
+            refused(name, ConnectionRefusal::Handshake);
+            close_after_alert(io).await;
+            return None;
+        }
+        Err(_) => {
+            refused(name, ConnectionRefusal::HandshakeTimeout);
+            return None;
+        }
+    };
+    // Done with the handshake: a party waiting for a slot holds a waiting place
+    // instead.
+    drop((place, arrival.held));
+    Some(tls)
 }
 
 /// What an authenticated connection is admitted under: the listener's caps, its
@@ -462,6 +484,7 @@ mod tests {
             reserved_for: |_| false,
             reserved_per_party: connections,
             when_full,
+            door_places: MAX_HANDSHAKES,
             handshakes: MAX_HANDSHAKES,
             waiting: MAX_WAITING,
         }
@@ -595,10 +618,11 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("https://{}", listener.local_addr().expect("address"));
         let caps = ConnectionCaps {
+            door_places: 1,
             handshakes: 1,
             ..caps(1, 0, WhenFull::Wait)
         };
-        let mut served = capped_tls(listener, caps, acceptor, Duration::from_secs(30));
+        let mut served = tls_listener(listener, caps, acceptor, Duration::from_secs(30));
         let (tx, mut count) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut held = Vec::new();
@@ -652,10 +676,11 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let at = listener.local_addr().expect("address");
         let caps = ConnectionCaps {
+            door_places: 1,
             handshakes: 1,
             ..caps(4, 0, WhenFull::Wait)
         };
-        let mut served = capped_tls(listener, caps, acceptor, Duration::from_secs(30));
+        let mut served = tls_listener(listener, caps, acceptor, Duration::from_secs(30));
         tokio::spawn(async move {
             let mut held = Vec::new();
             while let Some(conn) = served.next().await {
@@ -723,7 +748,7 @@ mod tests {
         };
         let at =
             std::net::SocketAddr::from(([127, 0, 0, 1], listener.local_addr().expect("at").port()));
-        let served = capped_tls(
+        let served = tls_listener(
             listener,
             caps(4, 0, WhenFull::Wait),
             acceptor,

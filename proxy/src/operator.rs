@@ -64,6 +64,7 @@ pub const CAPS: crate::listener::ConnectionCaps = crate::listener::ConnectionCap
     reserved_for: |p| p.role == dpca_shell::tls::Role::Proxy,
     reserved_per_party: MAX_OPERATOR_CONNECTIONS_PER_PARTY,
     when_full: crate::listener::WhenFull::Close,
+    door_places: crate::listener::MAX_HANDSHAKES,
     handshakes: crate::listener::MAX_HANDSHAKES,
     waiting: OPERATOR_WAITING,
 };
@@ -84,39 +85,70 @@ impl Drop for OperatorListener {
     }
 }
 
-/// Serves `svc`'s `status` on `listener` from a thread of its own, with mutual
-/// TLS through `acceptor` (plaintext without one, as the main listener).
+/// What the operator's thread serves besides its own listener.
+pub struct MainDoor {
+    /// The main port.
+    pub listener: std::net::TcpListener,
+    /// Where the main port's connections go for their handshakes, on the main
+    /// runtime.
+    pub arrivals: tokio::sync::mpsc::UnboundedSender<crate::door::Arrival>,
+}
+
+/// Starts the operator's thread, with its own runtime: on TLS the main port's
+/// door ([`crate::door`], `main`), which sends a `status` call to the status lane
+/// served here and every other connection to the main runtime; and `svc`'s
+/// `status` on `listener` if given, with mutual TLS through `acceptor`
+/// (plaintext without one, as the main listener, and then no door here).
 pub fn spawn(
     svc: ProxyService,
-    listener: std::net::TcpListener,
+    main: Option<MainDoor>,
+    listener: Option<std::net::TcpListener>,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     handshake_timeout: Duration,
 ) -> anyhow::Result<OperatorListener> {
-    listener.set_nonblocking(true)?;
+    for l in main.iter().map(|m| &m.listener).chain(&listener) {
+        l.set_nonblocking(true)?;
+    }
     let (stop, stopped) = oneshot::channel::<()>();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let front = Front {
+        main,
+        listener,
+        acceptor,
+        handshake_timeout,
+    };
     std::thread::Builder::new()
         .name("operator-listener".into())
         .spawn(move || {
-            let served =
-                runtime.block_on(serve(svc, listener, acceptor, handshake_timeout, stopped));
-            if let Err(e) = served {
+            if let Err(e) = runtime.block_on(serve(svc, front, stopped)) {
                 tracing::error!(error = %e, "operator listener stopped");
             }
         })?;
     Ok(OperatorListener { stop: Some(stop) })
 }
 
-async fn serve(
-    svc: ProxyService,
-    listener: std::net::TcpListener,
+/// What [`spawn`] was given to serve.
+struct Front {
+    main: Option<MainDoor>,
+    listener: Option<std::net::TcpListener>,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     handshake_timeout: Duration,
+}
+
+/// A connection this thread serves, however it came.
+type Incoming = tokio_stream::wrappers::ReceiverStream<
+    std::io::Result<
+        crate::listener::Capped<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+    >,
+>;
+
+async fn serve(
+    svc: ProxyService,
+    front: Front,
     stopped: oneshot::Receiver<()>,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::from_std(listener)?;
     // The main listener's bounds on a connection, and a status request (empty)
     // is all that is decoded.
     let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
@@ -128,22 +160,81 @@ async fn serve(
     let shutdown = async {
         let _ = stopped.await;
     };
-    match acceptor {
-        Some(acceptor) => {
-            let incoming = crate::listener::capped_tls(listener, CAPS, acceptor, handshake_timeout);
-            router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await?;
-        }
-        None => {
-            let incoming = crate::listener::capped(listener, MAX_OPERATOR_CONNECTIONS);
-            router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await?;
-        }
+    let Some(acceptor) = front.acceptor else {
+        let Some(listener) = front.listener else {
+            return Ok(());
+        };
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let incoming = crate::listener::capped(listener, MAX_OPERATOR_CONNECTIONS);
+        router
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await?;
+        return Ok(());
+    };
+    let timeout = front.handshake_timeout;
+    let mut incoming = tokio_stream::StreamMap::<&str, Incoming>::new();
+    if let Some(main) = front.main {
+        incoming.insert("lane", status_lane(main, &acceptor, timeout)?);
     }
+    if let Some(listener) = front.listener {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let own = crate::listener::tls_listener(listener, CAPS, acceptor, timeout);
+        incoming.insert("operator", own);
+    }
+    let incoming = tokio_stream::StreamExt::map(incoming, |(_, conn)| conn);
+    router
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
     Ok(())
 }
+
+/// Opens the main port's door, sorting, on this runtime; the status lane's
+/// connections are handshaken here under [`LANE_CAPS`].
+fn status_lane(
+    main: MainDoor,
+    acceptor: &tokio_rustls::TlsAcceptor,
+    handshake_timeout: Duration,
+) -> anyhow::Result<Incoming> {
+    let (status, lane) = tokio::sync::mpsc::channel(LANE_QUEUE);
+    let lanes = crate::door::Lanes {
+        main: main.arrivals,
+        status: Some(status),
+    };
+    let listener = tokio::net::TcpListener::from_std(main.listener)?;
+    let main_caps = crate::listener::ConnectionCaps::MAIN;
+    crate::door::open(
+        main_caps.name,
+        listener,
+        main_caps.door_places,
+        handshake_timeout,
+        lanes,
+    );
+    let lane = tokio_stream::wrappers::ReceiverStream::new(lane);
+    Ok(crate::listener::capped_tls(
+        lane,
+        LANE_CAPS,
+        acceptor.clone(),
+        handshake_timeout,
+    ))
+}
+
+/// Connections the status lane holds queued for its handshakes; past them one
+/// is closed at once, freeing its place at the main port's door.
+pub const LANE_QUEUE: usize = 16;
+
+/// The status lane's caps: the operator listener's, on places of its own, so that
+/// a flood of connections that ask for the lane on the main port (anyone may ask)
+/// takes nothing from the operator's own port, nor from the owners.
+pub const LANE_CAPS: crate::listener::ConnectionCaps = crate::listener::ConnectionCaps {
+    name: "status_lane",
+    door_places: LANE_HANDSHAKES,
+    handshakes: LANE_HANDSHAKES,
+    waiting: MAX_OPERATOR_CONNECTIONS,
+    ..CAPS
+};
+
+/// TLS handshakes at once on the status lane.
+pub const LANE_HANDSHAKES: usize = 16;
 
 /// Passes `Status` calls on and answers every other path "unimplemented".
 #[derive(Clone, Copy, Debug)]

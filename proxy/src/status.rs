@@ -4,13 +4,13 @@
 use std::fmt::Write;
 
 use dpca_proto::v1;
-use dpca_shell::client::{answered, connect, status_message};
+use dpca_shell::client::{answered, connect_for_status, status_message};
 use dpca_shell::text::printable;
 use dpca_shell::tls::Transport;
 
 /// Asks the proxy at `url` for its status.
 pub async fn fetch(url: &str, transport: &Transport) -> anyhow::Result<v1::ProxyStatus> {
-    let mut client = connect(url, transport).await?;
+    let mut client = connect_for_status(url, transport).await?;
     Ok(answered("the status", client.status(v1::StatusRequest {}))
         .await
         .map_err(|s| anyhow::anyhow!("proxy refused the status: {}", status_message(&s)))?

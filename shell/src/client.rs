@@ -243,41 +243,95 @@ pub async fn connect_from(
     transport: &Transport,
     local: Option<std::net::IpAddr>,
 ) -> Result<ProxyClient<Channel>, ConnectError> {
-    let bad_url = |reason: String| ConnectError::Url {
-        url: url.to_string(),
-        reason,
-    };
-    let scheme = transport.scheme();
-    if !url.starts_with(&format!("{scheme}://")) {
-        return Err(bad_url(match transport {
-            Transport::Tls(_) => "TLS is on: the URL must start with https://".into(),
-            Transport::InsecurePlaintext => {
-                "--insecure-plaintext: the URL must start with http://".into()
-            }
-        }));
-    }
-    let mut endpoint = Channel::from_shared(url.to_string()).map_err(|e| bad_url(e.to_string()))?;
+    let mut endpoint = endpoint(url, transport)?;
     if let Transport::Tls(tls) = transport {
         endpoint = endpoint
             .tls_config(tls.client_config())
-            .map_err(|e| bad_url(error_chain(&e)))?;
+            .map_err(|e| bad_url(url, error_chain(&e)))?;
     }
-    let channel = connected(url, endpoint.local_address(local), CONNECT_TIMEOUT).await?;
-    Ok(ProxyClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+    let endpoint = endpoint.local_address(local).connect_timeout(CONNECT_TIMEOUT);
+    let channel = connected(url, endpoint.connect(), CONNECT_TIMEOUT).await?;
+    Ok(client(channel))
 }
 
-/// The channel of `endpoint`, connected within `timeout` (when the connection
-/// breaks later and the channel reconnects, only the new TCP connection is held
-/// to `timeout`: the channel has no bound of its own on a later TLS handshake).
+/// [`connect`] for a `status` call: on TLS the connection offers the status
+/// lane's hint ([`crate::tls::lane`]), so the proxy's main port hands it to a
+/// lane of its own rather than queueing its handshake behind every owner's.
+pub async fn connect_for_status(
+    url: &str,
+    transport: &Transport,
+) -> Result<ProxyClient<Channel>, ConnectError> {
+    let Transport::Tls(tls) = transport else {
+        return connect(url, transport).await;
+    };
+    let endpoint = endpoint(url, transport)?.connect_timeout(CONNECT_TIMEOUT);
+    let host = endpoint.uri().host().unwrap_or_default();
+    // An IPv6 host comes bracketed in a URL, and bare in a certificate.
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| bad_url(url, format!("`{host}` is no host name: {e}")))?;
+    let config = tls
+        .rustls_client_config(&[crate::tls::lane::STATUS_LANE_ALPN])
+        .map_err(|e| bad_url(url, e.to_string()))?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let connector = tower::service_fn(move |uri: tonic::codegen::http::Uri| {
+        let (tls, name) = (tls.clone(), name.clone());
+        async move {
+            let host = uri.host().unwrap_or_default();
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let port = uri.port_u16().unwrap_or(443);
+            let tcp = tokio::net::TcpStream::connect((host, port)).await?;
+            tcp.set_nodelay(true)?;
+            let tls = tls.connect(name, tcp).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+        }
+    });
+    let channel = connected(url, endpoint.connect_with_connector(connector), CONNECT_TIMEOUT).await?;
+    Ok(client(channel))
+}
+
+/// The endpoint of `url`, which must fit `transport` (`https` on TLS, `http` on
+/// plaintext), not yet connected.
+fn endpoint(url: &str, transport: &Transport) -> Result<tonic::transport::Endpoint, ConnectError> {
+    let scheme = transport.scheme();
+    if !url.starts_with(&format!("{scheme}://")) {
+        return Err(bad_url(
+            url,
+            match transport {
+                Transport::Tls(_) => "TLS is on: the URL must start with https://".into(),
+                Transport::InsecurePlaintext => {
+                    "--insecure-plaintext: the URL must start with http://".into()
+                }
+            },
+        ));
+    }
+    Channel::from_shared(url.to_string()).map_err(|e| bad_url(url, e.to_string()))
+}
+
+fn bad_url(url: &str, reason: String) -> ConnectError {
+    ConnectError::Url {
+        url: url.to_string(),
+        reason,
+    }
+}
+
+/// A client of the proxy on `channel`, with the protocol's message size limits.
+fn client(channel: Channel) -> ProxyClient<Channel> {
+    ProxyClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+/// The channel `connecting` makes, within `timeout` (when the connection breaks
+/// later and the channel reconnects, only the new TCP connection is held to the
+/// endpoint's connect timeout: the channel has no bound of its own on a later
+/// TLS handshake).
 async fn connected(
     url: &str,
-    endpoint: tonic::transport::Endpoint,
+    connecting: impl std::future::Future<Output = Result<Channel, tonic::transport::Error>>,
     timeout: std::time::Duration,
 ) -> Result<Channel, ConnectError> {
-    let endpoint = endpoint.connect_timeout(timeout);
-    let Ok(connected) = tokio::time::timeout(timeout, endpoint.connect()).await else {
+    let Ok(connected) = tokio::time::timeout(timeout, connecting).await else {
         return Err(ConnectError::Connect {
             url: url.to_string(),
             reason: format!("no connection within {} s", timeout.as_secs()),
@@ -360,7 +414,9 @@ mod tests {
             .expect("url")
             .tls_config(tls.client_config())
             .expect("tls");
-        let attempt = connected(&url, endpoint, Duration::from_secs(1));
+        let second = Duration::from_secs(1);
+        let endpoint = endpoint.connect_timeout(second);
+        let attempt = connected(&url, endpoint.connect(), second);
         let outcome = tokio::time::timeout(Duration::from_secs(20), attempt)
             .await
             .expect("still connecting after 20 s");

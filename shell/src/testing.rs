@@ -240,3 +240,20 @@ pub async fn gives_up<T, E>(call: impl Future<Output = Result<T, E>>) -> E {
         Err(_) => panic!("still waiting on a proxy that never answers"),
     }
 }
+
+/// The first flight of a TLS client offering `alpn` (its ClientHello), as a
+/// client that then says nothing more sends it: such a client holds a handshake
+/// place until the handshake times out.
+pub fn client_hello(alpn: &[&[u8]]) -> Vec<u8> {
+    use tokio_rustls::rustls::pki_types::ServerName;
+    use tokio_rustls::rustls::{ClientConfig, ClientConnection, RootCertStore};
+    let mut config = ClientConfig::builder()
+        .with_root_certificates(RootCertStore::empty())
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let name = ServerName::try_from("proxy.example").expect("a valid name");
+    let mut conn = ClientConnection::new(Arc::new(config), name).expect("a client");
+    let mut out = Vec::new();
+    conn.write_tls(&mut out).expect("a hello into memory");
+    out
+}

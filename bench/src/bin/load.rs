@@ -39,7 +39,9 @@ use dpca_common::randomizer::Randomizer;
 use dpca_common::study::{SpecDraft, StudyLayout, StudySpec, DEFAULT_FRAC_BITS};
 use dpca_proto::convert::{spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
-use dpca_shell::client::{connect, connect_from, transient, with_retries, ConnectError};
+use dpca_shell::client::{
+    connect, connect_for_status, connect_from, transient, with_retries, ConnectError,
+};
 use dpca_shell::tls::{write_dev_pki, DevPki, Role, Transport};
 use dpca_shell::upload::contribute_in_turn;
 use dpca_shell::usage::Usage;
@@ -311,7 +313,8 @@ async fn poll_status(
     while !done.load(Ordering::Relaxed) {
         let t = Instant::now();
         let client = if fresh {
-            connect(&url, &user).await.ok()
+            // As `proxy status` connects: asking for the status lane.
+            connect_for_status(&url, &user).await.ok()
         } else {
             Some(kept.clone())
         };

@@ -22,6 +22,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 #[cfg(feature = "dev-ca")]
 mod dev_pki;
+pub mod lane;
 mod verifier;
 
 #[cfg(feature = "dev-ca")]
@@ -243,6 +244,18 @@ impl TlsFiles {
     }
 }
 
+/// The CA as roots, a certificate chain and its key.
+type ParsedIdentity = (
+    tokio_rustls::rustls::RootCertStore,
+    Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
+    tokio_rustls::rustls::pki_types::PrivateKeyDer<'static>,
+);
+
+/// A configuration that rustls refused, as a [`TlsError::Config`].
+fn config_error(what: &str, e: &dyn fmt::Display) -> TlsError {
+    TlsError::Config(format!("{what}: {e}"))
+}
+
 /// A party's CA, certificate and key, read and checked.
 #[derive(Clone)]
 pub struct LoadedTls {
@@ -276,30 +289,55 @@ impl LoadedTls {
     /// itself: its identity, client certificates required and checked against the
     /// CA, and HTTP/2 by ALPN (as tonic's own server configuration).
     pub fn rustls_server_config(&self) -> Result<tokio_rustls::rustls::ServerConfig, TlsError> {
-        use tokio_rustls::rustls::pki_types::pem::PemObject;
-        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
         use tokio_rustls::rustls::server::WebPkiClientVerifier;
-        use tokio_rustls::rustls::{RootCertStore, ServerConfig};
-        let bad = |what: &str, e: &dyn std::fmt::Display| TlsError::Config(format!("{what}: {e}"));
-        let certs = |pem: &[u8]| {
-            CertificateDer::pem_slice_iter(pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| bad("certificate", &e))
-        };
-        let mut roots = RootCertStore::empty();
-        roots.add_parsable_certificates(certs(&self.ca_pem)?);
+        use tokio_rustls::rustls::ServerConfig;
+        let (roots, certs, key) = self.parsed()?;
         let verifier = Arc::new(PartyVerifier(
             WebPkiClientVerifier::builder(roots.into())
                 .build()
-                .map_err(|e| bad("client verifier", &e))?,
+                .map_err(|e| config_error("client verifier", &e))?,
         ));
-        let key = PrivateKeyDer::from_pem_slice(&self.key_pem).map_err(|e| bad("key", &e))?;
         let mut config = ServerConfig::builder()
             .with_client_cert_verifier(verifier)
-            .with_single_cert(certs(&self.cert_pem)?, key)
-            .map_err(|e| bad("identity", &e))?;
+            .with_single_cert(certs, key)
+            .map_err(|e| config_error("identity", &e))?;
         config.alpn_protocols.push(b"h2".to_vec());
         Ok(config)
+    }
+
+    /// A client configuration of rustls's own, for a connection tonic's cannot
+    /// make (one offering [`lane::STATUS_LANE_ALPN`]): the proxy checked against
+    /// the CA, this party's certificate presented, HTTP/2 and then `extra_alpn`
+    /// offered.
+    pub fn rustls_client_config(
+        &self,
+        extra_alpn: &[&[u8]],
+    ) -> Result<tokio_rustls::rustls::ClientConfig, TlsError> {
+        let (roots, certs, key) = self.parsed()?;
+        let mut config = tokio_rustls::rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| config_error("identity", &e))?;
+        config.alpn_protocols = std::iter::once(&b"h2"[..])
+            .chain(extra_alpn.iter().copied())
+            .map(<[u8]>::to_vec)
+            .collect();
+        Ok(config)
+    }
+
+    /// The CA as roots, this party's certificate chain and its key, parsed.
+    fn parsed(&self) -> Result<ParsedIdentity, TlsError> {
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = |pem: &[u8]| {
+            CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| config_error("certificate", &e))
+        };
+        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(certs(&self.ca_pem)?);
+        let key = PrivateKeyDer::from_pem_slice(&self.key_pem).map_err(|e| config_error("key", &e))?;
+        Ok((roots, certs(&self.cert_pem)?, key))
     }
 
     /// A client configuration: the proxy is checked against the CA and the URL's

@@ -395,51 +395,88 @@ async fn fresh_status(
     answered.map(tonic::Response::into_inner)
 }
 
-/// Anyone who reaches the main port can fill its handshake places (here 320
-/// silent connections from 40 addresses, 8 each, against 256 places; the other
-/// 64 wait in the listen backlog), and so can hundreds of owners connecting in
-/// the same instant: `proxy status` on a fresh connection then waits there
-/// behind them, past its 5 s. The operator listener has its own places, thread
-/// and runtime: the status answers there, and nothing but the status is served.
-#[test]
-fn status_answers_on_the_operator_listener_while_the_main_one_is_flooded() {
-    let (f, operator_at) = fixture_with_operator_listener();
-    let main: std::net::SocketAddr = f.url.trim_start_matches("https://").parse().expect("addr");
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let held = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let flood: Vec<_> = (0..320u32)
+/// `n` connections to `main`, from 40 loopback addresses (8 each, the cap per
+/// address), that each send a ClientHello asking for no lane and then nothing
+/// more: each holds one of the main port's handshake places until its handshake
+/// times out (10 s), and those past the places queue for one. Returns once all
+/// have sent their hello.
+fn stalled_handshakes(
+    runtime: &tokio::runtime::Runtime,
+    main: std::net::SocketAddr,
+    n: u32,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let hello = dpca_shell::testing::client_hello(&[b"h2"]);
+    let flood = (0..n)
         .map(|i| {
-            let held = std::sync::Arc::clone(&held);
+            let (sent, hello) = (std::sync::Arc::clone(&sent), hello.clone());
             runtime.spawn(async move {
-                use tokio::io::AsyncReadExt;
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
                 let socket = tokio::net::TcpSocket::new_v4().expect("socket");
                 let source = std::net::Ipv4Addr::new(127, 0, 1, 10 + (i % 40) as u8);
                 socket.bind((source, 0).into()).expect("bind");
                 if let Ok(mut c) = socket.connect(main).await {
-                    held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let _ = c.read(&mut [0u8; 1]).await;
+                    if c.write_all(&hello).await.is_ok() {
+                        sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    let mut sink = vec![0u8; 64 * 1024];
+                    while matches!(c.read(&mut sink).await, Ok(n) if n > 0) {}
                 }
             })
         })
         .collect();
     for _ in 0..100 {
-        if held.load(std::sync::atomic::Ordering::Relaxed) == 320 {
+        if sent.load(std::sync::atomic::Ordering::Relaxed) == n {
             break;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(held.load(std::sync::atomic::Ordering::Relaxed), 320);
-    let user = f.proxy.transport("user");
-    let status = |url: String| runtime.block_on(fresh_status(&url, &user, Duration::from_secs(5)));
-    // The flood is on: without it this test would prove nothing.
+    assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), n);
+    flood
+}
+
+/// Anyone who reaches the main port can fill its handshake places (here 320
+/// connections from 40 addresses that send a ClientHello and stall, against 256
+/// places; the other 64 queue for one), and so can hundreds of owners connecting
+/// in the same instant: a fresh connection's handshake then waits behind them.
+/// `proxy status` asks for the status lane in its ClientHello, and the main
+/// port's door sends it there, to handshakes of its own on the operator's
+/// thread: it answers during the flood (before the lane, it waited behind the
+/// flood, 10 s here). So does the operator listener, which has its own places,
+/// thread and runtime, and serves nothing but the status.
+#[test]
+fn status_answers_on_its_lane_and_the_operator_listener_while_the_main_port_is_flooded() {
+    let (f, operator_at) = fixture_with_operator_listener();
+    let main: std::net::SocketAddr = f.url.trim_start_matches("https://").parse().expect("addr");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let flood = stalled_handshakes(&runtime, main, 320);
+    let mut command = std::process::Command::new(dpca_tests::bin("proxy"));
+    command
+        .args(["status", "--proxy", &f.url])
+        .args(dpca_tests::tls_args(&f.proxy.pki.operator))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let lane = dpca_tests::Proc(command.spawn().expect("proxy status"));
+    let lane = dpca_tests::finish_within(lane, Duration::from_secs(3))
+        .expect("`proxy status` on the main port did not answer during the flood");
+    assert!(lane.status.success(), "{}", describe(&lane));
     assert!(
-        status(f.url.clone()).is_none(),
-        "the main listener answered a fresh status during the flood"
+        String::from_utf8_lossy(&lane.stdout).contains(&f.study),
+        "{}",
+        describe(&lane)
     );
+    let user = f.proxy.transport("user");
+    let status = |url: String| runtime.block_on(fresh_status(&url, &user, Duration::from_secs(3)));
     let answered = status(format!("https://{operator_at}"))
         .expect("the operator listener did not answer during the flood");
     let ids: Vec<String> = answered.studies.into_iter().map(|s| s.study_id).collect();
     assert_eq!(ids, vec![f.study.clone()]);
+    // The flood is on: without it this test would prove nothing. A connection
+    // that does not ask for the lane waits its turn behind the stalled ones.
+    assert!(
+        status(f.url.clone()).is_none(),
+        "the main listener answered a fresh status without the lane during the flood"
+    );
     let refused = runtime.block_on(async {
         let mut c = dpca_shell::client::connect(&format!("https://{operator_at}"), &user)
             .await

@@ -1,0 +1,265 @@
+//! The door of a TLS listener: connections accepted under the listener's places
+//! and per-source caps, then, on the main port, sorted by the lane their
+//! ClientHello asks for ([`dpca_shell::tls::lane`]) before any handshake.
+//!
+//! A connection holds a door place from its accept until its handshake ends,
+//! and counts against its source ([`crate::sources`]) as long. While every place
+//! is held the door accepts nothing: new connections wait in the kernel's listen
+//! backlog ([`crate::LISTEN_BACKLOG`]), holding no descriptor or memory of the
+//! proxy process. Past its source's cap a connection is closed at once.
+//!
+//! On the main port the places are more than its handshake places
+//! ([`crate::listener::ConnectionCaps::door_places`]): the door takes in a burst
+//! of owners, reads each one's ClientHello without consuming it (a peek, bounded
+//! by the handshake timeout), and a `status` call among them goes to the status
+//! lane, whose handshakes run on the operator's thread, while the owners queue
+//! for the main handshake places in the order they came. Before, the call waited
+//! in the backlog behind all of them (up to 746 ms at 1000 owners). The main
+//! port's door runs on that thread too, so a busy main runtime does not delay
+//! the sorting.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::{connection_refused as refused, ConnectionRefusal};
+use crate::per_key::Held;
+use crate::sources::{Block, Crowding, Sources};
+use dpca_shell::tls::lane::{hello_lane, Hello, MAX_HELLO_BYTES};
+
+/// A connection through the door, on its way to a handshake: taken off the
+/// runtime that accepted it, so that another may run the handshake.
+pub struct Arrival {
+    /// The connection (non-blocking).
+    pub io: std::net::TcpStream,
+    /// The door's place and the source's counts, held until the handshake ends.
+    pub held: (OwnedSemaphorePermit, Vec<Held<Block>>),
+}
+
+/// Where the door sends what it lets in.
+#[derive(Clone)]
+pub struct Lanes {
+    /// The listener's own handshakes.
+    pub main: mpsc::UnboundedSender<Arrival>,
+    /// The status lane, if the door sorts: connections whose ClientHello asks
+    /// for it. Bounded: past its room they are closed, freeing their places.
+    pub status: Option<mpsc::Sender<Arrival>>,
+}
+
+/// Accepts connections on `listener` under `places` door places until the main
+/// lane's receiver is dropped, and sends each to its lane. Runs on the current
+/// runtime; `name` is the listener's in the metrics.
+pub fn open(
+    name: &'static str,
+    listener: TcpListener,
+    places: usize,
+    handshake_timeout: Duration,
+    lanes: Lanes,
+) {
+    // With no place the door would never accept.
+    let all = places.max(1);
+    let places = Arc::new(Semaphore::new(all));
+    let sources = Sources::default();
+    tokio::spawn(async move {
+        loop {
+            let next = tokio::select! {
+                next = place_then_accept(&places, &listener) => next,
+                () = lanes.main.closed() => return,
+            };
+            let Some((place, (io, addr))) = next else {
+                return;
+            };
+            let crowding = Crowding::of(places.available_permits(), all);
+            // Past its source's cap the connection is closed at once (dropped here).
+            let Some(source) = sources.take(addr.ip(), crowding) else {
+                refused(name, ConnectionRefusal::SourceCap);
+                continue;
+            };
+            let lanes = lanes.clone();
+            tokio::spawn(sort(name, io, (place, source), handshake_timeout, lanes));
+        }
+    });
+}
+
+/// Sends one connection to its lane: the status lane if it has one and the
+/// ClientHello asks for it, else the main one.
+async fn sort(
+    name: &'static str,
+    io: TcpStream,
+    held: (OwnedSemaphorePermit, Vec<Held<Block>>),
+    handshake_timeout: Duration,
+    lanes: Lanes,
+) {
+    let hello = match &lanes.status {
+        None => Hello::Other,
+        Some(_) => match tokio::time::timeout(handshake_timeout, read_hello(&io)).await {
+            Ok(Ok(hello)) => hello,
+            // Closed before it said anything.
+            Ok(Err(_)) => return refused(name, ConnectionRefusal::Handshake),
+            Err(_) => return refused(name, ConnectionRefusal::HandshakeTimeout),
+        },
+    };
+    let Ok(io) = io.into_std() else {
+        return refused(name, ConnectionRefusal::Handshake);
+    };
+    let arrival = Arrival { io, held };
+    match (hello, &lanes.status) {
+        (Hello::Status, Some(status)) => {
+            if status.try_send(arrival).is_err() {
+                refused(name, ConnectionRefusal::NoSlot);
+            }
+        }
+        (Hello::Status | Hello::Other | Hello::Incomplete, _) => {
+            // Fails only once the listener has stopped.
+            let _ = lanes.main.send(arrival);
+        }
+    }
+}
+
+/// How long the door waits before it looks again at a ClientHello that came in
+/// part.
+const HELLO_POLL: Duration = Duration::from_millis(5);
+
+/// The lane a connection's first bytes ask for, read without consuming them; an
+/// error if it closes first. A hello that comes in parts is looked at again
+/// until it is whole (the caller bounds how long).
+async fn read_hello(io: &TcpStream) -> std::io::Result<Hello> {
+    // A client's hello is a few hundred bytes; the buffer grows only for more.
+    let mut buf = vec![0u8; 2048];
+    loop {
+        let n = io.peek(&mut buf).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        match hello_lane(&buf[..n]) {
+            Hello::Incomplete if n == buf.len() => buf.resize((n * 2).min(MAX_HELLO_BYTES), 0),
+            Hello::Incomplete => tokio::time::sleep(HELLO_POLL).await,
+            lane @ (Hello::Status | Hello::Other) => return Ok(lane),
+        }
+    }
+}
+
+/// A door place, then the next connection (`None` once the places are closed,
+/// which they are not). While every place is held the door accepts nothing:
+/// connections wait in the kernel's backlog ([`crate::LISTEN_BACKLOG`]) instead
+/// of being closed and coming back, so hundreds of owners connecting in one
+/// instant each connect once.
+async fn place_then_accept(
+    places: &Arc<Semaphore>,
+    listener: &TcpListener,
+) -> Option<(OwnedSemaphorePermit, (TcpStream, std::net::SocketAddr))> {
+    let place = Arc::clone(places).acquire_owned().await.ok()?;
+    Some((place, accept(listener).await))
+}
+
+/// The next connection, retrying transient errors (out of descriptors and the
+/// like) after a pause.
+pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((io, addr)) => {
+                // Small frames of many ciphertexts: do not wait to coalesce.
+                let _ = io.set_nodelay(true);
+                // A peer gone without a FIN is found even while idle.
+                let keepalive = socket2::TcpKeepalive::new().with_time(crate::KEEPALIVE_INTERVAL);
+                let _ = socket2::SockRef::from(&io).set_tcp_keepalive(&keepalive);
+                return (io, addr);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dpca_shell::testing::client_hello;
+    use dpca_shell::tls::lane::STATUS_LANE_ALPN;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const SOON: Duration = Duration::from_secs(5);
+
+    /// A sorting door on a loopback port, its lanes' receivers, and its address.
+    async fn sorting_door(
+        status_room: usize,
+    ) -> (
+        mpsc::UnboundedReceiver<Arrival>,
+        mpsc::Receiver<Arrival>,
+        std::net::SocketAddr,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let at = listener.local_addr().expect("address");
+        let (main, main_rx) = mpsc::unbounded_channel();
+        let (status, status_rx) = mpsc::channel(status_room);
+        let lanes = Lanes {
+            main,
+            status: Some(status),
+        };
+        open("test", listener, 8, Duration::from_millis(500), lanes);
+        (main_rx, status_rx, at)
+    }
+
+    async fn saying(at: std::net::SocketAddr, first: &[u8]) -> TcpStream {
+        let mut c = TcpStream::connect(at).await.expect("connect");
+        c.write_all(first).await.expect("hello");
+        c
+    }
+
+    /// What a connection the door let through still has to be read: the door
+    /// looked at its hello without taking it.
+    fn unread(arrival: &Arrival, len: usize) -> Vec<u8> {
+        let mut first = vec![0u8; len];
+        arrival.io.set_nonblocking(false).expect("blocking");
+        let n = arrival.io.peek(&mut first).expect("peek");
+        first.truncate(n);
+        first
+    }
+
+    #[tokio::test]
+    async fn a_hello_asking_for_the_lane_goes_there_and_the_rest_the_usual_way() {
+        let (mut main, mut status, at) = sorting_door(4).await;
+        let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
+        let _s = saying(at, &hinted).await;
+        let arrival = tokio::time::timeout(SOON, status.recv()).await;
+        let arrival = arrival.expect("sorted in time").expect("an arrival");
+        assert_eq!(unread(&arrival, hinted.len()), hinted);
+        let plain = client_hello(&[b"h2"]);
+        let _p = saying(at, &plain).await;
+        let arrival = tokio::time::timeout(SOON, main.recv()).await;
+        let arrival = arrival.expect("sorted in time").expect("an arrival");
+        assert_eq!(unread(&arrival, plain.len()), plain);
+        // Bytes that are no hello at all go the usual way, where the handshake
+        // refuses them.
+        let _j = saying(at, b"GET / HTTP/1.1\r\n\r\n").await;
+        let arrival = tokio::time::timeout(SOON, main.recv()).await;
+        assert!(matches!(arrival, Ok(Some(_))), "junk was not passed on");
+        assert!(status.try_recv().is_err(), "a second arrival on the lane");
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_and_one_past_the_lanes_room_are_closed() {
+        let (mut main, mut status, at) = sorting_door(1).await;
+        let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
+        let _first = saying(at, &hinted).await;
+        let mut second = saying(at, &hinted).await;
+        let read = tokio::time::timeout(SOON, second.read(&mut [0u8; 1])).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "a connection past the lane's room was kept: {read:?}"
+        );
+        assert!(status.recv().await.is_some(), "the first was not queued");
+        // Silent past the timeout (500 ms): closed, sent nowhere.
+        let mut silent = TcpStream::connect(at).await.expect("connect");
+        let read = tokio::time::timeout(SOON, silent.read(&mut [0u8; 1])).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "a silent connection was kept: {read:?}"
+        );
+        assert!(main.try_recv().is_err() && status.try_recv().is_err());
+    }
+}
