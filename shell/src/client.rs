@@ -264,8 +264,7 @@ pub async fn connect_for_status(
     let Transport::Tls(tls) = transport else {
         return connect(url, transport).await;
     };
-    let endpoint = endpoint(url, transport)?.connect_timeout(CONNECT_TIMEOUT);
-    let host = endpoint.uri().host().unwrap_or_default();
+    let host = endpoint(url, transport)?.uri().host().unwrap_or_default().to_string();
     // An IPv6 host comes bracketed in a URL, and bare in a certificate.
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
@@ -274,6 +273,12 @@ pub async fn connect_for_status(
         .rustls_client_config(&[crate::tls::lane::STATUS_LANE_ALPN])
         .map_err(|e| bad_url(url, e.to_string()))?;
     let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    // The connector below runs the TLS; tonic refuses an `https` URL it is not
+    // to run TLS for itself, and the scheme is not checked past it.
+    let inner = format!("http://{}", &url["https://".len()..]);
+    let endpoint = Channel::from_shared(inner)
+        .map_err(|e| bad_url(url, e.to_string()))?
+        .connect_timeout(CONNECT_TIMEOUT);
     let connector = tower::service_fn(move |uri: tonic::codegen::http::Uri| {
         let (tls, name) = (tls.clone(), name.clone());
         async move {
