@@ -3,7 +3,10 @@
 //! ClientHello asks for ([`dpca_shell::tls::lane`]) before any handshake.
 //!
 //! A connection holds a door place from its accept until its handshake ends,
-//! and counts against its source ([`crate::sources`]) as long. While every place
+//! and counts against its source ([`crate::sources`]) as long, as it does
+//! against its source's share of the handshake places once it has one
+//! ([`crate::listener::capped_tls`]): one site can hold no more of those than
+//! before the door held more places than them. While every place
 //! is held the door accepts nothing: new connections wait in the kernel's listen
 //! backlog ([`crate::LISTEN_BACKLOG`]), holding no descriptor or memory of the
 //! proxy process. Past its source's cap a connection is closed at once.
@@ -34,9 +37,15 @@ use dpca_shell::tls::lane::{hello_lane, Hello, MAX_HELLO_BYTES};
 pub struct Arrival {
     /// The connection (non-blocking).
     pub io: std::net::TcpStream,
+    /// Where it comes from: its handshake counts against this source too.
+    pub peer: std::net::IpAddr,
     /// The door's place and the source's counts, held until the handshake ends.
-    pub held: (OwnedSemaphorePermit, Vec<Held<Block>>),
+    pub held: DoorHeld,
 }
+
+/// What a connection holds at the door: a place, and its count in each block
+/// of addresses it comes from.
+pub type DoorHeld = (OwnedSemaphorePermit, Vec<Held<Block>>);
 
 /// Where the door sends what it lets in.
 #[derive(Clone)]
@@ -78,7 +87,8 @@ pub fn open(
                 continue;
             };
             let lanes = lanes.clone();
-            tokio::spawn(sort(name, io, (place, source), handshake_timeout, lanes));
+            let arrival = (io, addr.ip(), (place, source));
+            tokio::spawn(sort(name, arrival, handshake_timeout, lanes));
         }
     });
 }
@@ -87,8 +97,7 @@ pub fn open(
 /// ClientHello asks for it, else the main one.
 async fn sort(
     name: &'static str,
-    io: TcpStream,
-    held: (OwnedSemaphorePermit, Vec<Held<Block>>),
+    (io, peer, held): (TcpStream, std::net::IpAddr, DoorHeld),
     handshake_timeout: Duration,
     lanes: Lanes,
 ) {
@@ -104,7 +113,7 @@ async fn sort(
     let Ok(io) = io.into_std() else {
         return refused(name, ConnectionRefusal::Handshake);
     };
-    let arrival = Arrival { io, held };
+    let arrival = Arrival { io, peer, held };
     match (hello, &lanes.status) {
         (Hello::Status, Some(status)) => {
             if status.try_send(arrival).is_err() {

@@ -3,23 +3,28 @@
 //! served at once; with the upload limit this keeps the proxy's memory flat in the
 //! number of owners.
 //!
-//! On TLS the handshake runs here, before a connection takes one of those slots:
-//! a client that connects and never finishes its handshake holds only a handshake
-//! place, for at most the handshake timeout, and the places are capped in all
-//! ([`MAX_HANDSHAKES`]) and per source ([`crate::sources::MAX_HANDSHAKES_PER_SOURCE`]: an IPv4
-//! address, or an IPv6 /64, and once places run short an IPv6 /56 and /48 too:
-//! [`crate::sources`]). While a place is free, a connection past a cap of its
-//! source's is closed at once, so a client that reconnects without end delays no
-//! one from another source (nor, while places run short, from another site).
-//! While every place is held, the listener accepts nothing and new connections
-//! wait in the kernel's listen backlog ([`crate::LISTEN_BACKLOG`]), holding no
-//! descriptor or memory of the proxy process: a burst of hundreds of owners is
-//! taken in turn rather than turned away to come back later. Once authenticated,
-//! a party (named by its certificate) holds at most
-//! [`MAX_CONNECTIONS_PER_PARTY`] connections, and a
-//! connection that finds no slot free gives its handshake place back and waits on
-//! one of [`MAX_WAITING`] places of their own: hundreds of owners queueing for
-//! their upload do not fill the handshake places the next party needs to get in.
+//! On TLS the handshake runs here, before a connection takes one of those slots.
+//! A connection first comes through the listener's door ([`crate::door`]), which
+//! holds it (a door place) from its accept to the end of its handshake, capped in
+//! all ([`ConnectionCaps::door_places`]) and per source
+//! ([`crate::sources::MAX_HANDSHAKES_PER_SOURCE`]: an IPv4 address, or an IPv6
+//! /64, and once places run short an IPv6 /56 and /48 too: [`crate::sources`]).
+//! While a place is free, a connection past a cap of its source's is closed at
+//! once, so a client that reconnects without end delays no one from another
+//! source (nor, while places run short, from another site). While every place is
+//! held, the door accepts nothing and new connections wait in the kernel's listen
+//! backlog ([`crate::LISTEN_BACKLOG`]), holding no descriptor or memory of the
+//! proxy process: a burst of hundreds of owners is taken in turn rather than
+//! turned away to come back later. Then it queues for one of [`MAX_HANDSHAKES`]
+//! handshake places, each held for at most the handshake timeout. On the main
+//! port the door holds [`MAX_QUEUED_HANDSHAKES`] more than those and sorts what it
+//! takes in by the lane its ClientHello asks for: a `status` call goes to the
+//! status lane's own handshakes on the operator's thread ([`crate::operator`]).
+//! Once authenticated, a party (named by its certificate) holds at most
+//! [`MAX_CONNECTIONS_PER_PARTY`] connections, and a connection that finds no slot
+//! free gives its handshake and door places back and waits on one of
+//! [`MAX_WAITING`] places of their own: hundreds of owners queueing for their
+//! upload do not fill the places the next party needs to get in.
 //!
 //! Of the main listener's slots, [`MAIN_RESERVED_CONNECTIONS`] are kept for the
 //! parties who steer studies (users and the operator), at most
@@ -30,10 +35,10 @@
 //! those parties do not wait behind the uploads for a slot. Nor can one user
 //! hold every kept slot (four users or the operator and three users can).
 //!
-//! A listener holds at most its slots, [`MAX_HANDSHAKES`] and [`MAX_WAITING`] TLS
-//! connections: 1344 on the main port, 520 on the operator's, each a descriptor;
-//! the proxy raises its own limit to 4096 where the system lets it
-//! (`cli::DESCRIPTORS_NEEDED`).
+//! A listener holds at most its slots, its door places and [`MAX_WAITING`] TLS
+//! connections ([`ConnectionCaps::most_held`]): 2368 on the main port, 520 on the
+//! operator's and 32 more on the status lane, each a descriptor; the proxy raises
+//! its own limit to 4096 where the system lets it (`cli::DESCRIPTORS_NEEDED`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -52,6 +57,7 @@ use tonic::transport::server::Connected;
 use crate::door::Arrival;
 use crate::metrics::{connection_refused as refused, ConnectionRefusal};
 use crate::per_key::{Held, PerKey};
+use crate::sources::{Block, Crowding, Sources};
 use dpca_shell::tls::{Peer, Role};
 
 /// Connections served at once.
@@ -60,11 +66,13 @@ pub const MAX_CONNECTIONS: usize = 64;
 pub const MAX_HANDSHAKES: usize = 256;
 /// Connections the main port's door holds past its handshake places: read for
 /// their lane and queued for a handshake ([`crate::door`]). As many as the listen
-/// backlog, so a burst that fitted there is taken in and sorted.
+/// backlog, so a burst that fitted there is taken in and sorted. Each holds in the
+/// kernel what its client sent (an honest one's ClientHello, a few hundred
+/// bytes; a hostile one's up to a TCP window), as it did in the backlog.
 pub const MAX_QUEUED_HANDSHAKES: usize = 1024;
 /// Authenticated connections waiting for a slot at once, on the main listener.
-/// With the handshakes and the connections served, it holds at most 64 + 256 +
-/// 1024 TLS connections (and their descriptors). As many as the listen backlog:
+/// With the door's places and the connections served, it holds at most 64 +
+/// 1280 + 1024 TLS connections (and their descriptors). As many as the listen backlog:
 /// an owner past them is closed after its handshake and comes back for another,
 /// so with 256 places 1000 owners connecting at once made 2.4-2.6 handshakes each
 /// and took about a third more of the proxy's CPU (`dpca-bench --bin load`, M = 8).
@@ -315,9 +323,11 @@ pub fn tls_listener(
 }
 
 /// The TLS connections of what came through a door ([`crate::door`]), run on the
-/// current runtime: handshakes under their caps and timeout, then the parties
-/// `caps` admits, at most its connections in all and per party. Arrivals queue
-/// for a handshake place in the order they come.
+/// current runtime: handshakes under their caps (in all, and per source as at
+/// the door: [`crate::sources`]) and timeout, then the parties `caps` admits, at
+/// most its connections in all and per party. Arrivals queue for a handshake
+/// place in the order they come; one whose source holds its share of the places
+/// when its turn comes is closed.
 pub fn capped_tls(
     mut arrivals: impl Stream<Item = Arrival> + Send + Unpin + 'static,
     caps: ConnectionCaps,
@@ -325,7 +335,9 @@ pub fn capped_tls(
     handshake_timeout: Duration,
 ) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
-    let handshakes = Arc::new(Semaphore::new(caps.handshakes.max(1)));
+    let places = caps.handshakes.max(1);
+    let handshakes = Arc::new(Semaphore::new(places));
+    let sources = Sources::default();
     let admission = Admission {
         caps,
         slots: Slots::new(&caps),
@@ -343,9 +355,17 @@ pub fn capped_tls(
             let Some((place, arrival)) = next else {
                 return;
             };
+            // Its source's share of the handshake places, as of the door's:
+            // past it the connection is closed at once (dropped here).
+            let crowding = Crowding::of(handshakes.available_permits(), places);
+            let Some(source) = sources.take(arrival.peer, crowding) else {
+                refused(caps.name, ConnectionRefusal::SourceCap);
+                continue;
+            };
             let (acceptor, admission, tx) = (acceptor.clone(), admission.clone(), tx.clone());
             tokio::spawn(async move {
-                let Some(tls) = handshake(arrival, &acceptor, &admission, place).await else {
+                let held = (place, source);
+                let Some(tls) = handshake(arrival, &acceptor, &admission, held).await else {
                     return;
                 };
                 if let Some(conn) = admission.admit(tls).await {
@@ -368,12 +388,13 @@ async fn place_then_arrival(
 }
 
 /// The TLS handshake of `arrival` on the current runtime, within the handshake
-/// timeout; its place and what it held at the door are let go when it ends.
+/// timeout; its place (with its source's count) and what it held at the door
+/// are let go when it ends.
 async fn handshake(
     arrival: Arrival,
     acceptor: &TlsAcceptor,
     admission: &Admission,
-    place: OwnedSemaphorePermit,
+    place: (OwnedSemaphorePermit, Vec<Held<Block>>),
 ) -> Option<TlsStream<TcpStream>> {
     let name = admission.caps.name;
     let Ok(io) = TcpStream::from_std(arrival.io) else {
@@ -824,6 +845,54 @@ mod tests {
             "{late} of 300 connections were not taken in time (net.core.somaxconn too low?)"
         );
         drop(listener);
+    }
+
+    /// The handshake places are shared out by source as the door's are: the door
+    /// holds more places than there are handshakes, and a site within its share
+    /// of the door's could otherwise hold every handshake place. Here 24
+    /// connections of one IPv6 /56, each from a /64 of its own, queue for 40
+    /// places: while at least half are free, counting the one each takes, they
+    /// take them (20), then the /56's cap of 16 applies and the other 4 are
+    /// closed at once.
+    #[tokio::test]
+    async fn a_site_holds_its_share_of_the_handshake_places_whatever_the_door_holds() {
+        let (_dir, _pki, acceptor) = loopback_pki(&[]);
+        let caps = ConnectionCaps {
+            handshakes: 40,
+            ..caps(4, 0, WhenFull::Wait)
+        };
+        let (to_handshake, arrivals) = tokio::sync::mpsc::unbounded_channel();
+        let arrivals = tokio_stream::wrappers::UnboundedReceiverStream::new(arrivals);
+        let served = capped_tls(arrivals, caps, acceptor, Duration::from_secs(30));
+        tokio::spawn(tokio_stream::StreamExt::collect::<Vec<_>>(served));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let at = listener.local_addr().expect("address");
+        let door = Arc::new(Semaphore::new(24));
+        let mut clients = Vec::new();
+        for i in 0..24u128 {
+            let client = TcpStream::connect(at).await.expect("connect");
+            let (io, _) = listener.accept().await.expect("accept");
+            let site: u128 = 0x2001_0db8_0000_0100 << 64;
+            let peer = std::net::IpAddr::V6((site | (i << 64) | 1).into());
+            let place = door.clone().try_acquire_owned().expect("a door place");
+            let io = io.into_std().expect("std");
+            let arrival = Arrival {
+                io,
+                peer,
+                held: (place, Vec::new()),
+            };
+            to_handshake.send(arrival).expect("queued");
+            clients.push(client);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let closed = clients
+            .iter()
+            .filter(|c| match c.try_read(&mut [0u8; 1]) {
+                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                Ok(n) => n == 0,
+            })
+            .count();
+        assert_eq!(closed, 4, "closed past the site's share of the handshakes");
     }
 
     /// Without a reservation a party waits its turn.

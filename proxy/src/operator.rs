@@ -1,27 +1,34 @@
-//! The operator's listener (`proxy --operator-listen ADDR`): `status` only, on a
-//! thread and an async runtime of its own, with its own connection slots.
+//! The operator's thread: `status` only, on an async runtime of its own, with its
+//! own connection slots, served on the operator's listener
+//! (`proxy --operator-listen ADDR`) and, on TLS, on the main port's status lane;
+//! and the main port's door ([`crate::door`]), which sorts the lane's calls out.
 //!
-//! On the main listener `proxy status` takes its turn with the owners: its TLS
-//! handshake waits behind theirs for the runtime's threads, and a flood of
-//! handshakes (anyone who can reach the port, or hundreds of owners connecting in
-//! the same instant) fills the handshake places, so the call waits or is turned
-//! away; owners queued for a slot hold none. Here it shares
+//! On the main runtime a `status` call would take its turn with the owners: its
+//! TLS handshake waits behind theirs for the runtime's threads and for the
+//! handshake places, which a flood of handshakes (anyone who can reach the port,
+//! or hundreds of owners connecting in the same instant) fills. Here it shares
 //! neither: the operating system gives this thread its share of the cores
-//! whatever the main runtime is doing. The service is the same one (the same
-//! studies and the same access rules: the operator sees everything, a user its
-//! own studies, an owner nothing); every other method is refused, so this port
-//! adds no way in. A connection here is bounded as on the main port (streams,
-//! flow-control windows, keepalive), decodes no request over 1 KiB, and one party
-//! holds at most 2 of its 8 connections; a party that may not read the status
-//! (an owner) is closed right after the handshake. Two slots are kept for
-//! operators: users share the other six (and a user's connection that finds them
-//! held is closed at once rather than queueing), so user certificates that
-//! hold connections here idle cannot lock the operator out. Bind it where only
-//! operators reach (an admin network, or loopback on a host only operators use)
-//! all the same: its handshake places, like the main port's, are open to anyone
+//! whatever the main runtime is doing. On the main port a call asks for the lane
+//! in its ClientHello ([`dpca_shell::tls::lane`]; `proxy status` does), and the
+//! door, which runs here too so that a busy main runtime does not delay it, sends
+//! it to the lane's handshakes ([`LANE_CAPS`]: places and slots of their own, so
+//! a flood of connections asking for the lane, which anyone may ask, takes
+//! nothing from the owners or from the operator's listener). The service is the
+//! same one (the same studies and the same access rules: the operator sees
+//! everything, a user its own studies, an owner nothing); every other method is
+//! refused, so neither the lane nor this port adds a way in. A connection here
+//! is bounded as on the main port (streams, flow-control windows, keepalive),
+//! decodes no request over 1 KiB, and one party holds at most 2 of 8
+//! connections; a party that may not read the status (an owner) is closed right
+//! after the handshake. Two slots are kept for operators: users share the other
+//! six (and a user's connection that finds them held is closed at once rather
+//! than queueing), so user certificates that hold connections here idle cannot
+//! lock the operator out. Bind the operator's listener where only operators
+//! reach (an admin network, or loopback on a host only operators use): its
+//! handshake places, like the main port's and the lane's, are open to anyone
 //! who reaches it, and on loopback every client comes from one address, whose 8
 //! places one local process can fill. Over plaintext (tests only) no party is
-//! known, so nothing is kept.
+//! known, so nothing is kept, and the main port has no door here.
 
 use std::time::Duration;
 

@@ -102,11 +102,17 @@ pub fn stored_study(data: &[u8]) {
     let _ = key.ciphertexts_from_bytes(&data.chunks(key.ciphertext_bytes()).collect::<Vec<_>>(), 0);
 }
 
+/// The proxy's door on its main port: the first bytes of a connection, read for
+/// the lane their ClientHello asks for, before any handshake.
+pub fn client_hello(data: &[u8]) {
+    let _ = crate::tls::lane::hello_lane(data);
+}
+
 /// A fuzz target: its name (the folder of its corpus) and its entry point.
 pub type Target = (&'static str, fn(&[u8]));
 
 /// Every target by name, for the corpus replay.
-pub const TARGETS: [Target; 8] = [
+pub const TARGETS: [Target; 9] = [
     ("open_study", open_study),
     ("study_info", study_info),
     ("contribution_chunk", contribution_chunk),
@@ -115,4 +121,5 @@ pub const TARGETS: [Target; 8] = [
     ("csv_files", csv_files),
     ("peer_certificate", peer_certificate),
     ("stored_study", stored_study),
+    ("client_hello", client_hello),
 ];

@@ -81,3 +81,23 @@ fn certificate_and_state_seeds_decode() {
         spec_from_wire(&spec).unwrap_or_else(|e| panic!("seed {name}: {e}"));
     }
 }
+
+/// The ClientHello seeds are OpenSSL's (`s_client -alpn ...`), not our client's:
+/// another TLS stack's hello asking for the status lane is read as asking, and
+/// one that does not, or is cut short, is not.
+#[test]
+fn client_hello_seeds_are_read_for_their_lane() {
+    use dpca_shell::tls::lane::{hello_lane, Hello};
+    for (name, lane) in [
+        ("openssl-status", Hello::Status),
+        ("openssl-h2", Hello::Other),
+        ("openssl-no-alpn", Hello::Other),
+        ("openssl-status-cut", Hello::Incomplete),
+    ] {
+        let (_, bytes) = corpus("client_hello")
+            .into_iter()
+            .find(|(p, _)| p.ends_with(name))
+            .unwrap_or_else(|| panic!("seed {name} missing"));
+        assert_eq!(hello_lane(&bytes), lane, "{name}");
+    }
+}
