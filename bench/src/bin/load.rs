@@ -5,8 +5,9 @@
 //! under its own id, so the run measures the proxy (validation, aggregation,
 //! durable commits), not the owners' encryption. Meanwhile the user polls the
 //! proxy's status, as an operator watching the study would: on fresh connections
-//! to the main listener and to the operator listener (`--operator-listen`), and
-//! on one connection kept open.
+//! to the main listener (asking for its status lane, as `proxy status` does) and
+//! to the operator listener (`--operator-listen`), and on one connection kept
+//! open.
 //!
 //! Prints, per run (M features x owners): wall time until every owner was
 //! acknowledged, contributions per second (and the rate the proxy's own CPU time
@@ -93,6 +94,10 @@ struct Args {
     /// Paillier modulus bits.
     #[arg(long, default_value_t = 2048)]
     key_bits: u64,
+    /// The proxy program to load, instead of the workspace's (built first): to
+    /// compare two builds of it in turn on the same machine.
+    #[arg(long)]
+    proxy_program: Option<std::path::PathBuf>,
 }
 
 /// One run's plan.
@@ -608,7 +613,10 @@ fn main() -> anyhow::Result<()> {
     if plans.is_empty() {
         bail!("--runs needs at least one run");
     }
-    let proxy_bin = program(&built_programs(&["proxy"])?, "proxy");
+    let proxy_bin = match &args.proxy_program {
+        Some(path) => path.clone(),
+        None => program(&built_programs(&["proxy"])?, "proxy"),
+    };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pk = SecretKey::generate(args.key_bits, &mut OsRng)?
         .public()
@@ -681,7 +689,7 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
         "\n| M | owners | ciphertexts each | wall s | contributions/s | contributions/s the proxy's CPU allows | folded/s per core | \
          floor / folded | fold s | floor / fold | floor / bare fold | store s | writes per commit | proxy CPU s | \
          proxy CPU per ciphertext / mul | owners' CPU s | written / contributed | proxy peak MiB | \
-         status ms, fresh connection: median / max (calls answered, refused) | status ms, \
+         status ms, fresh connection (status lane): median / max (calls answered, refused) | status ms, \
          fresh connection to the operator listener: median / max (answered, refused) | \
          status ms, open connection: median / max (answered, refused) | refused | connections per owner | \
          reservations per owner | connections the proxy let go | state (owners in) |"
