@@ -127,24 +127,39 @@ async fn sort(
     }
 }
 
-/// How long the door waits before it looks again at a ClientHello that came in
-/// part.
+/// How long the door waits before it first looks again at a ClientHello that
+/// came in part; each wait after is twice the last, up to [`HELLO_POLL_MAX`]. A
+/// peek cannot wait for more bytes than it saw, and a hostile client that sends
+/// part of a hello and stalls must not have the door parse it again every few
+/// milliseconds until the handshake timeout.
 const HELLO_POLL: Duration = Duration::from_millis(5);
+/// The longest wait between two looks at a ClientHello that came in part.
+const HELLO_POLL_MAX: Duration = Duration::from_millis(320);
 
 /// The lane a connection's first bytes ask for, read without consuming them; an
 /// error if it closes first. A hello that comes in parts is looked at again
-/// until it is whole (the caller bounds how long).
+/// until it is whole (the caller bounds how long), parsed again only when more
+/// of it came.
 async fn read_hello(io: &TcpStream) -> std::io::Result<Hello> {
     // A client's hello is a few hundred bytes; the buffer grows only for more.
     let mut buf = vec![0u8; 2048];
+    let (mut seen, mut wait) = (0, HELLO_POLL);
     loop {
         let n = io.peek(&mut buf).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
-        match hello_lane(&buf[..n]) {
+        let lane = match n == seen {
+            true => Hello::Incomplete,
+            false => hello_lane(&buf[..n]),
+        };
+        seen = n;
+        match lane {
             Hello::Incomplete if n == buf.len() => buf.resize((n * 2).min(MAX_HELLO_BYTES), 0),
-            Hello::Incomplete => tokio::time::sleep(HELLO_POLL).await,
+            Hello::Incomplete => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(HELLO_POLL_MAX);
+            }
             lane @ (Hello::Status | Hello::Other) => return Ok(lane),
         }
     }
@@ -248,6 +263,21 @@ mod tests {
         let arrival = tokio::time::timeout(SOON, main.recv()).await;
         assert!(matches!(arrival, Ok(Some(_))), "junk was not passed on");
         assert!(status.try_recv().is_err(), "a second arrival on the lane");
+    }
+
+    /// A hello that comes in two parts is read whole before the door decides.
+    #[tokio::test]
+    async fn a_hello_in_parts_is_sorted_once_whole() {
+        let (mut main, mut status, at) = sorting_door(4).await;
+        let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
+        let (first, rest) = hinted.split_at(hinted.len() / 2);
+        let mut c = saying(at, first).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(main.try_recv().is_err() && status.try_recv().is_err());
+        c.write_all(rest).await.expect("the rest");
+        let arrival = tokio::time::timeout(SOON, status.recv()).await;
+        let arrival = arrival.expect("sorted in time").expect("an arrival");
+        assert_eq!(unread(&arrival, hinted.len()), hinted);
     }
 
     #[tokio::test]

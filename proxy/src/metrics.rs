@@ -17,7 +17,9 @@
 //!   share the next);
 //! - `dpca_studies{phase}`: studies per phase, refreshed every second;
 //! - `dpca_connections_refused_total{listener, reason}`: connections a listener
-//!   (`main`, `operator`) let go before serving them, by [`ConnectionRefusal`]:
+//!   (`main`, `operator`, `status_lane`) let go before serving them, by
+//!   [`ConnectionRefusal`] (on the main port a connection that asked for the
+//!   status lane and found its queue full counts as `no_slot`):
 //!   during a burst of owners, how many were turned away to come back later;
 //! - `dpca_uploads_without_slot_total`: uploads refused because every upload
 //!   slot stayed held for `upload_slots::PATIENCE`, their owners asked to reserve
@@ -115,18 +117,22 @@ pub fn store_commit(writes: usize, took: std::time::Duration) {
 /// Why a listener let a connection go before serving it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnectionRefusal {
-    /// Its source had its share of handshakes under way (`sources`).
+    /// Its source had its share of the door's places or of the handshakes
+    /// (`sources`).
     SourceCap,
-    /// Its TLS handshake failed (a certificate refused, or no TLS at all).
+    /// Its TLS handshake failed (a certificate refused, or no TLS at all: it
+    /// closed before its ClientHello was whole, at the door).
     Handshake,
-    /// Its TLS handshake did not finish within the handshake timeout.
+    /// Its TLS handshake did not finish within the handshake timeout (nor, at the
+    /// door, its ClientHello).
     HandshakeTimeout,
     /// Its party may not hold a connection on this listener, or its certificate
     /// names no party.
     NotAdmitted,
     /// Its party held its share of connections already.
     PartyCap,
-    /// No connection slot freed for it in time, or no waiting place was free.
+    /// No connection slot freed for it in time, or no waiting place was free
+    /// (or it asked for the status lane, whose queue was full).
     NoSlot,
 }
 
