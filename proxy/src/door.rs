@@ -12,14 +12,17 @@
 //! proxy process. Past its source's cap a connection is closed at once.
 //!
 //! On the main port the places are more than its handshake places
-//! ([`crate::listener::ConnectionCaps::door_places`]): the door takes in a burst
-//! of owners, reads each one's ClientHello without consuming it (a peek, bounded
-//! by the handshake timeout), and a `status` call among them goes to the status
+//! ([`crate::listener::ConnectionCaps::door_places`]), and a source's share of
+//! them is its share of the handshakes, scaled. The door takes in a burst of
+//! owners, reads each one's ClientHello without consuming it (a peek, bounded by
+//! the handshake timeout), and a `status` call among them goes to the status
 //! lane, whose handshakes run on the operator's thread, while the owners queue
 //! for the main handshake places in the order they came. Before, the call waited
-//! in the backlog behind all of them (up to 746 ms at 1000 owners). The main
-//! port's door runs on that thread too, so a busy main runtime does not delay
-//! the sorting.
+//! in the backlog behind all of them (up to 746 ms at 1000 owners). A call that
+//! finds the lane's queue full takes its turn with the others, as it did before
+//! there was a lane. The main port's door runs on a thread of its own
+//! ([`spawn`]), so neither a busy main runtime nor the lane's handshakes delay
+//! its accepts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +30,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
+use crate::listener::ConnectionCaps;
 use crate::metrics::{connection_refused as refused, ConnectionRefusal};
 use crate::per_key::Held;
 use crate::sources::{Block, Crowding, Sources};
@@ -53,44 +57,71 @@ pub struct Lanes {
     /// The listener's own handshakes.
     pub main: mpsc::UnboundedSender<Arrival>,
     /// The status lane, if the door sorts: connections whose ClientHello asks
-    /// for it. Bounded: past its room they are closed, freeing their places.
+    /// for it. Bounded: past its room they take their turn on the main lane.
     pub status: Option<mpsc::Sender<Arrival>>,
 }
 
-/// Accepts connections on `listener` under `places` door places until the main
-/// lane's receiver is dropped, and sends each to its lane. Runs on the current
-/// runtime; `name` is the listener's in the metrics.
-pub fn open(
-    name: &'static str,
+/// Starts the door of `listener` (the main port's) on a thread and runtime of its
+/// own, so that neither a busy main runtime nor the status lane's handshakes on
+/// the operator's thread delay its accepts. It stops once the main lane's
+/// receiver is dropped.
+pub fn spawn(
+    listener: std::net::TcpListener,
+    caps: ConnectionCaps,
+    handshake_timeout: Duration,
+    lanes: Lanes,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name(format!("{}-door", caps.name))
+        .spawn(move || {
+            runtime.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => open(listener, caps, handshake_timeout, lanes).await,
+                    Err(e) => tracing::error!(error = %e, "the door cannot take its listener"),
+                }
+            });
+        })?;
+    Ok(())
+}
+
+/// Accepts connections on `listener` under the door places of `caps` until the
+/// main lane's receiver is dropped, and sends each to its lane, on the current
+/// runtime.
+pub async fn open(
     listener: TcpListener,
-    places: usize,
+    caps: ConnectionCaps,
     handshake_timeout: Duration,
     lanes: Lanes,
 ) {
+    let name = caps.name;
     // With no place the door would never accept.
-    let all = places.max(1);
+    let handshakes = caps.handshakes.max(1);
+    let all = caps.door_places.max(handshakes);
     let places = Arc::new(Semaphore::new(all));
-    let sources = Sources::default();
-    tokio::spawn(async move {
-        loop {
-            let next = tokio::select! {
-                next = place_then_accept(&places, &listener) => next,
-                () = lanes.main.closed() => return,
-            };
-            let Some((place, (io, addr))) = next else {
-                return;
-            };
-            let crowding = Crowding::of(places.available_permits(), all);
-            // Past its source's cap the connection is closed at once (dropped here).
-            let Some(source) = sources.take(addr.ip(), crowding) else {
-                refused(name, ConnectionRefusal::SourceCap);
-                continue;
-            };
-            let lanes = lanes.clone();
-            let arrival = (io, addr.ip(), (place, source));
-            tokio::spawn(sort(name, arrival, handshake_timeout, lanes));
-        }
-    });
+    // A source's share of the door's places is its share of the handshakes.
+    let sources = Sources::scaled(all / handshakes);
+    loop {
+        let next = tokio::select! {
+            next = place_then_accept(&places, &listener) => next,
+            () = lanes.main.closed() => return,
+        };
+        let Some((place, (io, addr))) = next else {
+            return;
+        };
+        let crowding = Crowding::of(places.available_permits(), all);
+        // Past its source's cap the connection is closed at once (dropped here).
+        let Some(source) = sources.take(addr.ip(), crowding) else {
+            refused(name, ConnectionRefusal::SourceCap);
+            continue;
+        };
+        let lanes = lanes.clone();
+        let arrival = (io, addr.ip(), (place, source));
+        tokio::spawn(sort(name, arrival, handshake_timeout, lanes));
+    }
 }
 
 /// Sends one connection to its lane: the status lane if it has one and the
@@ -114,47 +145,45 @@ async fn sort(
         return refused(name, ConnectionRefusal::Handshake);
     };
     let arrival = Arrival { io, peer, held };
-    match (hello, &lanes.status) {
-        (Hello::Status, Some(status)) => {
-            if status.try_send(arrival).is_err() {
-                refused(name, ConnectionRefusal::NoSlot);
+    let arrival = match (hello, &lanes.status) {
+        (Hello::Status, Some(status)) => match status.try_send(arrival) {
+            Ok(()) => return,
+            // A full lane is no worse than none: the call takes its turn with
+            // every other connection, as it did before there was a lane.
+            Err(mpsc::error::TrySendError::Full(arrival)) => arrival,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                return refused(name, ConnectionRefusal::NoSlot)
             }
-        }
-        (Hello::Status | Hello::Other | Hello::Incomplete, _) => {
-            // Fails only once the listener has stopped.
-            let _ = lanes.main.send(arrival);
-        }
-    }
+        },
+        (Hello::Status | Hello::Other | Hello::Incomplete, _) => arrival,
+    };
+    // Fails only once the listener has stopped.
+    let _ = lanes.main.send(arrival);
 }
 
 /// How long the door waits before it first looks again at a ClientHello that
 /// came in part; each wait after is twice the last, up to [`HELLO_POLL_MAX`]. A
-/// peek cannot wait for more bytes than it saw, and a hostile client that sends
-/// part of a hello and stalls must not have the door parse it again every few
-/// milliseconds until the handshake timeout.
+/// peek cannot wait for more bytes than it saw, and a client that sends part of
+/// a hello and stalls should not have the door look every few milliseconds until
+/// the handshake timeout (though a look costs little: a hello is parsed only
+/// once its first record is whole, `hello_lane`).
 const HELLO_POLL: Duration = Duration::from_millis(5);
 /// The longest wait between two looks at a ClientHello that came in part.
 const HELLO_POLL_MAX: Duration = Duration::from_millis(320);
 
 /// The lane a connection's first bytes ask for, read without consuming them; an
 /// error if it closes first. A hello that comes in parts is looked at again
-/// until it is whole (the caller bounds how long), parsed again only when more
-/// of it came.
+/// until its first record is whole (the caller bounds how long).
 async fn read_hello(io: &TcpStream) -> std::io::Result<Hello> {
     // A client's hello is a few hundred bytes; the buffer grows only for more.
     let mut buf = vec![0u8; 2048];
-    let (mut seen, mut wait) = (0, HELLO_POLL);
+    let mut wait = HELLO_POLL;
     loop {
         let n = io.peek(&mut buf).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
-        let lane = match n == seen {
-            true => Hello::Incomplete,
-            false => hello_lane(&buf[..n]),
-        };
-        seen = n;
-        match lane {
+        match hello_lane(&buf[..n]) {
             Hello::Incomplete if n == buf.len() => buf.resize((n * 2).min(MAX_HELLO_BYTES), 0),
             Hello::Incomplete => {
                 tokio::time::sleep(wait).await;
@@ -224,7 +253,13 @@ mod tests {
             main,
             status: Some(status),
         };
-        open("test", listener, 8, Duration::from_millis(500), lanes);
+        let caps = ConnectionCaps {
+            name: "test",
+            door_places: 8,
+            handshakes: 8,
+            ..ConnectionCaps::MAIN
+        };
+        tokio::spawn(open(listener, caps, Duration::from_millis(500), lanes));
         (main_rx, status_rx, at)
     }
 
@@ -280,17 +315,18 @@ mod tests {
         assert_eq!(unread(&arrival, hinted.len()), hinted);
     }
 
+    /// A call that finds the lane's queue full takes its turn on the main lane,
+    /// as before there was a lane; one that says nothing is closed after the
+    /// timeout, sent nowhere.
     #[tokio::test]
-    async fn a_silent_connection_and_one_past_the_lanes_room_are_closed() {
+    async fn a_call_past_the_lanes_room_goes_the_usual_way_and_a_silent_one_is_closed() {
         let (mut main, mut status, at) = sorting_door(1).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let _first = saying(at, &hinted).await;
-        let mut second = saying(at, &hinted).await;
-        let read = tokio::time::timeout(SOON, second.read(&mut [0u8; 1])).await;
-        assert!(
-            matches!(read, Ok(Ok(0) | Err(_))),
-            "a connection past the lane's room was kept: {read:?}"
-        );
+        let _second = saying(at, &hinted).await;
+        let arrival = tokio::time::timeout(SOON, main.recv()).await;
+        let arrival = arrival.expect("sorted in time").expect("an arrival");
+        assert_eq!(unread(&arrival, hinted.len()), hinted);
         assert!(status.recv().await.is_some(), "the first was not queued");
         // Silent past the timeout (500 ms): closed, sent nowhere.
         let mut silent = TcpStream::connect(at).await.expect("connect");

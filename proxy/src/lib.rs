@@ -123,34 +123,64 @@ pub async fn run(
             .await?;
         return Ok(());
     };
-    // The main port's door runs on the operator's thread, which serves a
-    // `status` call it sorts out there; every other connection comes back here
-    // for its handshake (client certificates required and checked against the
-    // CA), under the listener's caps and timeout, before it takes a slot: a
-    // connection without a certificate never reaches the service.
-    let (arrivals, to_handshake) = tokio::sync::mpsc::unbounded_channel();
-    let main = operator::MainDoor {
-        listener: listener.into_std()?,
-        arrivals,
+    let (incoming, _operator) = tls_incoming(listener, operator, svc, acceptor, handshake_timeout)?;
+    // The connections end with the door's thread only if it died: the server
+    // then stops with an error, so that a supervisor restarts it.
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let asked_to_stop = std::sync::Arc::clone(&asked);
+    let shutdown = async move {
+        shutdown.await;
+        asked_to_stop.store(true, std::sync::atomic::Ordering::SeqCst);
     };
-    // Stopped when this returns.
-    let _operator = operator::spawn(
+    router
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    if !asked.load(std::sync::atomic::Ordering::SeqCst) {
+        anyhow::bail!("the main port's door stopped: no connection can be accepted");
+    }
+    Ok(())
+}
+
+/// The main port's TLS connections, with the operator's thread that serves its
+/// status lane (and `operator`'s listener if given), stopped when dropped. The
+/// port's door runs on a thread of its own and sends a `status` call that asks
+/// for the lane to the operator's thread; every other connection comes back to
+/// this runtime for its handshake (client certificates required and checked
+/// against the CA), under the listener's caps and timeout, before it takes a
+/// slot: a connection without a certificate never reaches the service.
+fn tls_incoming(
+    listener: TcpListener,
+    operator: Option<std::net::TcpListener>,
+    svc: service::ProxyService,
+    acceptor: tokio_rustls::TlsAcceptor,
+    handshake_timeout: std::time::Duration,
+) -> anyhow::Result<(
+    impl tokio_stream::Stream<
+        Item = std::io::Result<
+            listener::Capped<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+        >,
+    >,
+    operator::OperatorListener,
+)> {
+    let (arrivals, to_handshake) = tokio::sync::mpsc::unbounded_channel();
+    let (status, lane) = tokio::sync::mpsc::channel(operator::LANE_QUEUE);
+    let lanes = door::Lanes {
+        main: arrivals,
+        status: Some(status),
+    };
+    let caps = listener::ConnectionCaps::MAIN;
+    door::spawn(listener.into_std()?, caps, handshake_timeout, lanes)?;
+    let lane = Some(lane);
+    let operator = operator::spawn(
         svc,
-        Some(main),
+        lane,
         operator,
         Some(acceptor.clone()),
         handshake_timeout,
     )?;
-    let incoming = listener::capped_tls(
-        tokio_stream::wrappers::UnboundedReceiverStream::new(to_handshake),
-        listener::ConnectionCaps::MAIN,
-        acceptor,
-        handshake_timeout,
-    );
-    router
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
-    Ok(())
+    let to_handshake = tokio_stream::wrappers::UnboundedReceiverStream::new(to_handshake);
+    let incoming = listener::capped_tls(to_handshake, caps, acceptor, handshake_timeout);
+    Ok((incoming, operator))
 }
 
 /// The HTTP/2 settings of every listener: what one connection may hold of the

@@ -316,8 +316,7 @@ pub fn tls_listener(
 ) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
     let (main, arrivals) = tokio::sync::mpsc::unbounded_channel();
     let lanes = crate::door::Lanes { main, status: None };
-    let places = caps.door_places.max(caps.handshakes);
-    crate::door::open(caps.name, listener, places, handshake_timeout, lanes);
+    tokio::spawn(crate::door::open(listener, caps, handshake_timeout, lanes));
     let arrivals = tokio_stream::wrappers::UnboundedReceiverStream::new(arrivals);
     capped_tls(arrivals, caps, acceptor, handshake_timeout)
 }

@@ -1,7 +1,6 @@
 //! The operator's thread: `status` only, on an async runtime of its own, with its
 //! own connection slots, served on the operator's listener
-//! (`proxy --operator-listen ADDR`) and, on TLS, on the main port's status lane;
-//! and the main port's door ([`crate::door`]), which sorts the lane's calls out.
+//! (`proxy --operator-listen ADDR`) and, on TLS, on the main port's status lane.
 //!
 //! On the main runtime a `status` call would take its turn with the owners: its
 //! TLS handshake waits behind theirs for the runtime's threads and for the
@@ -10,25 +9,26 @@
 //! neither: the operating system gives this thread its share of the cores
 //! whatever the main runtime is doing. On the main port a call asks for the lane
 //! in its ClientHello ([`dpca_shell::tls::lane`]; `proxy status` does), and the
-//! door, which runs here too so that a busy main runtime does not delay it, sends
-//! it to the lane's handshakes ([`LANE_CAPS`]: places and slots of their own, so
-//! a flood of connections asking for the lane, which anyone may ask, takes
-//! nothing from the owners or from the operator's listener). The service is the
-//! same one (the same studies and the same access rules: the operator sees
-//! everything, a user its own studies, an owner nothing); every other method is
-//! refused, so neither the lane nor this port adds a way in. A connection here
-//! is bounded as on the main port (streams, flow-control windows, keepalive),
-//! decodes no request over 1 KiB, and one party holds at most 2 of 8
-//! connections; a party that may not read the status (an owner) is closed right
-//! after the handshake. Two slots are kept for operators: users share the other
-//! six (and a user's connection that finds them held is closed at once rather
-//! than queueing), so user certificates that hold connections here idle cannot
-//! lock the operator out. Bind the operator's listener where only operators
-//! reach (an admin network, or loopback on a host only operators use): its
-//! handshake places, like the main port's and the lane's, are open to anyone
-//! who reaches it, and on loopback every client comes from one address, whose 8
-//! places one local process can fill. Over plaintext (tests only) no party is
-//! known, so nothing is kept, and the main port has no door here.
+//! port's door ([`crate::door`], on a thread of its own) sends it here, to the
+//! lane's handshakes ([`LANE_CAPS`]: places and slots of their own, so a flood of
+//! connections asking for the lane, which anyone may ask, takes no handshake
+//! place or slot from the owners or from the operator's listener; past the lane's
+//! queue a call takes its turn on the main lane). The service is the same one
+//! (the same studies and the same access rules: the operator sees everything, a
+//! user its own studies, an owner nothing); every other method is refused, so
+//! neither the lane nor this port adds a way in. A connection here is bounded as
+//! on the main port (streams, flow-control windows, keepalive), decodes no
+//! request over 1 KiB, and one party holds at most 2 of 8 connections; a party
+//! that may not read the status (an owner) is closed right after the handshake.
+//! Two slots are kept for operators: users share the other six (and a user's
+//! connection that finds them held is closed at once rather than queueing), so
+//! user certificates that hold connections here idle cannot lock the operator
+//! out. Bind the operator's listener where only operators reach (an admin
+//! network, or loopback on a host only operators use): its handshake places,
+//! like the main port's and the lane's, are open to anyone who reaches it, and
+//! on loopback every client comes from one address, whose 8 places one local
+//! process can fill. Over plaintext (tests only) no party is known, so nothing
+//! is kept, and the main port has no lane.
 
 use std::time::Duration;
 
@@ -92,28 +92,22 @@ impl Drop for OperatorListener {
     }
 }
 
-/// What the operator's thread serves besides its own listener.
-pub struct MainDoor {
-    /// The main port.
-    pub listener: std::net::TcpListener,
-    /// Where the main port's connections go for their handshakes, on the main
-    /// runtime.
-    pub arrivals: tokio::sync::mpsc::UnboundedSender<crate::door::Arrival>,
-}
+/// The main port's status lane: the connections its door ([`crate::door`])
+/// found asking for it, queued for their handshakes here.
+pub type StatusLane = tokio::sync::mpsc::Receiver<crate::door::Arrival>;
 
-/// Starts the operator's thread, with its own runtime: on TLS the main port's
-/// door ([`crate::door`], `main`), which sends a `status` call to the status lane
-/// served here and every other connection to the main runtime; and `svc`'s
-/// `status` on `listener` if given, with mutual TLS through `acceptor`
-/// (plaintext without one, as the main listener, and then no door here).
+/// Starts the operator's thread, with its own runtime: `svc`'s `status` on the
+/// main port's status lane if given, and on `listener` if given, with mutual TLS
+/// through `acceptor` (plaintext without one, as the main listener, and then no
+/// lane).
 pub fn spawn(
     svc: ProxyService,
-    main: Option<MainDoor>,
+    lane: Option<StatusLane>,
     listener: Option<std::net::TcpListener>,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     handshake_timeout: Duration,
 ) -> anyhow::Result<OperatorListener> {
-    for l in main.iter().map(|m| &m.listener).chain(&listener) {
+    if let Some(l) = &listener {
         l.set_nonblocking(true)?;
     }
     let (stop, stopped) = oneshot::channel::<()>();
@@ -121,7 +115,7 @@ pub fn spawn(
         .enable_all()
         .build()?;
     let front = Front {
-        main,
+        lane,
         listener,
         acceptor,
         handshake_timeout,
@@ -138,7 +132,7 @@ pub fn spawn(
 
 /// What [`spawn`] was given to serve.
 struct Front {
-    main: Option<MainDoor>,
+    lane: Option<StatusLane>,
     listener: Option<std::net::TcpListener>,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     handshake_timeout: Duration,
@@ -180,8 +174,10 @@ async fn serve(
     };
     let timeout = front.handshake_timeout;
     let mut incoming = tokio_stream::StreamMap::<&str, Incoming>::new();
-    if let Some(main) = front.main {
-        incoming.insert("lane", status_lane(main, &acceptor, timeout)?);
+    if let Some(lane) = front.lane {
+        let lane = tokio_stream::wrappers::ReceiverStream::new(lane);
+        let lane = crate::listener::capped_tls(lane, LANE_CAPS, acceptor.clone(), timeout);
+        incoming.insert("lane", lane);
     }
     if let Some(listener) = front.listener {
         let listener = tokio::net::TcpListener::from_std(listener)?;
@@ -195,38 +191,8 @@ async fn serve(
     Ok(())
 }
 
-/// Opens the main port's door, sorting, on this runtime; the status lane's
-/// connections are handshaken here under [`LANE_CAPS`].
-fn status_lane(
-    main: MainDoor,
-    acceptor: &tokio_rustls::TlsAcceptor,
-    handshake_timeout: Duration,
-) -> anyhow::Result<Incoming> {
-    let (status, lane) = tokio::sync::mpsc::channel(LANE_QUEUE);
-    let lanes = crate::door::Lanes {
-        main: main.arrivals,
-        status: Some(status),
-    };
-    let listener = tokio::net::TcpListener::from_std(main.listener)?;
-    let main_caps = crate::listener::ConnectionCaps::MAIN;
-    crate::door::open(
-        main_caps.name,
-        listener,
-        main_caps.door_places,
-        handshake_timeout,
-        lanes,
-    );
-    let lane = tokio_stream::wrappers::ReceiverStream::new(lane);
-    Ok(crate::listener::capped_tls(
-        lane,
-        LANE_CAPS,
-        acceptor.clone(),
-        handshake_timeout,
-    ))
-}
-
 /// Connections the status lane holds queued for its handshakes; past them one
-/// is closed at once, freeing its place at the main port's door.
+/// takes its turn on the main lane, as it did before there was a lane.
 pub const LANE_QUEUE: usize = 16;
 
 /// The status lane's caps: the operator listener's, on places of its own, so that
@@ -253,8 +219,8 @@ impl Screening for OnlyStatus {
             return Ok(req);
         }
         Err(Status::unimplemented(
-            "the operator listener answers `status` only; other calls go to the proxy's \
-             main listener",
+            "the operator listener and the status lane answer `status` only; other calls \
+             go to the proxy's main listener without asking for the lane",
         ))
     }
 }

@@ -1,5 +1,5 @@
 //! Whose handshakes a connection counts against: the listener's caps per source
-//! (`listener::capped_tls`), pure.
+//! (`listener::capped_tls`, and scaled to its places, `door`), pure.
 //!
 //! An IPv4 address is a source. An IPv6 host may take any address of its link's
 //! /64 (the low 64 bits are its to choose: SLAAC, privacy addresses), and a home
@@ -99,10 +99,31 @@ fn embedded_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
 }
 
 /// Handshakes under way per block of source addresses.
-#[derive(Clone, Default)]
-pub struct Sources(PerKey<Block>);
+#[derive(Clone)]
+pub struct Sources {
+    held: PerKey<Block>,
+    /// What each cap is multiplied by: places held per handshake place.
+    scale: usize,
+}
+
+impl Default for Sources {
+    fn default() -> Self {
+        Self::scaled(1)
+    }
+}
 
 impl Sources {
+    /// Caps `scale` times the handshakes': for places of which a source may hold
+    /// that many per handshake (a door's, [`crate::door`], that holds connections
+    /// queued for a handshake too), so that its share of them is its share of the
+    /// handshakes.
+    pub fn scaled(scale: usize) -> Self {
+        Self {
+            held: PerKey::default(),
+            scale: scale.max(1),
+        }
+    }
+
     /// One handshake of a client at `ip`, held in every block it counts against;
     /// none, and nothing held, if one of them holds its cap already. A block whose
     /// cap applies only when `crowding` is crowded counts all the same.
@@ -111,10 +132,12 @@ impl Sources {
             .into_iter()
             .map(|(block, cap)| {
                 let max = match (cap, crowding) {
-                    (Cap::Always(n), _) | (Cap::WhenCrowded(n), Crowding::Crowded) => n,
+                    (Cap::Always(n), _) | (Cap::WhenCrowded(n), Crowding::Crowded) => {
+                        n * self.scale
+                    }
                     (Cap::WhenCrowded(_), Crowding::Roomy) => usize::MAX,
                 };
-                self.0.take(block, max)
+                self.held.take(block, max)
             })
             .collect()
     }
@@ -160,7 +183,7 @@ mod tests {
         );
         // A refused take holds nothing: not the /64 the /56 refused.
         let block = |s: &str, len| (s.parse().expect("address"), len);
-        assert_eq!(sources.0.held(&block("2001:db8:0:102::", 64)), 0);
+        assert_eq!(sources.held.held(&block("2001:db8:0:102::", 64)), 0);
         assert_eq!(fill(&sources, &mut held, &["2001:db8:0:102::1"], Roomy), 8);
         // Other /56s of the same /48 (which holds 24 now): its 32 when crowded.
         assert_eq!(
@@ -171,8 +194,8 @@ mod tests {
             fill(&sources, &mut held, &["2001:db8:0:300::1"], Crowded),
             0
         );
-        assert_eq!(sources.0.held(&block("2001:db8:0:300::", 64)), 0);
-        assert_eq!(sources.0.held(&block("2001:db8:0:300::", 56)), 0);
+        assert_eq!(sources.held.held(&block("2001:db8:0:300::", 64)), 0);
+        assert_eq!(sources.held.held(&block("2001:db8:0:300::", 56)), 0);
         // Another /48 is a site of its own.
         assert_eq!(fill(&sources, &mut held, &["2001:db8:1::1"], Crowded), 8);
         // A handshake that ends gives its place back in every block.
@@ -182,7 +205,7 @@ mod tests {
             1
         );
         drop(held);
-        assert_eq!(sources.0.held(&block("2001:db8::", 48)), 0);
+        assert_eq!(sources.held.held(&block("2001:db8::", 48)), 0);
     }
 
     #[test]
@@ -198,6 +221,18 @@ mod tests {
         }
         // A 6to4 site is an IPv6 site, not its IPv4 host's: 8 more.
         assert_eq!(fill(&sources, &mut held, &["2002:c000:207::1"], Roomy), 8);
+    }
+
+    /// The main port's door holds five places per handshake place: a source's
+    /// caps there are five times its handshakes', every level of them.
+    #[test]
+    fn scaled_caps_are_the_handshakes_times_the_scale() {
+        let (sources, mut held) = (Sources::scaled(5), Vec::new());
+        assert_eq!(fill(&sources, &mut held, &["192.0.2.7"], Crowded), 40);
+        let site: Vec<String> = (0..20).map(|i| format!("2001:db8:0:{i:x}00::1")).collect();
+        let site: Vec<&str> = site.iter().map(String::as_str).collect();
+        // Twenty /64s of one /48, in /56s of their own: the /48's cap.
+        assert_eq!(fill(&sources, &mut held, &site, Crowded), 160);
     }
 
     #[test]

@@ -249,7 +249,9 @@ pub async fn connect_from(
             .tls_config(tls.client_config())
             .map_err(|e| bad_url(url, error_chain(&e)))?;
     }
-    let endpoint = endpoint.local_address(local).connect_timeout(CONNECT_TIMEOUT);
+    let endpoint = endpoint
+        .local_address(local)
+        .connect_timeout(CONNECT_TIMEOUT);
     let channel = connected(url, endpoint.connect(), CONNECT_TIMEOUT).await?;
     Ok(client(channel))
 }
@@ -264,7 +266,11 @@ pub async fn connect_for_status(
     let Transport::Tls(tls) = transport else {
         return connect(url, transport).await;
     };
-    let host = endpoint(url, transport)?.uri().host().unwrap_or_default().to_string();
+    let host = endpoint(url, transport)?
+        .uri()
+        .host()
+        .unwrap_or_default()
+        .to_string();
     // An IPv6 host comes bracketed in a URL, and bare in a certificate.
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
@@ -291,7 +297,12 @@ pub async fn connect_for_status(
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
         }
     });
-    let channel = connected(url, endpoint.connect_with_connector(connector), CONNECT_TIMEOUT).await?;
+    let channel = connected(
+        url,
+        endpoint.connect_with_connector(connector),
+        CONNECT_TIMEOUT,
+    )
+    .await?;
     Ok(client(channel))
 }
 

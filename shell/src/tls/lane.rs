@@ -14,56 +14,81 @@
 //!
 //! The hint is a claim, not a credential: anyone may send it. It buys a
 //! connection no more than the lane serves (`status`, read under the usual
-//! access rules, from a certificate the CA signed), and the lane's places are its
-//! own, so a flood of hinted connections slows no other call. An observer of the
+//! access rules, from a certificate the CA signed). The lane's handshake places
+//! and slots are its own, so a flood of hinted connections takes none of the
+//! owners'; once the lane's queue is full a hinted call takes its turn with every
+//! other connection, as it did before there was a lane. An observer of the
 //! network learns that a connection is a status call, which its size and timing
 //! already showed.
 
 /// The ALPN protocol a client offers, besides `h2`, to ask for the status lane.
 pub const STATUS_LANE_ALPN: &[u8] = b"dpca-status";
 
-/// Bytes of a ClientHello read at most before a lane is chosen: a TLS record's
-/// largest plaintext and its header. A hello spread over more records is taken
-/// for one with no hint.
-pub const MAX_HELLO_BYTES: usize = 16 * 1024 + 5;
+/// A TLS record's header: its content type, version and length.
+const RECORD_HEADER_BYTES: usize = 5;
+/// The content type of a handshake record.
+const HANDSHAKE_RECORD: u8 = 0x16;
+/// The largest plaintext a TLS record may carry.
+const MAX_RECORD_BYTES: usize = 16 * 1024;
+
+/// Bytes of a connection read at most before a lane is chosen: one record,
+/// whole. Only a ClientHello that fits in its first record can ask for the lane
+/// (ours, rustls's and OpenSSL's all do): a hello spread over more records is
+/// taken for one with no hint, so the reader never parses a hello again as more
+/// of it comes.
+pub const MAX_HELLO_BYTES: usize = RECORD_HEADER_BYTES + MAX_RECORD_BYTES;
 
 /// What the first bytes of a connection say of its lane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hello {
-    /// Not a whole ClientHello yet: more bytes are needed.
+    /// Not a whole first record yet: more bytes are needed. Told from its header
+    /// alone, without parsing.
     Incomplete,
-    /// A ClientHello that offers [`STATUS_LANE_ALPN`].
+    /// A ClientHello, whole in the first record, that offers [`STATUS_LANE_ALPN`].
     Status,
-    /// Anything else: a ClientHello without the hint, or bytes that are no
-    /// ClientHello (the handshake then refuses them as it always did).
+    /// Anything else: a ClientHello without the hint or not whole in its first
+    /// record, or bytes that are no ClientHello (the handshake then refuses them
+    /// as it always did).
     Other,
 }
 
-/// The lane the bytes a client sent first ask for (a ClientHello, whole or in
-/// part). Reads nothing but `bytes`; never fails.
+/// The lane the bytes a client sent first ask for. Parses them only once their
+/// first record is whole (so at most once for a connection, whatever it sends
+/// and however slowly); reads nothing but `bytes`; never fails.
 pub fn hello_lane(bytes: &[u8]) -> Hello {
+    let Some(header) = bytes.get(..RECORD_HEADER_BYTES) else {
+        return Hello::Incomplete;
+    };
+    let length = usize::from(u16::from_be_bytes([header[3], header[4]]));
+    if header[0] != HANDSHAKE_RECORD || length > MAX_RECORD_BYTES {
+        return Hello::Other;
+    }
+    match bytes.get(..RECORD_HEADER_BYTES + length) {
+        None => Hello::Incomplete,
+        Some(record) => record_lane(record),
+    }
+}
+
+/// The lane one whole handshake record asks for.
+fn record_lane(mut record: &[u8]) -> Hello {
     use tokio_rustls::rustls::server::Acceptor;
     let mut acceptor = Acceptor::default();
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        match acceptor.read_tls(&mut rest) {
+    while !record.is_empty() {
+        match acceptor.read_tls(&mut record) {
             Ok(0) => break,
             Ok(_) => {}
-            // Past what the acceptor buffers: no hello a client of ours sends.
             Err(_) => return Hello::Other,
         }
     }
-    match acceptor.accept() {
-        Ok(None) if bytes.len() < MAX_HELLO_BYTES => Hello::Incomplete,
-        Ok(None) | Err(_) => Hello::Other,
-        Ok(Some(accepted)) => {
-            let hello = accepted.client_hello();
-            let mut offered = hello.alpn().into_iter().flatten();
-            match offered.any(|p| p == STATUS_LANE_ALPN) {
-                true => Hello::Status,
-                false => Hello::Other,
-            }
-        }
+    // None: the hello goes on in a further record.
+    let Ok(Some(accepted)) = acceptor.accept() else {
+        return Hello::Other;
+    };
+    let hello = accepted.client_hello();
+    let mut offered = hello.alpn().into_iter().flatten();
+    match offered.any(|p| p == STATUS_LANE_ALPN) {
+        true => Hello::Status,
+        false => Hello::Other,
     }
 }
 
@@ -98,7 +123,31 @@ mod tests {
         for cut in [0, 1, 5, hello.len() / 2, hello.len() - 1] {
             assert_eq!(hello_lane(&hello[..cut]), Hello::Incomplete, "cut at {cut}");
         }
-        assert_eq!(hello_lane(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), Hello::Other);
+        assert_eq!(
+            hello_lane(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+            Hello::Other
+        );
         assert_eq!(hello_lane(&[0x16; MAX_HELLO_BYTES]), Hello::Other);
+        // A record longer than TLS allows is no hello, however much follows.
+        assert_eq!(hello_lane(&[0x16, 3, 1, 0x40, 1]), Hello::Other);
+    }
+
+    /// A hello whose first record holds only part of it asks for nothing: the
+    /// lane is told from one record, parsed once.
+    #[test]
+    fn a_hello_split_over_records_goes_the_usual_way() {
+        let hello = client_hello(&[b"h2", STATUS_LANE_ALPN]);
+        let body = &hello[RECORD_HEADER_BYTES..];
+        let (first, second) = body.split_at(body.len() / 2);
+        let record = |part: &[u8]| {
+            let mut r = vec![HANDSHAKE_RECORD, hello[1], hello[2]];
+            r.extend((part.len() as u16).to_be_bytes());
+            r.extend(part);
+            r
+        };
+        let split = [record(first), record(second)].concat();
+        assert_eq!(hello_lane(&split), Hello::Other);
+        // The same bytes in one record are read as asking.
+        assert_eq!(hello_lane(&record(body)), Hello::Status);
     }
 }

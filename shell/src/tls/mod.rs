@@ -336,7 +336,8 @@ impl LoadedTls {
         };
         let mut roots = tokio_rustls::rustls::RootCertStore::empty();
         roots.add_parsable_certificates(certs(&self.ca_pem)?);
-        let key = PrivateKeyDer::from_pem_slice(&self.key_pem).map_err(|e| config_error("key", &e))?;
+        let key =
+            PrivateKeyDer::from_pem_slice(&self.key_pem).map_err(|e| config_error("key", &e))?;
         Ok((roots, certs(&self.cert_pem)?, key))
     }
 

@@ -477,25 +477,49 @@ fn status_answers_on_its_lane_and_the_operator_listener_while_the_main_port_is_f
         status(f.url.clone()).is_none(),
         "the main listener answered a fresh status without the lane during the flood"
     );
+    let operator_url = format!("https://{operator_at}");
+    for (way, url, lane) in [
+        ("operator listener", &operator_url, false),
+        ("lane", &f.url, true),
+    ] {
+        only_status_is_served(&runtime, way, url, lane, &f);
+    }
+    for task in flood {
+        task.abort();
+    }
+    runtime.shutdown_background();
+}
+
+/// On the operator listener, or the main port's status lane (`lane`): a user's
+/// call of another method is refused, and an owner, which may not read the
+/// status, holds no connection there: it is closed after the handshake rather
+/// than served and refused call by call.
+fn only_status_is_served(
+    runtime: &tokio::runtime::Runtime,
+    way: &str,
+    url: &str,
+    lane: bool,
+    f: &dpca_tests::StudyFixture,
+) {
+    let connect = |party: dpca_shell::tls::Transport| async move {
+        match lane {
+            true => dpca_shell::client::connect_for_status(url, &party).await,
+            false => dpca_shell::client::connect(url, &party).await,
+        }
+    };
     let refused = runtime.block_on(async {
-        let mut c = dpca_shell::client::connect(&format!("https://{operator_at}"), &user)
+        let mut c = connect(f.proxy.transport("user")).await.expect(way);
+        let study_id = f.study.clone();
+        c.get_study(v1::GetStudyRequest { study_id })
             .await
-            .expect("connect to the operator listener");
-        c.get_study(v1::GetStudyRequest {
-            study_id: f.study.clone(),
-        })
-        .await
-        .expect_err("the operator listener served another method")
+            .expect_err("another method served")
     });
     assert_refused(&refused, tonic::Code::Unimplemented, "`status` only");
-    // An owner, which may not read the status, holds no connection there: it is
-    // closed after the handshake rather than served and refused call by call.
-    let owner = f.proxy.transport("hospital-a");
     let owner_call = runtime.block_on(async {
-        match dpca_shell::client::connect(&format!("https://{operator_at}"), &owner).await {
+        match connect(f.proxy.transport("hospital-a")).await {
             Err(_) => None,
             Ok(mut c) => match c.status(v1::StatusRequest::default()).await {
-                Ok(_) => panic!("an owner read the status"),
+                Ok(_) => panic!("an owner read the status on the {way}"),
                 Err(status) => Some(status.code()),
             },
         }
@@ -503,12 +527,8 @@ fn status_answers_on_its_lane_and_the_operator_listener_while_the_main_port_is_f
     assert_ne!(
         owner_call,
         Some(tonic::Code::PermissionDenied),
-        "an owner's connection was served on the operator listener"
+        "an owner's connection was served on the {way}"
     );
-    for task in flood {
-        task.abort();
-    }
-    runtime.shutdown_background();
 }
 
 /// Users may read their own studies' status on the operator listener, so four
