@@ -79,15 +79,22 @@ pub const CAPS: crate::listener::ConnectionCaps = crate::listener::ConnectionCap
 /// Largest request decoded: a status request is empty.
 const MAX_REQUEST_BYTES: usize = crate::limits::SMALL_REQUEST_BYTES;
 
-/// The running operator listener; dropping it stops it.
+/// The running operator's thread; dropping it stops it, and returns once the
+/// thread has let go of the service (and with it the state file, which a proxy
+/// started again in the same process opens anew).
 pub struct OperatorListener {
     stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for OperatorListener {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
+        }
+        // The thread stops at once (its connections are dropped, not drained).
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
@@ -120,14 +127,26 @@ pub fn spawn(
         acceptor,
         handshake_timeout,
     };
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("operator-listener".into())
         .spawn(move || {
-            if let Err(e) = runtime.block_on(serve(svc, front, stopped)) {
+            let served = runtime.block_on(async {
+                tokio::select! {
+                    served = serve(svc, front) => served,
+                    _ = stopped => Ok(()),
+                }
+            });
+            if let Err(e) = served {
                 tracing::error!(error = %e, "operator listener stopped");
             }
+            // Dropping the runtime here drops every task, and each one's handle
+            // on the service, before the thread ends.
+            drop(runtime);
         })?;
-    Ok(OperatorListener { stop: Some(stop) })
+    Ok(OperatorListener {
+        stop: Some(stop),
+        thread: Some(thread),
+    })
 }
 
 /// What [`spawn`] was given to serve.
@@ -145,11 +164,7 @@ type Incoming = tokio_stream::wrappers::ReceiverStream<
     >,
 >;
 
-async fn serve(
-    svc: ProxyService,
-    front: Front,
-    stopped: oneshot::Receiver<()>,
-) -> anyhow::Result<()> {
+async fn serve(svc: ProxyService, front: Front) -> anyhow::Result<()> {
     // The main listener's bounds on a connection, and a status request (empty)
     // is all that is decoded.
     let server = dpca_proto::v1::proxy_server::ProxyServer::new(svc)
@@ -158,18 +173,13 @@ async fn serve(
         .layer(tower::layer::layer_fn(CountCalls))
         .layer(tower::layer::layer_fn(|s| Screened::new(s, OnlyStatus)))
         .add_service(server);
-    let shutdown = async {
-        let _ = stopped.await;
-    };
     let Some(acceptor) = front.acceptor else {
         let Some(listener) = front.listener else {
             return Ok(());
         };
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let incoming = crate::listener::capped(listener, MAX_OPERATOR_CONNECTIONS);
-        router
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await?;
+        router.serve_with_incoming(incoming).await?;
         return Ok(());
     };
     let timeout = front.handshake_timeout;
@@ -185,9 +195,7 @@ async fn serve(
         incoming.insert("operator", own);
     }
     let incoming = tokio_stream::StreamExt::map(incoming, |(_, conn)| conn);
-    router
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
+    router.serve_with_incoming(incoming).await?;
     Ok(())
 }
 
