@@ -16,11 +16,11 @@
 //! them is its share of the handshakes, scaled. The door takes in a burst of
 //! owners, reads each one's ClientHello without consuming it (a peek, bounded by
 //! the handshake timeout), and a `status` call among them goes to the status
-//! lane, whose handshakes run on the operator's thread, while the owners queue
+//! lane, whose handshakes run on a thread of their own, while the owners queue
 //! for the main handshake places in the order they came. Before, the call waited
 //! in the backlog behind all of them (up to 746 ms at 1000 owners). A call that
-//! finds the lane's queue full takes its turn with the others, as it did before
-//! there was a lane. The main port's door runs on a thread of its own
+//! finds the lane's handshake places held, or its queue full, takes its turn
+//! with the others, as it did before there was a lane. The main port's door runs on a thread of its own
 //! ([`spawn`]), so neither a busy main runtime nor the lane's handshakes delay
 //! its accepts.
 
@@ -57,27 +57,59 @@ pub struct Lanes {
     /// The listener's own handshakes.
     pub main: mpsc::UnboundedSender<Arrival>,
     /// The status lane, if the door sorts: connections whose ClientHello asks
-    /// for it. Bounded: past its room they take their turn on the main lane.
-    pub status: Option<mpsc::Sender<Arrival>>,
+    /// for it, while it has room.
+    pub status: Option<StatusLane>,
+}
+
+/// The status lane as the door sees it: its queue, and its handshake places.
+#[derive(Clone)]
+pub struct StatusLane {
+    /// Where a call goes for its handshake (on the lane's thread).
+    pub queue: mpsc::Sender<Arrival>,
+    /// The lane's handshake places, read, not taken, by the door.
+    pub places: Arc<Semaphore>,
+}
+
+impl StatusLane {
+    /// Queues `arrival` on the lane, or gives it back if the lane has no
+    /// handshake place free, no room in its queue, or is gone: a call held up
+    /// there (anyone may ask for the lane and stall) takes its turn with every
+    /// other connection instead, as it did before there was a lane.
+    fn take(&self, arrival: Arrival) -> Option<Arrival> {
+        if self.places.available_permits() == 0 {
+            return Some(arrival);
+        }
+        self.queue.try_send(arrival).err().map(|e| e.into_inner())
+    }
 }
 
 /// Starts the door of `listener` (the main port's) on a thread and runtime of its
-/// own, so that neither a busy main runtime nor the status lane's handshakes on
-/// the operator's thread delay its accepts. It stops once the main lane's
-/// receiver is dropped.
+/// own, so that neither a busy main runtime nor the status lane's handshakes
+/// delay its accepts. It stops once the main lane's receiver is dropped; the
+/// receiver returned ends (with an error) when its thread has ended, whatever
+/// ended it.
 pub fn spawn(
     listener: std::net::TcpListener,
     caps: ConnectionCaps,
     handshake_timeout: Duration,
     lanes: Lanes,
-) -> std::io::Result<()> {
+) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
     listener.set_nonblocking(true)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let (alive, ended) = tokio::sync::oneshot::channel::<()>();
     std::thread::Builder::new()
         .name(format!("{}-door", caps.name))
         .spawn(move || {
+            // Dropped when this thread ends, however it ends.
+            let _alive = alive;
+            // Built here, not by the caller: a runtime dropped on the caller's
+            // (an async task) would panic.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let runtime = match runtime {
+                Ok(runtime) => runtime,
+                Err(e) => return tracing::error!(error = %e, "the door has no runtime"),
+            };
             runtime.block_on(async move {
                 match TcpListener::from_std(listener) {
                     Ok(listener) => open(listener, caps, handshake_timeout, lanes).await,
@@ -85,7 +117,7 @@ pub fn spawn(
                 }
             });
         })?;
-    Ok(())
+    Ok(ended)
 }
 
 /// Accepts connections on `listener` under the door places of `caps` until the
@@ -146,14 +178,9 @@ async fn sort(
     };
     let arrival = Arrival { io, peer, held };
     let arrival = match (hello, &lanes.status) {
-        (Hello::Status, Some(status)) => match status.try_send(arrival) {
-            Ok(()) => return,
-            // A full lane is no worse than none: the call takes its turn with
-            // every other connection, as it did before there was a lane.
-            Err(mpsc::error::TrySendError::Full(arrival)) => arrival,
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                return refused(name, ConnectionRefusal::NoSlot)
-            }
+        (Hello::Status, Some(lane)) => match lane.take(arrival) {
+            None => return,
+            Some(arrival) => arrival,
         },
         (Hello::Status | Hello::Other | Hello::Incomplete, _) => arrival,
     };
@@ -240,6 +267,7 @@ mod tests {
     /// A sorting door on a loopback port, its lanes' receivers, and its address.
     async fn sorting_door(
         status_room: usize,
+        places: usize,
     ) -> (
         mpsc::UnboundedReceiver<Arrival>,
         mpsc::Receiver<Arrival>,
@@ -248,10 +276,11 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let at = listener.local_addr().expect("address");
         let (main, main_rx) = mpsc::unbounded_channel();
-        let (status, status_rx) = mpsc::channel(status_room);
+        let (queue, status_rx) = mpsc::channel(status_room);
+        let places = Arc::new(Semaphore::new(places));
         let lanes = Lanes {
             main,
-            status: Some(status),
+            status: Some(StatusLane { queue, places }),
         };
         let caps = ConnectionCaps {
             name: "test",
@@ -281,7 +310,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hello_asking_for_the_lane_goes_there_and_the_rest_the_usual_way() {
-        let (mut main, mut status, at) = sorting_door(4).await;
+        let (mut main, mut status, at) = sorting_door(4, 1).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let _s = saying(at, &hinted).await;
         let arrival = tokio::time::timeout(SOON, status.recv()).await;
@@ -303,7 +332,7 @@ mod tests {
     /// A hello that comes in two parts is read whole before the door decides.
     #[tokio::test]
     async fn a_hello_in_parts_is_sorted_once_whole() {
-        let (mut main, mut status, at) = sorting_door(4).await;
+        let (mut main, mut status, at) = sorting_door(4, 1).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let (first, rest) = hinted.split_at(hinted.len() / 2);
         let mut c = saying(at, first).await;
@@ -315,12 +344,25 @@ mod tests {
         assert_eq!(unread(&arrival, hinted.len()), hinted);
     }
 
+    /// A call that finds every handshake place of the lane held (anyone may ask
+    /// for the lane and stall) takes its turn on the main lane at once, rather
+    /// than wait there for one.
+    #[tokio::test]
+    async fn a_call_finding_the_lanes_places_held_goes_the_usual_way() {
+        let (mut main, mut status, at) = sorting_door(4, 0).await;
+        let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
+        let _c = saying(at, &hinted).await;
+        let arrival = tokio::time::timeout(SOON, main.recv()).await;
+        assert!(matches!(arrival, Ok(Some(_))), "not sent the usual way");
+        assert!(status.try_recv().is_err(), "queued on a lane with no place");
+    }
+
     /// A call that finds the lane's queue full takes its turn on the main lane,
     /// as before there was a lane; one that says nothing is closed after the
     /// timeout, sent nowhere.
     #[tokio::test]
     async fn a_call_past_the_lanes_room_goes_the_usual_way_and_a_silent_one_is_closed() {
-        let (mut main, mut status, at) = sorting_door(1).await;
+        let (mut main, mut status, at) = sorting_door(1, 1).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let _first = saying(at, &hinted).await;
         let _second = saying(at, &hinted).await;

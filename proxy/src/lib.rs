@@ -123,31 +123,37 @@ pub async fn run(
             .await?;
         return Ok(());
     };
-    let (incoming, _operator) = tls_incoming(listener, operator, svc, acceptor, handshake_timeout)?;
-    // The connections end with the door's thread only if it died: the server
-    // then stops with an error, so that a supervisor restarts it.
+    let (incoming, door, _threads) =
+        tls_incoming(listener, operator, svc, acceptor, handshake_timeout)?;
     let asked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let asked_to_stop = std::sync::Arc::clone(&asked);
     let shutdown = async move {
         shutdown.await;
         asked_to_stop.store(true, std::sync::atomic::Ordering::SeqCst);
     };
-    router
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await?;
-    if !asked.load(std::sync::atomic::Ordering::SeqCst) {
-        anyhow::bail!("the main port's door stopped: no connection can be accepted");
+    let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
+    tokio::pin!(serve);
+    // The door ends on its own only if its thread died: the proxy then stops
+    // with an error at once (the server would wait for every open call), so
+    // that a supervisor restarts it. Asked to stop, the door ends first.
+    tokio::select! {
+        served = &mut serve => served?,
+        _ = door => match asked.load(std::sync::atomic::Ordering::SeqCst) {
+            true => serve.await?,
+            false => anyhow::bail!("the main port's door stopped: no connection can be accepted"),
+        },
     }
     Ok(())
 }
 
-/// The main port's TLS connections, with the operator's thread that serves its
-/// status lane (and `operator`'s listener if given), stopped when dropped. The
-/// port's door runs on a thread of its own and sends a `status` call that asks
-/// for the lane to the operator's thread; every other connection comes back to
-/// this runtime for its handshake (client certificates required and checked
-/// against the CA), under the listener's caps and timeout, before it takes a
-/// slot: a connection without a certificate never reaches the service.
+/// The main port's TLS connections, with the end of its door's thread and the
+/// operator's threads, which serve its status lane (and `operator`'s listener
+/// if given) and stop when dropped. The port's door runs on a thread of its own
+/// and sends a `status` call that asks for the lane to the lane's thread; every
+/// other connection comes back to this runtime for its handshake (client
+/// certificates required and checked against the CA), under the listener's
+/// caps and timeout, before it takes a slot: a connection without a certificate
+/// never reaches the service.
 fn tls_incoming(
     listener: TcpListener,
     operator: Option<std::net::TcpListener>,
@@ -160,27 +166,48 @@ fn tls_incoming(
             listener::Capped<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
         >,
     >,
-    operator::OperatorListener,
+    tokio::sync::oneshot::Receiver<()>,
+    Vec<operator::OperatorListener>,
 )> {
     let (arrivals, to_handshake) = tokio::sync::mpsc::unbounded_channel();
-    let (status, lane) = tokio::sync::mpsc::channel(operator::LANE_QUEUE);
+    let (queue, lane) = tokio::sync::mpsc::channel(operator::LANE_QUEUE);
+    let places = std::sync::Arc::new(tokio::sync::Semaphore::new(operator::LANE_HANDSHAKES));
     let lanes = door::Lanes {
         main: arrivals,
-        status: Some(status),
+        status: Some(door::StatusLane {
+            queue,
+            places: std::sync::Arc::clone(&places),
+        }),
     };
     let caps = listener::ConnectionCaps::MAIN;
-    door::spawn(listener.into_std()?, caps, handshake_timeout, lanes)?;
-    let lane = Some(lane);
-    let operator = operator::spawn(
-        svc,
-        lane,
-        operator,
+    let door = door::spawn(listener.into_std()?, caps, handshake_timeout, lanes)?;
+    // The lane and the operator's listener each on a thread of its own: a flood
+    // of the lane, which anyone who reaches the main port may ask for, does not
+    // take the operator's port's thread.
+    let lane = operator::StatusLane {
+        arrivals: lane,
+        places,
+    };
+    let t = handshake_timeout;
+    let mut threads = vec![operator::spawn(
+        svc.clone(),
+        Some(lane),
+        None,
         Some(acceptor.clone()),
-        handshake_timeout,
-    )?;
+        t,
+    )?];
+    if let Some(listener) = operator {
+        threads.push(operator::spawn(
+            svc,
+            None,
+            Some(listener),
+            Some(acceptor.clone()),
+            t,
+        )?);
+    }
     let to_handshake = tokio_stream::wrappers::UnboundedReceiverStream::new(to_handshake);
     let incoming = listener::capped_tls(to_handshake, caps, acceptor, handshake_timeout);
-    Ok((incoming, operator))
+    Ok((incoming, door, threads))
 }
 
 /// The HTTP/2 settings of every listener: what one connection may hold of the

@@ -19,7 +19,7 @@
 //! handshake places, each held for at most the handshake timeout. On the main
 //! port the door holds [`MAX_QUEUED_HANDSHAKES`] more than those and sorts what it
 //! takes in by the lane its ClientHello asks for: a `status` call goes to the
-//! status lane's own handshakes on the operator's thread ([`crate::operator`]).
+//! status lane's own handshakes on a thread of their own ([`crate::operator`]).
 //! Once authenticated, a party (named by its certificate) holds at most
 //! [`MAX_CONNECTIONS_PER_PARTY`] connections, and a connection that finds no slot
 //! free gives its handshake and door places back and waits on one of
@@ -328,14 +328,27 @@ pub fn tls_listener(
 /// place in the order they come; one whose source holds its share of the places
 /// when its turn comes is closed.
 pub fn capped_tls(
+    arrivals: impl Stream<Item = Arrival> + Send + Unpin + 'static,
+    caps: ConnectionCaps,
+    acceptor: TlsAcceptor,
+    handshake_timeout: Duration,
+) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
+    let handshakes = Arc::new(Semaphore::new(caps.handshakes.max(1)));
+    capped_tls_on(arrivals, caps, handshakes, acceptor, handshake_timeout)
+}
+
+/// [`capped_tls`] on handshake places the caller holds a handle on (the status
+/// lane's, which the main port's door reads: [`crate::door::StatusLane`]); they
+/// are `caps.handshakes` in number.
+pub fn capped_tls_on(
     mut arrivals: impl Stream<Item = Arrival> + Send + Unpin + 'static,
     caps: ConnectionCaps,
+    handshakes: Arc<Semaphore>,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
 ) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let places = caps.handshakes.max(1);
-    let handshakes = Arc::new(Semaphore::new(places));
     let sources = Sources::default();
     let admission = Admission {
         caps,

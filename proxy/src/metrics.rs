@@ -18,8 +18,7 @@
 //! - `dpca_studies{phase}`: studies per phase, refreshed every second;
 //! - `dpca_connections_refused_total{listener, reason}`: connections a listener
 //!   (`main`, `operator`, `status_lane`) let go before serving them, by
-//!   [`ConnectionRefusal`] (on the main port a connection that asked for the
-//!   status lane and found its queue full counts as `no_slot`):
+//!   [`ConnectionRefusal`]:
 //!   during a burst of owners, how many were turned away to come back later;
 //! - `dpca_uploads_without_slot_total`: uploads refused because every upload
 //!   slot stayed held for `upload_slots::PATIENCE`, their owners asked to reserve
@@ -131,8 +130,7 @@ pub enum ConnectionRefusal {
     NotAdmitted,
     /// Its party held its share of connections already.
     PartyCap,
-    /// No connection slot freed for it in time, or no waiting place was free
-    /// (or it asked for the status lane, whose queue was full).
+    /// No connection slot freed for it in time, or no waiting place was free.
     NoSlot,
 }
 

@@ -1,5 +1,5 @@
-//! The operator's thread: `status` only, on an async runtime of its own, with its
-//! own connection slots, served on the operator's listener
+//! The operator's threads: `status` only, each on an async runtime of its own,
+//! with its own connection slots, served on the operator's listener
 //! (`proxy --operator-listen ADDR`) and, on TLS, on the main port's status lane.
 //!
 //! On the main runtime a `status` call would take its turn with the owners: its
@@ -9,11 +9,12 @@
 //! neither: the operating system gives this thread its share of the cores
 //! whatever the main runtime is doing. On the main port a call asks for the lane
 //! in its ClientHello ([`dpca_shell::tls::lane`]; `proxy status` does), and the
-//! port's door ([`crate::door`], on a thread of its own) sends it here, to the
-//! lane's handshakes ([`LANE_CAPS`]: places and slots of their own, so a flood of
-//! connections asking for the lane, which anyone may ask, takes no handshake
-//! place or slot from the owners or from the operator's listener; past the lane's
-//! queue a call takes its turn on the main lane). The service is the same one
+//! port's door ([`crate::door`], on a thread of its own) sends it to the lane's
+//! thread, to its handshakes ([`LANE_CAPS`]: places and slots of their own, so a
+//! flood of connections asking for the lane, which anyone may ask, takes no
+//! handshake place, slot or thread from the owners or from the operator's
+//! listener; while the lane's handshake places are held a call takes its turn on
+//! the main lane). The service is the same one
 //! (the same studies and the same access rules: the operator sees everything, a
 //! user its own studies, an owner nothing); every other method is refused, so
 //! neither the lane nor this port adds a way in. A connection here is bounded as
@@ -79,7 +80,7 @@ pub const CAPS: crate::listener::ConnectionCaps = crate::listener::ConnectionCap
 /// Largest request decoded: a status request is empty.
 const MAX_REQUEST_BYTES: usize = crate::limits::SMALL_REQUEST_BYTES;
 
-/// The running operator's thread; dropping it stops it, and returns once the
+/// A running operator's thread; dropping it stops it, and returns once the
 /// thread has let go of the service (and with it the state file, which a proxy
 /// started again in the same process opens anew).
 pub struct OperatorListener {
@@ -99,11 +100,17 @@ impl Drop for OperatorListener {
     }
 }
 
-/// The main port's status lane: the connections its door ([`crate::door`])
-/// found asking for it, queued for their handshakes here.
-pub type StatusLane = tokio::sync::mpsc::Receiver<crate::door::Arrival>;
+/// The main port's status lane, as its thread serves it: the connections the
+/// port's door ([`crate::door`]) found asking for it, and the lane's handshake
+/// places, which the door reads too.
+pub struct StatusLane {
+    /// The calls queued for their handshakes.
+    pub arrivals: tokio::sync::mpsc::Receiver<crate::door::Arrival>,
+    /// [`LANE_CAPS`]`.handshakes` places.
+    pub places: std::sync::Arc<tokio::sync::Semaphore>,
+}
 
-/// Starts the operator's thread, with its own runtime: `svc`'s `status` on the
+/// Starts an operator's thread, with its own runtime: `svc`'s `status` on the
 /// main port's status lane if given, and on `listener` if given, with mutual TLS
 /// through `acceptor` (plaintext without one, as the main listener, and then no
 /// lane).
@@ -118,9 +125,6 @@ pub fn spawn(
         l.set_nonblocking(true)?;
     }
     let (stop, stopped) = oneshot::channel::<()>();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let front = Front {
         lane,
         listener,
@@ -128,8 +132,26 @@ pub fn spawn(
         handshake_timeout,
     };
     let thread = std::thread::Builder::new()
-        .name("operator-listener".into())
+        .name(
+            if front.lane.is_some() {
+                "status-lane"
+            } else {
+                "operator-listener"
+            }
+            .into(),
+        )
         .spawn(move || {
+            // Built here, not by the caller: a runtime dropped on the caller's
+            // thread (an async task, if this one could not start) would panic.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let runtime = match runtime {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    return tracing::error!(error = %e, "the operator's thread has no runtime")
+                }
+            };
             let served = runtime.block_on(async {
                 tokio::select! {
                     served = serve(svc, front) => served,
@@ -185,8 +207,9 @@ async fn serve(svc: ProxyService, front: Front) -> anyhow::Result<()> {
     let timeout = front.handshake_timeout;
     let mut incoming = tokio_stream::StreamMap::<&str, Incoming>::new();
     if let Some(lane) = front.lane {
-        let lane = tokio_stream::wrappers::ReceiverStream::new(lane);
-        let lane = crate::listener::capped_tls(lane, LANE_CAPS, acceptor.clone(), timeout);
+        let arrivals = tokio_stream::wrappers::ReceiverStream::new(lane.arrivals);
+        let (places, acceptor) = (lane.places, acceptor.clone());
+        let lane = crate::listener::capped_tls_on(arrivals, LANE_CAPS, places, acceptor, timeout);
         incoming.insert("lane", lane);
     }
     if let Some(listener) = front.listener {
@@ -199,8 +222,9 @@ async fn serve(svc: ProxyService, front: Front) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connections the status lane holds queued for its handshakes; past them one
-/// takes its turn on the main lane, as it did before there was a lane.
+/// Connections the status lane holds queued for its handshakes; past them, or
+/// while none of its handshake places is free, a call takes its turn on the main
+/// lane, as it did before there was a lane.
 pub const LANE_QUEUE: usize = 16;
 
 /// The status lane's caps: the operator listener's, on places of its own, so that

@@ -16,8 +16,8 @@
 //! connection no more than the lane serves (`status`, read under the usual
 //! access rules, from a certificate the CA signed). The lane's handshake places
 //! and slots are its own, so a flood of hinted connections takes none of the
-//! owners'; once the lane's queue is full a hinted call takes its turn with every
-//! other connection, as it did before there was a lane. An observer of the
+//! owners'; while the lane's handshake places are held a hinted call takes its
+//! turn with every other connection, as it did before there was a lane. An observer of the
 //! network learns that a connection is a status call, which its size and timing
 //! already showed.
 
