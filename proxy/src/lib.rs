@@ -161,11 +161,7 @@ fn tls_incoming(
     acceptor: tokio_rustls::TlsAcceptor,
     handshake_timeout: std::time::Duration,
 ) -> anyhow::Result<(
-    impl tokio_stream::Stream<
-        Item = std::io::Result<
-            listener::Capped<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
-        >,
-    >,
+    listener::TlsConnections,
     tokio::sync::oneshot::Receiver<()>,
     Vec<operator::OperatorListener>,
 )> {

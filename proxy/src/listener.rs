@@ -90,6 +90,9 @@ pub const MAIN_RESERVED_CONNECTIONS: usize = 8;
 /// one: no one of them holds them all.
 pub const MAIN_RESERVED_PER_PARTY: usize = 2;
 
+/// A TLS listener's connections, each with its slot, as the server takes them.
+pub type TlsConnections = ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>>;
+
 /// An accepted connection holding one of the capped slots until it closes.
 pub struct Capped<IO> {
     io: IO,
@@ -313,7 +316,7 @@ pub fn tls_listener(
     caps: ConnectionCaps,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
-) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
+) -> TlsConnections {
     let (main, arrivals) = tokio::sync::mpsc::unbounded_channel();
     let lanes = crate::door::Lanes { main, status: None };
     tokio::spawn(crate::door::open(listener, caps, handshake_timeout, lanes));
@@ -332,7 +335,7 @@ pub fn capped_tls(
     caps: ConnectionCaps,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
-) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
+) -> TlsConnections {
     let handshakes = Arc::new(Semaphore::new(caps.handshakes.max(1)));
     capped_tls_on(arrivals, caps, handshakes, acceptor, handshake_timeout)
 }
@@ -346,7 +349,7 @@ pub fn capped_tls_on(
     handshakes: Arc<Semaphore>,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
-) -> ReceiverStream<std::io::Result<Capped<TlsStream<TcpStream>>>> {
+) -> TlsConnections {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let places = caps.handshakes.max(1);
     let sources = Sources::default();

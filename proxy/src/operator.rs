@@ -179,13 +179,6 @@ struct Front {
     handshake_timeout: Duration,
 }
 
-/// A connection this thread serves, however it came.
-type Incoming = tokio_stream::wrappers::ReceiverStream<
-    std::io::Result<
-        crate::listener::Capped<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
-    >,
->;
-
 async fn serve(svc: ProxyService, front: Front) -> anyhow::Result<()> {
     // The main listener's bounds on a connection, and a status request (empty)
     // is all that is decoded.
@@ -205,7 +198,7 @@ async fn serve(svc: ProxyService, front: Front) -> anyhow::Result<()> {
         return Ok(());
     };
     let timeout = front.handshake_timeout;
-    let mut incoming = tokio_stream::StreamMap::<&str, Incoming>::new();
+    let mut incoming = tokio_stream::StreamMap::<&str, crate::listener::TlsConnections>::new();
     if let Some(lane) = front.lane {
         let arrivals = tokio_stream::wrappers::ReceiverStream::new(lane.arrivals);
         let (places, acceptor) = (lane.places, acceptor.clone());
