@@ -496,12 +496,15 @@ fn foreign_certificates_are_refused_at_once(f: &StudyFixture, data: &Path) {
             "a refused certificate was retried: {}",
             stderr(&o)
         );
-        // Final at once. In TLS 1.3 the proxy judges the owner's certificate after
-        // the owner's side of the handshake is done, so the owner's first request
-        // may be on its way when the alert comes, and then reads as a connection
-        // that closed: an outage, tried again once, when the alert is met. Not more.
+        // Final within a few attempts. In TLS 1.3 the proxy judges the owner's
+        // certificate after the owner's side of the handshake is done, so the
+        // alert may come before the owner's first request is on its way, and the
+        // request then reads as a connection that closed: an outage, tried again,
+        // until an attempt meets the alert. Each attempt is such a race: under the
+        // load of the whole test run two were lost in a row (one was allowed), so
+        // three are, against the dozen or so its retry window would make.
         let retries = stderr(&o).matches("trying again").count();
-        assert!(retries <= 1, "{}", stderr(&o));
+        assert!(retries <= 3, "{}", stderr(&o));
     }
 }
 
