@@ -125,17 +125,37 @@ pub async fn run(
     };
     let (incoming, door, _threads) =
         tls_incoming(listener, operator, svc, acceptor, handshake_timeout)?;
+    let (shutdown, asked) = noted(shutdown);
+    let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
+    unless_the_door_dies(serve, door, asked).await
+}
+
+/// `shutdown`, and a flag set once it has come.
+fn noted(
+    shutdown: impl std::future::Future<Output = ()>,
+) -> (
+    impl std::future::Future<Output = ()>,
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
     let asked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let asked_to_stop = std::sync::Arc::clone(&asked);
-    let shutdown = async move {
+    let noted = async move {
         shutdown.await;
         asked_to_stop.store(true, std::sync::atomic::Ordering::SeqCst);
     };
-    let serve = router.serve_with_incoming_shutdown(incoming, shutdown);
+    (noted, asked)
+}
+
+/// What `serve` returns, unless the main port's door ends first without the
+/// proxy having been `asked` to stop: its thread died, and the proxy then stops
+/// with an error at once (the server would wait for every open call first), so
+/// that a supervisor restarts it. Asked to stop, the door ends first.
+async fn unless_the_door_dies(
+    serve: impl std::future::Future<Output = Result<(), tonic::transport::Error>>,
+    door: tokio::sync::oneshot::Receiver<()>,
+    asked: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<()> {
     tokio::pin!(serve);
-    // The door ends on its own only if its thread died: the proxy then stops
-    // with an error at once (the server would wait for every open call), so
-    // that a supervisor restarts it. Asked to stop, the door ends first.
     tokio::select! {
         served = &mut serve => served?,
         _ = door => match asked.load(std::sync::atomic::Ordering::SeqCst) {
@@ -280,4 +300,32 @@ pub fn listen(addr: SocketAddr, backlog: i32) -> std::io::Result<std::net::TcpLi
     socket.listen(backlog)?;
     socket.set_nonblocking(true)?;
     Ok(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    /// A door whose thread died stops the proxy with an error at once, though
+    /// the server would go on (here: forever); a door that ended because the
+    /// proxy was asked to stop lets the server finish.
+    #[tokio::test]
+    async fn a_dead_door_stops_the_proxy_at_once_unless_it_was_asked_to() {
+        let forever = std::future::pending::<Result<(), tonic::transport::Error>>();
+        let (died, door) = tokio::sync::oneshot::channel::<()>();
+        drop(died);
+        let asked = Arc::new(AtomicBool::new(false));
+        let stopped = unless_the_door_dies(forever, door, asked);
+        let stopped = tokio::time::timeout(std::time::Duration::from_secs(5), stopped).await;
+        let err = stopped.expect("stopped at once").expect_err("an error");
+        assert!(err.to_string().contains("door stopped"), "{err}");
+        let (ended, door) = tokio::sync::oneshot::channel::<()>();
+        drop(ended);
+        let finishing = async { Ok(()) };
+        let asked = Arc::new(AtomicBool::new(true));
+        let served = unless_the_door_dies(finishing, door, asked).await;
+        assert!(served.is_ok(), "{served:?}");
+    }
 }
