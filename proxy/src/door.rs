@@ -44,12 +44,12 @@ pub struct Arrival {
     /// Where it comes from: its handshake counts against this source too.
     pub peer: std::net::IpAddr,
     /// The door's place and the source's counts, held until the handshake ends.
-    pub held: DoorHeld,
+    pub held: PlaceHeld,
 }
 
-/// What a connection holds at the door: a place, and its count in each block
-/// of addresses it comes from.
-pub type DoorHeld = (OwnedSemaphorePermit, Vec<Held<Block>>);
+/// A place (at a door, or for a handshake) and its connection's count in each
+/// block of addresses it comes from, held together.
+pub type PlaceHeld = (OwnedSemaphorePermit, Vec<Held<Block>>);
 
 /// Where the door sends what it lets in.
 #[derive(Clone)]
@@ -67,7 +67,7 @@ pub struct StatusLane {
     /// Where a call goes for its handshake (on the lane's thread).
     pub queue: mpsc::Sender<Arrival>,
     /// The lane's handshake places, read, not taken, by the door.
-    pub places: Arc<Semaphore>,
+    pub places: crate::listener::HandshakePlaces,
 }
 
 impl StatusLane {
@@ -76,7 +76,7 @@ impl StatusLane {
     /// there (anyone may ask for the lane and stall) takes its turn with every
     /// other connection instead, as it did before there was a lane.
     fn take(&self, arrival: Arrival) -> Option<Arrival> {
-        if self.places.available_permits() == 0 {
+        if !self.places.any_free() {
             return Some(arrival);
         }
         self.queue.try_send(arrival).err().map(|e| e.into_inner())
@@ -96,27 +96,14 @@ pub fn spawn(
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
     listener.set_nonblocking(true)?;
     let (alive, ended) = tokio::sync::oneshot::channel::<()>();
-    std::thread::Builder::new()
-        .name(format!("{}-door", caps.name))
-        .spawn(move || {
-            // Dropped when this thread ends, however it ends.
-            let _alive = alive;
-            // Built here, not by the caller: a runtime dropped on the caller's
-            // (an async task) would panic.
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            let runtime = match runtime {
-                Ok(runtime) => runtime,
-                Err(e) => return tracing::error!(error = %e, "the door has no runtime"),
-            };
-            runtime.block_on(async move {
-                match TcpListener::from_std(listener) {
-                    Ok(listener) => open(listener, caps, handshake_timeout, lanes).await,
-                    Err(e) => tracing::error!(error = %e, "the door cannot take its listener"),
-                }
-            });
-        })?;
+    crate::on_own_thread(format!("{}-door", caps.name), move || async move {
+        // Dropped when this ends, however it ends.
+        let _alive = alive;
+        match TcpListener::from_std(listener) {
+            Ok(listener) => open(listener, caps, handshake_timeout, lanes).await,
+            Err(e) => tracing::error!(error = %e, "the door cannot take its listener"),
+        }
+    })?;
     Ok(ended)
 }
 
@@ -160,14 +147,16 @@ pub async fn open(
 /// ClientHello asks for it, else the main one.
 async fn sort(
     name: &'static str,
-    (io, peer, held): (TcpStream, std::net::IpAddr, DoorHeld),
+    (io, peer, held): (TcpStream, std::net::IpAddr, PlaceHeld),
     handshake_timeout: Duration,
     lanes: Lanes,
 ) {
-    let hello = match &lanes.status {
-        None => Hello::Other,
-        Some(_) => match tokio::time::timeout(handshake_timeout, read_hello(&io)).await {
-            Ok(Ok(hello)) => hello,
+    // The status lane, if there is one and the hello asks for it.
+    let lane = match &lanes.status {
+        None => None,
+        Some(lane) => match tokio::time::timeout(handshake_timeout, read_hello(&io)).await {
+            Ok(Ok(Hello::Status)) => Some(lane),
+            Ok(Ok(Hello::Other | Hello::Incomplete)) => None,
             // Closed before it said anything.
             Ok(Err(_)) => return refused(name, ConnectionRefusal::Handshake),
             Err(_) => return refused(name, ConnectionRefusal::HandshakeTimeout),
@@ -176,14 +165,13 @@ async fn sort(
     let Ok(io) = io.into_std() else {
         return refused(name, ConnectionRefusal::Handshake);
     };
-    let arrival = Arrival { io, peer, held };
-    let arrival = match (hello, &lanes.status) {
-        (Hello::Status, Some(lane)) => match lane.take(arrival) {
+    let mut arrival = Arrival { io, peer, held };
+    if let Some(lane) = lane {
+        match lane.take(arrival) {
             None => return,
-            Some(arrival) => arrival,
-        },
-        (Hello::Status | Hello::Other | Hello::Incomplete, _) => arrival,
-    };
+            Some(back) => arrival = back,
+        }
+    }
     // Fails only once the listener has stopped.
     let _ = lanes.main.send(arrival);
 }
@@ -258,6 +246,7 @@ pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, std::net::Sock
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::listener::HandshakePlaces;
     use dpca_shell::testing::client_hello;
     use dpca_shell::tls::lane::STATUS_LANE_ALPN;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -267,7 +256,7 @@ mod tests {
     /// A sorting door on a loopback port, its lanes' receivers, and its address.
     async fn sorting_door(
         status_room: usize,
-        places: usize,
+        places: HandshakePlaces,
     ) -> (
         mpsc::UnboundedReceiver<Arrival>,
         mpsc::Receiver<Arrival>,
@@ -277,7 +266,6 @@ mod tests {
         let at = listener.local_addr().expect("address");
         let (main, main_rx) = mpsc::unbounded_channel();
         let (queue, status_rx) = mpsc::channel(status_room);
-        let places = Arc::new(Semaphore::new(places));
         let lanes = Lanes {
             main,
             status: Some(StatusLane { queue, places }),
@@ -310,7 +298,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hello_asking_for_the_lane_goes_there_and_the_rest_the_usual_way() {
-        let (mut main, mut status, at) = sorting_door(4, 1).await;
+        let (mut main, mut status, at) = sorting_door(4, HandshakePlaces::new(1)).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let _s = saying(at, &hinted).await;
         let arrival = tokio::time::timeout(SOON, status.recv()).await;
@@ -332,7 +320,7 @@ mod tests {
     /// A hello that comes in two parts is read whole before the door decides.
     #[tokio::test]
     async fn a_hello_in_parts_is_sorted_once_whole() {
-        let (mut main, mut status, at) = sorting_door(4, 1).await;
+        let (mut main, mut status, at) = sorting_door(4, HandshakePlaces::new(1)).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let (first, rest) = hinted.split_at(hinted.len() / 2);
         let mut c = saying(at, first).await;
@@ -349,7 +337,9 @@ mod tests {
     /// than wait there for one.
     #[tokio::test]
     async fn a_call_finding_the_lanes_places_held_goes_the_usual_way() {
-        let (mut main, mut status, at) = sorting_door(4, 0).await;
+        let places = HandshakePlaces::new(1);
+        let _held = places.take().await;
+        let (mut main, mut status, at) = sorting_door(4, places).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let _c = saying(at, &hinted).await;
         let arrival = tokio::time::timeout(SOON, main.recv()).await;
@@ -362,7 +352,7 @@ mod tests {
     /// timeout, sent nowhere.
     #[tokio::test]
     async fn a_call_past_the_lanes_room_goes_the_usual_way_and_a_silent_one_is_closed() {
-        let (mut main, mut status, at) = sorting_door(1, 1).await;
+        let (mut main, mut status, at) = sorting_door(1, HandshakePlaces::new(1)).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let _first = saying(at, &hinted).await;
         let _second = saying(at, &hinted).await;

@@ -186,24 +186,16 @@ fn tls_incoming(
     Vec<operator::OperatorListener>,
 )> {
     let (arrivals, to_handshake) = tokio::sync::mpsc::unbounded_channel();
-    let (queue, lane) = tokio::sync::mpsc::channel(operator::LANE_QUEUE);
-    let places = std::sync::Arc::new(tokio::sync::Semaphore::new(operator::LANE_HANDSHAKES));
+    let (to_lane, lane) = operator::status_lane();
     let lanes = door::Lanes {
         main: arrivals,
-        status: Some(door::StatusLane {
-            queue,
-            places: std::sync::Arc::clone(&places),
-        }),
+        status: Some(to_lane),
     };
     let caps = listener::ConnectionCaps::MAIN;
     let door = door::spawn(listener.into_std()?, caps, handshake_timeout, lanes)?;
     // The lane and the operator's listener each on a thread of its own: a flood
     // of the lane, which anyone who reaches the main port may ask for, does not
     // take the operator's port's thread.
-    let lane = operator::StatusLane {
-        arrivals: lane,
-        places,
-    };
     let t = handshake_timeout;
     let mut threads = vec![operator::spawn(
         svc.clone(),
@@ -224,6 +216,30 @@ fn tls_incoming(
     let to_handshake = tokio_stream::wrappers::UnboundedReceiverStream::new(to_handshake);
     let incoming = listener::capped_tls(to_handshake, caps, acceptor, handshake_timeout);
     Ok((incoming, door, threads))
+}
+
+/// Runs the future `work` makes on a current-thread runtime of its own, on a new
+/// thread named `name`. The runtime is built on that thread, not the caller's
+/// (a runtime dropped on an async task, as one would be if the thread could not
+/// start, panics), and dropped there with every task on it before the thread
+/// ends: a handle on the service a task held is let go by then.
+pub(crate) fn on_own_thread<F>(
+    name: String,
+    work: impl FnOnce() -> F + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: std::future::Future<Output = ()>,
+{
+    let thread = name.clone();
+    std::thread::Builder::new().name(name).spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        match runtime {
+            Ok(runtime) => runtime.block_on(work()),
+            Err(e) => tracing::error!(error = %e, %thread, "no runtime for this thread"),
+        }
+    })
 }
 
 /// The HTTP/2 settings of every listener: what one connection may hold of the

@@ -54,10 +54,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
-use crate::door::Arrival;
+use crate::door::{Arrival, PlaceHeld};
 use crate::metrics::{connection_refused as refused, ConnectionRefusal};
 use crate::per_key::{Held, PerKey};
-use crate::sources::{Block, Crowding, Sources};
+use crate::sources::{Crowding, Sources};
 use dpca_shell::tls::{Peer, Role};
 
 /// Connections served at once.
@@ -336,22 +336,55 @@ pub fn capped_tls(
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
 ) -> TlsConnections {
-    let handshakes = Arc::new(Semaphore::new(caps.handshakes.max(1)));
+    let handshakes = HandshakePlaces::new(caps.handshakes);
     capped_tls_on(arrivals, caps, handshakes, acceptor, handshake_timeout)
 }
 
+/// A listener's handshake places, with how many there are (at least one: with
+/// none no handshake would ever start).
+#[derive(Clone)]
+pub struct HandshakePlaces {
+    free: Arc<Semaphore>,
+    all: usize,
+}
+
+impl HandshakePlaces {
+    /// `n` places.
+    pub fn new(n: usize) -> Self {
+        let all = n.max(1);
+        Self {
+            free: Arc::new(Semaphore::new(all)),
+            all,
+        }
+    }
+
+    /// Whether one is free now.
+    pub fn any_free(&self) -> bool {
+        self.free.available_permits() > 0
+    }
+
+    /// One place, when one is free (`None` once they are closed, which they
+    /// are not).
+    pub(crate) async fn take(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.free).acquire_owned().await.ok()
+    }
+
+    /// Whether they run short.
+    fn crowding(&self) -> Crowding {
+        Crowding::of(self.free.available_permits(), self.all)
+    }
+}
+
 /// [`capped_tls`] on handshake places the caller holds a handle on (the status
-/// lane's, which the main port's door reads: [`crate::door::StatusLane`]); they
-/// are `caps.handshakes` in number.
+/// lane's, which the main port's door reads: [`crate::door::StatusLane`]).
 pub fn capped_tls_on(
     mut arrivals: impl Stream<Item = Arrival> + Send + Unpin + 'static,
     caps: ConnectionCaps,
-    handshakes: Arc<Semaphore>,
+    handshakes: HandshakePlaces,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
 ) -> TlsConnections {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
-    let places = caps.handshakes.max(1);
     let sources = Sources::default();
     let admission = Admission {
         caps,
@@ -372,8 +405,7 @@ pub fn capped_tls_on(
             };
             // Its source's share of the handshake places, as of the door's:
             // past it the connection is closed at once (dropped here).
-            let crowding = Crowding::of(handshakes.available_permits(), places);
-            let Some(source) = sources.take(arrival.peer, crowding) else {
+            let Some(source) = sources.take(arrival.peer, handshakes.crowding()) else {
                 refused(caps.name, ConnectionRefusal::SourceCap);
                 continue;
             };
@@ -394,11 +426,11 @@ pub fn capped_tls_on(
 
 /// A handshake place, then the next arrival (`None` once the door is gone).
 async fn place_then_arrival(
-    places: &Arc<Semaphore>,
+    places: &HandshakePlaces,
     arrivals: &mut (impl Stream<Item = Arrival> + Unpin),
 ) -> Option<(OwnedSemaphorePermit, Arrival)> {
     use tokio_stream::StreamExt;
-    let place = Arc::clone(places).acquire_owned().await.ok()?;
+    let place = places.take().await?;
     Some((place, arrivals.next().await?))
 }
 
@@ -409,7 +441,7 @@ async fn handshake(
     arrival: Arrival,
     acceptor: &TlsAcceptor,
     admission: &Admission,
-    place: (OwnedSemaphorePermit, Vec<Held<Block>>),
+    place: PlaceHeld,
 ) -> Option<TlsStream<TcpStream>> {
     let name = admission.caps.name;
     let Ok(io) = TcpStream::from_std(arrival.io) else {

@@ -105,9 +105,21 @@ impl Drop for OperatorListener {
 /// places, which the door reads too.
 pub struct StatusLane {
     /// The calls queued for their handshakes.
-    pub arrivals: tokio::sync::mpsc::Receiver<crate::door::Arrival>,
-    /// [`LANE_CAPS`]`.handshakes` places.
-    pub places: std::sync::Arc<tokio::sync::Semaphore>,
+    arrivals: tokio::sync::mpsc::Receiver<crate::door::Arrival>,
+    places: crate::listener::HandshakePlaces,
+}
+
+/// A new status lane: the end the main port's door sends to (it reads the lane's
+/// places) and the end its thread serves ([`spawn`]), [`LANE_CAPS`]'s handshake
+/// places and a queue of [`LANE_QUEUE`].
+pub fn status_lane() -> (crate::door::StatusLane, StatusLane) {
+    let (queue, arrivals) = tokio::sync::mpsc::channel(LANE_QUEUE);
+    let places = crate::listener::HandshakePlaces::new(LANE_CAPS.handshakes);
+    let door = crate::door::StatusLane {
+        queue,
+        places: places.clone(),
+    };
+    (door, StatusLane { arrivals, places })
 }
 
 /// Starts an operator's thread, with its own runtime: `svc`'s `status` on the
@@ -131,40 +143,19 @@ pub fn spawn(
         acceptor,
         handshake_timeout,
     };
-    let thread = std::thread::Builder::new()
-        .name(
-            if front.lane.is_some() {
-                "status-lane"
-            } else {
-                "operator-listener"
-            }
-            .into(),
-        )
-        .spawn(move || {
-            // Built here, not by the caller: a runtime dropped on the caller's
-            // thread (an async task, if this one could not start) would panic.
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            let runtime = match runtime {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    return tracing::error!(error = %e, "the operator's thread has no runtime")
-                }
-            };
-            let served = runtime.block_on(async {
-                tokio::select! {
-                    served = serve(svc, front) => served,
-                    _ = stopped => Ok(()),
-                }
-            });
-            if let Err(e) = served {
-                tracing::error!(error = %e, "operator listener stopped");
-            }
-            // Dropping the runtime here drops every task, and each one's handle
-            // on the service, before the thread ends.
-            drop(runtime);
-        })?;
+    let name = match front.lane {
+        Some(_) => "status-lane",
+        None => "operator-listener",
+    };
+    let thread = crate::on_own_thread(name.into(), move || async move {
+        let served = tokio::select! {
+            served = serve(svc, front) => served,
+            _ = stopped => Ok(()),
+        };
+        if let Err(e) = served {
+            tracing::error!(error = %e, "operator listener stopped");
+        }
+    })?;
     Ok(OperatorListener {
         stop: Some(stop),
         thread: Some(thread),

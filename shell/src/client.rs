@@ -266,32 +266,31 @@ pub async fn connect_for_status(
     let Transport::Tls(tls) = transport else {
         return connect(url, transport).await;
     };
-    let host = endpoint(url, transport)?
-        .uri()
-        .host()
-        .unwrap_or_default()
-        .to_string();
+    let uri = endpoint(url, transport)?.uri().clone();
     // An IPv6 host comes bracketed in a URL, and bare in a certificate.
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
+    let host = uri.host().unwrap_or_default();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(443);
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.clone())
         .map_err(|e| bad_url(url, format!("`{host}` is no host name: {e}")))?;
     let config = tls
         .rustls_client_config(&[crate::tls::lane::STATUS_LANE_ALPN])
         .map_err(|e| bad_url(url, e.to_string()))?;
     let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-    // The connector below runs the TLS; tonic refuses an `https` URL it is not
-    // to run TLS for itself, and the scheme is not checked past it.
+    // The connector below runs the TLS (to the URL's host, whatever tonic
+    // asks); tonic refuses an `https` URL it is not to run TLS for itself, and
+    // the scheme is not checked past it.
     let inner = format!("http://{}", &url["https://".len()..]);
     let endpoint = Channel::from_shared(inner)
         .map_err(|e| bad_url(url, e.to_string()))?
         .connect_timeout(CONNECT_TIMEOUT);
-    let connector = tower::service_fn(move |uri: tonic::codegen::http::Uri| {
-        let (tls, name) = (tls.clone(), name.clone());
+    let connector = tower::service_fn(move |_: tonic::codegen::http::Uri| {
+        let (tls, name, host) = (tls.clone(), name.clone(), host.clone());
         async move {
-            let host = uri.host().unwrap_or_default();
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            let port = uri.port_u16().unwrap_or(443);
-            let tcp = tokio::net::TcpStream::connect((host, port)).await?;
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
             tcp.set_nodelay(true)?;
             let tls = tls.connect(name, tcp).await?;
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))

@@ -17,9 +17,9 @@
 //! access rules, from a certificate the CA signed). The lane's handshake places
 //! and slots are its own, so a flood of hinted connections takes none of the
 //! owners'; while the lane's handshake places are held a hinted call takes its
-//! turn with every other connection, as it did before there was a lane. An observer of the
-//! network learns that a connection is a status call, which its size and timing
-//! already showed.
+//! turn with every other connection, as it did before there was a lane. An
+//! observer of the network learns that a connection is a status call, which its
+//! size and timing already showed.
 
 /// The ALPN protocol a client offers, besides `h2`, to ask for the status lane.
 pub const STATUS_LANE_ALPN: &[u8] = b"dpca-status";
