@@ -417,6 +417,29 @@ struct Setup {
     pk: PublicKey,
 }
 
+/// What one owner sends, and its TLS files read: made before a run's clock
+/// starts, as the contribution is encrypted before it, so that the run measures
+/// the proxy, not the owners' preparation on the same cores.
+struct OwnerLoad {
+    transport: Transport,
+    chunks: Vec<v1::ContributionChunk>,
+}
+
+/// Every owner's load for the run `s`.
+fn owner_loads(s: &Setup) -> anyhow::Result<Vec<OwnerLoad>> {
+    s.names
+        .iter()
+        .map(|n| {
+            Ok(OwnerLoad {
+                transport: Transport::Tls(Arc::new(
+                    s.pki.files(n).context("owner files")?.load(Role::Owner)?,
+                )),
+                chunks: owner_chunks(&s.study, n, &s.cts),
+            })
+        })
+        .collect()
+}
+
 async fn set_up(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Setup> {
     let dir = tempfile::tempdir()?;
     let names: Vec<String> = (1..=plan.owners).map(|i| format!("owner-{i:05}")).collect();
@@ -463,31 +486,18 @@ async fn set_up(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Setup
 }
 
 /// Every owner at once, each from its own address; the refusals, counted.
-async fn send_all(s: &Setup) -> anyhow::Result<(usize, usize)> {
+async fn send_all(s: &Setup, owners: Vec<OwnerLoad>) -> anyhow::Result<(usize, usize)> {
     let attempts = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    // Every owner's TLS files are read before the owners start.
-    let transports = s
-        .names
-        .iter()
-        .map(|n| {
-            Ok(Transport::Tls(Arc::new(
-                s.pki.files(n).context("owner files")?.load(Role::Owner)?,
-            )))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let tasks: Vec<_> = s
-        .names
-        .iter()
-        .zip(transports)
+    let tasks: Vec<_> = owners
+        .into_iter()
         .enumerate()
-        .map(|(i, (name, transport))| {
-            let chunks = owner_chunks(&s.study, name, &s.cts);
+        .map(|(i, owner)| {
             let attempts = Arc::clone(&attempts);
             tokio::spawn(send(
                 s.url.clone(),
-                transport,
+                owner.transport,
                 owner_address(i),
-                chunks,
+                owner.chunks,
                 attempts,
             ))
         })
@@ -516,11 +526,12 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
     let cpu_before = Usage::of_pid(pid)
         .context("proxy usage from /proc")?
         .cpu_seconds;
+    let owners = owner_loads(&s)?;
     let pollers = Pollers::start(&s);
     let own_cpu = || Usage::of_self().map_or(f64::NAN, |u| u.cpu_seconds);
     let owners_before = own_cpu();
     let start = Instant::now();
-    let (refused, attempts) = send_all(&s).await?;
+    let (refused, attempts) = send_all(&s, owners).await?;
     let wall = start.elapsed().as_secs_f64();
     let owners_cpu = own_cpu() - owners_before;
     let [status_ms, operator_ms, kept_ms] = pollers.finish()?;
