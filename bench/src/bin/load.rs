@@ -137,6 +137,9 @@ struct Row {
     /// The fold alone, in memory, on every core: seconds per ciphertext per core
     /// over GMP's multiplication measured beside it.
     bare_fold: f64,
+    /// The same for the check of every ciphertext as the proxy reads it
+    /// (`PublicKey::elems_from_bytes`), on every core.
+    bare_check: f64,
     /// This program's CPU seconds during the load: the owners' TLS and framing,
     /// and the status polls, on the cores the proxy runs on.
     owners_cpu: f64,
@@ -539,6 +542,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
     let proxy = Usage::of_pid(pid).context("proxy usage from /proc")?;
     let cpu = proxy.cpu_seconds - cpu_before;
     let page = metrics_page(s.metrics)?;
+    let (bare_fold, bare_check) = bare_fold_and_check(&s.pk, &s.cts)?;
     let info = connect(&s.url, &s.user)
         .await?
         .get_study(v1::GetStudyRequest {
@@ -555,7 +559,8 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         written,
         cpu,
         fold: scrape(&page, "dpca_fold_microseconds_total")? / 1e6,
-        bare_fold: bare_fold(&s.pk, &s.cts)?,
+        bare_fold,
+        bare_check,
         owners_cpu,
         store: scrape(&page, "dpca_store_microseconds_total")? / 1e6,
         writes_per_commit: scrape(&page, "dpca_store_writes_total")?
@@ -660,8 +665,11 @@ fn main() -> anyhow::Result<()> {
 /// memory with nothing else running: what this machine's cores give the fold
 /// before any network, validation or storage (the fastest of five), over GMP's
 /// multiplication measured in turn with it (this machine's speed drifts between
-/// a run's start and its end).
-fn bare_fold(pk: &PublicKey, cts: &[Vec<u8>]) -> anyhow::Result<f64> {
+/// a run's start and its end). Then the same for reading and checking the
+/// ciphertexts as the proxy does before it folds them (on every core, one batch
+/// of a chunk's size per task): the part of a contribution's arithmetic that is
+/// not the fold's.
+fn bare_fold_and_check(pk: &PublicKey, cts: &[Vec<u8>]) -> anyhow::Result<(f64, f64)> {
     let ring = pk.ring();
     let elems = pk.elems_from_bytes(cts, 0)?;
     let aggregate = elems.clone();
@@ -673,12 +681,22 @@ fn bare_fold(pk: &PublicKey, cts: &[Vec<u8>]) -> anyhow::Result<f64> {
             .map(|(a, c)| ring.mul_elem(a, c))
             .collect()
     };
-    let (mut folded, mut mul) = (f64::INFINITY, f64::INFINITY);
+    let check = || -> usize {
+        cts.par_chunks(CIPHERTEXTS_PER_CHUNK)
+            .map(|chunk| pk.elems_from_bytes(chunk, 0).map_or(0, |e| e.len()))
+            .sum()
+    };
+    if check() != cts.len() {
+        bail!("a ciphertext of the load failed the proxy's check");
+    }
+    let (mut folded, mut checked, mut mul) = (f64::INFINITY, f64::INFINITY, f64::INFINITY);
     for _ in 0..5 {
         folded = folded.min(time(1, fold));
+        checked = checked.min(time(1, check));
         mul = mul.min(raw_gmp_mulmod(pk, &mut OsRng));
     }
-    Ok(folded * cores as f64 / cts.len() as f64 / mul)
+    let per = |seconds: f64| seconds * cores as f64 / cts.len() as f64 / mul;
+    Ok((per(folded), per(checked)))
 }
 
 /// Median and largest of `ms`.
@@ -698,20 +716,20 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
     );
     println!(
         "\n| M | owners | ciphertexts each | wall s | contributions/s | contributions/s the proxy's CPU allows | folded/s per core | \
-         floor / folded | fold s | floor / fold | floor / bare fold | store s | writes per commit | proxy CPU s | \
+         floor / folded | fold s | floor / fold | floor / bare fold | bare check / mul | store s | writes per commit | proxy CPU s | \
          proxy CPU per ciphertext / mul | owners' CPU s | written / contributed | proxy peak MiB | \
          status ms, fresh connection (status lane): median / max (calls answered, refused) | status ms, \
          fresh connection to the operator listener: median / max (answered, refused) | \
          status ms, open connection: median / max (answered, refused) | refused | connections per owner | \
          reservations per owner | connections the proxy let go | state (owners in) |"
     );
-    println!("|{}", "---|".repeat(26));
+    println!("|{}", "---|".repeat(27));
     for r in rows {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
         let per_core = |seconds: f64| total / seconds / cores as f64;
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} | {} | {} | {:.2} | {:.2} | {:.0} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} | {} | {} | {:.2} | {:.2} | {:.0} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
@@ -724,6 +742,7 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
             r.fold,
             (1.0 / mul) / per_core(r.fold),
             r.bare_fold,
+            r.bare_check,
             r.store,
             r.writes_per_commit,
             r.cpu,
