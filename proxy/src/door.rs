@@ -27,6 +27,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
@@ -201,6 +202,12 @@ async fn read_hello(io: &TcpStream) -> std::io::Result<Hello> {
         match hello_lane(&buf[..n]) {
             Hello::Incomplete if n == buf.len() => buf.resize((n * 2).min(MAX_HELLO_BYTES), 0),
             Hello::Incomplete => {
+                // A client that sent part of a hello and closed would be seen
+                // by a peek as the same bytes until the timeout, holding its
+                // place: a closed connection costs its client nothing to leave.
+                if io.ready(Interest::READABLE).await?.is_read_closed() {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(HELLO_POLL_MAX);
             }
@@ -253,15 +260,24 @@ mod tests {
 
     const SOON: Duration = Duration::from_secs(5);
 
-    /// A sorting door on a loopback port, its lanes' receivers, and its address.
-    async fn sorting_door(
-        status_room: usize,
-        places: HandshakePlaces,
-    ) -> (
+    /// The lanes' receivers of a door, and its address.
+    type Door = (
         mpsc::UnboundedReceiver<Arrival>,
         mpsc::Receiver<Arrival>,
         std::net::SocketAddr,
-    ) {
+    );
+
+    /// A sorting door on a loopback port, with a handshake timeout of 500 ms.
+    async fn sorting_door(status_room: usize, places: HandshakePlaces) -> Door {
+        sorting_door_timing(status_room, places, Duration::from_millis(500)).await
+    }
+
+    /// A sorting door on a loopback port with this handshake timeout.
+    async fn sorting_door_timing(
+        status_room: usize,
+        places: HandshakePlaces,
+        handshake_timeout: Duration,
+    ) -> Door {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let at = listener.local_addr().expect("address");
         let (main, main_rx) = mpsc::unbounded_channel();
@@ -276,7 +292,7 @@ mod tests {
             handshakes: 8,
             ..ConnectionCaps::MAIN
         };
-        tokio::spawn(open(listener, caps, Duration::from_millis(500), lanes));
+        tokio::spawn(open(listener, caps, handshake_timeout, lanes));
         (main_rx, status_rx, at)
     }
 
@@ -330,6 +346,24 @@ mod tests {
         let arrival = tokio::time::timeout(SOON, status.recv()).await;
         let arrival = arrival.expect("sorted in time").expect("an arrival");
         assert_eq!(unread(&arrival, hinted.len()), hinted);
+    }
+
+    /// A client that sends part of a hello and closes is let go at once, not
+    /// held (with its door place) until the handshake timeout.
+    #[tokio::test]
+    async fn a_hello_cut_short_by_a_close_is_let_go_at_once() {
+        let timeout = Duration::from_secs(60);
+        let (mut main, mut status, at) =
+            sorting_door_timing(4, HandshakePlaces::new(1), timeout).await;
+        let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
+        let mut c = saying(at, &hinted[..hinted.len() / 2]).await;
+        c.shutdown().await.expect("close its side");
+        let read = tokio::time::timeout(SOON, c.read(&mut [0u8; 1])).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "held after its client closed: {read:?}"
+        );
+        assert!(main.try_recv().is_err() && status.try_recv().is_err());
     }
 
     /// A call that finds every handshake place of the lane held (anyone may ask
