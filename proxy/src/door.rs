@@ -158,7 +158,7 @@ async fn sort(
         Some(lane) => match tokio::time::timeout(handshake_timeout, read_hello(&io)).await {
             Ok(Ok(Hello::Status)) => Some(lane),
             Ok(Ok(Hello::Other | Hello::Incomplete)) => None,
-            // Closed before it said anything.
+            // Closed before its hello was whole (or before it said anything).
             Ok(Err(_)) => return refused(name, ConnectionRefusal::Handshake),
             Err(_) => return refused(name, ConnectionRefusal::HandshakeTimeout),
         },
@@ -267,15 +267,18 @@ mod tests {
         std::net::SocketAddr,
     );
 
-    /// A sorting door on a loopback port, with a handshake timeout of 500 ms.
+    /// A sorting door on a loopback port with 8 places and a handshake timeout
+    /// of 500 ms.
     async fn sorting_door(status_room: usize, places: HandshakePlaces) -> Door {
-        sorting_door_timing(status_room, places, Duration::from_millis(500)).await
+        sorting_door_sized(status_room, places, 8, Duration::from_millis(500)).await
     }
 
-    /// A sorting door on a loopback port with this handshake timeout.
-    async fn sorting_door_timing(
+    /// A sorting door on a loopback port with `door_places` places and this
+    /// handshake timeout.
+    async fn sorting_door_sized(
         status_room: usize,
         places: HandshakePlaces,
+        door_places: usize,
         handshake_timeout: Duration,
     ) -> Door {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -288,8 +291,8 @@ mod tests {
         };
         let caps = ConnectionCaps {
             name: "test",
-            door_places: 8,
-            handshakes: 8,
+            door_places,
+            handshakes: door_places,
             ..ConnectionCaps::MAIN
         };
         tokio::spawn(open(listener, caps, handshake_timeout, lanes));
@@ -348,22 +351,37 @@ mod tests {
         assert_eq!(unread(&arrival, hinted.len()), hinted);
     }
 
-    /// A client that sends part of a hello and closes is let go at once, not
-    /// held (with its door place) until the handshake timeout.
+    /// A client that sends part of a hello and closes (a FIN, or a reset) is
+    /// let go at the door's next look, its place with it, not held until the
+    /// handshake timeout: on a door of one place, the next client is sorted.
     #[tokio::test]
     async fn a_hello_cut_short_by_a_close_is_let_go_at_once() {
         let timeout = Duration::from_secs(60);
         let (mut main, mut status, at) =
-            sorting_door_timing(4, HandshakePlaces::new(1), timeout).await;
+            sorting_door_sized(4, HandshakePlaces::new(1), 1, timeout).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
-        let mut c = saying(at, &hinted[..hinted.len() / 2]).await;
+        let half = &hinted[..hinted.len() / 2];
+        let mut c = saying(at, half).await;
         c.shutdown().await.expect("close its side");
         let read = tokio::time::timeout(SOON, c.read(&mut [0u8; 1])).await;
         assert!(
             matches!(read, Ok(Ok(0) | Err(_))),
             "held after its client closed: {read:?}"
         );
-        assert!(main.try_recv().is_err() && status.try_recv().is_err());
+        // A reset instead of a FIN: closed with unsent data nowhere, at once.
+        let reset = saying(at, half).await;
+        socket2::SockRef::from(&reset)
+            .set_linger(Some(Duration::ZERO))
+            .expect("linger");
+        drop(reset);
+        let plain = client_hello(&[b"h2"]);
+        let _next = saying(at, &plain).await;
+        let arrival = tokio::time::timeout(SOON, main.recv()).await;
+        let arrival = arrival
+            .expect("the door's one place was let go")
+            .expect("an arrival");
+        assert_eq!(unread(&arrival, plain.len()), plain);
+        assert!(status.try_recv().is_err());
     }
 
     /// A call that finds every handshake place of the lane held (anyone may ask
