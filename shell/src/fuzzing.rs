@@ -103,9 +103,21 @@ pub fn stored_study(data: &[u8]) {
 }
 
 /// The proxy's door on its main port: the first bytes of a connection, read for
-/// the lane their ClientHello asks for, before any handshake.
+/// the lane their ClientHello asks for, before any handshake. The door decides on
+/// a peek, which may hold more than the first record: once decided, what came
+/// after must not change the answer.
 pub fn client_hello(data: &[u8]) {
-    let _ = crate::tls::lane::hello_lane(data);
+    use crate::tls::lane::{hello_lane, Hello};
+    let lane = hello_lane(data);
+    if lane != Hello::Incomplete {
+        let mut more = data.to_vec();
+        more.extend_from_slice(&[0x16, 0x03, 0x01, 0xff, 0xff]);
+        assert_eq!(
+            hello_lane(&more),
+            lane,
+            "bytes after the first record changed the lane"
+        );
+    }
 }
 
 /// A fuzz target: its name (the folder of its corpus) and its entry point.
