@@ -575,7 +575,10 @@ impl ProxyService {
 
     /// Refuses unless the caller is the user who opened study `id`.
     async fn authorize_user(&self, peer: Option<&Peer>, id: &str) -> Result<(), Refusal> {
-        let opened_by = self.with_study(id, |s| Ok(s.opened_by.clone())).await?;
+        // Who opened a study never changes: read without waiting for a fold or a
+        // release's write that holds its lock, so that a call refused for being
+        // a repeat is refused at once.
+        let opened_by = self.read_study(id, |s| Ok(s.opened_by.clone())).await?;
         Self::authorize(
             peer,
             Action::UseStudy {
@@ -2019,6 +2022,10 @@ mod tests {
                 async move { svc.release(request()).await }
             });
             releasing(&svc, 1).await;
+            // The first now stores its release under the study's lock, held up
+            // at the write: a second call that waited for that lock (to read who
+            // may call) would wait as long.
+            storing_under_lock(&svc).await;
             // Bounded: a second computation would wait for the held write too.
             let second = tokio::time::timeout(Duration::from_secs(5), svc.release(request()));
             let refused = second.await.expect("answered at once");
@@ -2300,6 +2307,24 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Waits until `s1`'s lock has been held for 100 ms on end (a transition
+    /// under it, held up at its write; a short read under it would not last).
+    async fn storing_under_lock(svc: &ProxyService) {
+        let cell = svc.cell("s1").expect("s1");
+        let mut held_for = 0;
+        for _ in 0..1000 {
+            held_for = match cell.try_lock() {
+                Some(_) => 0,
+                None => held_for + 1,
+            };
+            if held_for == 10 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the study's lock was never held on end");
     }
 
     /// Waits until `s1`'s view counts `owners` owners (the fold is done).
