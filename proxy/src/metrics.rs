@@ -15,7 +15,9 @@
 //!   `dpca_store_writes_total`: wall time spent writing and committing the state
 //!   file, the commits, and the writes they held (writes queued behind a commit
 //!   share the next);
-//! - `dpca_studies{phase}`: studies per phase, refreshed every second;
+//! - `dpca_studies{phase}`: studies per phase, refreshed every second, and as
+//!   `unreadable` those whose stored record this build cannot read (kept as
+//!   stored, not served);
 //! - `dpca_connections_refused_total{listener, reason}`: connections a listener
 //!   (`main`, `operator`, `status_lane`) let go before serving them, by
 //!   [`ConnectionRefusal`]:
@@ -162,8 +164,8 @@ pub fn release(seconds: f64) {
 
 /// The number of studies in each phase.
 pub fn phases<'a>(names: impl Iterator<Item = &'a str>) {
-    let mut counts = [0u32; 4];
-    const PHASES: [&str; 4] = ["collecting", "sealed", "released", "aborted"];
+    let mut counts = [0u32; 5];
+    const PHASES: [&str; 5] = ["collecting", "sealed", "released", "aborted", "unreadable"];
     for n in names {
         if let Some(i) = PHASES.iter().position(|p| *p == n) {
             counts[i] += 1;

@@ -26,7 +26,7 @@ use crate::cell::{Locked, StudyCell};
 use crate::limits::HeldStudy;
 use crate::per_key::{Held, PerKey};
 use crate::refusal::Refusal;
-use crate::store::{signed_count_to_wire, Announced, Store, StoreError, Ticket};
+use crate::store::{signed_count_to_wire, Announced, Loaded, Store, StoreError, Ticket};
 use crate::study::{ContributionOutcome, Phase, Released, SignedCount, Study};
 use crate::upload_slots::{Slot, SlotError, UploadSlots};
 use crate::ProxyConfig;
@@ -82,6 +82,53 @@ pub struct ProxyService {
     /// Studies this proxy's settings aborted at startup ([`not_served_here`]),
     /// never stored so: a proxy restarted with other settings serves them again.
     held_back: Arc<HashSet<String>>,
+    /// Study id -> why this build cannot read its stored record: kept as stored
+    /// (a build that reads it serves it again), and refused by name meanwhile.
+    unreadable: Arc<HashMap<String, String>>,
+}
+
+/// The studies a proxy restores from its state file at startup.
+#[derive(Default)]
+struct Restored {
+    studies: HashMap<String, SharedStudy>,
+    /// Those this proxy's settings abort ([`not_served_here`]).
+    held_back: HashSet<String>,
+    /// Study id -> why this build cannot read its record.
+    unreadable: HashMap<String, String>,
+}
+
+impl Restored {
+    /// What `loaded` restores under `config`: each study ticked to now, aborted
+    /// unstored if this proxy does not serve it, and each record it cannot read
+    /// named in the log, kept as stored and not served.
+    fn from(loaded: Loaded, config: &ProxyConfig) -> Self {
+        let mut restored = Self::default();
+        for mut study in loaded.studies {
+            study.tick(config.clock.now_ms());
+            if let Some(reason) = not_served_here(&study, config) {
+                study.phase = Phase::Aborted(reason);
+                restored.held_back.insert(study.id.clone());
+            }
+            tracing::info!(
+                study = %study.id,
+                phase = study.phase.name(),
+                owners_in = study.owners_in().len(),
+                "study restored"
+            );
+            restored
+                .studies
+                .insert(study.id.clone(), StudyCell::new(study));
+        }
+        for (id, reason) in loaded.unreadable {
+            tracing::error!(
+                study = %id,
+                %reason,
+                "study record unreadable by this build: kept as stored, not served"
+            );
+            restored.unreadable.insert(id, reason);
+        }
+        restored
+    }
 }
 
 /// Why this proxy does not serve a restored study, if it does not: one opened
@@ -101,40 +148,25 @@ fn not_served_here(study: &Study, config: &ProxyConfig) -> Option<String> {
 impl ProxyService {
     /// A service holding the studies of `config.state` (none without a state file).
     pub fn new(config: ProxyConfig) -> Result<Self, StoreError> {
-        let mut studies = HashMap::new();
-        let mut budgets = HashMap::new();
-        let mut held_back = HashSet::new();
-        let store = match &config.state {
+        let (store, budgets, restored) = match &config.state {
             Some(path) => {
                 let store = Store::open(path)?;
-                budgets = store.load_budgets()?;
-                for mut study in store.load_all()? {
-                    study.tick(config.clock.now_ms());
-                    if let Some(reason) = not_served_here(&study, &config) {
-                        study.phase = Phase::Aborted(reason);
-                        held_back.insert(study.id.clone());
-                    }
-                    tracing::info!(
-                        study = %study.id,
-                        phase = study.phase.name(),
-                        owners_in = study.owners_in().len(),
-                        "study restored"
-                    );
-                    studies.insert(study.id.clone(), StudyCell::new(study));
-                }
-                Some(Arc::new(store))
+                let budgets = store.load_budgets()?;
+                let restored = Restored::from(store.load_readable()?, &config);
+                (Some(Arc::new(store)), budgets, restored)
             }
-            None => None,
+            None => (None, HashMap::new(), Restored::default()),
         };
         Ok(Self {
             uploads: UploadSlots::new(config.max_concurrent_uploads, crate::upload_slots::LEASE),
             config,
-            studies: Arc::new(Mutex::new(studies)),
+            studies: Arc::new(Mutex::new(restored.studies)),
             uploading: PerKey::default(),
             releasing: PerKey::default(),
             store,
             budgets: Arc::new(Mutex::new(budgets)),
-            held_back: Arc::new(held_back),
+            held_back: Arc::new(restored.held_back),
+            unreadable: Arc::new(restored.unreadable),
         })
     }
 
@@ -441,10 +473,16 @@ impl ProxyService {
 
     /// Study `id`'s cell, found under the table's lock.
     fn cell(&self, id: &str) -> Result<SharedStudy, Refusal> {
-        self.table()?
-            .get(id)
-            .cloned()
-            .ok_or_else(|| Refusal::UnknownStudy(id.to_string()))
+        if let Some(cell) = self.table()?.get(id) {
+            return Ok(Arc::clone(cell));
+        }
+        Err(match self.unreadable.get(id) {
+            Some(reason) => Refusal::Unavailable(format!(
+                "study `{id}`: this proxy cannot read its stored record ({reason}); the record \
+                 is kept as it is, for a build that reads it"
+            )),
+            None => Refusal::UnknownStudy(id.to_string()),
+        })
     }
 
     /// Applies deadlines in the background. A study busy with a fold or a release
@@ -469,7 +507,8 @@ impl ProxyService {
                         }
                     }
                 }
-                crate::metrics::phases(phases.into_iter());
+                let unreadable = std::iter::repeat_n("unreadable", svc.unreadable.len());
+                crate::metrics::phases(phases.into_iter().chain(unreadable));
                 // A stopped store writes nothing until a restart.
                 if svc.store.as_ref().is_some_and(|st| st.stopped()) {
                     continue;
@@ -1577,6 +1616,35 @@ mod tests {
             phase_of(&ProxyService::new(config(&path, false)).expect("normal")),
             "aborted"
         );
+    }
+
+    /// A study whose stored record this build cannot read (here a record of a
+    /// later format, and one that is no record) no longer stops the proxy from
+    /// starting, and so from serving every other study: it is refused by name
+    /// with why, and its record is left as it was for a build that reads it.
+    #[test]
+    fn a_study_whose_record_cannot_be_read_is_refused_by_name_and_the_others_served() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        store_study(&path, u64::MAX, false);
+        let garbage = b"\xff\xff not a record".to_vec();
+        Store::open(&path)
+            .expect("store")
+            .put_raw_record("s2", &garbage);
+        let svc = ProxyService::new(config(&path, false)).expect("starts");
+        assert_eq!(phase_of(&svc), "collecting");
+        let err = rt()
+            .block_on(svc.with_study("s2", |_| Ok(())))
+            .expect_err("not served");
+        let status = Status::from(err);
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(
+            status.message().contains("`s2`") && status.message().contains("cannot read"),
+            "{status:?}"
+        );
+        drop(svc);
+        let store = Store::open(&path).expect("reopen");
+        assert_eq!(store.raw_record("s2"), Some(garbage));
     }
 
     /// A call on a study the proxy does not hold is refused as not found, naming

@@ -232,31 +232,21 @@ impl Store {
             let mut old = Vec::new();
             for entry in studies.iter().map_err(|e| self.err(e))? {
                 let (key, value) = entry.map_err(|e| self.err(e))?;
-                let key = key.value().to_string();
-                let rec = v1::StoredStudy::decode(value.value())
-                    .map_err(|e| self.record_error(&key, format!("undecodable record: {e}")))?;
-                if rec.format == 1 {
-                    old.push((key, rec));
+                // A record this build cannot read is left as it is: loading
+                // names it and serves the other studies (`load_readable`).
+                if let Some(moving) = format_1_width(value.value()) {
+                    old.push((key.value().to_string(), moving));
                 }
             }
             let mut rows = txn.open_table(CONTRIBUTORS).map_err(|e| self.err(e))?;
             let mut aggregates = txn.open_table(AGGREGATES).map_err(|e| self.err(e))?;
-            for (key, mut rec) in old {
+            for (key, (mut rec, width)) in old {
                 for row in std::mem::take(&mut rec.legacy_contributors) {
                     let bytes = row.encode_to_vec();
                     rows.insert((key.as_str(), row.owner_id.as_str()), bytes.as_slice())
                         .map_err(|e| self.err(e))?;
                 }
                 let aggregate = std::mem::take(&mut rec.legacy_aggregate);
-                let spec = rec
-                    .spec
-                    .as_ref()
-                    .ok_or_else(|| self.record_error(&key, "record without a spec".into()))?;
-                // The key alone: a format-1 spec is of an older layout, which
-                // loading then turns into an aborted study.
-                let width = PublicKey::from_bytes(&spec.public_key)
-                    .map_err(|e| self.record_error(&key, format!("spec: {e}")))?
-                    .ciphertext_bytes();
                 let per_slice = (SLICE_BYTES / width).max(1);
                 for (i, part) in aggregate.chunks(per_slice).enumerate() {
                     let mut slice = Vec::with_capacity(part.len() * width);
@@ -646,23 +636,66 @@ impl Store {
     }
 
     /// Every stored study, validated as on first arrival, its aggregate rebuilt
-    /// from the checkpoint and the contributions stored since.
+    /// from the checkpoint and the contributions stored since; the first record
+    /// this build cannot read is an error.
     pub fn load_all(&self) -> Result<Vec<Study>, StoreError> {
+        let loaded = self.load_readable()?;
+        match loaded.unreadable.into_iter().next() {
+            Some((key, reason)) => Err(self.record_error(&key, reason)),
+            None => Ok(loaded.studies),
+        }
+    }
+
+    /// [`Store::load_all`], with each study record this build cannot read (an
+    /// undecodable or invalid record or row, a newer format) set aside rather
+    /// than failing the whole load: one such study need not keep the proxy from
+    /// serving every other. Nothing of a record set aside is changed or removed.
+    /// A failure of the database itself is still an error.
+    pub fn load_readable(&self) -> Result<Loaded, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(STUDIES).map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
+        let mut loaded = Loaded::default();
         for entry in table.iter().map_err(|e| self.err(e))? {
             let (key, value) = entry.map_err(|e| self.err(e))?;
             let key = key.value().to_string();
-            let parts = self.read_parts(&txn, &key)?;
-            let study = from_record(&key, value.value(), parts)
-                .map_err(|reason| self.record_error(&key, reason))?;
+            let study = self.read_parts(&txn, &key).and_then(|parts| {
+                from_record(&key, value.value(), parts).map_err(|r| self.record_error(&key, r))
+            });
+            let study = match study {
+                Ok(study) => study,
+                Err(StoreError::Record { reason, .. }) => {
+                    loaded.unreadable.push((key, reason));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if matches!(study.phase, Phase::Collecting) {
                 lock(&self.collecting).insert(key);
             }
-            out.push(study);
+            loaded.studies.push(study);
         }
-        Ok(out)
+        Ok(loaded)
+    }
+
+    /// Writes `bytes` as study `key`'s record, as it is: a record this build
+    /// cannot read, for the tests of what loading makes of one.
+    #[cfg(test)]
+    pub(crate) fn put_raw_record(&self, key: &str, bytes: &[u8]) {
+        let txn = self.db.begin_write().expect("write");
+        txn.open_table(STUDIES)
+            .expect("studies")
+            .insert(key, bytes)
+            .expect("record");
+        txn.commit().expect("commit");
+    }
+
+    /// Study `key`'s record as stored, for the tests.
+    #[cfg(test)]
+    pub(crate) fn raw_record(&self, key: &str) -> Option<Vec<u8>> {
+        let txn = self.db.begin_read().expect("read");
+        let table = txn.open_table(STUDIES).expect("studies");
+        let value = table.get(key).expect("get");
+        value.map(|v| v.value().to_vec())
     }
 
     /// A study's rows besides its record, as stored.
@@ -754,6 +787,31 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A format-1 record to move, with its ciphertexts' width: `None` for a record
+/// of another format, or one this build cannot read (undecodable, with no spec
+/// or no valid key), which is left as stored.
+fn format_1_width(bytes: &[u8]) -> Option<(v1::StoredStudy, usize)> {
+    let rec = v1::StoredStudy::decode(bytes).ok()?;
+    if rec.format != 1 {
+        return None;
+    }
+    // The key alone: a format-1 spec is of an older layout, which loading then
+    // turns into an aborted study.
+    let width = PublicKey::from_bytes(&rec.spec.as_ref()?.public_key)
+        .ok()?
+        .ciphertext_bytes();
+    Some((rec, width))
+}
+
+/// What [`Store::load_readable`] found.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The studies this build reads.
+    pub studies: Vec<Study>,
+    /// Each study record it cannot read, by key, with why: left as stored.
+    pub unreadable: Vec<(String, String)>,
 }
 
 /// A study's stored rows besides its record: what [`from_record`] rebuilds it from.
@@ -1336,6 +1394,36 @@ mod tests {
         assert_eq!(l.phase.name(), "collecting");
         assert_eq!(l.spec.features[0], "a\x1b[2J");
         assert_eq!(l.contributors(), s.contributors());
+    }
+
+    #[test]
+    fn a_record_this_build_cannot_read_is_set_aside_and_the_others_load() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("state.redb")).expect("store");
+        let (s, _) = with_owner_a();
+        store.save_study(&s).expect("save");
+        let mut newer = to_record(&s);
+        newer.study_id = "s2".into();
+        newer.format = FORMAT + 1;
+        store.put_raw_record("s2", &newer.encode_to_vec());
+        store.put_raw_record("s3", b"\xff\xff not a record");
+        let loaded = store.load_readable().expect("the database reads");
+        let ids: Vec<_> = loaded.studies.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["s1"]);
+        let set_aside: Vec<_> = loaded.unreadable.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(set_aside, ["s2", "s3"]);
+        assert!(
+            loaded.unreadable[0].1.contains("format"),
+            "{:?}",
+            loaded.unreadable
+        );
+        // The strict load still refuses, naming the first.
+        let err = store
+            .load_all()
+            .expect_err("an unreadable record")
+            .to_string();
+        assert!(err.contains("`s2`"), "{err}");
+        assert_eq!(store.raw_record("s2"), Some(newer.encode_to_vec()));
     }
 
     #[test]
