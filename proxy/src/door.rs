@@ -368,7 +368,8 @@ mod tests {
             matches!(read, Ok(Ok(0) | Err(_))),
             "held after its client closed: {read:?}"
         );
-        // A reset instead of a FIN: closed with unsent data nowhere, at once.
+        // Then a reset instead of a FIN (lingering zero), and a client whose
+        // hello is whole: sorted once the door's one place is free again.
         let reset = saying(at, half).await;
         socket2::SockRef::from(&reset)
             .set_linger(Some(Duration::ZERO))

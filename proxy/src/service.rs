@@ -1626,10 +1626,11 @@ mod tests {
         );
     }
 
-    /// A study whose stored record this build cannot read (here a record of a
-    /// later format, and one that is no record) no longer stops the proxy from
-    /// starting, and so from serving every other study: it is refused by name
-    /// with why, and its record is left as it was for a build that reads it.
+    /// A study whose stored record this build cannot read (here one that is no
+    /// record, and one with a contributor row that is none) no longer stops the
+    /// proxy from starting, and so from serving every other study: it is refused
+    /// by name with why, and its record is left as it was for a build that
+    /// reads it.
     #[test]
     fn a_study_whose_record_cannot_be_read_is_refused_by_name_and_the_others_served() {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -1410,6 +1410,8 @@ mod tests {
         assert_eq!(l.contributors(), s.contributors());
     }
 
+    /// A record of a later format and one that is no record are set aside,
+    /// named and left as stored; the study beside them loads.
     #[test]
     fn a_record_this_build_cannot_read_is_set_aside_and_the_others_load() {
         let dir = tempfile::tempdir().expect("tempdir");
