@@ -24,17 +24,16 @@
 //! ([`spawn`]), so neither a busy main runtime nor the lane's handshakes delay
 //! its accepts.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use crate::listener::ConnectionCaps;
+use crate::listener::{ConnectionCaps, Places};
 use crate::metrics::{connection_refused as refused, ConnectionRefusal};
 use crate::per_key::Held;
-use crate::sources::{Block, Crowding, Sources};
+use crate::sources::{Block, Sources};
 use dpca_shell::tls::lane::{hello_lane, Hello, MAX_HELLO_BYTES};
 
 /// A connection through the door, on its way to a handshake: taken off the
@@ -68,7 +67,7 @@ pub struct StatusLane {
     /// Where a call goes for its handshake (on the lane's thread).
     pub queue: mpsc::Sender<Arrival>,
     /// The lane's handshake places, read, not taken, by the door.
-    pub places: crate::listener::HandshakePlaces,
+    pub places: Places,
 }
 
 impl StatusLane {
@@ -121,7 +120,7 @@ pub async fn open(
     // With no place the door would never accept.
     let handshakes = caps.handshakes.max(1);
     let all = caps.door_places.max(handshakes);
-    let places = Arc::new(Semaphore::new(all));
+    let places = Places::new(all);
     // A source's share of the door's places is its share of the handshakes.
     let sources = Sources::scaled(all / handshakes);
     loop {
@@ -132,9 +131,8 @@ pub async fn open(
         let Some((place, (io, addr))) = next else {
             return;
         };
-        let crowding = Crowding::of(places.available_permits(), all);
         // Past its source's cap the connection is closed at once (dropped here).
-        let Some(source) = sources.take(addr.ip(), crowding) else {
+        let Some(source) = sources.take(addr.ip(), places.crowding()) else {
             refused(name, ConnectionRefusal::SourceCap);
             continue;
         };
@@ -222,10 +220,10 @@ async fn read_hello(io: &TcpStream) -> std::io::Result<Hello> {
 /// of being closed and coming back, so hundreds of owners connecting in one
 /// instant each connect once.
 async fn place_then_accept(
-    places: &Arc<Semaphore>,
+    places: &Places,
     listener: &TcpListener,
 ) -> Option<(OwnedSemaphorePermit, (TcpStream, std::net::SocketAddr))> {
-    let place = Arc::clone(places).acquire_owned().await.ok()?;
+    let place = places.take().await?;
     Some((place, accept(listener).await))
 }
 
@@ -253,7 +251,6 @@ pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, std::net::Sock
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::listener::HandshakePlaces;
     use dpca_shell::testing::client_hello;
     use dpca_shell::tls::lane::STATUS_LANE_ALPN;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -269,7 +266,7 @@ mod tests {
 
     /// A sorting door on a loopback port with 8 places and a handshake timeout
     /// of 500 ms.
-    async fn sorting_door(status_room: usize, places: HandshakePlaces) -> Door {
+    async fn sorting_door(status_room: usize, places: Places) -> Door {
         sorting_door_sized(status_room, places, 8, Duration::from_millis(500)).await
     }
 
@@ -277,7 +274,7 @@ mod tests {
     /// handshake timeout.
     async fn sorting_door_sized(
         status_room: usize,
-        places: HandshakePlaces,
+        places: Places,
         door_places: usize,
         handshake_timeout: Duration,
     ) -> Door {
@@ -317,7 +314,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hello_asking_for_the_lane_goes_there_and_the_rest_the_usual_way() {
-        let (mut main, mut status, at) = sorting_door(4, HandshakePlaces::new(1)).await;
+        let (mut main, mut status, at) = sorting_door(4, Places::new(1)).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let _s = saying(at, &hinted).await;
         let arrival = tokio::time::timeout(SOON, status.recv()).await;
@@ -339,7 +336,7 @@ mod tests {
     /// A hello that comes in two parts is read whole before the door decides.
     #[tokio::test]
     async fn a_hello_in_parts_is_sorted_once_whole() {
-        let (mut main, mut status, at) = sorting_door(4, HandshakePlaces::new(1)).await;
+        let (mut main, mut status, at) = sorting_door(4, Places::new(1)).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let (first, rest) = hinted.split_at(hinted.len() / 2);
         let mut c = saying(at, first).await;
@@ -357,8 +354,7 @@ mod tests {
     #[tokio::test]
     async fn a_hello_cut_short_by_a_close_is_let_go_at_once() {
         let timeout = Duration::from_secs(60);
-        let (mut main, mut status, at) =
-            sorting_door_sized(4, HandshakePlaces::new(1), 1, timeout).await;
+        let (mut main, mut status, at) = sorting_door_sized(4, Places::new(1), 1, timeout).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let half = &hinted[..hinted.len() / 2];
         let mut c = saying(at, half).await;
@@ -390,7 +386,7 @@ mod tests {
     /// than wait there for one.
     #[tokio::test]
     async fn a_call_finding_the_lanes_places_held_goes_the_usual_way() {
-        let places = HandshakePlaces::new(1);
+        let places = Places::new(1);
         let _held = places.take().await;
         let (mut main, mut status, at) = sorting_door(4, places).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
@@ -405,7 +401,7 @@ mod tests {
     /// timeout, sent nowhere.
     #[tokio::test]
     async fn a_call_past_the_lanes_room_goes_the_usual_way_and_a_silent_one_is_closed() {
-        let (mut main, mut status, at) = sorting_door(1, HandshakePlaces::new(1)).await;
+        let (mut main, mut status, at) = sorting_door(1, Places::new(1)).await;
         let hinted = client_hello(&[b"h2", STATUS_LANE_ALPN]);
         let _first = saying(at, &hinted).await;
         let _second = saying(at, &hinted).await;

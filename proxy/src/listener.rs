@@ -336,19 +336,19 @@ pub fn capped_tls(
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
 ) -> TlsConnections {
-    let handshakes = HandshakePlaces::new(caps.handshakes);
+    let handshakes = Places::new(caps.handshakes);
     capped_tls_on(arrivals, caps, handshakes, acceptor, handshake_timeout)
 }
 
-/// A listener's handshake places, with how many there are (at least one: with
-/// none no handshake would ever start).
+/// A listener's places (at its door, or for its handshakes), with how many
+/// there are (at least one: with none nothing would ever be let in).
 #[derive(Clone)]
-pub struct HandshakePlaces {
+pub struct Places {
     free: Arc<Semaphore>,
     all: usize,
 }
 
-impl HandshakePlaces {
+impl Places {
     /// `n` places.
     pub fn new(n: usize) -> Self {
         let all = n.max(1);
@@ -370,7 +370,7 @@ impl HandshakePlaces {
     }
 
     /// Whether they run short.
-    fn crowding(&self) -> Crowding {
+    pub(crate) fn crowding(&self) -> Crowding {
         Crowding::of(self.free.available_permits(), self.all)
     }
 }
@@ -380,7 +380,7 @@ impl HandshakePlaces {
 pub fn capped_tls_on(
     mut arrivals: impl Stream<Item = Arrival> + Send + Unpin + 'static,
     caps: ConnectionCaps,
-    handshakes: HandshakePlaces,
+    handshakes: Places,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
 ) -> TlsConnections {
@@ -426,7 +426,7 @@ pub fn capped_tls_on(
 
 /// A handshake place, then the next arrival (`None` once the door is gone).
 async fn place_then_arrival(
-    places: &HandshakePlaces,
+    places: &Places,
     arrivals: &mut (impl Stream<Item = Arrival> + Unpin),
 ) -> Option<(OwnedSemaphorePermit, Arrival)> {
     use tokio_stream::StreamExt;

@@ -106,7 +106,7 @@ impl Drop for OperatorListener {
 pub struct StatusLane {
     /// The calls queued for their handshakes.
     arrivals: tokio::sync::mpsc::Receiver<crate::door::Arrival>,
-    places: crate::listener::HandshakePlaces,
+    places: crate::listener::Places,
 }
 
 /// A new status lane: the end the main port's door sends to (it reads the lane's
@@ -114,7 +114,7 @@ pub struct StatusLane {
 /// places and a queue of [`LANE_QUEUE`].
 pub fn status_lane() -> (crate::door::StatusLane, StatusLane) {
     let (queue, arrivals) = tokio::sync::mpsc::channel(LANE_QUEUE);
-    let places = crate::listener::HandshakePlaces::new(LANE_CAPS.handshakes);
+    let places = crate::listener::Places::new(LANE_CAPS.handshakes);
     let door = crate::door::StatusLane {
         queue,
         places: places.clone(),
