@@ -1029,7 +1029,6 @@ fn of_older_layout(
             wire.layout.max(1)
         ),
     };
-    let aggregate = Study::identity_aggregate(&spec.public_key, &layout);
     Study::restore(
         rec.study_id.clone(),
         spec,
@@ -1037,7 +1036,7 @@ fn of_older_layout(
         rec.noise_free,
         (!rec.opened_by.is_empty()).then(|| rec.opened_by.clone()),
         contributors,
-        aggregate,
+        Vec::new(),
         Phase::Aborted(reason),
         [0; 32],
     )
@@ -1096,6 +1095,11 @@ fn rebuild_aggregate(
     parts: &StoredParts,
 ) -> Result<Vec<Elem>, String> {
     let pk = &spec.public_key;
+    if matches!(phase, Phase::Aborted(_)) {
+        // Kept by no aborted study ([`Study::tick`]), nor read of one stored
+        // whole by a build before.
+        return Ok(Vec::new());
+    }
     let folded = parts.contributors.iter().filter(|c| !c.pending).count();
     let mut aggregate = if parts.checkpoint.is_empty() {
         if folded > 0 {
@@ -1203,6 +1207,33 @@ mod tests {
             rows!(PENDING, |k| k.0),
             rows!(AGGREGATES, |k| k.0),
         ]
+    }
+
+    /// A study its deadline aborts keeps no aggregate in the state file: with one
+    /// owner in, it would be that owner's own share, unnoised, for whoever holds
+    /// the file and the user's key. One a build before stored whole loads
+    /// without it.
+    #[test]
+    fn an_aborted_study_keeps_no_aggregate_in_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let store = Store::open_with(&path, 1).expect("open");
+        let mut s = study(2, 2);
+        store.save_study(&s).expect("save");
+        count(&store, &mut s, "a", 1);
+        let mut whole = s.clone();
+        whole.phase = Phase::Aborted("stored whole by a build before".into());
+        store.save_study(&whole).expect("save");
+        assert!(rows_of(&store, "s1")[3] > 0, "the old way keeps it");
+        let loaded = store.load_all().expect("load");
+        assert!(loaded[0].aggregate().is_empty(), "read of a record before");
+        s.tick(s.spec.deadline_unix_ms);
+        assert_eq!(s.phase.name(), "aborted");
+        store.save_study(&s).expect("save");
+        assert_eq!(rows_of(&store, "s1"), [1, 1, 0, 0]);
+        let loaded = store.load_all().expect("load");
+        assert_eq!(loaded[0].phase.name(), "aborted");
+        assert!(loaded[0].aggregate().is_empty());
     }
 
     /// A dropped study leaves no row in any table, and a study whose id it

@@ -271,10 +271,12 @@ impl Study {
         phase: Phase,
         noise_key: [u8; 32],
     ) -> Result<Self, String> {
-        // A released study keeps only E[N] of its aggregate.
-        let expected = match phase {
-            Phase::Released(_) => 1,
-            Phase::Collecting | Phase::Sealed | Phase::Aborted(_) => layout.owner_ciphertexts(),
+        // A released study keeps only E[N] of its aggregate, an aborted one none
+        // (one aborted by a build before that kept it whole: it is dropped here).
+        let (expected, aggregate) = match phase {
+            Phase::Released(_) => (1, aggregate),
+            Phase::Collecting | Phase::Sealed => (layout.owner_ciphertexts(), aggregate),
+            Phase::Aborted(_) => (0, Vec::new()),
         };
         if aggregate.len() != expected {
             return Err(format!(
@@ -486,6 +488,11 @@ impl Study {
                         format!("; missing: {}", missing.join(", "))
                     }
                 ));
+                // Nothing will be released: the exact sums of the owners in (one
+                // owner's own share, if one alone came) are kept neither here nor
+                // in the state file the abort is stored to.
+                self.aggregate = Arc::default();
+                self.noise_key = [0; 32];
             }
         }
     }
@@ -703,7 +710,10 @@ pub(crate) mod tests {
                 let expected: u64 = 1 + counted.iter().map(|(o, &c)| {
                     1 + 10 * o[1..].parse::<u64>().unwrap_or(0) + c as u64
                 }).sum::<u64>();
-                prop_assert_eq!(s.aggregate[0].to_big(), BigUint::from(expected));
+                match &s.phase {
+                    Phase::Aborted(_) => prop_assert!(s.aggregate.is_empty(), "an aborted study's sums kept"),
+                    _ => prop_assert_eq!(s.aggregate[0].to_big(), BigUint::from(expected)),
+                }
                 prop_assert!(s.owners_in().len() <= 4);
                 if s.owners_in().len() == 4 { prop_assert_eq!(s.phase.name(), "sealed"); }
             }
@@ -722,6 +732,9 @@ pub(crate) mod tests {
         s.tick(1_000);
         assert_eq!(s.phase.name(), "aborted");
         assert!(!s.open_at(0));
+        // `a`'s share alone, which nothing will release, is not kept.
+        assert!(s.aggregate.is_empty(), "the one owner's ciphertexts kept");
+        assert_eq!(s.noise_key(), &[0; 32]);
 
         let mut s = study(5, 2);
         s.contribute("a", "1", &fake_cts(&s, 1), add)
