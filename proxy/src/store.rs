@@ -922,7 +922,6 @@ pub fn to_record(study: &Study) -> v1::StoredStudy {
         ..Default::default()
     };
     match &study.phase {
-        Phase::Collecting | Phase::Sealed => rec.noise_key = study.noise_key().to_vec(),
         Phase::Aborted(reason) => rec.abort_reason = reason.clone(),
         Phase::Released(r) => {
             rec.released_n_rows = r.n_rows.unwrap_or(0);
@@ -932,6 +931,7 @@ pub fn to_record(study: &Study) -> v1::StoredStudy {
                 .map(|c| pk.ciphertext_to_bytes(c))
                 .collect();
         }
+        Phase::Collecting | Phase::Sealed => {}
     }
     rec
 }
@@ -985,7 +985,6 @@ pub fn from_record(key: &str, bytes: &[u8], parts: StoredParts) -> Result<Study,
     let spec = stored_spec_from_wire(wire).map_err(|e| format!("spec: {e}"))?;
     let layout = StudyLayout::new(&spec).map_err(|e| format!("layout: {e}"))?;
     let phase = phase_from_record(&rec, &spec, &contributors)?;
-    let noise_key = noise_key_from_record(&rec.noise_key)?;
     let aggregate = rebuild_aggregate(&spec, &layout, &phase, &parts)?;
     let opened_by = (!rec.opened_by.is_empty()).then(|| rec.opened_by.clone());
     let mut study = Study::restore(
@@ -997,7 +996,6 @@ pub fn from_record(key: &str, bytes: &[u8], parts: StoredParts) -> Result<Study,
         contributors,
         aggregate,
         phase,
-        noise_key,
     )?;
     for c in &parts.contributors {
         if let Some(sc) = &c.count {
@@ -1038,19 +1036,7 @@ fn of_older_layout(
         contributors,
         Vec::new(),
         Phase::Aborted(reason),
-        [0; 32],
     )
-}
-
-/// A record's noise key: none (zeros) in a record of a study opened before the
-/// key was, or past its release.
-fn noise_key_from_record(bytes: &[u8]) -> Result<[u8; 32], String> {
-    match bytes.len() {
-        0 => Ok([0; 32]),
-        _ => bytes
-            .try_into()
-            .map_err(|_| format!("noise key of {} bytes, not 32", bytes.len())),
-    }
 }
 
 fn phase_from_record(
@@ -1278,32 +1264,6 @@ mod tests {
         assert_eq!(loaded[0].aggregate(), longer.aggregate());
     }
 
-    /// The noise key is kept while the study collects and once it is sealed
-    /// (a release computed after a restart must be the one computed before), and
-    /// not past the release.
-    #[test]
-    fn the_noise_key_is_stored_until_the_release() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("state.redb");
-        let mut s = study(2, 2);
-        let reloaded_key = |s: &Study| {
-            let store = Store::open(&path).expect("open");
-            store.save_study(s).expect("save");
-            let loaded = store.load_all().expect("load");
-            *loaded[0].noise_key()
-        };
-        assert_eq!(reloaded_key(&s), [7; 32], "collecting");
-        let store = Store::open(&path).expect("open");
-        count(&store, &mut s, "a", 1);
-        count(&store, &mut s, "b", 2);
-        drop(store);
-        assert_eq!(s.phase.name(), "sealed");
-        assert_eq!(reloaded_key(&s), [7; 32], "sealed");
-        let released = s.compute_release(Some(10)).expect("release");
-        s.commit_release(released).expect("commit");
-        assert_eq!(reloaded_key(&s), [0; 32], "released");
-    }
-
     #[test]
     fn a_reopened_store_holds_every_transition_it_acknowledged() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1318,7 +1278,8 @@ mod tests {
             store.save_study(&s).expect("save opened");
             count(&store, &mut s, "a", 1);
             count(&store, &mut s, "b", 2);
-            let released = s.compute_release(Some(10)).expect("release");
+            let mut rng = ChaCha20Rng::seed_from_u64(9);
+            let released = s.compute_release(Some(10), &mut rng).expect("release");
             s.commit_release(released.clone()).expect("commit");
             store.save_study(&s).expect("save release");
             (s.clone(), released)

@@ -17,13 +17,12 @@ use std::sync::Arc;
 use dpca_common::arith::Elem;
 use dpca_common::dp::{Centering, NoisePlan};
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey};
-use dpca_common::protocol::{release, release_seed, ProtocolError, ReleaseSecrets};
+use dpca_common::protocol::{release, ProtocolError, ReleaseSecrets};
 use dpca_common::randomizer::{Randomizer, Randomness};
 use dpca_common::study::{StudyLayout, StudySpec};
 use num_bigint::BigUint;
 use num_traits::One;
-use rand::SeedableRng;
-use rand_chacha::ChaCha20Rng;
+use rand::{CryptoRng, RngCore};
 use rayon::prelude::*;
 
 /// Why a transition was refused. Carries ids, never data.
@@ -218,24 +217,11 @@ pub struct Study {
     /// Owner id -> its signed E[N_i], for the owners counted (`mask` over TLS);
     /// shared as the contributors are.
     signed_counts: Arc<BTreeMap<String, SignedCount>>,
-    /// The secret the release's randomness is derived under, with the aggregate
-    /// ([`release_seed`]), drawn at opening: a release computed again for the
-    /// same aggregate (after the state file was put back from a copy) is the same
-    /// release. Zeros once released (nothing that could recompute the noise is
-    /// kept past it), and for studies opened before the key was.
-    noise_key: [u8; 32],
 }
 
 impl Study {
-    /// A new study in `Collecting`, its release's randomness to be derived under
-    /// `noise_key` (a secret drawn for it).
-    pub fn new(
-        id: String,
-        spec: StudySpec,
-        layout: StudyLayout,
-        noise_free: bool,
-        noise_key: [u8; 32],
-    ) -> Self {
+    /// A new study in `Collecting`.
+    pub fn new(id: String, spec: StudySpec, layout: StudyLayout, noise_free: bool) -> Self {
         let aggregate = Arc::new(Self::identity_aggregate(&spec.public_key, &layout));
         Self {
             id,
@@ -247,7 +233,6 @@ impl Study {
             aggregate,
             phase: Phase::Collecting,
             signed_counts: Arc::default(),
-            noise_key,
         }
     }
 
@@ -269,7 +254,6 @@ impl Study {
         contributors: BTreeMap<String, String>,
         aggregate: Vec<Elem>,
         phase: Phase,
-        noise_key: [u8; 32],
     ) -> Result<Self, String> {
         // A released study keeps only E[N] of its aggregate, an aborted one none
         // (one aborted by a build before that kept it whole: it is dropped here).
@@ -306,22 +290,7 @@ impl Study {
             aggregate: Arc::new(aggregate),
             phase,
             signed_counts: Arc::default(),
-            noise_key,
         })
-    }
-
-    /// The secret its release's randomness is derived under (zeros once
-    /// released).
-    pub fn noise_key(&self) -> &[u8; 32] {
-        &self.noise_key
-    }
-
-    /// The generator of all of the release's randomness for `n_rows`, a function
-    /// of the noise key and the aggregate ([`release_seed`]).
-    fn release_rng(&self, n_rows: Option<u64>) -> ChaCha20Rng {
-        let pk = &self.spec.public_key;
-        let aggregate = self.aggregate.iter().map(|c| pk.elem_to_bytes(c));
-        ChaCha20Rng::from_seed(release_seed(&self.noise_key, &self.id, n_rows, aggregate))
     }
 
     /// Keeps a counted owner's signed `E[N_i]` for the user to check at the seal.
@@ -492,7 +461,6 @@ impl Study {
                 // owner's own share, if one alone came) are kept neither here nor
                 // in the state file the abort is stored to.
                 self.aggregate = Arc::default();
-                self.noise_key = [0; 32];
             }
         }
     }
@@ -538,20 +506,25 @@ impl Study {
     }
 
     /// Sealed -> Released: checks the request, plans and samples the noise and mask
-    /// and computes the release.
-    pub fn release(&mut self, opening: Option<&Opening>) -> Result<(), StudyError> {
+    /// once and computes the release. This is the only place noise is sampled.
+    pub fn release<R: RngCore + CryptoRng>(
+        &mut self,
+        opening: Option<&Opening>,
+        rng: &mut R,
+    ) -> Result<(), StudyError> {
         let n_rows = self.check_release(opening)?;
-        let released = self.compute_release(n_rows)?;
+        let released = self.compute_release(n_rows, rng)?;
         self.commit_release(released)
     }
 
     /// The release computation for the N [`Study::check_release`] returned, without
     /// changing state (callers run it off the async runtime, then commit with
-    /// [`Study::commit_release`]). This is the only place noise is sampled, from
-    /// [`Study::release_rng`]: computed again for the same aggregate, it gives the
-    /// same release.
-    pub fn compute_release(&self, n_rows: Option<u64>) -> Result<Released, StudyError> {
-        let rng = &mut self.release_rng(n_rows);
+    /// [`Study::commit_release`]).
+    pub fn compute_release<R: RngCore + CryptoRng>(
+        &self,
+        n_rows: Option<u64>,
+        rng: &mut R,
+    ) -> Result<Released, StudyError> {
         let spec = &self.spec;
         let plan = self.noise_plan(n_rows);
         let err = |source| StudyError::Release {
@@ -616,7 +589,6 @@ impl Study {
         // state file and the user's key cannot read the exact R and v.
         let count = self.aggregate.last().cloned();
         self.aggregate = Arc::new(count.into_iter().collect());
-        self.noise_key = [0; 32];
         Ok(())
     }
 }
@@ -629,6 +601,8 @@ pub(crate) mod tests {
     use dpca_common::paillier::SecretKey;
     use dpca_common::study::SpecDraft;
     use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha20Rng;
 
     pub(crate) fn key() -> &'static SecretKey {
         dpca_common::testing::test_key()
@@ -656,7 +630,7 @@ pub(crate) mod tests {
         .validate()
         .expect("the test study's spec");
         let layout = StudyLayout::new(&spec).expect("layout");
-        Study::new("s1".into(), spec, layout, false, [7; 32])
+        Study::new("s1".into(), spec, layout, false)
     }
 
     /// Ciphertext "multiplication" as integer addition, so aggregates are countable.
@@ -734,7 +708,6 @@ pub(crate) mod tests {
         assert!(!s.open_at(0));
         // `a`'s share alone, which nothing will release, is not kept.
         assert!(s.aggregate.is_empty(), "the one owner's ciphertexts kept");
-        assert_eq!(s.noise_key(), &[0; 32]);
 
         let mut s = study(5, 2);
         s.contribute("a", "1", &fake_cts(&s, 1), add)
@@ -818,59 +791,12 @@ pub(crate) mod tests {
             .expect("open")
     }
 
-    /// The plaintexts of a release, decrypted with the test key.
-    fn decrypted(r: &Released) -> Vec<BigUint> {
-        r.ciphertexts.iter().map(|c| key().decrypt(c)).collect()
-    }
-
-    /// A release computed again for the same aggregate is the same release, in
-    /// either centering: a state file put back from a copy taken while the study
-    /// was sealed gives the user no second noise draw to average. Under another
-    /// noise key, or of another aggregate, its noise is another.
-    #[test]
-    fn a_release_computed_again_for_the_same_aggregate_is_the_same_release() {
-        for centering in [Centering::DpMean, Centering::Mask] {
-            let mut rng = ChaCha20Rng::seed_from_u64(12);
-            let mut s = study_with(centering, 2, 1);
-            contribute_value(&mut s, "a", 1, &mut rng);
-            let one_owner = s.clone();
-            contribute_value(&mut s, "b", 1, &mut rng);
-            let n = (centering == Centering::Mask).then_some(2);
-            let first = s.compute_release(n).expect("release");
-            let again = s.clone().compute_release(n).expect("again");
-            let same = first.ciphertexts == again.ciphertexts;
-            assert!(same, "{centering:?}: another release of the same aggregate");
-            let mut other_key = s.clone();
-            other_key.noise_key = [8; 32];
-            let other_key = other_key.compute_release(n).expect("release");
-            assert_ne!(decrypted(&first), decrypted(&other_key), "{centering:?}");
-            // Another aggregate (`c`'s upload in place of `b`'s) is noised anew:
-            // the same noise on other sums would give their difference unnoised.
-            let mut other_sums = one_owner;
-            contribute_value(&mut other_sums, "c", 1, &mut rng);
-            let other_sums = other_sums.compute_release(n).expect("release");
-            assert_ne!(decrypted(&first), decrypted(&other_sums), "{centering:?}");
-        }
-    }
-
-    /// Past its release a study keeps no noise key: with the key and the aggregate
-    /// the noise could be computed again and taken off.
-    #[test]
-    fn a_released_study_keeps_no_noise_key() {
-        let mut rng = ChaCha20Rng::seed_from_u64(13);
-        let mut s = study_with(Centering::DpMean, 1, 1);
-        contribute_value(&mut s, "a", 1, &mut rng);
-        assert_eq!(s.noise_key(), &[7; 32]);
-        s.release(None).expect("release");
-        assert_eq!(s.noise_key(), &[0; 32]);
-    }
-
     #[test]
     fn a_mask_release_needs_a_proven_plausible_count_and_happens_once() {
         let mut s = study(2, 1);
         let mut rng = ChaCha20Rng::seed_from_u64(9);
         assert!(matches!(
-            s.release(None),
+            s.release(None, &mut rng),
             Err(StudyError::WrongPhase { .. })
         ));
         contribute_value(&mut s, "a", 1, &mut rng);
@@ -879,7 +805,7 @@ pub(crate) mod tests {
         let honest = opening(&s);
         assert_eq!(honest.plaintext, BigUint::from(2u32));
         assert!(matches!(
-            s.release(None),
+            s.release(None, &mut rng),
             Err(StudyError::CountNeeded { .. })
         ));
         // A user that claims fewer rows, with or without a made-up root, is refused:
@@ -895,13 +821,13 @@ pub(crate) mod tests {
             },
         ] {
             assert!(matches!(
-                s.release(Some(&lie)),
+                s.release(Some(&lie), &mut rng),
                 Err(StudyError::BadOpening { .. })
             ));
             assert_eq!(s.phase.name(), "sealed");
         }
         let count = s.encrypted_count();
-        s.release(Some(&honest)).expect("release");
+        s.release(Some(&honest), &mut rng).expect("release");
         // The exact aggregate is gone; E[N] stays for a retried AwaitSeal.
         assert_eq!(s.aggregate().len(), 1);
         assert_eq!(s.encrypted_count(), count);
@@ -915,7 +841,7 @@ pub(crate) mod tests {
         assert!(!first.is_empty());
         // A second request is refused and the release is unchanged.
         assert!(matches!(
-            s.release(Some(&honest)),
+            s.release(Some(&honest), &mut rng),
             Err(StudyError::WrongPhase { .. })
         ));
         match &s.phase {
@@ -933,7 +859,7 @@ pub(crate) mod tests {
         contribute_value(&mut s, "b", 60, &mut rng);
         let proven = opening(&s);
         assert!(matches!(
-            s.release(Some(&proven)),
+            s.release(Some(&proven), &mut rng),
             Err(StudyError::ImplausibleCount { n: 120, .. })
         ));
     }
@@ -945,10 +871,10 @@ pub(crate) mod tests {
         contribute_value(&mut s, "a", 3, &mut rng);
         let offered = opening(&s);
         assert!(matches!(
-            s.release(Some(&offered)),
+            s.release(Some(&offered), &mut rng),
             Err(StudyError::CountNotNeeded { .. })
         ));
-        s.release(None).expect("release");
+        s.release(None, &mut rng).expect("release");
         match &s.phase {
             Phase::Released(r) => assert_eq!(r.n_rows, None),
             other => panic!("phase {}", other.name()),

@@ -35,7 +35,7 @@ mod share;
 
 pub use central::central_release;
 pub use open::{open_release, ClassStats, Opened};
-pub use release::{release, release_seed, ReleaseSecrets};
+pub use release::{release, ReleaseSecrets};
 pub use share::{ClassRows, Share};
 
 use num_bigint::{BigInt, Sign};

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::ProtocolError;
 use crate::arith::{random_seed, Elem};
 use crate::dp::{Centering, NoisePlan};
-use crate::encoding::{length_prefixed_into, Segment, TriangleLayout};
+use crate::encoding::{Segment, TriangleLayout};
 use crate::paillier::{random_below, Ciphertext, PublicKey};
 use crate::radix::{self, RadixPowers};
 use crate::randomizer::Randomness;
@@ -82,49 +82,6 @@ impl ReleaseSecrets {
 fn in_ring(pk: &PublicKey, c: &Ciphertext) -> Elem {
     pk.ring().elem(&(&c.0 % pk.n_squared()))
 }
-
-/// The seed of all of a release's randomness (its noise, its mask, the
-/// randomizer's table and every re-randomization): HMAC-SHA-256, under the
-/// study's noise key, of the study's id, N where it was revealed, and the
-/// aggregate's ciphertexts (`aggregate`, each in its fixed-width bytes).
-///
-/// Why a function of the aggregate and not a fresh draw: a release computed
-/// again for the same aggregate must be the same release. The proxy computes
-/// a study's release once, but its memory of having done so is its state file,
-/// which an operator may put back from a copy taken while the study was sealed.
-/// A fresh draw would then hand the user a second noise sample of the same sums
-/// for the owners' one charge, and the mean of two halves the noise's variance.
-/// Why not a seed of the study alone: an aggregate of other owners (a copy
-/// taken while the study collected, then other uploads) must not get the same
-/// noise, or the difference of the two releases would be a sum with no noise.
-/// Why keyed: with the key a secret the proxy draws at opening, the noise is a
-/// PRF's output, as unpredictable to whoever knows part of the aggregate as a
-/// fresh draw (a key of zeros, for studies opened before the key, still makes
-/// the release a function of its aggregate).
-pub fn release_seed<B: AsRef<[u8]>>(
-    noise_key: &[u8; 32],
-    study_id: &str,
-    n_rows: Option<u64>,
-    aggregate: impl IntoIterator<Item = B>,
-) -> [u8; 32] {
-    use hmac::{Hmac, Mac};
-    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(noise_key)
-        .expect("HMAC takes keys of any length");
-    let n = match n_rows {
-        None => Vec::new(),
-        Some(n) => n.to_be_bytes().to_vec(),
-    };
-    let head: [&[u8]; 3] = [RELEASE_SEED_DOMAIN, study_id.as_bytes(), &n];
-    length_prefixed_into(&head, |b| mac.update(b));
-    for c in aggregate {
-        length_prefixed_into(&[c.as_ref()], |b| mac.update(b));
-    }
-    mac.finalize().into_bytes().into()
-}
-
-/// What [`release_seed`]'s MAC is of, first: no other use of the key can give
-/// the same output.
-const RELEASE_SEED_DOMAIN: &[u8] = b"dpca release randomness v1";
 
 /// Computes the released ciphertexts from the aggregate of all owners' contributions
 /// (`agg`, in owner layout order), the pooled count N and the study's secrets.
@@ -400,53 +357,6 @@ mod tests {
     use super::*;
     use crate::testing::{test_key, test_spec};
     use rand_chacha::ChaCha20Rng;
-
-    /// A frozen vector of the release seed (computed apart, with Python's `hmac`):
-    /// a change to what it is a MAC of would give a study restored from an older
-    /// state file another noise than its first release had.
-    #[test]
-    fn the_release_seed_is_the_mac_of_its_length_prefixed_parts() {
-        let key: [u8; 32] = std::array::from_fn(|i| i as u8);
-        let aggregate = [vec![1u8, 2, 3], vec![4, 5, 6]];
-        let seed = |n| hex::encode(release_seed(&key, "s1", n, &aggregate));
-        assert_eq!(
-            seed(None),
-            "3e8c5f7c509bcbb49668e536bff54ade0221fcb2659745ed45a312059c0c6499"
-        );
-        assert_eq!(
-            seed(Some(10)),
-            "cba5686d2d3cdeb0b5dc574d086ebbd31a301633d2b0be68050a4c951e55d6ec"
-        );
-    }
-
-    proptest::proptest! {
-        /// The seed follows every input: the same inputs give the same seed, and
-        /// another key, id, N or aggregate (one ciphertext changed, or one more)
-        /// another.
-        #[test]
-        fn the_release_seed_changes_with_every_input(
-            key in proptest::array::uniform32(proptest::prelude::any::<u8>()),
-            agg in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 1..8), 1..5),
-            n in proptest::prelude::any::<u64>(),
-            flip in proptest::prelude::any::<proptest::sample::Index>(),
-        ) {
-            let seed = release_seed(&key, "s1", Some(n), &agg);
-            proptest::prop_assert_eq!(seed, release_seed(&key, "s1", Some(n), &agg));
-            let mut other_key = key;
-            other_key[0] ^= 1;
-            proptest::prop_assert_ne!(seed, release_seed(&other_key, "s1", Some(n), &agg));
-            proptest::prop_assert_ne!(seed, release_seed(&key, "s2", Some(n), &agg));
-            proptest::prop_assert_ne!(seed, release_seed(&key, "s1", None, &agg));
-            proptest::prop_assert_ne!(seed, release_seed(&key, "s1", Some(n ^ 1), &agg));
-            let mut changed = agg.clone();
-            let i = flip.index(changed.len());
-            changed[i][0] ^= 1;
-            proptest::prop_assert_ne!(seed, release_seed(&key, "s1", Some(n), &changed));
-            let mut more = agg.clone();
-            more.push(vec![0]);
-            proptest::prop_assert_ne!(seed, release_seed(&key, "s1", Some(n), &more));
-        }
-    }
 
     /// Several segments to a row and several chunks of rows (M = 40, 3 slots, on a
     /// pool of two threads): every segment's mask term decrypts to
