@@ -40,6 +40,12 @@ struct Args {
     /// running aggregates survive a restart. One proxy per file.
     #[arg(long, default_value = "dpca-proxy.redb", env = "DPCA_PROXY_STATE")]
     state: PathBuf,
+    /// The release journal: every study released, so that none is released again
+    /// from a state file put back from an older copy. Keep it apart from the
+    /// state file's backups and never put it back (default: the state file's
+    /// path with `.released` added).
+    #[arg(long, env = "DPCA_PROXY_RELEASE_JOURNAL", value_name = "FILE")]
+    release_journal: Option<PathBuf>,
     /// Serve metrics in Prometheus text format at http://ADDR/metrics (off by
     /// default; counts and timings only, no study content).
     #[arg(long, env = "DPCA_METRICS_LISTEN", value_name = "ADDR")]
@@ -235,6 +241,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let config = crate::ProxyConfig {
         transport,
         state: Some(args.state),
+        release_journal: args.release_journal,
         allow_noise_free_for_testing: args.allow_noise_free_for_testing,
         max_concurrent_uploads: usize::from(args.max_concurrent_uploads),
         limits: args.limits.limits(),

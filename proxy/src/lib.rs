@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod operator;
 pub(crate) mod per_key;
 pub mod refusal;
+pub mod release_journal;
 pub mod service;
 pub mod sources;
 pub mod status;
@@ -42,6 +43,9 @@ pub struct ProxyConfig {
     pub transport: Transport,
     /// The state database (studies survive restarts); `None` keeps them in memory.
     pub state: Option<std::path::PathBuf>,
+    /// The release journal ([`release_journal`]), kept with a state database:
+    /// `None` puts it beside the database ([`release_journal::beside`]).
+    pub release_journal: Option<std::path::PathBuf>,
     /// Accept studies that ask for a noise-free release. Test-only: a noise-free
     /// release hands the user the exact scatter.
     pub allow_noise_free_for_testing: bool,

@@ -26,6 +26,7 @@ use crate::cell::{Locked, StudyCell};
 use crate::limits::HeldStudy;
 use crate::per_key::{Held, PerKey};
 use crate::refusal::Refusal;
+use crate::release_journal::ReleaseJournal;
 use crate::store::{signed_count_to_wire, Announced, Loaded, Store, StoreError, Ticket};
 use crate::study::{ContributionOutcome, Phase, Released, SignedCount, Study};
 use crate::upload_slots::{Slot, SlotError, UploadSlots};
@@ -85,6 +86,9 @@ pub struct ProxyService {
     /// Study id -> why this build cannot read its stored record: kept as stored
     /// (a build that reads it serves it again), and refused by name meanwhile.
     unreadable: Arc<HashMap<String, String>>,
+    /// Every study released, kept with the state file (none without one): a
+    /// study it names is never released again.
+    journal: Option<Arc<ReleaseJournal>>,
 }
 
 /// The studies a proxy restores from its state file at startup.
@@ -99,13 +103,24 @@ struct Restored {
 
 impl Restored {
     /// What `loaded` restores under `config`: each study ticked to now, aborted
-    /// unstored if this proxy does not serve it, and each record it cannot read
-    /// named in the log, kept as stored and not served.
-    fn from(loaded: Loaded, config: &ProxyConfig) -> Self {
+    /// unstored if this proxy does not serve it or `journal` says it was
+    /// released though the state file holds it unreleased, and each record it
+    /// cannot read named in the log, kept as stored and not served. A release
+    /// the journal misses (stored by a build before it) is journaled.
+    fn from(
+        loaded: Loaded,
+        config: &ProxyConfig,
+        journal: &ReleaseJournal,
+    ) -> Result<Self, StoreError> {
         let mut restored = Self::default();
         for mut study in loaded.studies {
             study.tick(config.clock.now_ms());
-            if let Some(reason) = not_served_here(&study, config) {
+            if matches!(study.phase, Phase::Released(_)) {
+                journal.record(&study.id)?;
+            }
+            let refused =
+                released_before(&study, journal).or_else(|| not_served_here(&study, config));
+            if let Some(reason) = refused {
                 study.phase = Phase::Aborted(reason);
                 restored.held_back.insert(study.id.clone());
             }
@@ -127,8 +142,24 @@ impl Restored {
             );
             restored.unreadable.insert(id, reason);
         }
-        restored
+        Ok(restored)
     }
+}
+
+/// Why a study the journal names as released, but the state file holds
+/// unreleased, is not served: the file was put back from a copy taken before the
+/// release, and a second release would draw the noise on the same sums again.
+fn released_before(study: &Study, journal: &ReleaseJournal) -> Option<String> {
+    let unreleased = !matches!(study.phase, Phase::Released(_) | Phase::Aborted(_));
+    (unreleased && journal.holds(&study.id)).then(|| {
+        format!(
+            "released before (release journal {}), but the state file holds it {}: \
+             it was put back from an older copy. Not released again: a second \
+             release would draw the noise on the same sums again; open a new study",
+            journal.path().display(),
+            study.phase.name()
+        )
+    })
 }
 
 /// Why this proxy does not serve a restored study, if it does not: one opened
@@ -148,14 +179,24 @@ fn not_served_here(study: &Study, config: &ProxyConfig) -> Option<String> {
 impl ProxyService {
     /// A service holding the studies of `config.state` (none without a state file).
     pub fn new(config: ProxyConfig) -> Result<Self, StoreError> {
-        let (store, budgets, restored) = match &config.state {
+        let (store, budgets, restored, journal) = match &config.state {
             Some(path) => {
                 let store = Store::open(path)?;
                 let budgets = store.load_budgets()?;
-                let restored = Restored::from(store.load_readable()?, &config);
-                (Some(Arc::new(store)), budgets, restored)
+                let journal = config
+                    .release_journal
+                    .clone()
+                    .unwrap_or_else(|| crate::release_journal::beside(path));
+                let journal = ReleaseJournal::open(&journal)?;
+                let restored = Restored::from(store.load_readable()?, &config, &journal)?;
+                (
+                    Some(Arc::new(store)),
+                    budgets,
+                    restored,
+                    Some(Arc::new(journal)),
+                )
             }
-            None => (None, HashMap::new(), Restored::default()),
+            None => (None, HashMap::new(), Restored::default(), None),
         };
         Ok(Self {
             uploads: UploadSlots::new(config.max_concurrent_uploads, crate::upload_slots::LEASE),
@@ -167,6 +208,7 @@ impl ProxyService {
             budgets: Arc::new(Mutex::new(budgets)),
             held_back: Arc::new(restored.held_back),
             unreadable: Arc::new(restored.unreadable),
+            journal,
         })
     }
 
@@ -347,14 +389,43 @@ impl ProxyService {
             Ok((snapshot, n_rows))
         })
         .await?;
+        self.check_not_journaled(id)?;
         let started = std::time::Instant::now();
         let released = self.compute_release(snapshot, n_rows).await?;
+        self.journal_release(id).await?;
         self.update_study(id, move |s| Ok(s.commit_release(released)?))
             .await?;
         let seconds = started.elapsed().as_secs_f64();
         crate::metrics::release(seconds);
         tracing::info!(study = %id, seconds, "release computed");
         Ok(())
+    }
+
+    /// Refuses the release of study `id` if the journal holds it: released
+    /// before (or journaled for a release a crash kept from the state file).
+    fn check_not_journaled(&self, id: &str) -> Result<(), Refusal> {
+        match &self.journal {
+            Some(j) if j.holds(id) => Err(Refusal::WrongPhase(format!(
+                "study {id} was released before (release journal {}): not released again",
+                j.path().display()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Journals the release of study `id`, synced, before it is stored: from
+    /// then on no state file, however old, has it released again.
+    async fn journal_release(&self, id: &str) -> Result<(), Refusal> {
+        let Some(journal) = self.journal.clone() else {
+            return Ok(());
+        };
+        let id = id.to_string();
+        blocking(move || {
+            journal
+                .record(&id)
+                .map_err(|e| Refusal::Internal(format!("study {id} not released: {e}")))
+        })
+        .await
     }
 
     /// The release of `snapshot` (checked for release) with `n_rows`, computed
@@ -1586,6 +1657,7 @@ mod tests {
         ProxyConfig {
             transport: Transport::InsecurePlaintext,
             state: Some(state.to_path_buf()),
+            release_journal: None,
             allow_noise_free_for_testing: test_mode,
             max_concurrent_uploads: 1,
             limits: crate::limits::Limits::default(),
@@ -2168,6 +2240,91 @@ mod tests {
         assert!(refused.message().contains("being computed"), "{refused:?}");
         assert_eq!(phase_of(&svc), "released");
         assert_eq!(svc.releasing.held(&s1), 0, "the slot was given back");
+    }
+
+    /// `s1` released by `svc`, the call's refusal if it is refused.
+    fn release_s1(svc: &ProxyService) -> Result<(), Status> {
+        use v1::proxy_server::Proxy;
+        let request = Request::new(v1::ReleaseRequest {
+            study_id: "s1".into(),
+            count: None,
+        });
+        rt().block_on(svc.release(request)).map(|_| ())
+    }
+
+    /// A state file put back from a copy taken while the study was sealed (an
+    /// operator restoring a backup): the restarted proxy must not release the
+    /// study again, which would be a second draw of noise on the same sums for
+    /// the owners' one charge. The release journal beside the file is not put
+    /// back with it.
+    #[test]
+    fn a_study_released_before_its_state_file_was_put_back_is_not_released_again() {
+        let (dir, svc) = sealed_dp_mean(2);
+        drop(svc);
+        let path = dir.path().join("state.redb");
+        let sealed = dir.path().join("sealed.redb");
+        std::fs::copy(&path, &sealed).expect("copy");
+        let svc = ProxyService::new(config(&path, false)).expect("restarts");
+        release_s1(&svc).expect("released");
+        drop(svc);
+        std::fs::copy(&sealed, &path).expect("put back");
+        let svc = ProxyService::new(config(&path, false)).expect("restarts");
+        let refused = release_s1(&svc).expect_err("released again");
+        assert_eq!(
+            refused.code(),
+            tonic::Code::FailedPrecondition,
+            "{refused:?}"
+        );
+        assert!(refused.message().contains("aborted"), "{refused:?}");
+        // The user waiting for the seal is told why.
+        use v1::proxy_server::Proxy;
+        let waiting = Request::new(v1::AwaitSealRequest {
+            study_id: "s1".into(),
+        });
+        let why = rt().block_on(svc.await_seal(waiting)).expect_err("sealed");
+        assert!(why.message().contains("released before"), "{why:?}");
+    }
+
+    /// The same with a copy taken while the study still collected: the uploads
+    /// after it are lost, and those sent again (in other ciphertexts) would make
+    /// an aggregate of the same sums whose release is a second draw.
+    #[test]
+    fn a_study_released_after_a_copy_taken_while_it_collected_is_not_served_again() {
+        let (dir, svc, cts) = collecting_with_features(Centering::DpMean, 2, 2);
+        let commit = |svc: &ProxyService, owner: &str| {
+            let counted = svc.commit_contribution(upload(owner), cts.clone(), None);
+            two_threads().block_on(counted).expect("counted");
+        };
+        commit(&svc, "a");
+        drop(svc);
+        let path = dir.path().join("state.redb");
+        let collecting = dir.path().join("collecting.redb");
+        std::fs::copy(&path, &collecting).expect("copy");
+        let svc = ProxyService::new(config(&path, false)).expect("restarts");
+        commit(&svc, "b");
+        release_s1(&svc).expect("released");
+        drop(svc);
+        std::fs::copy(&collecting, &path).expect("put back");
+        let svc = ProxyService::new(config(&path, false)).expect("restarts");
+        assert_eq!(phase_of(&svc), "aborted");
+        let again = svc.commit_contribution(upload("b"), cts.clone(), None);
+        let refused = two_threads().block_on(again).expect_err("counted again");
+        assert!(refused.to_string().contains("released before"), "{refused}");
+    }
+
+    /// A release journaled whose write to the state file failed is not computed
+    /// again, in this process or after a restart: closed rather than open.
+    #[test]
+    fn a_release_journaled_but_not_stored_is_not_computed_again() {
+        let (dir, svc) = sealed_dp_mean(2);
+        svc.store.as_ref().expect("a store").fail_next_commit();
+        release_s1(&svc).expect_err("not stored");
+        let refused = release_s1(&svc).expect_err("computed again");
+        assert!(refused.message().contains("released before"), "{refused:?}");
+        drop(svc);
+        let svc =
+            ProxyService::new(config(&dir.path().join("state.redb"), false)).expect("restarts");
+        assert_eq!(phase_of(&svc), "aborted");
     }
 
     /// A release whose caller goes away while it is computed or stored is still

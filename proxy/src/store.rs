@@ -113,6 +113,10 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The release journal kept beside the database could not be opened or
+    /// written.
+    #[error(transparent)]
+    Journal(#[from] crate::release_journal::JournalError),
     /// An earlier commit failed: nothing more is written until a restart reloads
     /// the file (what memory holds may rest on the write that failed).
     #[error("state database {}: {cause}", path.display())]

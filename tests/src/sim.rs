@@ -299,6 +299,7 @@ impl Sim {
                 pki().proxy.load(Role::Proxy).expect("proxy certificate"),
             )),
             state: Some(self.dir.path().join("proxy.redb")),
+            release_journal: None,
             allow_noise_free_for_testing: false,
             max_concurrent_uploads: dpca_proxy::DEFAULT_MAX_CONCURRENT_UPLOADS,
             limits: Default::default(),
