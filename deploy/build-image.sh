@@ -45,9 +45,9 @@ echo "dpca:x:65532:" >"$rootfs/etc/group"
 # where the image has nothing starts owned by root): up to 20 owners.
 parties="proxy user"
 for i in $(seq -w 1 20); do parties="$parties owner-$i"; done
-for d in tmp pki state invite own out; do mkdir -p "$rootfs/$d"; done
+for d in tmp pki state journal invite own out; do mkdir -p "$rootfs/$d"; done
 for p in $parties; do mkdir -p "$rootfs/pki/$p" "$rootfs/own/$p"; done
-find "$rootfs/tmp" "$rootfs/pki" "$rootfs/state" "$rootfs/invite" "$rootfs/own" "$rootfs/out" \
+find "$rootfs/tmp" "$rootfs/pki" "$rootfs/state" "$rootfs/journal" "$rootfs/invite" "$rootfs/own" "$rootfs/out" \
     -type d -exec chmod 1777 {} +
 
 docker build --quiet -t dpca:local "$root/deploy" >/dev/null
