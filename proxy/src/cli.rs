@@ -46,6 +46,12 @@ struct Args {
     /// path with `.released` added).
     #[arg(long, env = "DPCA_PROXY_RELEASE_JOURNAL", value_name = "FILE")]
     release_journal: Option<PathBuf>,
+    /// Serve with the release journal found, or start a new one if there is none,
+    /// whatever journal the state file was served with. Only if no study released
+    /// since the state file's copy was taken can be in it: a journal that
+    /// forgets a release lets it be released twice.
+    #[arg(long, env = "DPCA_PROXY_NEW_RELEASE_JOURNAL")]
+    new_release_journal: bool,
     /// Serve metrics in Prometheus text format at http://ADDR/metrics (off by
     /// default; counts and timings only, no study content).
     #[arg(long, env = "DPCA_METRICS_LISTEN", value_name = "ADDR")]
@@ -242,6 +248,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         transport,
         state: Some(args.state),
         release_journal: args.release_journal,
+        adopt_release_journal: args.new_release_journal,
         allow_noise_free_for_testing: args.allow_noise_free_for_testing,
         max_concurrent_uploads: usize::from(args.max_concurrent_uploads),
         limits: args.limits.limits(),

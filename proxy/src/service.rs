@@ -99,6 +99,9 @@ struct Restored {
     held_back: HashSet<String>,
     /// Study id -> why this build cannot read its record.
     unreadable: HashMap<String, String>,
+    /// Those the journal names as released though the file holds them
+    /// unreleased: aborted, to be stored so.
+    released_before: Vec<Study>,
 }
 
 impl Restored {
@@ -118,9 +121,12 @@ impl Restored {
             if matches!(study.phase, Phase::Released(_)) {
                 journal.record(&study.id)?;
             }
-            let refused =
-                released_before(&study, journal).or_else(|| not_served_here(&study, config));
-            if let Some(reason) = refused {
+            if let Some(reason) = released_before(&study, journal) {
+                // For good (the journal is never put back): stored so, its sums
+                // and any contribution stored one by one dropped from the file.
+                study.abort(reason);
+                restored.released_before.push(study.clone());
+            } else if let Some(reason) = not_served_here(&study, config) {
                 study.phase = Phase::Aborted(reason);
                 restored.held_back.insert(study.id.clone());
             }
@@ -144,6 +150,33 @@ impl Restored {
         }
         Ok(restored)
     }
+}
+
+/// The release journal of the state file `store` (at `path`), checked against
+/// the name the file records, which is then the journal's.
+fn open_journal(
+    store: &Store,
+    path: &std::path::Path,
+    config: &ProxyConfig,
+) -> Result<ReleaseJournal, StoreError> {
+    let at = config
+        .release_journal
+        .clone()
+        .unwrap_or_else(|| crate::release_journal::beside(path));
+    let recorded = store.release_journal()?;
+    // Not the injected entropy: a name is no draw a test replays.
+    let mut fresh = [0u8; 16];
+    rand::rngs::OsRng.fill_bytes(&mut fresh);
+    let expected = crate::release_journal::Expected {
+        name: recorded.as_deref(),
+        adopt: config.adopt_release_journal,
+        fresh_name: hex::encode(fresh),
+    };
+    let journal = ReleaseJournal::open(&at, expected)?;
+    if recorded.as_deref() != Some(journal.name()) {
+        store.set_release_journal(journal.name())?;
+    }
+    Ok(journal)
 }
 
 /// Why a study the journal names as released, but the state file holds
@@ -183,12 +216,11 @@ impl ProxyService {
             Some(path) => {
                 let store = Store::open(path)?;
                 let budgets = store.load_budgets()?;
-                let journal = config
-                    .release_journal
-                    .clone()
-                    .unwrap_or_else(|| crate::release_journal::beside(path));
-                let journal = ReleaseJournal::open(&journal)?;
+                let journal = open_journal(&store, path, &config)?;
                 let restored = Restored::from(store.load_readable()?, &config, &journal)?;
+                for study in &restored.released_before {
+                    store.save_study(study)?;
+                }
                 (
                     Some(Arc::new(store)),
                     budgets,
@@ -1658,6 +1690,7 @@ mod tests {
             transport: Transport::InsecurePlaintext,
             state: Some(state.to_path_buf()),
             release_journal: None,
+            adopt_release_journal: false,
             allow_noise_free_for_testing: test_mode,
             max_concurrent_uploads: 1,
             limits: crate::limits::Limits::default(),
@@ -2310,6 +2343,43 @@ mod tests {
         let again = svc.commit_contribution(upload("b"), cts.clone(), None);
         let refused = two_threads().block_on(again).expect_err("counted again");
         assert!(refused.to_string().contains("released before"), "{refused}");
+        // The abort is stored for good: `a`'s ciphertexts, stored one by one in
+        // the copy, and the sums are gone from the file.
+        let store = svc.store.clone().expect("a store");
+        assert!(
+            !store.has_pending("s1"),
+            "an owner's ciphertexts left one by one"
+        );
+        drop((svc, store));
+        let loaded = Store::open(&path)
+            .expect("reopen")
+            .load_all()
+            .expect("load");
+        assert_eq!(loaded[0].phase.name(), "aborted");
+        assert!(loaded[0].aggregate().is_empty(), "the sums kept");
+    }
+
+    /// A state file served with a release journal that is gone (deleted, moved,
+    /// a volume not mounted) does not start the proxy: a journal started afresh
+    /// would forget every release. `--new-release-journal` starts one anyway.
+    #[test]
+    fn a_proxy_whose_release_journal_is_gone_does_not_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        drop(ProxyService::new(config(&path, false)).expect("starts"));
+        let journal = crate::release_journal::beside(&path);
+        std::fs::remove_file(&journal).expect("the journal is there");
+        let Err(err) = ProxyService::new(config(&path, false)) else {
+            panic!("started with its journal gone");
+        };
+        assert!(err.to_string().contains("is missing"), "{err}");
+        assert!(!journal.exists(), "started afresh");
+        let adopt = ProxyConfig {
+            adopt_release_journal: true,
+            ..config(&path, false)
+        };
+        drop(ProxyService::new(adopt).expect("a new journal, asked for"));
+        drop(ProxyService::new(config(&path, false)).expect("and served with since"));
     }
 
     /// A release journaled whose write to the state file failed is not computed

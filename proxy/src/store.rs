@@ -75,6 +75,11 @@ const AGGREGATES: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("ag
 
 /// Owner id -> encoded [`v1::StoredBudget`].
 const BUDGETS: TableDefinition<&str, &[u8]> = TableDefinition::new("budgets");
+/// What the file records of how it is served: the name of its release journal
+/// under [`RELEASE_JOURNAL`].
+const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+/// [`META`]'s key of the release journal's name ([`crate::release_journal`]).
+const RELEASE_JOURNAL: &str = "release_journal";
 
 /// The record format this proxy writes and reads.
 const FORMAT: u32 = 2;
@@ -216,6 +221,7 @@ impl Store {
         txn.open_table(PENDING).map_err(|e| store.err(e))?;
         txn.open_table(AGGREGATES).map_err(|e| store.err(e))?;
         txn.open_table(BUDGETS).map_err(|e| store.err(e))?;
+        txn.open_table(META).map_err(|e| store.err(e))?;
         txn.commit().map_err(|e| store.err(e))?;
         store.migrate_format_1()?;
         let pending = store.read_pending_owners()?;
@@ -621,6 +627,28 @@ impl Store {
             .map_err(|e| self.err(e))?;
         pending.remove(id);
         Ok(())
+    }
+
+    /// The name of the release journal this file was last served with, if it
+    /// was ever served with one.
+    pub fn release_journal(&self) -> Result<Option<String>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(META).map_err(|e| self.err(e))?;
+        let name = table.get(RELEASE_JOURNAL).map_err(|e| self.err(e))?;
+        Ok(name.map(|n| n.value().to_string()))
+    }
+
+    /// Records that this file is served with the release journal `name`
+    /// (at startup, before any other write).
+    pub fn set_release_journal(&self, name: &str) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut table = txn.open_table(META).map_err(|e| self.err(e))?;
+            table
+                .insert(RELEASE_JOURNAL, name)
+                .map_err(|e| self.err(e))?;
+        }
+        txn.commit().map_err(|e| self.err(e))
     }
 
     /// Every owner's stored budget.

@@ -447,7 +447,7 @@ impl Study {
                 self.phase = Phase::Sealed;
             } else {
                 let missing = self.owners_missing();
-                self.phase = Phase::Aborted(format!(
+                self.abort(format!(
                     "deadline passed with {} of at least {} owners{}",
                     self.contributors.len(),
                     self.spec.min_owners,
@@ -457,12 +457,16 @@ impl Study {
                         format!("; missing: {}", missing.join(", "))
                     }
                 ));
-                // Nothing will be released: the exact sums of the owners in (one
-                // owner's own share, if one alone came) are kept neither here nor
-                // in the state file the abort is stored to.
-                self.aggregate = Arc::default();
             }
         }
+    }
+
+    /// Aborts the study for good, for `reason`. Nothing will be released: the
+    /// exact sums of the owners in (one owner's own share, if one alone came)
+    /// are kept neither here nor in the state file the abort is stored to.
+    pub fn abort(&mut self, reason: String) {
+        self.phase = Phase::Aborted(reason);
+        self.aggregate = Arc::default();
     }
 
     /// Checks a request for the release and returns the N its noise is to be
