@@ -271,7 +271,8 @@ pub fn try_spawn_proxy(
     try_spawn_proxy_with(pki, state, listen, test_mode, &[])
 }
 
-fn try_spawn_proxy_with(
+/// As [`try_spawn_proxy`], with further flags for the proxy.
+pub fn try_spawn_proxy_with(
     pki: &DevPki,
     state: &Path,
     listen: &str,

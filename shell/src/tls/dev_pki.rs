@@ -36,6 +36,63 @@ impl DevPki {
             .find(|(n, _)| n == name)
             .map(|(_, f)| f)
     }
+
+    /// A revocation list (PEM) of the development CA naming the certificates of
+    /// the users and owners `revoked`: for trials of the proxy's `--tls-crl`.
+    pub fn revocation_list(&self, revoked: &[&str]) -> Result<String, TlsError> {
+        use rcgen::{
+            CertificateRevocationListParams, KeyIdMethod, RevocationReason, RevokedCertParams,
+            SerialNumber,
+        };
+        let now = time::OffsetDateTime::now_utc();
+        let mut revoked_certs = Vec::new();
+        for name in revoked {
+            let files = self
+                .files(name)
+                .ok_or_else(|| TlsError::Flags(format!("no certificate of `{name}` to revoke")))?;
+            revoked_certs.push(RevokedCertParams {
+                serial_number: SerialNumber::from_slice(&serial_of(&files.cert)?),
+                revocation_time: now,
+                reason_code: Some(RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            });
+        }
+        let key_path = self.dir.join("ca.key");
+        let key = std::fs::read_to_string(&key_path).map_err(|source| TlsError::Read {
+            path: key_path,
+            source,
+        })?;
+        let issuer = Issuer::new(ca_params(now), KeyPair::from_pem(&key).map_err(generation)?);
+        let list = CertificateRevocationListParams {
+            this_update: now - time::Duration::days(1),
+            next_update: now + time::Duration::days(DEV_VALIDITY_DAYS),
+            crl_number: SerialNumber::from(now.unix_timestamp().unsigned_abs()),
+            issuing_distribution_point: None,
+            revoked_certs,
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        list.signed_by(&issuer)
+            .and_then(|l| l.pem())
+            .map_err(generation)
+    }
+}
+
+/// The serial number of the certificate at `path` (PEM).
+fn serial_of(path: &Path) -> Result<Vec<u8>, TlsError> {
+    let invalid = |reason: String| TlsError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let (_, block) =
+        x509_parser::pem::parse_x509_pem(&pem).map_err(|e| invalid(format!("not PEM: {e}")))?;
+    let cert = block
+        .parse_x509()
+        .map_err(|e| invalid(format!("not a certificate: {e}")))?;
+    Ok(cert.raw_serial().to_vec())
 }
 
 /// How long development certificates are valid.
@@ -202,6 +259,17 @@ fn set_validity(p: &mut CertificateParams, now: time::OffsetDateTime) {
     p.not_after = now + time::Duration::days(DEV_VALIDITY_DAYS);
 }
 
+/// The development CA's certificate, as issued at `now`: what it signs with,
+/// whether a certificate or a revocation list.
+fn ca_params(now: time::OffsetDateTime) -> CertificateParams {
+    let mut ca = CertificateParams::default();
+    ca.distinguished_name = subject("dpca development CA", "dpca-ca");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    set_validity(&mut ca, now);
+    ca
+}
+
 /// The development CA, its certificate written to every folder that holds
 /// certificates and its key to the top one.
 struct DevCa {
@@ -213,11 +281,7 @@ impl DevCa {
     fn new(dir: &Path, cert_dirs: &[PathBuf]) -> Result<Self, TlsError> {
         let now = time::OffsetDateTime::now_utc();
         let key = KeyPair::generate().map_err(generation)?;
-        let mut ca = CertificateParams::default();
-        ca.distinguished_name = subject("dpca development CA", "dpca-ca");
-        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        set_validity(&mut ca, now);
+        let ca = ca_params(now);
         let cert = ca.self_signed(&key).map_err(generation)?;
         for d in cert_dirs {
             write_file(&d.join("ca.pem"), cert.pem().as_bytes(), false)?;

@@ -240,6 +240,7 @@ impl TlsFiles {
             cert_pem,
             key_pem,
             me,
+            crls: Vec::new(),
         })
     }
 }
@@ -250,6 +251,20 @@ type ParsedIdentity = (
     Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
     tokio_rustls::rustls::pki_types::PrivateKeyDer<'static>,
 );
+
+/// Why `der` is not a revocation list `ca` issued and signed, if it is not.
+fn check_crl_of(der: &[u8], ca: &x509_parser::certificate::X509Certificate) -> Result<(), String> {
+    let (_, crl) = x509_parser::parse_x509_crl(der).map_err(|e| format!("does not parse: {e}"))?;
+    if crl.issuer().as_raw() != ca.subject().as_raw() {
+        return Err(format!(
+            "issued by `{}`, not by the CA (`{}`)",
+            crl.issuer(),
+            ca.subject()
+        ));
+    }
+    crl.verify_signature(ca.public_key())
+        .map_err(|e| format!("not signed by the CA's key: {e}"))
+}
 
 /// A configuration that rustls refused, as a [`TlsError::Config`].
 fn config_error(what: &str, e: &dyn fmt::Display) -> TlsError {
@@ -264,6 +279,9 @@ pub struct LoadedTls {
     key_pem: Vec<u8>,
     /// Who this party's certificate says it is.
     pub me: Peer,
+    /// The CA's revocation lists a client's certificate is checked against
+    /// (the proxy's `--tls-crl`); none, and no check, unless given.
+    crls: Vec<tokio_rustls::rustls::pki_types::CertificateRevocationListDer<'static>>,
 }
 
 impl fmt::Debug for LoadedTls {
@@ -285,15 +303,58 @@ impl LoadedTls {
         &self.ca_pem
     }
 
+    /// This party's files with the CA's certificate revocation lists in the PEM
+    /// file at `path` (one or more `X509 CRL` blocks): a client whose certificate
+    /// one of them lists is refused in the handshake. Each list must be the
+    /// CA's, signed by its key: one of another issuer would leave every client's
+    /// status unknown, and every client refused.
+    pub fn with_crls(mut self, path: &Path) -> Result<Self, TlsError> {
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::CertificateRevocationListDer;
+        let invalid = |reason: String| TlsError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let pem = std::fs::read(path).map_err(|source| TlsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid(format!("not a PEM revocation list: {e}")))?;
+        if crls.is_empty() {
+            return Err(invalid("holds no `X509 CRL` block".into()));
+        }
+        let (_, ca) = x509_parser::pem::parse_x509_pem(&self.ca_pem)
+            .map_err(|e| invalid(format!("the CA certificate: {e}")))?;
+        let ca = ca
+            .parse_x509()
+            .map_err(|e| invalid(format!("the CA certificate: {e}")))?;
+        for (i, der) in crls.iter().enumerate() {
+            check_crl_of(der, &ca).map_err(|r| invalid(format!("list {}: {r}", i + 1)))?;
+        }
+        self.crls = crls;
+        Ok(self)
+    }
+
     /// The proxy's TLS configuration, for its listener, which runs the handshake
     /// itself: its identity, client certificates required and checked against the
-    /// CA, and HTTP/2 by ALPN (as tonic's own server configuration).
+    /// CA (and its revocation lists, if given: [`LoadedTls::with_crls`]), and
+    /// HTTP/2 by ALPN (as tonic's own server configuration).
     pub fn rustls_server_config(&self) -> Result<tokio_rustls::rustls::ServerConfig, TlsError> {
         use tokio_rustls::rustls::server::WebPkiClientVerifier;
         use tokio_rustls::rustls::ServerConfig;
         let (roots, certs, key) = self.parsed()?;
+        let mut clients = WebPkiClientVerifier::builder(roots.into());
+        if !self.crls.is_empty() {
+            // The CA issues every party's certificate itself: the end entity's
+            // status is the one a list gives (an unknown one is refused).
+            clients = clients
+                .with_crls(self.crls.iter().cloned())
+                .only_check_end_entity_revocation();
+        }
         let verifier = Arc::new(PartyVerifier(
-            WebPkiClientVerifier::builder(roots.into())
+            clients
                 .build()
                 .map_err(|e| config_error("client verifier", &e))?,
         ));
@@ -459,6 +520,49 @@ mod tests {
 
     fn names(n: usize) -> Vec<String> {
         (1..=n).map(|i| format!("owner-{i:02}")).collect()
+    }
+
+    /// The proxy takes only its CA's revocation lists: one signed by another
+    /// key under the same name (which would leave every client's status unknown,
+    /// and every client refused), or a file holding none, is refused by name.
+    #[test]
+    fn a_revocation_list_must_be_the_cas() {
+        let dirs = [(); 2].map(|()| tempfile::tempdir().expect("tempdir"));
+        let [pki, other] = [0, 1].map(|i| {
+            write_dev_pki(dirs[i].path(), &names(1), &names(1), &["a".into()]).expect("pki")
+        });
+        let proxy = pki.proxy.load(Role::Proxy).expect("the proxy's files");
+        let write = |name: &str, body: &[u8]| {
+            let path = dirs[0].path().join(name);
+            std::fs::write(&path, body).expect("write");
+            path
+        };
+        let own = write(
+            "own.pem",
+            pki.revocation_list(&["a"]).expect("list").as_bytes(),
+        );
+        let checked = proxy.clone().with_crls(&own).expect("the CA's own list");
+        checked
+            .rustls_server_config()
+            .expect("a configuration with it");
+        let foreign = other.revocation_list(&["a"]).expect("list");
+        for (path, says) in [
+            (
+                write("foreign.pem", foreign.as_bytes()),
+                "not signed by the CA's key",
+            ),
+            (
+                write("none.pem", &std::fs::read(&pki.proxy.ca).expect("CA")),
+                "no `X509 CRL`",
+            ),
+        ] {
+            let err = proxy.clone().with_crls(&path).expect_err("refused");
+            assert!(err.to_string().contains(says), "{err}");
+            assert!(
+                err.to_string().contains(&path.display().to_string()),
+                "{err}"
+            );
+        }
     }
 
     #[test]

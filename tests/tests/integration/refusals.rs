@@ -8,7 +8,9 @@ use dpca_common::paillier::SecretKey;
 use dpca_common::study::LAYOUT_VERSION;
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
-use dpca_tests::{bin, describe, fixture, optdigits_spec, rt, run, submit, StudyFixture};
+use dpca_tests::{
+    bin, describe, fixture, optdigits_spec, rt, run, submit, try_spawn_proxy_with, StudyFixture,
+};
 use rand::rngs::OsRng;
 
 fn stderr(o: &std::process::Output) -> String {
@@ -462,6 +464,65 @@ fn wrong_certificates_and_roles_are_refused_without_state_change() {
     let o = f.owner("hospital-a", &f.good_file("second.csv", 20, 20));
     assert!(o.status.success(), "{}", describe(&o));
     assert_eq!(f.owners_in(), 2);
+}
+
+/// An owner whose certificate the CA revoked is refused in the handshake, at
+/// once, by a proxy restarted with the CA's revocation list (`--tls-crl`), and
+/// the others are served; a list of another CA stops the proxy before it
+/// listens. Before, a leaked owner's key could contribute as that owner, spend
+/// its budget and sign its counts until its certificate expired, and issuing
+/// the name again did not cut the old key off.
+#[test]
+fn a_revoked_certificate_is_refused_in_the_handshake() {
+    let mut f = fixture();
+    let data = f.good_file("good.csv", 20, 0);
+    let dir = f
+        .proxy
+        .state
+        .parent()
+        .expect("the state's folder")
+        .to_path_buf();
+    let write_list = |pki: &dpca_shell::tls::DevPki, name: &str| {
+        let path = dir.join(name);
+        let list = pki
+            .revocation_list(&["mallory"])
+            .expect("a revocation list");
+        std::fs::write(&path, list).expect("write the list");
+        path.to_str().expect("a UTF-8 path").to_string()
+    };
+    let own = write_list(&f.proxy.pki, "revoked.pem");
+    let (other_ca, _other_dir) = dpca_tests::dev_pki();
+    let foreign = write_list(&other_ca, "foreign.pem");
+    f.proxy.proc.0.kill().expect("stop the proxy");
+    f.proxy.proc.0.wait().expect("reap the proxy");
+    let (pki, state) = (&f.proxy.pki, &f.proxy.state);
+    let started = try_spawn_proxy_with(pki, state, "127.0.0.1:0", false, &["--tls-crl", &foreign]);
+    assert!(started.is_none(), "started with another CA's list");
+    let addr = f.url.trim_start_matches("https://").to_string();
+    // The port is free once the process is gone; give the kernel a moment if not.
+    let restarted = (0..50).find_map(|_| {
+        let p = try_spawn_proxy_with(pki, state, &addr, false, &["--tls-crl", &own]);
+        if p.is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        p
+    });
+    f.proxy.proc = restarted.expect("restarts with its CA's list").0;
+    let mut cmd = f.owner_cmd("mallory");
+    cmd.args(["--retry-for", "60"]);
+    let start = std::time::Instant::now();
+    let o = submit(cmd, &f.url, &f.study, &f.fingerprint, &data);
+    assert!(!o.status.success(), "a revoked certificate was accepted");
+    assert!(stderr(&o).contains("alert"), "{}", stderr(&o));
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(20),
+        "a revoked certificate was retried: {}",
+        stderr(&o)
+    );
+    assert_eq!(f.owners_in(), 0);
+    let o = f.owner("a", &data);
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(f.owners_in(), 1);
 }
 
 /// An owner whose certificate another CA issued: the proxy refuses it in the
