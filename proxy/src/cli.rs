@@ -46,12 +46,13 @@ struct Args {
     /// path with `.released` added).
     #[arg(long, env = "DPCA_PROXY_RELEASE_JOURNAL", value_name = "FILE")]
     release_journal: Option<PathBuf>,
-    /// Serve with the release journal found, or start a new one if there is none,
-    /// whatever journal the state file was served with. Only if no study released
-    /// since the state file's copy was taken can be in it: a journal that
-    /// forgets a release lets it be released twice.
-    #[arg(long, env = "DPCA_PROXY_NEW_RELEASE_JOURNAL")]
-    new_release_journal: bool,
+    /// Replace the release journal the state file was served with, named here
+    /// as the refusal names it, by the journal found, or a new one if there is
+    /// none. Only if no study released since the state file's copy was taken can
+    /// be in it: a journal that forgets a release lets it be released twice.
+    /// Naming the journal makes it act once: the file then records another.
+    #[arg(long, env = "DPCA_PROXY_NEW_RELEASE_JOURNAL", value_name = "NAME")]
+    new_release_journal: Option<String>,
     /// Serve metrics in Prometheus text format at http://ADDR/metrics (off by
     /// default; counts and timings only, no study content).
     #[arg(long, env = "DPCA_METRICS_LISTEN", value_name = "ADDR")]
@@ -61,8 +62,8 @@ struct Args {
     /// it where only operators reach (off by default).
     #[arg(long, env = "DPCA_OPERATOR_LISTEN", value_name = "ADDR")]
     operator_listen: Option<std::net::SocketAddr>,
-    /// The CA's certificate revocation lists (PEM, one or more `X509 CRL`
-    /// blocks, each signed by the CA): a party whose certificate one lists is
+    /// The CA's certificate revocation list (PEM, one `X509 CRL` block, signed
+    /// by the CA): an owner, user or operator whose certificate it lists is
     /// refused in the handshake. Read at startup: restart the proxy to take up a
     /// new list.
     #[arg(
@@ -262,7 +263,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         transport,
         state: Some(args.state),
         release_journal: args.release_journal,
-        adopt_release_journal: args.new_release_journal,
+        replace_release_journal: args.new_release_journal,
         allow_noise_free_for_testing: args.allow_noise_free_for_testing,
         max_concurrent_uploads: usize::from(args.max_concurrent_uploads),
         limits: args.limits.limits(),

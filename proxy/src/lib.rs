@@ -46,9 +46,11 @@ pub struct ProxyConfig {
     /// The release journal ([`release_journal`]), kept with a state database:
     /// `None` puts it beside the database ([`release_journal::beside`]).
     pub release_journal: Option<std::path::PathBuf>,
-    /// Serve with the release journal found, or a new one if there is none,
-    /// whatever journal the state file records (`--new-release-journal`).
-    pub adopt_release_journal: bool,
+    /// The name of the journal the state file records, to be replaced by the
+    /// journal found, or a new one if there is none (`--new-release-journal`):
+    /// once that is done the file records another name, and this no longer
+    /// matches it.
+    pub replace_release_journal: Option<String>,
     /// Accept studies that ask for a noise-free release. Test-only: a noise-free
     /// release hands the user the exact scatter.
     pub allow_noise_free_for_testing: bool,

@@ -17,7 +17,8 @@
 //! ([`crate::store::Store::release_journal`]): a journal that is gone (deleted,
 //! moved, a volume not mounted, a path changed) or another journal is refused at
 //! startup rather than started afresh, which would forget every release. Only
-//! `--new-release-journal` starts one anyway.
+//! `--new-release-journal NAME`, naming the journal the file records, starts one
+//! anyway, once.
 //!
 //! Written before the state file, so a crash between the two leaves a study
 //! journaled and not released: it is refused as if released (closed rather than
@@ -60,7 +61,7 @@ pub enum JournalError {
         what: &'static str,
     },
     /// The state file was served with a journal that is not there.
-    #[error("release journal {} is missing, but the state file was served with journal {expected}: a journal started afresh would forget every release, and a state file put back from an older copy could have a study released twice. Put the journal back (a copy of its newest), or start a new one with --new-release-journal only if no study released since that copy can be in the state file", path.display())]
+    #[error("release journal {} is missing, but the state file was served with journal {expected}: a journal started afresh would forget every release, and a state file put back from an older copy could have a study released twice. Put the journal back (a copy of its newest), or start a new one with --new-release-journal {expected} only if no study released since that copy can be in the state file", path.display())]
     Missing {
         /// Where it should be.
         path: PathBuf,
@@ -68,7 +69,7 @@ pub enum JournalError {
         expected: String,
     },
     /// The state file was served with another journal than this one.
-    #[error("release journal {} is journal {found}, but the state file was served with journal {expected}: point --release-journal at that one, or adopt this one with --new-release-journal only if it holds every study released", path.display())]
+    #[error("release journal {} is journal {found}, but the state file was served with journal {expected}: point --release-journal at that one, or adopt this one with --new-release-journal {expected} only if it holds every study released", path.display())]
     Other {
         /// The journal file.
         path: PathBuf,
@@ -76,6 +77,14 @@ pub enum JournalError {
         found: String,
         /// The name the state file records.
         expected: String,
+    },
+    /// `--new-release-journal` names another journal than the state file records.
+    #[error("--new-release-journal names journal {asked}, but the state file was served with journal {recorded}: name the journal it records, so that the flag replaces that one only")]
+    NotRecorded {
+        /// The name given.
+        asked: String,
+        /// The name the state file records.
+        recorded: String,
     },
     /// An append failed earlier: the journal takes no more until a restart.
     #[error("release journal {}: an earlier append failed ({cause}); nothing is released until the proxy is restarted", path.display())]
@@ -127,7 +136,14 @@ impl ReleaseJournal {
             path: path.to_path_buf(),
             source,
         };
-        let exists = path.try_exists().map_err(io)?;
+        // An empty file is one whose creation a crash cut short before its
+        // first line: new, unless the state file records a journal.
+        let empty = std::fs::metadata(path).map(|m| m.len() == 0);
+        let exists = match empty {
+            Ok(empty) => !(empty && (expected.name.is_none() || expected.adopt)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(io(e)),
+        };
         if !exists {
             if let (Some(name), false) = (expected.name, expected.adopt) {
                 return Err(JournalError::Missing {
@@ -356,6 +372,24 @@ mod tests {
         };
         let journal = ReleaseJournal::open(&path, adopted).expect("adopted");
         assert_eq!(journal.name(), "j1");
+    }
+
+    /// A journal whose creation a crash cut short before its first line was on
+    /// disk is empty: taken as new while the state file records none.
+    #[test]
+    fn an_empty_journal_nothing_records_is_taken_as_new() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j");
+        std::fs::write(&path, "").expect("write");
+        let journal = ReleaseJournal::open(&path, new(None)).expect("taken as new");
+        assert_eq!(journal.name(), "j1");
+        drop(journal);
+        std::fs::write(&path, "").expect("write");
+        let err = ReleaseJournal::open(&path, new(Some("j1"))).expect_err("recorded");
+        assert!(
+            matches!(err, JournalError::Damaged { line: 1, .. }),
+            "{err}"
+        );
     }
 
     #[test]

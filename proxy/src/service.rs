@@ -26,7 +26,7 @@ use crate::cell::{Locked, StudyCell};
 use crate::limits::HeldStudy;
 use crate::per_key::{Held, PerKey};
 use crate::refusal::Refusal;
-use crate::release_journal::ReleaseJournal;
+use crate::release_journal::{JournalError, ReleaseJournal};
 use crate::store::{signed_count_to_wire, Announced, Loaded, Store, StoreError, Ticket};
 use crate::study::{ContributionOutcome, Phase, Released, SignedCount, Study};
 use crate::upload_slots::{Slot, SlotError, UploadSlots};
@@ -164,19 +164,51 @@ fn open_journal(
         .clone()
         .unwrap_or_else(|| crate::release_journal::beside(path));
     let recorded = store.release_journal()?;
+    let replace = config.replace_release_journal.as_deref();
+    if let (Some(asked), Some(recorded)) = (replace, recorded.as_deref()) {
+        if asked != recorded {
+            return Err(JournalError::NotRecorded {
+                asked: asked.to_string(),
+                recorded: recorded.to_string(),
+            }
+            .into());
+        }
+    }
     // Not the injected entropy: a name is no draw a test replays.
     let mut fresh = [0u8; 16];
     rand::rngs::OsRng.fill_bytes(&mut fresh);
     let expected = crate::release_journal::Expected {
         name: recorded.as_deref(),
-        adopt: config.adopt_release_journal,
+        adopt: replace.is_some(),
         fresh_name: hex::encode(fresh),
     };
     let journal = ReleaseJournal::open(&at, expected)?;
+    warn_if_beside(&at, path);
     if recorded.as_deref() != Some(journal.name()) {
         store.set_release_journal(journal.name())?;
+        tracing::warn!(
+            journal = %at.display(),
+            name = journal.name(),
+            was = recorded.as_deref().unwrap_or("none"),
+            "the state file is now served with this release journal"
+        );
     }
     Ok(journal)
+}
+
+/// Warns if the release journal at `journal` is on the filesystem of the state
+/// file at `state`: a snapshot of that filesystem put back whole puts the
+/// journal back with the state, and a study released since could be released
+/// again.
+fn warn_if_beside(journal: &std::path::Path, state: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let device = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    if device(journal).is_some() && device(journal) == device(state) {
+        tracing::warn!(
+            journal = %journal.display(),
+            "the release journal is on the state file's filesystem: a snapshot of it put back whole would put the journal back too; put it elsewhere with --release-journal (docs/DEPLOYING.md)"
+        );
+    }
 }
 
 /// Why a study the journal names as released, but the state file holds
@@ -1690,7 +1722,7 @@ mod tests {
             transport: Transport::InsecurePlaintext,
             state: Some(state.to_path_buf()),
             release_journal: None,
-            adopt_release_journal: false,
+            replace_release_journal: None,
             allow_noise_free_for_testing: test_mode,
             max_concurrent_uploads: 1,
             limits: crate::limits::Limits::default(),
@@ -2374,12 +2406,27 @@ mod tests {
         };
         assert!(err.to_string().contains("is missing"), "{err}");
         assert!(!journal.exists(), "started afresh");
-        let adopt = ProxyConfig {
-            adopt_release_journal: true,
+        let name = |err: StoreError| match err {
+            StoreError::Journal(JournalError::Missing { expected, .. }) => expected,
+            other => panic!("{other}"),
+        };
+        let recorded = name(err);
+        let replacing = |name: &str| ProxyConfig {
+            replace_release_journal: Some(name.to_string()),
             ..config(&path, false)
         };
-        drop(ProxyService::new(adopt).expect("a new journal, asked for"));
+        let Err(err) = ProxyService::new(replacing("another")) else {
+            panic!("replaced a journal the file does not record");
+        };
+        assert!(err.to_string().contains("another"), "{err}");
+        drop(ProxyService::new(replacing(&recorded)).expect("a new journal, asked for"));
         drop(ProxyService::new(config(&path, false)).expect("and served with since"));
+        // The flag acts once: left set, it no longer names the recorded journal.
+        std::fs::remove_file(&journal).expect("the new journal is there");
+        let Err(err) = ProxyService::new(replacing(&recorded)) else {
+            panic!("the flag acted twice");
+        };
+        assert!(err.to_string().contains(&recorded), "{err}");
     }
 
     /// A release journaled whose write to the state file failed is not computed

@@ -300,7 +300,7 @@ impl Sim {
             )),
             state: Some(self.dir.path().join("proxy.redb")),
             release_journal: None,
-            adopt_release_journal: false,
+            replace_release_journal: None,
             allow_noise_free_for_testing: false,
             max_concurrent_uploads: dpca_proxy::DEFAULT_MAX_CONCURRENT_UPLOADS,
             limits: Default::default(),

@@ -263,7 +263,29 @@ fn check_crl_of(der: &[u8], ca: &x509_parser::certificate::X509Certificate) -> R
         ));
     }
     crl.verify_signature(ca.public_key())
-        .map_err(|e| format!("not signed by the CA's key: {e}"))
+        .map_err(|e| format!("not signed by the CA's key: {e}"))?;
+    // Lists the handshake would find cover no party's certificate, and refuse
+    // every client: said now rather than at the first handshake.
+    use x509_parser::oid_registry::{
+        OID_X509_EXT_DELTA_CRL_INDICATOR, OID_X509_EXT_ISSUER_DISTRIBUTION_POINT,
+    };
+    for ext in crl.extensions() {
+        if ext.oid == OID_X509_EXT_ISSUER_DISTRIBUTION_POINT {
+            return Err(
+                "its scope is limited (issuing distribution point): give a full list".into(),
+            );
+        }
+        if ext.oid == OID_X509_EXT_DELTA_CRL_INDICATOR {
+            return Err("it is a delta list: give a full list".into());
+        }
+    }
+    match ca.key_usage() {
+        Ok(Some(usage)) if !usage.value.crl_sign() => {
+            Err("the CA's key usage does not allow it to sign lists (cRLSign)".into())
+        }
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("the CA's key usage does not parse: {e}")),
+    }
 }
 
 /// A configuration that rustls refused, as a [`TlsError::Config`].
@@ -303,11 +325,11 @@ impl LoadedTls {
         &self.ca_pem
     }
 
-    /// This party's files with the CA's certificate revocation lists in the PEM
-    /// file at `path` (one or more `X509 CRL` blocks): a client whose certificate
-    /// one of them lists is refused in the handshake. Each list must be the
-    /// CA's, signed by its key: one of another issuer would leave every client's
-    /// status unknown, and every client refused.
+    /// This party's files with the CA's certificate revocation list in the PEM
+    /// file at `path` (one `X509 CRL` block): a client whose certificate it
+    /// lists is refused in the handshake. It must be the CA's, signed by its
+    /// key, and a full list: one the handshake would find covers no certificate
+    /// would leave every client's status unknown, and every client refused.
     pub fn with_crls(mut self, path: &Path) -> Result<Self, TlsError> {
         use tokio_rustls::rustls::pki_types::pem::PemObject;
         use tokio_rustls::rustls::pki_types::CertificateRevocationListDer;
@@ -322,16 +344,24 @@ impl LoadedTls {
         let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| invalid(format!("not a PEM revocation list: {e}")))?;
-        if crls.is_empty() {
-            return Err(invalid("holds no `X509 CRL` block".into()));
+        match crls.len() {
+            0 => return Err(invalid("holds no `X509 CRL` block".into())),
+            1 => {}
+            n => {
+                return Err(invalid(format!(
+                    "holds {n} lists: of lists of one CA, the handshake reads the first \
+                     alone, so a later one's revocations would not count; give the CA's \
+                     newest list alone"
+                )))
+            }
         }
         let (_, ca) = x509_parser::pem::parse_x509_pem(&self.ca_pem)
             .map_err(|e| invalid(format!("the CA certificate: {e}")))?;
         let ca = ca
             .parse_x509()
             .map_err(|e| invalid(format!("the CA certificate: {e}")))?;
-        for (i, der) in crls.iter().enumerate() {
-            check_crl_of(der, &ca).map_err(|r| invalid(format!("list {}: {r}", i + 1)))?;
+        for der in &crls {
+            check_crl_of(der, &ca).map_err(invalid)?;
         }
         self.crls = crls;
         Ok(self)
@@ -522,9 +552,10 @@ mod tests {
         (1..=n).map(|i| format!("owner-{i:02}")).collect()
     }
 
-    /// The proxy takes only its CA's revocation lists: one signed by another
-    /// key under the same name (which would leave every client's status unknown,
-    /// and every client refused), or a file holding none, is refused by name.
+    /// The proxy takes only its CA's revocation list, alone: one signed by
+    /// another key under the same name (which would leave every client's status
+    /// unknown, and every client refused), a file holding none, or two (the
+    /// handshake would read the first alone) is refused by name.
     #[test]
     fn a_revocation_list_must_be_the_cas() {
         let dirs = [(); 2].map(|()| tempfile::tempdir().expect("tempdir"));
@@ -537,16 +568,16 @@ mod tests {
             std::fs::write(&path, body).expect("write");
             path
         };
-        let own = write(
-            "own.pem",
-            pki.revocation_list(&["a"]).expect("list").as_bytes(),
-        );
+        let own_list = pki.revocation_list(&["a"]).expect("list");
+        let own = write("own.pem", own_list.as_bytes());
         let checked = proxy.clone().with_crls(&own).expect("the CA's own list");
         checked
             .rustls_server_config()
             .expect("a configuration with it");
         let foreign = other.revocation_list(&["a"]).expect("list");
+        let two = format!("{}{}", pki.revocation_list(&[]).expect("list"), own_list);
         for (path, says) in [
+            (write("two.pem", two.as_bytes()), "holds 2 lists"),
             (
                 write("foreign.pem", foreign.as_bytes()),
                 "not signed by the CA's key",

@@ -496,8 +496,14 @@ fn a_revoked_certificate_is_refused_in_the_handshake() {
     f.proxy.proc.0.kill().expect("stop the proxy");
     f.proxy.proc.0.wait().expect("reap the proxy");
     let (pki, state) = (&f.proxy.pki, &f.proxy.state);
-    let started = try_spawn_proxy_with(pki, state, "127.0.0.1:0", false, &["--tls-crl", &foreign]);
-    assert!(started.is_none(), "started with another CA's list");
+    let mut cmd = Command::new(bin("proxy"));
+    cmd.args(["--listen", "127.0.0.1:0", "--tls-crl", &foreign])
+        .arg("--state")
+        .arg(state)
+        .args(dpca_tests::tls_args(&pki.proxy));
+    let said = exits_before_listening(cmd).expect("started with another CA's list");
+    assert!(said.contains("--tls-crl"), "{said}");
+    assert!(said.contains("not signed by the CA's key"), "{said}");
     let addr = f.url.trim_start_matches("https://").to_string();
     // The port is free once the process is gone; give the kernel a moment if not.
     let restarted = (0..50).find_map(|_| {
@@ -523,6 +529,32 @@ fn a_revoked_certificate_is_refused_in_the_handshake() {
     let o = f.owner("a", &data);
     assert!(o.status.success(), "{}", describe(&o));
     assert_eq!(f.owners_in(), 1);
+}
+
+/// What a program run by `cmd` wrote on stderr, if it exited within 20 s;
+/// `None` (and it is killed) if it ran on.
+fn exits_before_listening(mut cmd: Command) -> Option<String> {
+    use std::io::Read as _;
+    use std::process::Stdio;
+    let mut child = dpca_tests::Proc(
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the program"),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.0.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut said = String::new();
+    let stderr = child.0.stderr.take().expect("stderr");
+    std::io::BufReader::new(stderr)
+        .read_to_string(&mut said)
+        .expect("read stderr");
+    Some(said)
 }
 
 /// An owner whose certificate another CA issued: the proxy refuses it in the
