@@ -57,12 +57,9 @@ impl DevPki {
                 invalidity_date: None,
             });
         }
-        let key_path = self.dir.join("ca.key");
-        let key = std::fs::read_to_string(&key_path).map_err(|source| TlsError::Read {
-            path: key_path,
-            source,
-        })?;
-        let issuer = Issuer::new(ca_params(now), KeyPair::from_pem(&key).map_err(generation)?);
+        let key = super::read(&self.dir.join("ca.key"))?;
+        let key = KeyPair::from_pem(&String::from_utf8_lossy(&key)).map_err(generation)?;
+        let issuer = Issuer::new(ca_params(now), key);
         let list = CertificateRevocationListParams {
             this_update: now - time::Duration::days(1),
             next_update: now + time::Duration::days(DEV_VALIDITY_DAYS),
@@ -83,10 +80,7 @@ fn serial_of(path: &Path) -> Result<Vec<u8>, TlsError> {
         path: path.to_path_buf(),
         reason,
     };
-    let pem = std::fs::read(path).map_err(|source| TlsError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let pem = super::read(path)?;
     let (_, block) =
         x509_parser::pem::parse_x509_pem(&pem).map_err(|e| invalid(format!("not PEM: {e}")))?;
     let cert = block

@@ -202,12 +202,6 @@ impl TlsFiles {
 
     /// Reads the files and checks that the certificate is `role`'s.
     pub fn load(&self, role: Role) -> Result<LoadedTls, TlsError> {
-        let read = |path: &Path| {
-            std::fs::read(path).map_err(|source| TlsError::Read {
-                path: path.to_path_buf(),
-                source,
-            })
-        };
         let (ca_pem, cert_pem, key_pem) = (read(&self.ca)?, read(&self.cert)?, read(&self.key)?);
         let invalid = |path: &Path, reason: String| TlsError::Invalid {
             path: path.to_path_buf(),
@@ -251,6 +245,14 @@ type ParsedIdentity = (
     Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>,
     tokio_rustls::rustls::pki_types::PrivateKeyDer<'static>,
 );
+
+/// The bytes of the file at `path`, or which file could not be read.
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
 
 /// Why `der` is not a revocation list `ca` issued and signed, if it is not.
 fn check_crl_of(der: &[u8], ca: &x509_parser::certificate::X509Certificate) -> Result<(), String> {
@@ -337,10 +339,7 @@ impl LoadedTls {
             path: path.to_path_buf(),
             reason,
         };
-        let pem = std::fs::read(path).map_err(|source| TlsError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let pem = read(path)?;
         let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| invalid(format!("not a PEM revocation list: {e}")))?;
