@@ -183,7 +183,11 @@ fn open_journal(
         fresh_name: hex::encode(fresh),
     };
     let journal = ReleaseJournal::open(&at, expected)?;
-    warn_if_beside(&at, path);
+    // Not on a state file's first start (a throwaway one's, as `user local`
+    // runs): a file served before is one a backup may hold.
+    if recorded.is_some() {
+        warn_if_beside(&at, path);
+    }
     if recorded.as_deref() != Some(journal.name()) {
         store.set_release_journal(journal.name())?;
         tracing::warn!(
