@@ -136,22 +136,7 @@ impl ReleaseJournal {
             path: path.to_path_buf(),
             source,
         };
-        // An empty file is one whose creation a crash cut short before its
-        // first line: new, unless the state file records a journal.
-        let empty = std::fs::metadata(path).map(|m| m.len() == 0);
-        let exists = match empty {
-            Ok(empty) => !(empty && (expected.name.is_none() || expected.adopt)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-            Err(e) => return Err(io(e)),
-        };
-        if !exists {
-            if let (Some(name), false) = (expected.name, expected.adopt) {
-                return Err(JournalError::Missing {
-                    path: path.to_path_buf(),
-                    expected: name.to_string(),
-                });
-            }
-        }
+        let exists = found(path, &expected)?;
         let mut file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -242,6 +227,30 @@ impl ReleaseJournal {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Appending> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Whether a journal is at `path` to be read: if not, refused when the state
+/// file records one it does not ask to replace. An empty file is one whose
+/// creation a crash cut short before its first line: none, unless the state
+/// file records a journal.
+fn found(path: &Path, expected: &Expected<'_>) -> Result<bool, JournalError> {
+    let exists = match std::fs::metadata(path) {
+        Ok(m) => m.len() > 0 || (expected.name.is_some() && !expected.adopt),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(source) => {
+            return Err(JournalError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    match (exists, expected.name, expected.adopt) {
+        (false, Some(name), false) => Err(JournalError::Missing {
+            path: path.to_path_buf(),
+            expected: name.to_string(),
+        }),
+        _ => Ok(exists),
     }
 }
 
