@@ -188,14 +188,16 @@ fn open_journal(
     if recorded.is_some() {
         warn_if_beside(&at, path);
     }
-    if recorded.as_deref() != Some(journal.name()) {
-        store.set_release_journal(journal.name())?;
-        tracing::warn!(
-            journal = %at.display(),
-            name = journal.name(),
-            was = recorded.as_deref().unwrap_or("none"),
-            "the state file is now served with this release journal"
-        );
+    match recorded.as_deref() {
+        Some(was) if was == journal.name() => {}
+        Some(was) => {
+            store.set_release_journal(journal.name())?;
+            tracing::warn!(journal = %at.display(), name = journal.name(), was, "the state file is now served with this release journal, in place of the one it was");
+        }
+        None => {
+            store.set_release_journal(journal.name())?;
+            tracing::info!(journal = %at.display(), name = journal.name(), "release journal");
+        }
     }
     Ok(journal)
 }
