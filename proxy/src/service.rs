@@ -1571,6 +1571,14 @@ impl v1::proxy_server::Proxy for ProxyService {
             }
             studies.push(study_summary(&s));
         }
+        if only.is_none() {
+            // Set aside at startup, listed (last) for the operator; its log says why.
+            studies.extend(self.unreadable.keys().map(|id| v1::StudySummary {
+                study_id: id.clone(),
+                state: crate::status::UNREADABLE.into(),
+                ..Default::default()
+            }));
+        }
         studies.sort_by_key(|s| std::cmp::Reverse(s.deadline_unix_ms));
         let mut budgets: Vec<v1::OwnerBudgetSummary> = if only.is_none() {
             let svc = self.clone();
@@ -1804,6 +1812,20 @@ mod tests {
                     && status.message().contains("cannot read"),
                 "{status:?}"
             );
+        }
+        // The operator's status lists them (plaintext here: the operator's view).
+        use v1::proxy_server::Proxy;
+        let listed = rt()
+            .block_on(svc.status(Request::new(v1::StatusRequest {})))
+            .expect("status")
+            .into_inner();
+        let state_of = |id: &str| {
+            let s = listed.studies.iter().find(|s| s.study_id == id);
+            s.map(|s| s.state.clone())
+        };
+        assert_eq!(state_of("s1").as_deref(), Some("collecting"));
+        for id in ["s2", "s3"] {
+            assert_eq!(state_of(id).as_deref(), Some("unreadable"), "{id}");
         }
         // The ticker's rounds leave the record set aside as it was.
         std::thread::sleep(POLL * 3);

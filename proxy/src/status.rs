@@ -17,6 +17,10 @@ pub async fn fetch(url: &str, transport: &Transport) -> anyhow::Result<v1::Proxy
         .into_inner())
 }
 
+/// The state of a study whose stored record this build cannot read: set aside at
+/// startup, not served, listed for the operator with its id alone.
+pub const UNREADABLE: &str = "unreadable";
+
 /// The status as text: one line per study (state, owners in of the quorum, who is
 /// missing, deadline relative to `now_ms`, budget), then each owner's budget.
 pub fn render(status: &v1::ProxyStatus, now_ms: u64) -> String {
@@ -27,6 +31,12 @@ pub fn render(status: &v1::ProxyStatus, now_ms: u64) -> String {
         "study", "state", "owners", "deadline", "budget", "user"
     );
     for s in &status.studies {
+        if s.state == UNREADABLE {
+            let why = "its record cannot be read by this build (the proxy's log says why)";
+            let id = printable(&s.study_id);
+            let _ = writeln!(out, "{id:<32}  {UNREADABLE:<10}  {why}");
+            continue;
+        }
         let left = s.deadline_unix_ms as i64 - now_ms as i64;
         let deadline = if left >= 0 {
             format!("in {}s", left / 1000)
@@ -86,6 +96,25 @@ mod tests {
         assert!(text.contains("b,c"), "{text}");
         assert!(text.contains("1.0000 / 2"), "{text}");
         assert!(text.contains("alice"), "{text}");
+    }
+
+    /// A study set aside at startup shows its id and why it is not served, not
+    /// the zeros of a summary it has none of.
+    #[test]
+    fn an_unreadable_study_shows_its_id_and_why() {
+        let mut status = status_of("s1", "b", "a");
+        status.studies.push(v1::StudySummary {
+            study_id: "s2".into(),
+            state: UNREADABLE.into(),
+            ..Default::default()
+        });
+        let text = render(&status, 70_000);
+        let line = text.lines().find(|l| l.starts_with("s2")).expect("listed");
+        assert!(
+            line.contains("unreadable") && line.contains("log"),
+            "{line}"
+        );
+        assert!(!line.contains("0/0"), "{line}");
     }
 
     /// A status from a proxy the reader does not run (or ids a lax proxy took in)
