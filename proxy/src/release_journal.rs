@@ -120,9 +120,10 @@ pub struct Expected<'a> {
     /// The name the state file records, `None` for a state file never served
     /// with one (new, or from a build before the journal).
     pub name: Option<&'a str>,
-    /// Take the journal found, or a new one if there is none, whatever the state
-    /// file records (`--new-release-journal`).
-    pub adopt: bool,
+    /// The name of the journal the state file records, to be replaced by the
+    /// journal found, or a new one if there is none (`--new-release-journal`);
+    /// refused if the file records another.
+    pub replace: Option<&'a str>,
     /// The name a journal created now gets.
     pub fresh_name: String,
 }
@@ -130,8 +131,16 @@ pub struct Expected<'a> {
 impl ReleaseJournal {
     /// The journal at `path`, checked against what the state file records of it;
     /// created (its folder synced) only if the state file records none or
-    /// `expected.adopt` says so.
+    /// `expected.replace` names the journal it records.
     pub fn open(path: &Path, expected: Expected<'_>) -> Result<Self, JournalError> {
+        if let (Some(asked), Some(recorded)) = (expected.replace, expected.name) {
+            if asked != recorded {
+                return Err(JournalError::NotRecorded {
+                    asked: asked.to_string(),
+                    recorded: recorded.to_string(),
+                });
+            }
+        }
         let io = |source| JournalError::Io {
             path: path.to_path_buf(),
             source,
@@ -162,7 +171,7 @@ impl ReleaseJournal {
             what,
         })?;
         match expected.name {
-            Some(want) if want != name && !expected.adopt => Err(JournalError::Other {
+            Some(want) if want != name && expected.replace.is_none() => Err(JournalError::Other {
                 path: path.to_path_buf(),
                 found: name,
                 expected: want.to_string(),
@@ -236,7 +245,7 @@ impl ReleaseJournal {
 /// file records a journal.
 fn found(path: &Path, expected: &Expected<'_>) -> Result<bool, JournalError> {
     let exists = match std::fs::metadata(path) {
-        Ok(m) => m.len() > 0 || (expected.name.is_some() && !expected.adopt),
+        Ok(m) => m.len() > 0 || (expected.name.is_some() && expected.replace.is_none()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
         Err(source) => {
             return Err(JournalError::Io {
@@ -245,8 +254,8 @@ fn found(path: &Path, expected: &Expected<'_>) -> Result<bool, JournalError> {
             })
         }
     };
-    match (exists, expected.name, expected.adopt) {
-        (false, Some(name), false) => Err(JournalError::Missing {
+    match (exists, expected.name, expected.replace) {
+        (false, Some(name), None) => Err(JournalError::Missing {
             path: path.to_path_buf(),
             expected: name.to_string(),
         }),
@@ -304,7 +313,7 @@ mod tests {
     fn new(name: Option<&str>) -> Expected<'_> {
         Expected {
             name,
-            adopt: false,
+            replace: None,
             fresh_name: "j1".into(),
         }
     }
@@ -376,7 +385,7 @@ mod tests {
         let err = ReleaseJournal::open(&path, new(Some("j0"))).expect_err("another");
         assert!(matches!(err, JournalError::Other { .. }), "{err}");
         let adopted = Expected {
-            adopt: true,
+            replace: Some("j0"),
             ..new(Some("j0"))
         };
         let journal = ReleaseJournal::open(&path, adopted).expect("adopted");

@@ -26,7 +26,7 @@ use crate::cell::{Locked, StudyCell};
 use crate::limits::HeldStudy;
 use crate::per_key::{Held, PerKey};
 use crate::refusal::Refusal;
-use crate::release_journal::{JournalError, ReleaseJournal};
+use crate::release_journal::ReleaseJournal;
 use crate::store::{signed_count_to_wire, Announced, Loaded, Store, StoreError, Ticket};
 use crate::study::{ContributionOutcome, Phase, Released, SignedCount, Study};
 use crate::upload_slots::{Slot, SlotError, UploadSlots};
@@ -164,22 +164,12 @@ fn open_journal(
         .clone()
         .unwrap_or_else(|| crate::release_journal::beside(path));
     let recorded = store.release_journal()?;
-    let replace = config.replace_release_journal.as_deref();
-    if let (Some(asked), Some(recorded)) = (replace, recorded.as_deref()) {
-        if asked != recorded {
-            return Err(JournalError::NotRecorded {
-                asked: asked.to_string(),
-                recorded: recorded.to_string(),
-            }
-            .into());
-        }
-    }
     // Not the injected entropy: a name is no draw a test replays.
     let mut fresh = [0u8; 16];
     rand::rngs::OsRng.fill_bytes(&mut fresh);
     let expected = crate::release_journal::Expected {
         name: recorded.as_deref(),
-        adopt: replace.is_some(),
+        replace: config.replace_release_journal.as_deref(),
         fresh_name: hex::encode(fresh),
     };
     let journal = ReleaseJournal::open(&at, expected)?;
@@ -656,7 +646,8 @@ impl ProxyService {
                         }
                     }
                 }
-                let unreadable = std::iter::repeat_n("unreadable", svc.unreadable.len());
+                let unreadable =
+                    std::iter::repeat_n(crate::status::UNREADABLE, svc.unreadable.len());
                 crate::metrics::phases(phases.into_iter().chain(unreadable));
                 // A stopped store writes nothing until a restart.
                 if svc.store.as_ref().is_some_and(|st| st.stopped()) {
@@ -1976,6 +1967,11 @@ mod tests {
         phase_of(&at_ten_seconds(path).1)
     }
 
+    /// The studies of the state file at `path`, opened again and loaded.
+    fn reloaded(path: &std::path::Path) -> Vec<Study> {
+        Store::open(path).expect("reopen").load_all().expect("load")
+    }
+
     /// `s1`'s phase on `svc`.
     fn phase_of(svc: &ProxyService) -> &'static str {
         rt().block_on(svc.with_study("s1", |s| Ok(s.phase.name())))
@@ -2168,10 +2164,7 @@ mod tests {
         });
         assert!(!store.has_pending("s1"), "ciphertexts left one by one");
         drop((svc, store));
-        let loaded = Store::open(&path)
-            .expect("reopen")
-            .load_all()
-            .expect("load");
+        let loaded = reloaded(&path);
         assert_eq!(loaded[0].phase.name(), "sealed");
         assert_eq!(loaded[0].aggregate(), s.aggregate());
     }
@@ -2411,10 +2404,7 @@ mod tests {
             "an owner's ciphertexts left one by one"
         );
         drop((svc, store));
-        let loaded = Store::open(&path)
-            .expect("reopen")
-            .load_all()
-            .expect("load");
+        let loaded = reloaded(&path);
         assert_eq!(loaded[0].phase.name(), "aborted");
         assert!(loaded[0].aggregate().is_empty(), "the sums kept");
     }
@@ -2435,7 +2425,9 @@ mod tests {
         assert!(err.to_string().contains("is missing"), "{err}");
         assert!(!journal.exists(), "started afresh");
         let name = |err: StoreError| match err {
-            StoreError::Journal(JournalError::Missing { expected, .. }) => expected,
+            StoreError::Journal(crate::release_journal::JournalError::Missing {
+                expected, ..
+            }) => expected,
             other => panic!("{other}"),
         };
         let recorded = name(err);

@@ -256,11 +256,11 @@ impl Study {
         phase: Phase,
     ) -> Result<Self, String> {
         // A released study keeps only E[N] of its aggregate, an aborted one none
-        // (one aborted by a build before that kept it whole: it is dropped here).
-        let (expected, aggregate) = match phase {
-            Phase::Released(_) => (1, aggregate),
-            Phase::Collecting | Phase::Sealed => (layout.owner_ciphertexts(), aggregate),
-            Phase::Aborted(_) => (0, Vec::new()),
+        // (what a build before kept of one is not read: `store::rebuild_aggregate`).
+        let expected = match phase {
+            Phase::Released(_) => 1,
+            Phase::Collecting | Phase::Sealed => layout.owner_ciphertexts(),
+            Phase::Aborted(_) => 0,
         };
         if aggregate.len() != expected {
             return Err(format!(
