@@ -4,9 +4,9 @@
 use crate::limits;
 use anyhow::Context;
 use clap::Parser;
-use dpca_shell::tls::{Role, Transport, TransportArgs};
+use dpca_shell::tls::{Role, TransportArgs};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Aggregates encrypted scatter shares, masks and noises them for the data user.
@@ -62,17 +62,6 @@ struct Args {
     /// it where only operators reach (off by default).
     #[arg(long, env = "DPCA_OPERATOR_LISTEN", value_name = "ADDR")]
     operator_listen: Option<std::net::SocketAddr>,
-    /// The CA's certificate revocation list (PEM, one `X509 CRL` block, signed
-    /// by the CA): an owner, user or operator whose certificate it lists is
-    /// refused in the handshake. Read at startup: restart the proxy to take up a
-    /// new list.
-    #[arg(
-        long,
-        env = "DPCA_TLS_CRL",
-        value_name = "PEM",
-        conflicts_with = "insecure_plaintext"
-    )]
-    tls_crl: Option<PathBuf>,
     #[command(flatten)]
     transport: TransportArgs,
 }
@@ -230,10 +219,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if args.allow_noise_free_for_testing {
         tracing::warn!("noise-free releases are ENABLED: test use only");
     }
-    let transport = with_crls(
-        args.transport.transport(Role::Proxy).context("transport")?,
-        args.tls_crl.as_deref(),
-    )?;
+    let transport = args.transport.transport(Role::Proxy).context("transport")?;
     raise_descriptor_limit();
     if let Some(addr) = args.metrics_listen {
         crate::metrics::install(addr)?;
@@ -274,17 +260,6 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
     };
     crate::run(config, listener, operator, shutdown).await
-}
-
-/// `transport` checking clients against the CA's revocation lists at `crl`.
-fn with_crls(transport: Transport, crl: Option<&Path>) -> anyhow::Result<Transport> {
-    match (transport, crl) {
-        (Transport::Tls(tls), Some(path)) => {
-            let checked = (*tls).clone().with_crls(path).context("--tls-crl")?;
-            Ok(Transport::Tls(std::sync::Arc::new(checked)))
-        }
-        (transport, _) => Ok(transport),
-    }
 }
 
 /// The state file's folder must exist: the proxy creates the file, not folders.

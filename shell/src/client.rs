@@ -243,17 +243,9 @@ pub async fn connect_from(
     transport: &Transport,
     local: Option<std::net::IpAddr>,
 ) -> Result<ProxyClient<Channel>, ConnectError> {
-    let mut endpoint = endpoint(url, transport)?;
-    if let Transport::Tls(tls) = transport {
-        endpoint = endpoint
-            .tls_config(tls.client_config())
-            .map_err(|e| bad_url(url, error_chain(&e)))?;
-    }
-    let endpoint = endpoint
-        .local_address(local)
-        .connect_timeout(CONNECT_TIMEOUT);
-    let channel = connected(url, endpoint.connect(), CONNECT_TIMEOUT).await?;
-    Ok(client(channel))
+    Ok(client(
+        channel(url, transport, local, &[], CONNECT_TIMEOUT).await?,
+    ))
 }
 
 /// [`connect`] for a `status` call: on TLS the connection offers the status
@@ -263,10 +255,29 @@ pub async fn connect_for_status(
     url: &str,
     transport: &Transport,
 ) -> Result<ProxyClient<Channel>, ConnectError> {
+    let lane = [crate::tls::lane::STATUS_LANE_ALPN];
+    Ok(client(
+        channel(url, transport, None, &lane, CONNECT_TIMEOUT).await?,
+    ))
+}
+
+/// A channel to the proxy at `url`, connected within `timeout`, from `local`
+/// if given. On TLS the handshake is rustls's, run here rather than by tonic:
+/// the proxy's certificate is checked against the CA's revocation list too,
+/// when the party was given one, and `extra_alpn` is offered after HTTP/2.
+pub async fn channel(
+    url: &str,
+    transport: &Transport,
+    local: Option<std::net::IpAddr>,
+    extra_alpn: &[&[u8]],
+    timeout: std::time::Duration,
+) -> Result<Channel, ConnectError> {
+    let endpoint = endpoint(url, transport)?.connect_timeout(timeout);
     let Transport::Tls(tls) = transport else {
-        return connect(url, transport).await;
+        let endpoint = endpoint.local_address(local);
+        return connected(url, endpoint.connect(), timeout).await;
     };
-    let uri = endpoint(url, transport)?.uri().clone();
+    let uri = endpoint.uri().clone();
     // An IPv6 host comes bracketed in a URL, and bare in a certificate.
     let host = uri.host().unwrap_or_default();
     let host = host
@@ -277,7 +288,7 @@ pub async fn connect_for_status(
     let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.clone())
         .map_err(|e| bad_url(url, format!("`{host}` is no host name: {e}")))?;
     let config = tls
-        .rustls_client_config(&[crate::tls::lane::STATUS_LANE_ALPN])
+        .rustls_client_config(extra_alpn)
         .map_err(|e| bad_url(url, e.to_string()))?;
     let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
     // The connector below runs the TLS (to the URL's host, whatever tonic
@@ -286,23 +297,50 @@ pub async fn connect_for_status(
     let inner = format!("http://{}", &url["https://".len()..]);
     let endpoint = Channel::from_shared(inner)
         .map_err(|e| bad_url(url, e.to_string()))?
-        .connect_timeout(CONNECT_TIMEOUT);
+        .connect_timeout(timeout);
     let connector = tower::service_fn(move |_: tonic::codegen::http::Uri| {
         let (tls, name, host) = (tls.clone(), name.clone(), host.clone());
         async move {
-            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            let tcp = tcp_to(&host, port, local).await?;
             tcp.set_nodelay(true)?;
             let tls = tls.connect(name, tcp).await?;
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
         }
     });
-    let channel = connected(
-        url,
-        endpoint.connect_with_connector(connector),
-        CONNECT_TIMEOUT,
-    )
-    .await?;
-    Ok(client(channel))
+    connected(url, endpoint.connect_with_connector(connector), timeout).await
+}
+
+/// A TCP connection to `host`:`port`, from `local` if given (to the host's
+/// first address of the same family that answers).
+async fn tcp_to(
+    host: &str,
+    port: u16,
+    local: Option<std::net::IpAddr>,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let Some(local) = local else {
+        return tokio::net::TcpStream::connect((host, port)).await;
+    };
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        if addr.is_ipv4() != local.is_ipv4() {
+            continue;
+        }
+        let socket = match addr {
+            std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.bind(std::net::SocketAddr::new(local, 0))?;
+        match socket.connect(addr).await {
+            Ok(tcp) => return Ok(tcp),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            format!("`{host}` has no address of the family of {local}"),
+        )
+    }))
 }
 
 /// The endpoint of `url`, which must fit `transport` (`https` on TLS, `http` on
@@ -425,13 +463,9 @@ mod tests {
         let files = pki.files("a").expect("files");
         let tls = std::sync::Arc::new(files.load(crate::tls::Role::Owner).expect("load"));
         let url = format!("https://{at}");
-        let endpoint = Channel::from_shared(url.clone())
-            .expect("url")
-            .tls_config(tls.client_config())
-            .expect("tls");
         let second = Duration::from_secs(1);
-        let endpoint = endpoint.connect_timeout(second);
-        let attempt = connected(&url, endpoint.connect(), second);
+        let transport = Transport::Tls(tls);
+        let attempt = channel(&url, &transport, None, &[], second);
         let outcome = tokio::time::timeout(Duration::from_secs(20), attempt)
             .await
             .expect("still connecting after 20 s");

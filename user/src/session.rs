@@ -17,7 +17,7 @@ use dpca_proto::v1::proxy_client::ProxyClient;
 use dpca_shell::client::{transient, with_retries, CALL_TIMEOUT};
 use dpca_shell::clock::{now_unix_ms, until_past};
 use dpca_shell::signed_count::{signing_identity, verify_count, CountClaim};
-use dpca_shell::tls::Transport;
+use dpca_shell::tls::{LoadedTls, Transport};
 use num_bigint::BigUint;
 use tonic::transport::Channel;
 
@@ -223,8 +223,9 @@ fn open_count(
 }
 
 /// Checks that the proxy's E\[N\] is the product of the counted owners' E\[N_i\], each
-/// signed for this study and key by a certificate of the CA (`ca_pem`) naming
-/// that owner, one per owner counted, and that the owners counted are enough
+/// signed for this study and key by a certificate of the user's CA (`tls`)
+/// naming that owner and not on the CA's revocation list, if the user was given
+/// one, one per owner counted, and that the owners counted are enough
 /// (`min_owners`) and invited (`expected_owners`, where the spec names them).
 /// Anything else (one owner's count, a class count, a histogram bin) is refused
 /// before it is decrypted: the user is no oracle.
@@ -232,7 +233,7 @@ pub fn check_signed_counts(
     sealed: &v1::SealedStudy,
     sk: &SecretKey,
     spec: &StudySpec,
-    ca_pem: &[u8],
+    tls: &LoadedTls,
     study_id: &str,
 ) -> anyhow::Result<()> {
     let pk = sk.public();
@@ -246,8 +247,17 @@ pub fn check_signed_counts(
             key_fingerprint: &fingerprint,
             ciphertext: &c.encrypted_count,
         };
-        verify_count(ca_pem, &c.certificate, claim, &c.signature)
+        verify_count(tls.ca_pem(), &c.certificate, claim, &c.signature)
             .with_context(|| format!("E[N] not decrypted: the count of `{}`", c.owner_id))?;
+        // A leaked key signs as well as its owner: a revoked certificate vouches
+        // for nothing, whoever holds it.
+        if tls.revokes(&c.certificate)? {
+            bail!(
+                "E[N] not decrypted: the count of `{}` is signed under a certificate \
+                 the CA's revocation list (--tls-crl) names",
+                c.owner_id
+            );
+        }
         let ct = pk
             .ciphertext_from_bytes(&c.encrypted_count, 0)
             .with_context(|| format!("the count of `{}`", c.owner_id))?;
@@ -636,7 +646,7 @@ fn count_to_prove(
         return Ok(None);
     }
     match signing_identity(spec.privacy.centering, transport) {
-        Some(tls) => check_signed_counts(sealed, sk, spec, tls.ca_pem(), study_id)?,
+        Some(tls) => check_signed_counts(sealed, sk, spec, tls, study_id)?,
         // No certificates, no signatures: plaintext is insecure by name.
         None => tracing::warn!("plaintext: E[N] is decrypted without the owners' signatures"),
     }

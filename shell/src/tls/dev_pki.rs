@@ -38,7 +38,8 @@ impl DevPki {
     }
 
     /// A revocation list (PEM) of the development CA naming the certificates of
-    /// the users and owners `revoked`: for trials of the proxy's `--tls-crl`.
+    /// the parties `revoked` (users and owners by name, `proxy`, `operator`):
+    /// for trials of `--tls-crl`.
     pub fn revocation_list(&self, revoked: &[&str]) -> Result<String, TlsError> {
         use rcgen::{
             CertificateRevocationListParams, KeyIdMethod, RevocationReason, RevokedCertParams,
@@ -47,9 +48,12 @@ impl DevPki {
         let now = time::OffsetDateTime::now_utc();
         let mut revoked_certs = Vec::new();
         for name in revoked {
-            let files = self
-                .files(name)
-                .ok_or_else(|| TlsError::Flags(format!("no certificate of `{name}` to revoke")))?;
+            let files = match *name {
+                "proxy" => Some(&self.proxy),
+                "operator" => Some(&self.operator),
+                _ => self.files(name),
+            }
+            .ok_or_else(|| TlsError::Flags(format!("no certificate of `{name}` to revoke")))?;
             revoked_certs.push(RevokedCertParams {
                 serial_number: SerialNumber::from_slice(&serial_of(&files.cert)?),
                 revocation_time: now,

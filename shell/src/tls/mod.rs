@@ -18,8 +18,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-
 #[cfg(feature = "dev-ca")]
 mod dev_pki;
 pub mod lane;
@@ -303,8 +301,9 @@ pub struct LoadedTls {
     key_pem: Vec<u8>,
     /// Who this party's certificate says it is.
     pub me: Peer,
-    /// The CA's revocation lists a client's certificate is checked against
-    /// (the proxy's `--tls-crl`); none, and no check, unless given.
+    /// The CA's revocation lists (`--tls-crl`) the peer's certificate is
+    /// checked against: a client's at the proxy, the proxy's at a client, and an
+    /// owner's count signature at the user; none, and no check, unless given.
     crls: Vec<tokio_rustls::rustls::pki_types::CertificateRevocationListDer<'static>>,
 }
 
@@ -328,10 +327,11 @@ impl LoadedTls {
     }
 
     /// This party's files with the CA's certificate revocation list in the PEM
-    /// file at `path` (one `X509 CRL` block): a client whose certificate it
-    /// lists is refused in the handshake. It must be the CA's, signed by its
-    /// key, and a full list: one the handshake would find covers no certificate
-    /// would leave every client's status unknown, and every client refused.
+    /// file at `path` (one `X509 CRL` block): a peer whose certificate it lists
+    /// is refused in the handshake (a client at the proxy, the proxy at a
+    /// client). It must be the CA's, signed by its key, and a full list: one the
+    /// handshake would find covers no certificate would leave every peer's
+    /// status unknown, and every peer refused.
     pub fn with_crls(mut self, path: &Path) -> Result<Self, TlsError> {
         use tokio_rustls::rustls::pki_types::pem::PemObject;
         use tokio_rustls::rustls::pki_types::CertificateRevocationListDer;
@@ -395,17 +395,29 @@ impl LoadedTls {
         Ok(config)
     }
 
-    /// A client configuration of rustls's own, for a connection tonic's cannot
-    /// make (one offering [`lane::STATUS_LANE_ALPN`]): the proxy checked against
-    /// the CA, this party's certificate presented, HTTP/2 and then `extra_alpn`
-    /// offered.
+    /// A client's configuration: the proxy checked against the CA (and its
+    /// revocation lists, if given: [`LoadedTls::with_crls`]), this party's
+    /// certificate presented, HTTP/2 and then `extra_alpn` offered (the status
+    /// lane's hint, [`lane::STATUS_LANE_ALPN`]).
     pub fn rustls_client_config(
         &self,
         extra_alpn: &[&[u8]],
     ) -> Result<tokio_rustls::rustls::ClientConfig, TlsError> {
+        use tokio_rustls::rustls::client::WebPkiServerVerifier;
         let (roots, certs, key) = self.parsed()?;
+        let mut server = WebPkiServerVerifier::builder(roots.into());
+        if !self.crls.is_empty() {
+            // The CA issues the proxy's certificate itself, as the server side
+            // reads a client's.
+            server = server
+                .with_crls(self.crls.iter().cloned())
+                .only_check_end_entity_revocation();
+        }
+        let server = server
+            .build()
+            .map_err(|e| config_error("server verifier", &e))?;
         let mut config = tokio_rustls::rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
+            .with_webpki_verifier(server)
             .with_client_auth_cert(certs, key)
             .map_err(|e| config_error("identity", &e))?;
         config.alpn_protocols = std::iter::once(&b"h2"[..])
@@ -431,12 +443,28 @@ impl LoadedTls {
         Ok((roots, certs(&self.cert_pem)?, key))
     }
 
-    /// A client configuration: the proxy is checked against the CA and the URL's
-    /// host; this party presents its certificate.
-    pub fn client_config(&self) -> ClientTlsConfig {
-        ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(&self.ca_pem))
-            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+    /// Whether the CA's revocation lists given ([`LoadedTls::with_crls`]) name
+    /// `certificate` (DER), which the caller has checked the CA issued: by its
+    /// serial number, which a CA gives one certificate only.
+    pub fn revokes(&self, certificate: &[u8]) -> Result<bool, TlsError> {
+        let invalid = |reason: String| TlsError::Config(reason);
+        if self.crls.is_empty() {
+            return Ok(false);
+        }
+        let (_, cert) = x509_parser::parse_x509_certificate(certificate)
+            .map_err(|e| invalid(format!("a certificate to check for revocation: {e}")))?;
+        for der in &self.crls {
+            // Parsed when loaded; a list that no longer parses is an error, not a pass.
+            let (_, crl) = x509_parser::parse_x509_crl(der)
+                .map_err(|e| invalid(format!("the revocation list: {e}")))?;
+            if crl
+                .iter_revoked_certificates()
+                .any(|r| r.raw_serial() == cert.raw_serial())
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }
 
@@ -478,10 +506,18 @@ pub struct TransportArgs {
     /// This party's private key (PEM).
     #[arg(long, env = "DPCA_TLS_KEY", value_name = "PEM")]
     pub tls_key: Option<PathBuf>,
+    /// The CA's certificate revocation list (PEM, one `X509 CRL` block, signed
+    /// by the CA). The proxy refuses in the handshake an owner, user or operator
+    /// whose certificate it lists; an owner, user or operator refuses a proxy
+    /// whose certificate it lists, and the user refuses an owner's count signed
+    /// under a listed certificate. Read at startup: a program started before a
+    /// new list takes it up when started again.
+    #[arg(long, env = "DPCA_TLS_CRL", value_name = "PEM")]
+    pub tls_crl: Option<PathBuf>,
     /// INSECURE: plaintext gRPC without authentication, instead of mutual TLS.
     /// Anyone on the network can read the traffic and pose as any party.
     #[arg(long, env = "DPCA_INSECURE_PLAINTEXT",
-          conflicts_with_all = ["tls_ca", "tls_cert", "tls_key"])]
+          conflicts_with_all = ["tls_ca", "tls_cert", "tls_key", "tls_crl"])]
     pub insecure_plaintext: bool,
 }
 
@@ -503,7 +539,13 @@ impl TransportArgs {
                     cert: cert.clone(),
                     key: key.clone(),
                 };
-                Ok(Transport::Tls(Arc::new(files.load(role)?)))
+                let mut tls = files.load(role)?;
+                if let Some(crl) = &self.tls_crl {
+                    tls = tls
+                        .with_crls(crl)
+                        .map_err(|e| TlsError::Flags(format!("--tls-crl: {e}")))?;
+                }
+                Ok(Transport::Tls(Arc::new(tls)))
             }
             (ca, cert, key) => {
                 let missing: Vec<&str> =

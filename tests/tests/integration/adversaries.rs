@@ -1152,7 +1152,7 @@ fn a_proxy_cannot_get_anything_but_the_signed_total_count_decrypted() {
         dpca_shell::tls::Transport::InsecurePlaintext => unreachable!("the fixture is on TLS"),
     };
     let check = |sealed: &v1::SealedStudy| {
-        dpca_user::session::check_signed_counts(sealed, &f.sk, &f.spec, tls.ca_pem(), &f.study)
+        dpca_user::session::check_signed_counts(sealed, &f.sk, &f.spec, &tls, &f.study)
     };
     let sealed = rt().block_on(async {
         let mut user = f.client("user").await;
@@ -1205,10 +1205,24 @@ fn a_proxy_cannot_get_anything_but_the_signed_total_count_decrypted() {
     let err = check(&forged).expect_err("an unsigned count decrypted");
     assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
     // 4. A signed count moved to another study is refused too.
-    let err =
-        dpca_user::session::check_signed_counts(&sealed, &f.sk, &f.spec, tls.ca_pem(), "other")
-            .expect_err("a count signed for another study");
+    let err = dpca_user::session::check_signed_counts(&sealed, &f.sk, &f.spec, &tls, "other")
+        .expect_err("a count signed for another study");
     assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
+    // 5. A count signed under a certificate the CA has revoked since (its key
+    //    leaked, say) is refused by a user given the CA's list, and only then.
+    let list = f.dir.path().join("revokes-hospital-a.pem");
+    let pem = f.proxy.pki.revocation_list(&["hospital-a"]).expect("list");
+    std::fs::write(&list, pem).expect("write the list");
+    let checking = (*tls).clone().with_crls(&list).expect("the CA's list");
+    let err = dpca_user::session::check_signed_counts(&sealed, &f.sk, &f.spec, &checking, &f.study)
+        .expect_err("a count signed under a revoked certificate");
+    assert!(format!("{err:#}").contains("revocation list"), "{err:#}");
+    let list = f.dir.path().join("revokes-mallory.pem");
+    let pem = f.proxy.pki.revocation_list(&["mallory"]).expect("list");
+    std::fs::write(&list, pem).expect("write the list");
+    let checking = (*tls).clone().with_crls(&list).expect("the CA's list");
+    dpca_user::session::check_signed_counts(&sealed, &f.sk, &f.spec, &checking, &f.study)
+        .expect("counts signed under certificates the list does not name");
 }
 
 /// An owner of a `mask` study that does not sign its count, or signs it with a

@@ -358,14 +358,9 @@ async fn unfinished_opening(
 fn a_user_leaves_at_most_four_openings_unfinished() {
     let f = fixture();
     rt().block_on(async {
-        let dpca_shell::tls::Transport::Tls(tls) = f.proxy.transport("user") else {
-            unreachable!("the fixture is on TLS");
-        };
-        let channel = tonic::transport::Channel::from_shared(f.url.clone())
-            .expect("url")
-            .tls_config(tls.client_config())
-            .expect("tls")
-            .connect()
+        let user = f.proxy.transport("user");
+        let timeout = std::time::Duration::from_secs(10);
+        let channel = dpca_shell::client::channel(&f.url, &user, None, &[], timeout)
             .await
             .expect("connect");
         // One past the cap, sent together: exactly one is answered, at once, with
@@ -529,6 +524,56 @@ fn a_revoked_certificate_is_refused_in_the_handshake() {
     let o = f.owner("a", &data);
     assert!(o.status.success(), "{}", describe(&o));
     assert_eq!(f.owners_in(), 1);
+}
+
+/// A client given the CA's revocation list (`--tls-crl`) refuses a proxy whose
+/// certificate it names, in the handshake and at once: an owner sends nothing
+/// (a proxy holding a leaked key would otherwise be served its ciphertexts),
+/// and the operator's `proxy status` reads nothing. A list that names another
+/// party leaves the proxy served as before. Before, no client read a list.
+#[test]
+fn a_client_given_the_list_refuses_a_revoked_proxy() {
+    let f = fixture();
+    let data = f.good_file("good.csv", 20, 0);
+    let write_list = |revoked: &str| {
+        let path = f.dir.path().join(format!("revokes-{revoked}.pem"));
+        let list = f
+            .proxy
+            .pki
+            .revocation_list(&[revoked])
+            .expect("a revocation list");
+        std::fs::write(&path, list).expect("write the list");
+        path.to_str().expect("a UTF-8 path").to_string()
+    };
+    let (proxy_revoked, other_revoked) = (write_list("proxy"), write_list("mallory"));
+    let start = std::time::Instant::now();
+    let o = f.owner_with(
+        "a",
+        &data,
+        &["--tls-crl", &proxy_revoked, "--retry-for", "60"],
+    );
+    assert!(!o.status.success(), "an owner served a revoked proxy");
+    assert!(stderr(&o).contains("Revoked"), "{}", stderr(&o));
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(20),
+        "a revoked proxy was retried: {}",
+        stderr(&o)
+    );
+    assert_eq!(f.owners_in(), 0);
+    let status = |list: &str| {
+        run(Command::new(bin("proxy"))
+            .arg("status")
+            .args(["--proxy", &f.url, "--tls-crl", list])
+            .args(dpca_tests::tls_args(&f.proxy.pki.operator)))
+    };
+    let o = status(&proxy_revoked);
+    assert!(!o.status.success(), "the operator read a revoked proxy");
+    assert!(stderr(&o).contains("Revoked"), "{}", stderr(&o));
+    let o = f.owner_with("a", &data, &["--tls-crl", &other_revoked]);
+    assert!(o.status.success(), "{}", describe(&o));
+    assert_eq!(f.owners_in(), 1);
+    let o = status(&other_revoked);
+    assert!(o.status.success(), "{}", describe(&o));
 }
 
 /// What a program run by `cmd` wrote on stderr, if it exited within 20 s;
