@@ -4,7 +4,7 @@
 use crate::limits;
 use anyhow::Context;
 use clap::Parser;
-use dpca_shell::tls::{Role, TransportArgs};
+use dpca_shell::tls::{Role, TlsError, TransportArgs};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -170,13 +170,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
 /// `proxy status`: one running proxy's studies, printed.
 async fn status(proxy: &str, json: bool, transport: &TransportArgs) -> anyhow::Result<()> {
     // The operator's certificate says `dpca-proxy`; a user's `dpca-user`.
-    let transport = match transport.transport(Role::Proxy) {
-        Ok(t) => t,
-        Err(first) => transport
-            .transport(Role::User)
-            .map_err(|_| first)
-            .context("proxy status needs the operator's certificate or a user's")?,
-    };
+    let transport = transport
+        .transport_as(&[Role::Proxy, Role::User])
+        .map_err(|e| match e {
+            // The flags themselves (one missing, the revocation list): as they are.
+            TlsError::Flags(_) => anyhow::Error::new(e),
+            e => anyhow::Error::new(e)
+                .context("proxy status needs the operator's certificate or a user's"),
+        })?;
     let status = crate::status::fetch(proxy, &transport).await?;
     if json {
         // Field names as in the protocol's StudySummary and OwnerBudgetSummary.

@@ -264,7 +264,9 @@ pub async fn connect_for_status(
 /// A channel to the proxy at `url`, connected within `timeout`, from `local`
 /// if given. On TLS the handshake is rustls's, run here rather than by tonic:
 /// the proxy's certificate is checked against the CA's revocation list too,
-/// when the party was given one, and `extra_alpn` is offered after HTTP/2.
+/// when the party was given one, and `extra_alpn` is offered after HTTP/2. The
+/// TCP connection is hyper's, as tonic makes it (each of the host's addresses
+/// tried in turn within the timeout, IPv6 and IPv4 raced).
 pub async fn channel(
     url: &str,
     transport: &Transport,
@@ -277,70 +279,38 @@ pub async fn channel(
         let endpoint = endpoint.local_address(local);
         return connected(url, endpoint.connect(), timeout).await;
     };
-    let uri = endpoint.uri().clone();
+    let origin = endpoint.uri().clone();
     // An IPv6 host comes bracketed in a URL, and bare in a certificate.
-    let host = uri.host().unwrap_or_default();
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string();
-    let port = uri.port_u16().unwrap_or(443);
-    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.clone())
+    let host = origin.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
         .map_err(|e| bad_url(url, format!("`{host}` is no host name: {e}")))?;
     let config = tls
         .rustls_client_config(extra_alpn)
         .map_err(|e| bad_url(url, e.to_string()))?;
     let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let mut tcp = hyper_util::client::legacy::connect::HttpConnector::new();
+    tcp.set_nodelay(true);
+    tcp.set_local_address(local);
+    tcp.set_connect_timeout(Some(timeout));
     // The connector below runs the TLS (to the URL's host, whatever tonic
-    // asks); tonic refuses an `https` URL it is not to run TLS for itself, and
-    // the scheme is not checked past it.
+    // asks); tonic refuses an `https` URL it is not to run TLS for itself, so
+    // it is handed the `http` one and told the real origin for its requests.
     let inner = format!("http://{}", &url["https://".len()..]);
     let endpoint = Channel::from_shared(inner)
         .map_err(|e| bad_url(url, e.to_string()))?
+        .origin(origin)
         .connect_timeout(timeout);
-    let connector = tower::service_fn(move |_: tonic::codegen::http::Uri| {
-        let (tls, name, host) = (tls.clone(), name.clone(), host.clone());
+    let connector = tower::service_fn(move |uri: tonic::codegen::http::Uri| {
+        let (tls, name, tcp) = (tls.clone(), name.clone(), tcp.clone());
         async move {
-            let tcp = tcp_to(&host, port, local).await?;
-            tcp.set_nodelay(true)?;
-            let tls = tls.connect(name, tcp).await?;
+            use tower::ServiceExt as _;
+            let tcp = tcp.oneshot(uri).await.map_err(std::io::Error::other)?;
+            let tls = tls.connect(name, tcp.into_inner()).await?;
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
         }
     });
     connected(url, endpoint.connect_with_connector(connector), timeout).await
-}
-
-/// A TCP connection to `host`:`port`, from `local` if given (to the host's
-/// first address of the same family that answers).
-async fn tcp_to(
-    host: &str,
-    port: u16,
-    local: Option<std::net::IpAddr>,
-) -> std::io::Result<tokio::net::TcpStream> {
-    let Some(local) = local else {
-        return tokio::net::TcpStream::connect((host, port)).await;
-    };
-    let mut last = None;
-    for addr in tokio::net::lookup_host((host, port)).await? {
-        if addr.is_ipv4() != local.is_ipv4() {
-            continue;
-        }
-        let socket = match addr {
-            std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-            std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-        };
-        socket.bind(std::net::SocketAddr::new(local, 0))?;
-        match socket.connect(addr).await {
-            Ok(tcp) => return Ok(tcp),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::AddrNotAvailable,
-            format!("`{host}` has no address of the family of {local}"),
-        )
-    }))
 }
 
 /// The endpoint of `url`, which must fit `transport` (`https` on TLS, `http` on
@@ -376,9 +346,8 @@ fn client(channel: Channel) -> ProxyClient<Channel> {
 }
 
 /// The channel `connecting` makes, within `timeout` (when the connection breaks
-/// later and the channel reconnects, only the new TCP connection is held to the
-/// endpoint's connect timeout: the channel has no bound of its own on a later
-/// TLS handshake).
+/// later and the channel reconnects, the new connection, TCP and TLS, is held
+/// to the endpoint's connect timeout, `timeout` too).
 async fn connected(
     url: &str,
     connecting: impl std::future::Future<Output = Result<Channel, tonic::transport::Error>>,
@@ -394,10 +363,35 @@ async fn connected(
         let (url, reason) = (url.to_string(), error_chain(&e));
         if tls_failure(&e) {
             ConnectError::Tls { url, reason }
+        } else if timed_out(&e) {
+            // The endpoint's own timeout, which ends a connection a moment before
+            // the one above would.
+            ConnectError::Connect {
+                url,
+                reason: format!("no connection within {} s", timeout.as_secs()),
+            }
         } else {
             ConnectError::Connect { url, reason }
         }
     })
+}
+
+/// Whether a timeout is among `e` and its sources (an `io::Error` of kind
+/// `TimedOut`, as a connect timeout ends a connection with).
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            let inner_timed_out = io
+                .get_ref()
+                .is_some_and(|inner| timed_out(inner as &(dyn std::error::Error + 'static)));
+            if io.kind() == std::io::ErrorKind::TimedOut || inner_timed_out {
+                return true;
+            }
+        }
+        next = err.source();
+    }
+    false
 }
 
 #[cfg(test)]

@@ -362,6 +362,14 @@ impl LoadedTls {
         for der in &crls {
             check_crl_of(der, &ca).map_err(invalid)?;
         }
+        // Read here as the handshake will read it: rustls's reader refuses some
+        // lists the check above passes (a version 1 list, one without
+        // `nextUpdate`), which would otherwise fail every connection later.
+        let (roots, _, _) = self.parsed()?;
+        tokio_rustls::rustls::client::WebPkiServerVerifier::builder(roots.into())
+            .with_crls(crls.iter().cloned())
+            .build()
+            .map_err(|e| invalid(format!("the TLS library cannot read it: {e}")))?;
         self.crls = crls;
         Ok(self)
     }
@@ -525,6 +533,13 @@ impl TransportArgs {
     /// The transport the flags ask for, as `role`. TLS unless plaintext is asked for
     /// by name; then a warning is logged.
     pub fn transport(&self, role: Role) -> Result<Transport, TlsError> {
+        self.transport_as(&[role])
+    }
+
+    /// [`TransportArgs::transport`] for a program that may run as any of `roles`
+    /// (`proxy status`: the operator or a user), as the certificate's role says;
+    /// refused with the first role's error if it is none of them.
+    pub fn transport_as(&self, roles: &[Role]) -> Result<Transport, TlsError> {
         if self.insecure_plaintext {
             tracing::warn!(
                 "--insecure-plaintext: no TLS; traffic is readable and parties are \
@@ -539,7 +554,7 @@ impl TransportArgs {
                     cert: cert.clone(),
                     key: key.clone(),
                 };
-                let mut tls = files.load(role)?;
+                let mut tls = load_as(&files, roles)?;
                 if let Some(crl) = &self.tls_crl {
                     tls = tls
                         .with_crls(crl)
@@ -562,6 +577,21 @@ impl TransportArgs {
             }
         }
     }
+}
+
+/// `files` read as the first of `roles` their certificate is; the first role's
+/// error if none.
+fn load_as(files: &TlsFiles, roles: &[Role]) -> Result<LoadedTls, TlsError> {
+    let mut first = None;
+    for role in roles {
+        match files.load(*role) {
+            Ok(tls) => return Ok(tls),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    Err(first.unwrap_or_else(|| TlsError::Flags("no role to load the certificate as".into())))
 }
 
 /// Creates `path` (never overwriting); secret files are readable by their owner only.
