@@ -1210,19 +1210,16 @@ fn a_proxy_cannot_get_anything_but_the_signed_total_count_decrypted() {
     assert!(format!("{err:#}").contains("does not verify"), "{err:#}");
     // 5. A count signed under a certificate the CA has revoked since (its key
     //    leaked, say) is refused by a user given the CA's list, and only then.
-    let list = f.dir.path().join("revokes-hospital-a.pem");
-    let pem = f.proxy.pki.revocation_list(&["hospital-a"]).expect("list");
-    std::fs::write(&list, pem).expect("write the list");
-    let checking = (*tls).clone().with_crls(&list).expect("the CA's list");
-    let err = dpca_user::session::check_signed_counts(&sealed, &f.sk, &f.spec, &checking, &f.study)
-        .expect_err("a count signed under a revoked certificate");
+    let check_revoking = |revoked: &str| {
+        let list = f.dir.path().join(format!("revokes-{revoked}.pem"));
+        let pem = f.proxy.pki.revocation_list(&[revoked]).expect("list");
+        std::fs::write(&list, pem).expect("write the list");
+        let checking = (*tls).clone().with_crls(&list).expect("the CA's list");
+        dpca_user::session::check_signed_counts(&sealed, &f.sk, &f.spec, &checking, &f.study)
+    };
+    let err = check_revoking("hospital-a").expect_err("a count signed under a revoked certificate");
     assert!(format!("{err:#}").contains("revocation list"), "{err:#}");
-    let list = f.dir.path().join("revokes-mallory.pem");
-    let pem = f.proxy.pki.revocation_list(&["mallory"]).expect("list");
-    std::fs::write(&list, pem).expect("write the list");
-    let checking = (*tls).clone().with_crls(&list).expect("the CA's list");
-    dpca_user::session::check_signed_counts(&sealed, &f.sk, &f.spec, &checking, &f.study)
-        .expect("counts signed under certificates the list does not name");
+    check_revoking("mallory").expect("counts signed under certificates the list does not name");
 }
 
 /// An owner of a `mask` study that does not sign its count, or signs it with a
