@@ -716,6 +716,25 @@ fn names_that_could_drive_a_terminal_are_refused() {
         err.contains("expected_owners") && err.contains("owner id"),
         "{err}"
     );
+    // Class labels, which owners and the user's report show, likewise.
+    s.quorum = 1;
+    s.expected_owners.clear();
+    let classes = |labels: &[&str]| crate::study::ClassSpec {
+        labels: labels.iter().map(|l| l.to_string()).collect(),
+        covariance: crate::study::ClassCovariance::Shared,
+    };
+    s.classes = Some(classes(&["benign", "malin \u{200f}ממאיר"]));
+    assert!(s.clone().validate().is_ok());
+    s.classes = Some(classes(&["benign", "malignant\x1b[8m"]));
+    let err = s.clone().validate().expect_err("hostile label").to_string();
+    assert!(
+        err.contains("classes") && err.contains("class label"),
+        "{err}"
+    );
+    assert!(
+        !err.chars().any(crate::study::is_terminal_control),
+        "{err:?}"
+    );
 }
 
 /// A noise scale beyond u128 used to be cut to u128::MAX without a word: less noise

@@ -162,8 +162,11 @@ impl SpecDraft {
     }
 
     /// The names and ids other parties print hold no terminal control: feature
-    /// names (a histogram's data features too) and invited owners.
+    /// names (a histogram's data features too), class labels and invited owners.
     fn check_names(&self) -> Result<(), SpecError> {
+        for label in self.classes.iter().flat_map(|c| &c.labels) {
+            check_no_terminal_controls("class label", label).map_err(|e| param("classes", e))?;
+        }
         for name in &self.features {
             check_no_terminal_controls("feature name", name).map_err(SpecError::Schema)?;
         }
