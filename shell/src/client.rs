@@ -264,7 +264,8 @@ pub async fn connect_for_status(
 /// A channel to the proxy at `url`, connected within `timeout`, from `local`
 /// if given. On TLS the handshake is rustls's, run here rather than by tonic:
 /// the proxy's certificate is checked against the CA's revocation list too,
-/// when the party was given one, and `extra_alpn` is offered after HTTP/2. The
+/// when the party was given one, and `extra_alpn` is offered after HTTP/2; a
+/// server that does not agree on HTTP/2 is refused before anything is sent. The
 /// TCP connection is hyper's, as tonic makes it (each of the host's addresses
 /// tried in turn within the timeout, IPv6 and IPv4 raced).
 pub async fn channel(
@@ -307,6 +308,15 @@ pub async fn channel(
             use tower::ServiceExt as _;
             let tcp = tcp.oneshot(uri).await.map_err(std::io::Error::other)?;
             let tls = tls.connect(name, tcp.into_inner()).await?;
+            // Sent nothing yet: a server that did not agree on HTTP/2 is no proxy
+            // (tonic's own TLS refused it too).
+            if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the server did not agree on HTTP/2 in the TLS handshake (ALPN): \
+                     not a proxy",
+                ));
+            }
             Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
         }
     });
@@ -437,6 +447,54 @@ mod tests {
     /// A port that takes the connection and never answers: the TLS handshake
     /// would wait forever (before, it did); the connection gives up in time and
     /// says so, as an outage to retry.
+    /// A TLS server of the parties' CA that does not agree on HTTP/2 is no proxy:
+    /// the connection is refused after the handshake, before anything is sent,
+    /// as a failure not worth retrying.
+    #[tokio::test]
+    async fn a_server_without_http2_is_refused_before_anything_is_sent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let pki =
+            crate::tls::write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &names(&["a"]))
+                .expect("PKI");
+        let proxy = pki
+            .proxy
+            .load(crate::tls::Role::Proxy)
+            .expect("proxy files");
+        let mut config = proxy.rustls_server_config().expect("server config");
+        config.alpn_protocols.clear();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let at = listener.local_addr().expect("addr");
+        let served = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let mut tls = acceptor.accept(tcp).await.expect("handshake");
+            let mut got = Vec::new();
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut tls, &mut got).await;
+            got
+        });
+        let owner = pki.files("a").expect("files");
+        let owner = std::sync::Arc::new(owner.load(crate::tls::Role::Owner).expect("load"));
+        let url = format!("https://{at}");
+        let transport = Transport::Tls(owner);
+        let err = channel(&url, &transport, None, &[], Duration::from_secs(10))
+            .await
+            .expect_err("a server without HTTP/2 was taken for a proxy");
+        assert!(!err.transient(), "{err}");
+        assert!(err.to_string().contains("HTTP/2"), "{err}");
+        let got = tokio::time::timeout(Duration::from_secs(10), served)
+            .await
+            .expect("the client closed")
+            .expect("server task");
+        assert!(
+            got.is_empty(),
+            "sent {} bytes to a server without HTTP/2",
+            got.len()
+        );
+    }
+
     #[tokio::test]
     async fn a_connection_to_a_port_that_never_answers_gives_up_in_time() {
         let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
