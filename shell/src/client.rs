@@ -55,17 +55,28 @@ impl ConnectError {
 /// only as text by the time it reaches here); a connection that broke or was
 /// refused has another kind.
 pub fn tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    in_chain(e, &|err| {
+        err.is::<tokio_rustls::rustls::Error>()
+            || err
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
+    })
+}
+
+/// Whether `found` holds for `e` or one of its sources, an `io::Error`'s inner
+/// error included: where the TLS library's error is kept (connecting), it is
+/// inside an `io::Error`, whose own `source` skips it.
+fn in_chain(
+    e: &(dyn std::error::Error + 'static),
+    found: &dyn Fn(&(dyn std::error::Error + 'static)) -> bool,
+) -> bool {
     let mut next = Some(e);
     while let Some(err) = next {
-        let io = err.downcast_ref::<std::io::Error>();
-        if err.is::<tokio_rustls::rustls::Error>()
-            || io.is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
-            // Where the TLS library's error is kept (connecting), it is inside the
-            // io::Error, whose own `source` skips it.
-            || io
-                .and_then(|io| io.get_ref())
-                .is_some_and(|inner| inner.is::<tokio_rustls::rustls::Error>())
-        {
+        let inner = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| in_chain(inner, found));
+        if found(err) || inner {
             return true;
         }
         next = err.source();
@@ -389,19 +400,10 @@ async fn connected(
 /// Whether a timeout is among `e` and its sources (an `io::Error` of kind
 /// `TimedOut`, as a connect timeout ends a connection with).
 fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(e);
-    while let Some(err) = next {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            let inner_timed_out = io
-                .get_ref()
-                .is_some_and(|inner| timed_out(inner as &(dyn std::error::Error + 'static)));
-            if io.kind() == std::io::ErrorKind::TimedOut || inner_timed_out {
-                return true;
-            }
-        }
-        next = err.source();
-    }
-    false
+    in_chain(e, &|err| {
+        err.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+    })
 }
 
 #[cfg(test)]

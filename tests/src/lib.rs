@@ -219,6 +219,14 @@ pub fn tls_args(files: &TlsFiles) -> Vec<OsString> {
     files.args()
 }
 
+/// `pki`'s CA's revocation list naming the parties `revoked`, written to `path`
+/// (for `--tls-crl`), which it returns as text.
+pub fn write_revocation_list(pki: &DevPki, revoked: &[&str], path: &Path) -> String {
+    let list = pki.revocation_list(revoked).expect("a revocation list");
+    std::fs::write(path, list).expect("write the list");
+    path.to_str().expect("a UTF-8 path").to_string()
+}
+
 /// A fresh development PKI in a temporary folder (kept while the folder lives).
 pub fn dev_pki() -> (DevPki, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -696,17 +696,18 @@ fn names_that_could_drive_a_terminal_are_refused() {
     let mut s = draft(3, Centering::DpMean, Mechanism::GAUSSIAN);
     s.features[0] = "Größe (cm) 身長 \u{200f}גובה".into();
     assert!(s.clone().validate().is_ok());
-    for bad in ["x\x1b[2J", "x\r", "x\u{9b}1m", "x\u{202e}"] {
-        s.features[1] = bad.into();
-        let err = s.clone().validate().expect_err(bad).to_string();
-        assert!(
-            err.contains("feature name") && err.contains("control character"),
-            "{err}"
-        );
+    // Refused, naming `what` and `param`, and told escaped.
+    let refused = |s: &SpecDraft, what: &str, param: &str| {
+        let err = s.clone().validate().expect_err(what).to_string();
+        assert!(err.contains(what) && err.contains(param), "{err}");
         assert!(
             !err.chars().any(crate::study::is_terminal_control),
             "{err:?}"
         );
+    };
+    for bad in ["x\x1b[2J", "x\r", "x\u{9b}1m", "x\u{202e}"] {
+        s.features[1] = bad.into();
+        refused(&s, "feature name", "control character");
     }
     s.features[1] = "f1".into();
     s.quorum = 2;
@@ -726,15 +727,7 @@ fn names_that_could_drive_a_terminal_are_refused() {
     s.classes = Some(classes(&["benign", "malin \u{200f}ממאיר"]));
     assert!(s.clone().validate().is_ok());
     s.classes = Some(classes(&["benign", "malignant\x1b[8m"]));
-    let err = s.clone().validate().expect_err("hostile label").to_string();
-    assert!(
-        err.contains("classes") && err.contains("class label"),
-        "{err}"
-    );
-    assert!(
-        !err.chars().any(crate::study::is_terminal_control),
-        "{err:?}"
-    );
+    refused(&s, "class label", "classes");
 }
 
 /// A noise scale beyond u128 used to be cut to u128::MAX without a word: less noise

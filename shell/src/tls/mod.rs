@@ -232,7 +232,7 @@ impl TlsFiles {
             cert_pem,
             key_pem,
             me,
-            crls: Vec::new(),
+            crl: None,
         })
     }
 }
@@ -301,10 +301,10 @@ pub struct LoadedTls {
     key_pem: Vec<u8>,
     /// Who this party's certificate says it is.
     pub me: Peer,
-    /// The CA's revocation lists (`--tls-crl`) the peer's certificate is
-    /// checked against: a client's at the proxy, the proxy's at a client, and an
-    /// owner's count signature at the user; none, and no check, unless given.
-    crls: Vec<tokio_rustls::rustls::pki_types::CertificateRevocationListDer<'static>>,
+    /// The CA's revocation list (`--tls-crl`) the peer's certificate is checked
+    /// against: a client's at the proxy, the proxy's at a client, and an owner's
+    /// count signature at the user; none, and no check, unless given.
+    crl: Option<tokio_rustls::rustls::pki_types::CertificateRevocationListDer<'static>>,
 }
 
 impl fmt::Debug for LoadedTls {
@@ -340,12 +340,12 @@ impl LoadedTls {
             reason,
         };
         let pem = read(path)?;
-        let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
+        let mut crls = CertificateRevocationListDer::pem_slice_iter(&pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| invalid(format!("not a PEM revocation list: {e}")))?;
-        match crls.len() {
+        let crl = match crls.len() {
             0 => return Err(invalid("holds no `X509 CRL` block".into())),
-            1 => {}
+            1 => crls.remove(0),
             n => {
                 return Err(invalid(format!(
                     "holds {n} lists: of lists of one CA, the handshake reads the first \
@@ -353,41 +353,39 @@ impl LoadedTls {
                      newest list alone"
                 )))
             }
-        }
+        };
         let (_, ca) = x509_parser::pem::parse_x509_pem(&self.ca_pem)
             .map_err(|e| invalid(format!("the CA certificate: {e}")))?;
         let ca = ca
             .parse_x509()
             .map_err(|e| invalid(format!("the CA certificate: {e}")))?;
-        for der in &crls {
-            check_crl_of(der, &ca).map_err(invalid)?;
-        }
+        check_crl_of(&crl, &ca).map_err(invalid)?;
         // Read here as the handshake will read it: rustls's reader refuses some
         // lists the check above passes (a version 1 list, one without
         // `nextUpdate`), which would otherwise fail every connection later.
         let (roots, _, _) = self.parsed()?;
         tokio_rustls::rustls::client::WebPkiServerVerifier::builder(roots.into())
-            .with_crls(crls.iter().cloned())
+            .with_crls([crl.clone()])
             .build()
             .map_err(|e| invalid(format!("the TLS library cannot read it: {e}")))?;
-        self.crls = crls;
+        self.crl = Some(crl);
         Ok(self)
     }
 
     /// The proxy's TLS configuration, for its listener, which runs the handshake
     /// itself: its identity, client certificates required and checked against the
-    /// CA (and its revocation lists, if given: [`LoadedTls::with_crls`]), and
+    /// CA (and its revocation list, if given: [`LoadedTls::with_crls`]), and
     /// HTTP/2 by ALPN (as tonic's own server configuration).
     pub fn rustls_server_config(&self) -> Result<tokio_rustls::rustls::ServerConfig, TlsError> {
         use tokio_rustls::rustls::server::WebPkiClientVerifier;
         use tokio_rustls::rustls::ServerConfig;
         let (roots, certs, key) = self.parsed()?;
         let mut clients = WebPkiClientVerifier::builder(roots.into());
-        if !self.crls.is_empty() {
+        if let Some(crl) = &self.crl {
             // The CA issues every party's certificate itself: the end entity's
             // status is the one a list gives (an unknown one is refused).
             clients = clients
-                .with_crls(self.crls.iter().cloned())
+                .with_crls([crl.clone()])
                 .only_check_end_entity_revocation();
         }
         let verifier = Arc::new(PartyVerifier(
@@ -404,7 +402,7 @@ impl LoadedTls {
     }
 
     /// A client's configuration: the proxy checked against the CA (and its
-    /// revocation lists, if given: [`LoadedTls::with_crls`]), this party's
+    /// revocation list, if given: [`LoadedTls::with_crls`]), this party's
     /// certificate presented, HTTP/2 and then `extra_alpn` offered (the status
     /// lane's hint, [`lane::STATUS_LANE_ALPN`]).
     pub fn rustls_client_config(
@@ -414,11 +412,11 @@ impl LoadedTls {
         use tokio_rustls::rustls::client::WebPkiServerVerifier;
         let (roots, certs, key) = self.parsed()?;
         let mut server = WebPkiServerVerifier::builder(roots.into());
-        if !self.crls.is_empty() {
+        if let Some(crl) = &self.crl {
             // The CA issues the proxy's certificate itself, as the server side
             // reads a client's.
             server = server
-                .with_crls(self.crls.iter().cloned())
+                .with_crls([crl.clone()])
                 .only_check_end_entity_revocation();
         }
         let server = server
@@ -451,28 +449,23 @@ impl LoadedTls {
         Ok((roots, certs(&self.cert_pem)?, key))
     }
 
-    /// Whether the CA's revocation lists given ([`LoadedTls::with_crls`]) name
+    /// Whether the CA's revocation list given ([`LoadedTls::with_crls`]) names
     /// `certificate` (DER), which the caller has checked the CA issued: by its
     /// serial number, which a CA gives one certificate only.
     pub fn revokes(&self, certificate: &[u8]) -> Result<bool, TlsError> {
         let invalid = |reason: String| TlsError::Config(reason);
-        if self.crls.is_empty() {
+        let Some(der) = &self.crl else {
             return Ok(false);
-        }
+        };
         let (_, cert) = x509_parser::parse_x509_certificate(certificate)
             .map_err(|e| invalid(format!("a certificate to check for revocation: {e}")))?;
-        for der in &self.crls {
-            // Parsed when loaded; a list that no longer parses is an error, not a pass.
-            let (_, crl) = x509_parser::parse_x509_crl(der)
-                .map_err(|e| invalid(format!("the revocation list: {e}")))?;
-            if crl
-                .iter_revoked_certificates()
-                .any(|r| r.raw_serial() == cert.raw_serial())
-            {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        // Parsed when loaded; a list that no longer parses is an error, not a pass.
+        let (_, crl) = x509_parser::parse_x509_crl(der)
+            .map_err(|e| invalid(format!("the revocation list: {e}")))?;
+        let listed = crl
+            .iter_revoked_certificates()
+            .any(|r| r.raw_serial() == cert.raw_serial());
+        Ok(listed)
     }
 }
 

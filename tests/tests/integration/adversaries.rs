@@ -1212,8 +1212,7 @@ fn a_proxy_cannot_get_anything_but_the_signed_total_count_decrypted() {
     //    leaked, say) is refused by a user given the CA's list, and only then.
     let check_revoking = |revoked: &str| {
         let list = f.dir.path().join(format!("revokes-{revoked}.pem"));
-        let pem = f.proxy.pki.revocation_list(&[revoked]).expect("list");
-        std::fs::write(&list, pem).expect("write the list");
+        dpca_tests::write_revocation_list(&f.proxy.pki, &[revoked], &list);
         let checking = (*tls).clone().with_crls(&list).expect("the CA's list");
         dpca_user::session::check_signed_counts(&sealed, &f.sk, &f.spec, &checking, &f.study)
     };

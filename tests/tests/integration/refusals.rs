@@ -478,12 +478,7 @@ fn a_revoked_certificate_is_refused_in_the_handshake() {
         .expect("the state's folder")
         .to_path_buf();
     let write_list = |pki: &dpca_shell::tls::DevPki, name: &str| {
-        let path = dir.join(name);
-        let list = pki
-            .revocation_list(&["mallory"])
-            .expect("a revocation list");
-        std::fs::write(&path, list).expect("write the list");
-        path.to_str().expect("a UTF-8 path").to_string()
+        dpca_tests::write_revocation_list(pki, &["mallory"], &dir.join(name))
     };
     let own = write_list(&f.proxy.pki, "revoked.pem");
     let (other_ca, _other_dir) = dpca_tests::dev_pki();
@@ -537,13 +532,7 @@ fn a_client_given_the_list_refuses_a_revoked_proxy() {
     let data = f.good_file("good.csv", 20, 0);
     let write_list = |revoked: &str| {
         let path = f.dir.path().join(format!("revokes-{revoked}.pem"));
-        let list = f
-            .proxy
-            .pki
-            .revocation_list(&[revoked])
-            .expect("a revocation list");
-        std::fs::write(&path, list).expect("write the list");
-        path.to_str().expect("a UTF-8 path").to_string()
+        dpca_tests::write_revocation_list(&f.proxy.pki, &[revoked], &path)
     };
     let (proxy_revoked, other_revoked) = (write_list("proxy"), write_list("mallory"));
     let start = std::time::Instant::now();
