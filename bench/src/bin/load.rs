@@ -14,7 +14,9 @@
 //! allows on every core: here the owners' side runs on the same cores), ciphertexts
 //! folded per second per core
 //! and that rate's distance from the floor (cores over GMP's multiplication mod
-//! n^2, measured in this run); the same distance for the fold alone, in memory
+//! n^2, measured in this run), and the least distance these cores allow (the
+//! arithmetic no proxy may skip and the owners' side's CPU, measured in this
+//! run, shared out on every core); the same distance for the fold alone, in memory
 //! with nothing else running (what these cores give a fold before any network,
 //! validation or storage), and the CPU the owners' side took of the same cores;
 //! bytes the proxy wrote to its disk per contribution
@@ -140,6 +142,8 @@ struct Row {
     /// The same for the check of every ciphertext as the proxy reads it
     /// (`PublicKey::elems_from_bytes`), on every core.
     bare_check: f64,
+    /// GMP's multiplication as measured beside the bare fold and check, seconds.
+    bare_mul: f64,
     /// This program's CPU seconds during the load: the owners' TLS and framing,
     /// and the status polls, on the cores the proxy runs on.
     owners_cpu: f64,
@@ -542,7 +546,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
     let proxy = Usage::of_pid(pid).context("proxy usage from /proc")?;
     let cpu = proxy.cpu_seconds - cpu_before;
     let page = metrics_page(s.metrics)?;
-    let (bare_fold, bare_check) = bare_fold_and_check(&s.pk, &s.cts)?;
+    let (bare_fold, bare_check, bare_mul) = bare_fold_and_check(&s.pk, &s.cts)?;
     let info = connect(&s.url, &s.user)
         .await?
         .get_study(v1::GetStudyRequest {
@@ -561,6 +565,7 @@ async fn run(proxy_bin: &Path, plan: Plan, bits: u64) -> anyhow::Result<Row> {
         fold: scrape(&page, "dpca_fold_microseconds_total")? / 1e6,
         bare_fold,
         bare_check,
+        bare_mul,
         owners_cpu,
         store: scrape(&page, "dpca_store_microseconds_total")? / 1e6,
         writes_per_commit: scrape(&page, "dpca_store_writes_total")?
@@ -668,8 +673,8 @@ fn main() -> anyhow::Result<()> {
 /// a run's start and its end). Then the same for reading and checking the
 /// ciphertexts as the proxy does before it folds them (on every core, one batch
 /// of a chunk's size per task): the part of a contribution's arithmetic that is
-/// not the fold's.
-fn bare_fold_and_check(pk: &PublicKey, cts: &[Vec<u8>]) -> anyhow::Result<(f64, f64)> {
+/// not the fold's. Last, the multiplication's time, seconds.
+fn bare_fold_and_check(pk: &PublicKey, cts: &[Vec<u8>]) -> anyhow::Result<(f64, f64, f64)> {
     let ring = pk.ring();
     let elems = pk.elems_from_bytes(cts, 0)?;
     let aggregate = elems.clone();
@@ -696,7 +701,17 @@ fn bare_fold_and_check(pk: &PublicKey, cts: &[Vec<u8>]) -> anyhow::Result<(f64, 
         mul = mul.min(raw_gmp_mulmod(pk, &mut OsRng));
     }
     let per = |seconds: f64| seconds * cores as f64 / cts.len() as f64 / mul;
-    Ok((per(folded), per(checked)))
+    Ok((per(folded), per(checked), mul))
+}
+
+/// The least `floor / folded` a run could show on these cores: the cores' time
+/// per ciphertext (over the multiplication `mul`) can be no less than the
+/// arithmetic no proxy may skip (the bare fold and the check, each on every
+/// core) and this program's own CPU (the owners' TLS and framing, the status
+/// polls) on the same cores. Above 1.5, the target is out of reach of any proxy
+/// here, however little TLS, HTTP/2 and the state file cost it.
+fn least_floor_ratio(r: &Row, total: f64, mul: f64) -> f64 {
+    (r.bare_fold + r.bare_check) * r.bare_mul / mul + r.owners_cpu / (total * mul)
 }
 
 /// Median and largest of `ms`.
@@ -716,20 +731,20 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
     );
     println!(
         "\n| M | owners | ciphertexts each | wall s | contributions/s | contributions/s the proxy's CPU allows | folded/s per core | \
-         floor / folded | fold s | floor / fold | floor / bare fold | bare check / mul | store s | writes per commit | proxy CPU s | \
+         floor / folded | least floor / folded these cores allow | fold s | floor / fold | floor / bare fold | bare check / mul | store s | writes per commit | proxy CPU s | \
          proxy CPU per ciphertext / mul | owners' CPU s | written / contributed | proxy peak MiB | \
          status ms, fresh connection (status lane): median / max (calls answered, refused) | status ms, \
          fresh connection to the operator listener: median / max (answered, refused) | \
          status ms, open connection: median / max (answered, refused) | refused | connections per owner | \
          reservations per owner | connections the proxy let go | state (owners in) |"
     );
-    println!("|{}", "---|".repeat(27));
+    println!("|{}", "---|".repeat(28));
     for r in rows {
         let owners = r.plan.owners as f64;
         let total = owners * r.ciphertexts as f64;
         let per_core = |seconds: f64| total / seconds / cores as f64;
         println!(
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} | {} | {} | {:.2} | {:.2} | {:.0} | {} ({}) |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} | {} | {} | {} | {:.2} | {:.2} | {:.0} | {} ({}) |",
             r.plan.features,
             r.plan.owners,
             r.ciphertexts,
@@ -739,6 +754,7 @@ fn print_table(rows: &[Row], cores: usize, mul: f64, bits: u64) {
             cores as f64 * owners / r.cpu,
             per_core(r.wall),
             (1.0 / mul) / per_core(r.wall),
+            least_floor_ratio(r, total, mul),
             r.fold,
             (1.0 / mul) / per_core(r.fold),
             r.bare_fold,
