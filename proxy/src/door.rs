@@ -45,6 +45,12 @@ pub struct Arrival {
     pub peer: std::net::IpAddr,
     /// The door's place and the source's counts, held until the handshake ends.
     pub held: PlaceHeld,
+    /// By when it must have a handshake place: the handshake timeout after its
+    /// accept. Past it, its ClientHello still unread at the door or its turn not
+    /// yet come, it is closed and its place let go, so that no connection holds
+    /// a door place for long however long the queue stands still (one that sent
+    /// its first record and closed would otherwise hold it until its turn).
+    pub deadline: tokio::time::Instant,
 }
 
 /// A place (at a door, or for a handshake) and its connection's count in each
@@ -137,23 +143,24 @@ pub async fn open(
             continue;
         };
         let lanes = lanes.clone();
+        let deadline = tokio::time::Instant::now() + handshake_timeout;
         let arrival = (io, addr.ip(), (place, source));
-        tokio::spawn(sort(name, arrival, handshake_timeout, lanes));
+        tokio::spawn(sort(name, arrival, deadline, lanes));
     }
 }
 
 /// Sends one connection to its lane: the status lane if it has one and the
-/// ClientHello asks for it, else the main one.
+/// ClientHello asks for it (read by `deadline`), else the main one.
 async fn sort(
     name: &'static str,
     (io, peer, held): (TcpStream, std::net::IpAddr, PlaceHeld),
-    handshake_timeout: Duration,
+    deadline: tokio::time::Instant,
     lanes: Lanes,
 ) {
     // The status lane, if there is one and the hello asks for it.
     let lane = match &lanes.status {
         None => None,
-        Some(lane) => match tokio::time::timeout(handshake_timeout, read_hello(&io)).await {
+        Some(lane) => match tokio::time::timeout_at(deadline, read_hello(&io)).await {
             Ok(Ok(Hello::Status)) => Some(lane),
             Ok(Ok(Hello::Other | Hello::Incomplete)) => None,
             // Closed before its hello was whole (or before it said anything).
@@ -164,7 +171,12 @@ async fn sort(
     let Ok(io) = io.into_std() else {
         return refused(name, ConnectionRefusal::Handshake);
     };
-    let mut arrival = Arrival { io, peer, held };
+    let mut arrival = Arrival {
+        io,
+        peer,
+        held,
+        deadline,
+    };
     if let Some(lane) = lane {
         match lane.take(arrival) {
             None => return,
