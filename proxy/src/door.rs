@@ -3,7 +3,10 @@
 //! ClientHello asks for ([`dpca_shell::tls::lane`]) before any handshake.
 //!
 //! A connection holds a door place from its accept until its handshake ends,
-//! and counts against its source ([`crate::sources`]) as long, as it does
+//! at most twice the handshake timeout: it is closed if it has no handshake
+//! place within one timeout of its accept ([`Arrival::deadline`]), and its
+//! handshake has one more. It counts against its source ([`crate::sources`]) as
+//! long, as it does
 //! against its source's share of the handshake places once it has one
 //! ([`crate::listener::capped_tls`]): one site can hold no more of those than
 //! before the door held more places than them. While every place
