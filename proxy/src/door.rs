@@ -3,10 +3,7 @@
 //! ClientHello asks for ([`dpca_shell::tls::lane`]) before any handshake.
 //!
 //! A connection holds a door place from its accept until its handshake ends,
-//! at most twice the handshake timeout: it is closed if it has no handshake
-//! place within one timeout of its accept ([`Arrival::deadline`]), and its
-//! handshake has one more. It counts against its source ([`crate::sources`]) as
-//! long, as it does
+//! and counts against its source ([`crate::sources`]) as long, as it does
 //! against its source's share of the handshake places once it has one
 //! ([`crate::listener::capped_tls`]): one site can hold no more of those than
 //! before the door held more places than them. While every place
@@ -48,12 +45,6 @@ pub struct Arrival {
     pub peer: std::net::IpAddr,
     /// The door's place and the source's counts, held until the handshake ends.
     pub held: PlaceHeld,
-    /// By when it must have a handshake place: the handshake timeout after its
-    /// accept. Past it, its ClientHello still unread at the door or its turn not
-    /// yet come, it is closed and its place let go, so that no connection holds
-    /// a door place for long however long the queue stands still (one that sent
-    /// its first record and closed would otherwise hold it until its turn).
-    pub deadline: tokio::time::Instant,
 }
 
 /// A place (at a door, or for a handshake) and its connection's count in each
@@ -146,24 +137,23 @@ pub async fn open(
             continue;
         };
         let lanes = lanes.clone();
-        let deadline = tokio::time::Instant::now() + handshake_timeout;
         let arrival = (io, addr.ip(), (place, source));
-        tokio::spawn(sort(name, arrival, deadline, lanes));
+        tokio::spawn(sort(name, arrival, handshake_timeout, lanes));
     }
 }
 
 /// Sends one connection to its lane: the status lane if it has one and the
-/// ClientHello asks for it (read by `deadline`), else the main one.
+/// ClientHello asks for it, else the main one.
 async fn sort(
     name: &'static str,
     (io, peer, held): (TcpStream, std::net::IpAddr, PlaceHeld),
-    deadline: tokio::time::Instant,
+    handshake_timeout: Duration,
     lanes: Lanes,
 ) {
     // The status lane, if there is one and the hello asks for it.
     let lane = match &lanes.status {
         None => None,
-        Some(lane) => match tokio::time::timeout_at(deadline, read_hello(&io)).await {
+        Some(lane) => match tokio::time::timeout(handshake_timeout, read_hello(&io)).await {
             Ok(Ok(Hello::Status)) => Some(lane),
             Ok(Ok(Hello::Other | Hello::Incomplete)) => None,
             // Closed before its hello was whole (or before it said anything).
@@ -174,12 +164,7 @@ async fn sort(
     let Ok(io) = io.into_std() else {
         return refused(name, ConnectionRefusal::Handshake);
     };
-    let mut arrival = Arrival {
-        io,
-        peer,
-        held,
-        deadline,
-    };
+    let mut arrival = Arrival { io, peer, held };
     if let Some(lane) = lane {
         match lane.take(arrival) {
             None => return,

@@ -40,7 +40,6 @@
 //! operator's and 32 more on the status lane, each a descriptor; the proxy raises
 //! its own limit to 4096 where the system lets it (`cli::DESCRIPTORS_NEEDED`).
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -395,11 +394,10 @@ pub fn capped_tls_on(
         handshake_timeout,
     };
     tokio::spawn(async move {
-        let mut queue = VecDeque::new();
         loop {
             // Ends with the server (its receiver dropped), or with the door.
             let next = tokio::select! {
-                next = next_turn(&handshakes, &mut arrivals, &mut queue, caps.name) => next,
+                next = place_then_arrival(&handshakes, &mut arrivals) => next,
                 () = tx.closed() => return,
             };
             let Some((place, arrival)) = next else {
@@ -426,44 +424,14 @@ pub fn capped_tls_on(
     ReceiverStream::new(rx)
 }
 
-/// A handshake place and the first arrival queued for one (`None` once the door
-/// is gone). Meanwhile what arrives joins `queue`, in the order it came, and an
-/// arrival still queued at its deadline ([`Arrival::deadline`]) is closed then,
-/// whether or not a place frees: the queue stands still while every place is
-/// held by a handshake that stalls, for up to the handshake timeout each.
-async fn next_turn(
+/// A handshake place, then the next arrival (`None` once the door is gone).
+async fn place_then_arrival(
     places: &Places,
     arrivals: &mut (impl Stream<Item = Arrival> + Unpin),
-    queue: &mut VecDeque<Arrival>,
-    name: &'static str,
 ) -> Option<(OwnedSemaphorePermit, Arrival)> {
     use tokio_stream::StreamExt;
-    loop {
-        let now = tokio::time::Instant::now();
-        let queued = queue.len();
-        queue.retain(|a| a.deadline > now);
-        for _ in queue.len()..queued {
-            refused(name, ConnectionRefusal::HandshakeTimeout);
-        }
-        let first_due = queue.iter().map(|a| a.deadline).min();
-        tokio::select! {
-            arrival = arrivals.next() => queue.push_back(arrival?),
-            place = places.take(), if !queue.is_empty() => {
-                if let Some(first) = queue.pop_front() {
-                    return Some((place?, first));
-                }
-            }
-            () = sleep_until_some(first_due) => {}
-        }
-    }
-}
-
-/// Sleeps until `at`, or for ever.
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+    let place = places.take().await?;
+    Some((place, arrivals.next().await?))
 }
 
 /// The TLS handshake of `arrival` on the current runtime, within the handshake
@@ -959,7 +927,6 @@ mod tests {
                 io,
                 peer,
                 held: (place, Vec::new()),
-                deadline: tokio::time::Instant::now() + Duration::from_secs(30),
             };
             to_handshake.send(arrival).expect("queued");
             clients.push(client);
@@ -973,76 +940,6 @@ mod tests {
             })
             .count();
         assert_eq!(closed, 4, "closed past the site's share of the handshakes");
-    }
-
-    /// A connection waits for a handshake place until its deadline, not until
-    /// its turn: with the one place held by a handshake that stalls, one queued
-    /// behind it that sent a ClientHello and closed (past the door's look at it,
-    /// which sees a whole hello) is closed at its deadline and its door place let
-    /// go, though the place is still held. Before, it kept its door place until
-    /// its turn came, however long the queue stood still; and a live connection
-    /// queued past its deadline is let go the same way.
-    #[tokio::test]
-    async fn a_connection_queued_past_its_deadline_lets_its_door_place_go() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (_dir, _pki, acceptor) = loopback_pki(&[]);
-        let caps = ConnectionCaps {
-            handshakes: 1,
-            ..caps(4, 0, WhenFull::Wait)
-        };
-        let handshakes = Places::new(1);
-        let stalled = handshakes.take().await.expect("the one handshake place");
-        let (to_handshake, arrivals) = tokio::sync::mpsc::unbounded_channel();
-        let arrivals = tokio_stream::wrappers::UnboundedReceiverStream::new(arrivals);
-        let served = capped_tls_on(
-            arrivals,
-            caps,
-            handshakes,
-            acceptor,
-            Duration::from_secs(30),
-        );
-        tokio::spawn(tokio_stream::StreamExt::collect::<Vec<_>>(served));
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let at = listener.local_addr().expect("address");
-        let door = Arc::new(Semaphore::new(2));
-        let mut live = None;
-        for closes in [true, false] {
-            let mut client = TcpStream::connect(at).await.expect("connect");
-            let (io, _) = listener.accept().await.expect("accept");
-            let hello = dpca_shell::testing::client_hello(&[b"h2"]);
-            client.write_all(&hello).await.expect("hello");
-            if closes {
-                drop(client);
-            } else {
-                live = Some(client);
-            }
-            let place = door.clone().try_acquire_owned().expect("a door place");
-            let arrival = Arrival {
-                io: io.into_std().expect("std"),
-                peer: std::net::Ipv4Addr::LOCALHOST.into(),
-                held: (place, Vec::new()),
-                deadline: tokio::time::Instant::now() + Duration::from_millis(300),
-            };
-            to_handshake.send(arrival).expect("queued");
-        }
-        let both_back = async {
-            while door.available_permits() < 2 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        };
-        let back = tokio::time::timeout(Duration::from_secs(5), both_back).await;
-        assert!(
-            back.is_ok(),
-            "{} of 2 queued connections kept their door place past their deadline",
-            2 - door.available_permits()
-        );
-        let mut live = live.expect("the live client");
-        let read = tokio::time::timeout(Duration::from_secs(5), live.read(&mut [0u8; 1])).await;
-        assert!(
-            matches!(read, Ok(Ok(0) | Err(_))),
-            "the live connection was not closed: {read:?}"
-        );
-        drop(stalled);
     }
 
     /// Without a reservation a party waits its turn.
