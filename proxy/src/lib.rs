@@ -16,6 +16,7 @@ pub mod cli;
 pub mod door;
 pub mod gate;
 pub mod group_commit;
+pub mod handshake_queue;
 pub mod limits;
 pub mod listener;
 pub mod metrics;

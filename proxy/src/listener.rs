@@ -16,7 +16,9 @@
 //! backlog ([`crate::LISTEN_BACKLOG`]), holding no descriptor or memory of the
 //! proxy process: a burst of hundreds of owners is taken in turn rather than
 //! turned away to come back later. Then it queues for one of [`MAX_HANDSHAKES`]
-//! handshake places, each held for at most the handshake timeout. On the main
+//! handshake places, each held for at most the handshake timeout, in the order
+//! it came, and is let go if its client closes meanwhile
+//! ([`crate::handshake_queue`]). On the main
 //! port the door holds [`MAX_QUEUED_HANDSHAKES`] more than those and sorts what it
 //! takes in by the lane its ClientHello asks for: a `status` call goes to the
 //! status lane's own handshakes on a thread of their own ([`crate::operator`]).
@@ -55,6 +57,7 @@ use tokio_stream::Stream;
 use tonic::transport::server::Connected;
 
 use crate::door::{Arrival, PlaceHeld};
+use crate::handshake_queue::{HandshakeQueue, Queued};
 use crate::metrics::{connection_refused as refused, ConnectionRefusal};
 use crate::per_key::{Held, PerKey};
 use crate::sources::{Crowding, Sources};
@@ -226,6 +229,17 @@ impl ConnectionCaps {
         self.connections + door + self.waiting
     }
 
+    /// Connections queued for a handshake place at most: the door's places
+    /// beyond its handshakes, and at least the next in line.
+    pub const fn queued(&self) -> usize {
+        let beyond = self.door_places.saturating_sub(self.handshakes);
+        if beyond > 0 {
+            beyond
+        } else {
+            1
+        }
+    }
+
     /// The main listener's: [`MAX_CONNECTIONS`], [`MAX_CONNECTIONS_PER_PARTY`],
     /// every party the CA certified, [`MAIN_RESERVED_CONNECTIONS`] kept for the
     /// parties who steer studies; owners wait their turn for the rest.
@@ -394,10 +408,11 @@ pub fn capped_tls_on(
         handshake_timeout,
     };
     tokio::spawn(async move {
+        let mut queue = HandshakeQueue::new(caps.queued(), caps.name);
         loop {
             // Ends with the server (its receiver dropped), or with the door.
             let next = tokio::select! {
-                next = place_then_arrival(&handshakes, &mut arrivals) => next,
+                next = queue.next_turn(&handshakes, &mut arrivals) => next,
                 () = tx.closed() => return,
             };
             let Some((place, arrival)) = next else {
@@ -424,31 +439,17 @@ pub fn capped_tls_on(
     ReceiverStream::new(rx)
 }
 
-/// A handshake place, then the next arrival (`None` once the door is gone).
-async fn place_then_arrival(
-    places: &Places,
-    arrivals: &mut (impl Stream<Item = Arrival> + Unpin),
-) -> Option<(OwnedSemaphorePermit, Arrival)> {
-    use tokio_stream::StreamExt;
-    let place = places.take().await?;
-    Some((place, arrivals.next().await?))
-}
-
 /// The TLS handshake of `arrival` on the current runtime, within the handshake
 /// timeout; its place (with its source's count) and what it held at the door
 /// are let go when it ends.
 async fn handshake(
-    arrival: Arrival,
+    arrival: Queued,
     acceptor: &TlsAcceptor,
     admission: &Admission,
     place: PlaceHeld,
 ) -> Option<TlsStream<TcpStream>> {
     let name = admission.caps.name;
-    let Ok(io) = TcpStream::from_std(arrival.io) else {
-        refused(name, ConnectionRefusal::Handshake);
-        return None;
-    };
-    let accept = acceptor.accept(io).into_fallible();
+    let accept = acceptor.accept(arrival.io).into_fallible();
     let tls = match tokio::time::timeout(admission.handshake_timeout, accept).await {
         Ok(Ok(tls)) => tls,
         Ok(Err((_, io))) => {
@@ -940,6 +941,75 @@ mod tests {
             })
             .count();
         assert_eq!(closed, 4, "closed past the site's share of the handshakes");
+    }
+
+    /// A connection queued for a handshake place whose client closes is let go
+    /// before its turn, its door place with it, while a live one keeps its turn.
+    /// With the one handshake place held by a handshake that stalls, two clients
+    /// each send a ClientHello (the door passes a whole first record on) and
+    /// are queued; the first then closes. Its door place is back within
+    /// seconds, the second's is still held, and once the place frees the
+    /// second's handshake begins. Before, the closed one kept its door place
+    /// until its turn came.
+    #[tokio::test]
+    async fn a_client_that_closes_while_queued_lets_its_door_place_go() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (_dir, _pki, acceptor) = loopback_pki(&[]);
+        let caps = ConnectionCaps {
+            handshakes: 1,
+            ..caps(4, 0, WhenFull::Wait)
+        };
+        let handshakes = Places::new(1);
+        let stalled = handshakes.take().await.expect("the one handshake place");
+        let (to_handshake, arrivals) = tokio::sync::mpsc::unbounded_channel();
+        let arrivals = tokio_stream::wrappers::UnboundedReceiverStream::new(arrivals);
+        let served = capped_tls_on(
+            arrivals,
+            caps,
+            handshakes,
+            acceptor,
+            Duration::from_secs(30),
+        );
+        tokio::spawn(tokio_stream::StreamExt::collect::<Vec<_>>(served));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let at = listener.local_addr().expect("address");
+        let door = Arc::new(Semaphore::new(2));
+        let mut clients = Vec::new();
+        for _ in 0..2 {
+            let mut client = TcpStream::connect(at).await.expect("connect");
+            let (io, _) = listener.accept().await.expect("accept");
+            let hello = dpca_shell::testing::client_hello(&[b"h2"]);
+            client.write_all(&hello).await.expect("hello");
+            let place = door.clone().try_acquire_owned().expect("a door place");
+            let arrival = Arrival {
+                io: io.into_std().expect("std"),
+                peer: std::net::Ipv4Addr::LOCALHOST.into(),
+                held: (place, Vec::new()),
+            };
+            to_handshake.send(arrival).expect("queued");
+            clients.push(client);
+        }
+        drop(clients.remove(0));
+        let one_back = async {
+            while door.available_permits() < 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let back = tokio::time::timeout(Duration::from_secs(5), one_back).await;
+        assert!(back.is_ok(), "the closed connection kept its door place");
+        tokio::time::sleep(crate::handshake_queue::SWEEP * 3).await;
+        assert_eq!(
+            door.available_permits(),
+            1,
+            "the live connection was let go before its turn"
+        );
+        drop(stalled);
+        let mut live = clients.remove(0);
+        let read = tokio::time::timeout(Duration::from_secs(5), live.read(&mut [0u8; 64])).await;
+        assert!(
+            matches!(read, Ok(Ok(n)) if n > 0),
+            "the live connection's handshake did not begin: {read:?}"
+        );
     }
 
     /// Without a reservation a party waits its turn.

@@ -206,9 +206,10 @@ async fn serve(svc: ProxyService, front: Front) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connections the status lane holds queued for its handshakes; past them, or
-/// while none of its handshake places is free, a call takes its turn on the main
-/// lane, as it did before there was a lane.
+/// Connections the status lane holds queued for its handshakes (and one more,
+/// the next in line: `ConnectionCaps::queued`); past them, or while none of its
+/// handshake places is free, a call takes its turn on the main lane, as it did
+/// before there was a lane.
 pub const LANE_QUEUE: usize = 16;
 
 /// The status lane's caps: the operator listener's, on places of its own, so that
