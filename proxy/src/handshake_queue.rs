@@ -7,9 +7,13 @@
 //! connection keeps its turn however many handshakes stall ahead of it: closing
 //! it earlier would turn away the honest parties queued behind a flood, which
 //! the order serves. One whose client closes while it waits (after a whole
-//! first record, which the door passes on) is let go within [`SWEEP`], its door
-//! place with it: otherwise a client could close and connect again to hold more
-//! door places than it holds sockets.
+//! first record, which the door passes on) is let go within about [`SWEEP`],
+//! its door place with it, and is not handshaken if its turn comes first:
+//! otherwise a client could close and connect again to hold more door places
+//! than it holds sockets. A close is seen only if the client's side sends one
+//! (a FIN or a reset): a client that leaves without either (its own TCP stack,
+//! or a firewall that drops them) still holds its place until its turn and its
+//! handshake's timeout, within its source's caps ([`crate::sources`]).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -88,8 +92,11 @@ impl HandshakeQueue {
                 arrival = arrivals.next(), if has_room => join(waiting, arrival?, name),
                 place = places.take(), if any => {
                     let place = place?;
-                    if let Some(first) = waiting.pop_front() {
-                        return Some((place, first));
+                    while let Some(first) = waiting.pop_front() {
+                        if !seen_closed(&first.io) {
+                            return Some((place, first));
+                        }
+                        refused(name, ConnectionRefusal::Handshake);
                     }
                 }
                 _ = sweep.tick(), if any => let_go_of_closed(waiting, name),

@@ -351,7 +351,15 @@ pub fn capped_tls(
     handshake_timeout: Duration,
 ) -> TlsConnections {
     let handshakes = Places::new(caps.handshakes);
-    capped_tls_on(arrivals, caps, handshakes, acceptor, handshake_timeout)
+    let queued = caps.queued();
+    capped_tls_on(
+        arrivals,
+        caps,
+        handshakes,
+        queued,
+        acceptor,
+        handshake_timeout,
+    )
 }
 
 /// A listener's places (at its door, or for its handshakes), with how many
@@ -390,11 +398,14 @@ impl Places {
 }
 
 /// [`capped_tls`] on handshake places the caller holds a handle on (the status
-/// lane's, which the main port's door reads: [`crate::door::StatusLane`]).
+/// lane's, which the main port's door reads: [`crate::door::StatusLane`]), with
+/// at most `queued` of `arrivals` taken off it to wait for one
+/// ([`crate::handshake_queue`]).
 pub fn capped_tls_on(
     mut arrivals: impl Stream<Item = Arrival> + Send + Unpin + 'static,
     caps: ConnectionCaps,
     handshakes: Places,
+    queued: usize,
     acceptor: TlsAcceptor,
     handshake_timeout: Duration,
 ) -> TlsConnections {
@@ -408,7 +419,7 @@ pub fn capped_tls_on(
         handshake_timeout,
     };
     tokio::spawn(async move {
-        let mut queue = HandshakeQueue::new(caps.queued(), caps.name);
+        let mut queue = HandshakeQueue::new(queued, caps.name);
         loop {
             // Ends with the server (its receiver dropped), or with the door.
             let next = tokio::select! {
@@ -945,12 +956,13 @@ mod tests {
 
     /// A connection queued for a handshake place whose client closes is let go
     /// before its turn, its door place with it, while a live one keeps its turn.
-    /// With the one handshake place held by a handshake that stalls, two clients
-    /// each send a ClientHello (the door passes a whole first record on) and
-    /// are queued; the first then closes. Its door place is back within
-    /// seconds, the second's is still held, and once the place frees the
-    /// second's handshake begins. Before, the closed one kept its door place
-    /// until its turn came.
+    /// With the one handshake place held by a handshake that stalls, three
+    /// clients each send a ClientHello (the door passes a whole first record
+    /// on): one closes before it is queued (its close already there when the
+    /// queue takes it), one is queued and then resets, one stays. The first two
+    /// door places are back within seconds, the third is still held, and once
+    /// the place frees the third's handshake begins. Before, a closed one kept
+    /// its door place until its turn came.
     #[tokio::test]
     async fn a_client_that_closes_while_queued_lets_its_door_place_go() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -967,19 +979,26 @@ mod tests {
             arrivals,
             caps,
             handshakes,
+            caps.queued(),
             acceptor,
             Duration::from_secs(30),
         );
         tokio::spawn(tokio_stream::StreamExt::collect::<Vec<_>>(served));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let at = listener.local_addr().expect("address");
-        let door = Arc::new(Semaphore::new(2));
+        let door = Arc::new(Semaphore::new(3));
         let mut clients = Vec::new();
-        for _ in 0..2 {
+        for i in 0..3 {
             let mut client = TcpStream::connect(at).await.expect("connect");
             let (io, _) = listener.accept().await.expect("accept");
             let hello = dpca_shell::testing::client_hello(&[b"h2"]);
             client.write_all(&hello).await.expect("hello");
+            if i == 0 {
+                drop(client);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            } else {
+                clients.push(client);
+            }
             let place = door.clone().try_acquire_owned().expect("a door place");
             let arrival = Arrival {
                 io: io.into_std().expect("std"),
@@ -987,20 +1006,25 @@ mod tests {
                 held: (place, Vec::new()),
             };
             to_handshake.send(arrival).expect("queued");
-            clients.push(client);
         }
-        drop(clients.remove(0));
-        let one_back = async {
-            while door.available_permits() < 1 {
+        let resets = clients.remove(0);
+        let _ = socket2::SockRef::from(&resets).set_linger(Some(Duration::ZERO));
+        drop(resets);
+        let two_back = async {
+            while door.available_permits() < 2 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         };
-        let back = tokio::time::timeout(Duration::from_secs(5), one_back).await;
-        assert!(back.is_ok(), "the closed connection kept its door place");
+        let back = tokio::time::timeout(Duration::from_secs(5), two_back).await;
+        assert!(
+            back.is_ok(),
+            "{} of the 2 closed connections kept their door place",
+            2 - door.available_permits()
+        );
         tokio::time::sleep(crate::handshake_queue::SWEEP * 3).await;
         assert_eq!(
             door.available_permits(),
-            1,
+            2,
             "the live connection was let go before its turn"
         );
         drop(stalled);

@@ -121,8 +121,9 @@ pub enum ConnectionRefusal {
     /// Its source had its share of the door's places or of the handshakes
     /// (`sources`).
     SourceCap,
-    /// Its TLS handshake failed (a certificate refused, or no TLS at all: it
-    /// closed before its ClientHello was whole, at the door).
+    /// Its TLS handshake failed (a certificate refused, or no TLS at all), or it
+    /// closed before its handshake began: before its ClientHello was whole, at
+    /// the door, or while queued for a handshake place.
     Handshake,
     /// Its TLS handshake did not finish within the handshake timeout (nor, at the
     /// door, its ClientHello).

@@ -111,9 +111,11 @@ pub struct StatusLane {
 
 /// A new status lane: the end the main port's door sends to (it reads the lane's
 /// places) and the end its thread serves ([`spawn`]), [`LANE_CAPS`]'s handshake
-/// places and a queue of [`LANE_QUEUE`].
+/// places and a queue of [`LANE_QUEUE`] (and one more on its way into it: the
+/// queue watches what it holds for a client's close, `handshake_queue`, so it
+/// takes calls off the channel at once).
 pub fn status_lane() -> (crate::door::StatusLane, StatusLane) {
-    let (queue, arrivals) = tokio::sync::mpsc::channel(LANE_QUEUE);
+    let (queue, arrivals) = tokio::sync::mpsc::channel(1);
     let places = crate::listener::Places::new(LANE_CAPS.handshakes);
     let door = crate::door::StatusLane {
         queue,
@@ -193,7 +195,9 @@ async fn serve(svc: ProxyService, front: Front) -> anyhow::Result<()> {
     if let Some(lane) = front.lane {
         let arrivals = tokio_stream::wrappers::ReceiverStream::new(lane.arrivals);
         let (places, acceptor) = (lane.places, acceptor.clone());
-        let lane = crate::listener::capped_tls_on(arrivals, LANE_CAPS, places, acceptor, timeout);
+        let lane = crate::listener::capped_tls_on(
+            arrivals, LANE_CAPS, places, LANE_QUEUE, acceptor, timeout,
+        );
         incoming.insert("lane", lane);
     }
     if let Some(listener) = front.listener {
@@ -206,10 +210,9 @@ async fn serve(svc: ProxyService, front: Front) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connections the status lane holds queued for its handshakes (and one more,
-/// the next in line: `ConnectionCaps::queued`); past them, or while none of its
-/// handshake places is free, a call takes its turn on the main lane, as it did
-/// before there was a lane.
+/// Connections the status lane holds queued for its handshakes (and one more on
+/// its way in); past them, or while none of its handshake places is free, a
+/// call takes its turn on the main lane, as it did before there was a lane.
 pub const LANE_QUEUE: usize = 16;
 
 /// The status lane's caps: the operator listener's, on places of its own, so that

@@ -210,8 +210,9 @@ impl<R: rand::Rng> Backoff<R> {
 /// How long a connection may take to come up (TCP, then TLS): a proxy that
 /// accepts a connection and never answers counts as unreachable after it, and
 /// the attempt is retried as an outage is. Longer than the proxy makes an honest
-/// party wait behind a flood: its listen backlog (1024) over its handshake places
-/// (256), plus one, times its handshake timeout (10 s) is 50 s.
+/// party wait behind a flood: its listen backlog (1024) and the queue at its
+/// door (1024) over its handshake places (256), plus one, times its handshake
+/// timeout (10 s) and a second's linger for each refused handshake, is 99 s.
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How long a short call (a study's spec, the status) waits for its answer: see
