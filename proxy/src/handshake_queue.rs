@@ -96,7 +96,7 @@ impl HandshakeQueue {
                         if !seen_closed(&first.io) {
                             return Some((place, first));
                         }
-                        refused(name, ConnectionRefusal::Handshake);
+                        refused(name, ConnectionRefusal::ClosedWhileQueued);
                     }
                 }
                 _ = sweep.tick(), if any => let_go_of_closed(waiting, name),
@@ -122,7 +122,7 @@ fn let_go_of_closed(waiting: &mut VecDeque<Queued>, name: &'static str) {
     let before = waiting.len();
     waiting.retain(|q| !seen_closed(&q.io));
     for _ in waiting.len()..before {
-        refused(name, ConnectionRefusal::Handshake);
+        refused(name, ConnectionRefusal::ClosedWhileQueued);
     }
 }
 

@@ -121,10 +121,13 @@ pub enum ConnectionRefusal {
     /// Its source had its share of the door's places or of the handshakes
     /// (`sources`).
     SourceCap,
-    /// Its TLS handshake failed (a certificate refused, or no TLS at all), or it
-    /// closed before its handshake began: before its ClientHello was whole, at
-    /// the door, or while queued for a handshake place.
+    /// Its TLS handshake failed (a certificate refused, or no TLS at all: it
+    /// closed before its ClientHello was whole, at the door).
     Handshake,
+    /// Its client closed while it waited for a handshake place
+    /// (`handshake_queue`): many of them are clients that send a ClientHello
+    /// and leave, to hold door places without sockets.
+    ClosedWhileQueued,
     /// Its TLS handshake did not finish within the handshake timeout (nor, at the
     /// door, its ClientHello).
     HandshakeTimeout,
@@ -143,6 +146,7 @@ impl ConnectionRefusal {
         match self {
             ConnectionRefusal::SourceCap => "source_cap",
             ConnectionRefusal::Handshake => "handshake",
+            ConnectionRefusal::ClosedWhileQueued => "closed_while_queued",
             ConnectionRefusal::HandshakeTimeout => "handshake_timeout",
             ConnectionRefusal::NotAdmitted => "not_admitted",
             ConnectionRefusal::PartyCap => "party_cap",
