@@ -660,6 +660,69 @@ mod tests {
         }
     }
 
+    /// `body` as one DER value of `tag`.
+    fn der(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag];
+        match u8::try_from(body.len()) {
+            Ok(n) if n < 0x80 => out.push(n),
+            _ => {
+                let len = body.len().to_be_bytes();
+                let skip = len.iter().take_while(|&&b| b == 0).count();
+                out.push(0x80 | (len.len() - skip) as u8);
+                out.extend_from_slice(&len[skip..]);
+            }
+        }
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// A revocation list the CA of `dir` issued and signed, of version 1 and
+    /// with no `nextUpdate` (RFC 5280 allows both), revoking nothing: one rcgen
+    /// cannot make, made field by field.
+    fn version_1_list_without_next_update(dir: &Path, ca_pem: &[u8]) -> String {
+        use rcgen::SigningKey;
+        let (_, ca) = x509_parser::pem::parse_x509_pem(ca_pem).expect("CA PEM");
+        let ca = ca.parse_x509().expect("CA certificate");
+        let key = std::fs::read_to_string(dir.join("ca.key")).expect("CA key");
+        let key = KeyPair::from_pem(&key).expect("CA key");
+        assert_eq!(key.algorithm(), &rcgen::PKCS_ECDSA_P256_SHA256);
+        // ecdsa-with-SHA256, no parameters.
+        let algorithm = der(0x30, &der(0x06, &[0x2a, 0x86, 0x48, 0xce, 0x3d, 4, 3, 2]));
+        let this_update = der(0x17, b"250101000000Z");
+        let issuer = ca.subject().as_raw();
+        let tbs = der(0x30, &[&algorithm[..], issuer, &this_update].concat());
+        let signature = key.sign(&tbs).expect("signed");
+        let bits = der(0x03, &[&[0u8][..], &signature].concat());
+        let list = der(0x30, &[tbs, algorithm, bits].concat());
+        pem::encode(&pem::Pem::new("X509 CRL", list))
+    }
+
+    /// A list the check of the CA's lists passes but the TLS library cannot read
+    /// (version 1, no `nextUpdate`: both allowed by RFC 5280, refused by
+    /// rustls's reader) is refused when it is given, naming the file, rather than
+    /// failing every handshake later.
+    #[test]
+    fn a_revocation_list_the_tls_library_cannot_read_is_refused_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = write_dev_pki(dir.path(), &names(1), &names(1), &["a".into()]).expect("pki");
+        let proxy = pki.proxy.load(Role::Proxy).expect("the proxy's files");
+        let list = version_1_list_without_next_update(dir.path(), proxy.ca_pem());
+        let (_, crl) = x509_parser::pem::parse_x509_pem(list.as_bytes()).expect("PEM");
+        let (_, ca) = x509_parser::pem::parse_x509_pem(proxy.ca_pem()).expect("CA PEM");
+        check_crl_of(&crl.contents, &ca.parse_x509().expect("CA")).expect("the CA's own list");
+        let path = dir.path().join("v1.pem");
+        std::fs::write(&path, &list).expect("write");
+        let err = proxy.with_crls(&path).expect_err("refused");
+        assert!(
+            err.to_string().contains("the TLS library cannot read it"),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+    }
+
     #[test]
     fn dev_pki_certificates_name_their_roles() {
         let dir = tempfile::tempdir().expect("tempdir");
