@@ -230,14 +230,10 @@ impl ConnectionCaps {
     }
 
     /// Connections queued for a handshake place at most: the door's places
-    /// beyond its handshakes, and at least the next in line.
+    /// beyond its handshakes (the queue keeps room for the next in line even
+    /// where there are none: [`HandshakeQueue::new`]).
     pub const fn queued(&self) -> usize {
-        let beyond = self.door_places.saturating_sub(self.handshakes);
-        if beyond > 0 {
-            beyond
-        } else {
-            1
-        }
+        self.door_places.saturating_sub(self.handshakes)
     }
 
     /// The main listener's: [`MAX_CONNECTIONS`], [`MAX_CONNECTIONS_PER_PARTY`],
@@ -906,6 +902,36 @@ mod tests {
         drop(listener);
     }
 
+    /// Handshakes under `caps` on `handshakes`, fed by hand: the sender the test
+    /// queues its arrivals on, and a listener whose accepts it makes into them
+    /// ([`arrival`]); what the handshakes serve is drained.
+    async fn fed_by_hand(
+        caps: ConnectionCaps,
+        handshakes: Places,
+        acceptor: TlsAcceptor,
+    ) -> (tokio::sync::mpsc::UnboundedSender<Arrival>, TcpListener) {
+        let (to_handshake, arrivals) = tokio::sync::mpsc::unbounded_channel();
+        let arrivals = tokio_stream::wrappers::UnboundedReceiverStream::new(arrivals);
+        let timeout = Duration::from_secs(30);
+        let served = capped_tls_on(arrivals, caps, handshakes, caps.queued(), acceptor, timeout);
+        tokio::spawn(tokio_stream::StreamExt::collect::<Vec<_>>(served));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        (to_handshake, listener)
+    }
+
+    /// `io`, accepted by the test, as an arrival from `peer` holding one of
+    /// `door`'s places.
+    fn arrival(io: TcpStream, peer: std::net::IpAddr, door: &Arc<Semaphore>) -> Arrival {
+        Arrival {
+            io: io.into_std().expect("std"),
+            peer,
+            held: (
+                door.clone().try_acquire_owned().expect("a door place"),
+                Vec::new(),
+            ),
+        }
+    }
+
     /// The handshake places are shared out by source as the door's are: the door
     /// holds more places than there are handshakes, and a site within its share
     /// of the door's could otherwise hold every handshake place. Here 24
@@ -920,11 +946,8 @@ mod tests {
             handshakes: 40,
             ..caps(4, 0, WhenFull::Wait)
         };
-        let (to_handshake, arrivals) = tokio::sync::mpsc::unbounded_channel();
-        let arrivals = tokio_stream::wrappers::UnboundedReceiverStream::new(arrivals);
-        let served = capped_tls(arrivals, caps, acceptor, Duration::from_secs(30));
-        tokio::spawn(tokio_stream::StreamExt::collect::<Vec<_>>(served));
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let handshakes = Places::new(caps.handshakes);
+        let (to_handshake, listener) = fed_by_hand(caps, handshakes, acceptor).await;
         let at = listener.local_addr().expect("address");
         let door = Arc::new(Semaphore::new(24));
         let mut clients = Vec::new();
@@ -933,14 +956,7 @@ mod tests {
             let (io, _) = listener.accept().await.expect("accept");
             let site: u128 = 0x2001_0db8_0000_0100 << 64;
             let peer = std::net::IpAddr::V6((site | (i << 64) | 1).into());
-            let place = door.clone().try_acquire_owned().expect("a door place");
-            let io = io.into_std().expect("std");
-            let arrival = Arrival {
-                io,
-                peer,
-                held: (place, Vec::new()),
-            };
-            to_handshake.send(arrival).expect("queued");
+            to_handshake.send(arrival(io, peer, &door)).expect("queued");
             clients.push(client);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -973,18 +989,7 @@ mod tests {
         };
         let handshakes = Places::new(1);
         let stalled = handshakes.take().await.expect("the one handshake place");
-        let (to_handshake, arrivals) = tokio::sync::mpsc::unbounded_channel();
-        let arrivals = tokio_stream::wrappers::UnboundedReceiverStream::new(arrivals);
-        let served = capped_tls_on(
-            arrivals,
-            caps,
-            handshakes,
-            caps.queued(),
-            acceptor,
-            Duration::from_secs(30),
-        );
-        tokio::spawn(tokio_stream::StreamExt::collect::<Vec<_>>(served));
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let (to_handshake, listener) = fed_by_hand(caps, handshakes, acceptor).await;
         let at = listener.local_addr().expect("address");
         let door = Arc::new(Semaphore::new(3));
         let mut clients = Vec::new();
@@ -999,13 +1004,8 @@ mod tests {
             } else {
                 clients.push(client);
             }
-            let place = door.clone().try_acquire_owned().expect("a door place");
-            let arrival = Arrival {
-                io: io.into_std().expect("std"),
-                peer: std::net::Ipv4Addr::LOCALHOST.into(),
-                held: (place, Vec::new()),
-            };
-            to_handshake.send(arrival).expect("queued");
+            let peer = std::net::Ipv4Addr::LOCALHOST.into();
+            to_handshake.send(arrival(io, peer, &door)).expect("queued");
         }
         let resets = clients.remove(0);
         let _ = socket2::SockRef::from(&resets).set_linger(Some(Duration::ZERO));

@@ -676,13 +676,14 @@ mod tests {
         out
     }
 
-    /// A revocation list the CA of `dir` issued and signed, of version 1 and
-    /// with no `nextUpdate` (RFC 5280 allows both), revoking nothing: one rcgen
-    /// cannot make, made field by field.
-    fn version_1_list_without_next_update(dir: &Path, ca_pem: &[u8]) -> String {
+    /// A revocation list (DER) the CA `ca`, whose key is in `dir`, issued and
+    /// signed, of version 1 and with no `nextUpdate` (RFC 5280 allows both),
+    /// revoking nothing: one rcgen cannot make, made field by field.
+    fn version_1_list_without_next_update(
+        dir: &Path,
+        ca: &x509_parser::certificate::X509Certificate,
+    ) -> Vec<u8> {
         use rcgen::SigningKey;
-        let (_, ca) = x509_parser::pem::parse_x509_pem(ca_pem).expect("CA PEM");
-        let ca = ca.parse_x509().expect("CA certificate");
         let key = std::fs::read_to_string(dir.join("ca.key")).expect("CA key");
         let key = KeyPair::from_pem(&key).expect("CA key");
         assert_eq!(key.algorithm(), &rcgen::PKCS_ECDSA_P256_SHA256);
@@ -693,8 +694,7 @@ mod tests {
         let tbs = der(0x30, &[&algorithm[..], issuer, &this_update].concat());
         let signature = key.sign(&tbs).expect("signed");
         let bits = der(0x03, &[&[0u8][..], &signature].concat());
-        let list = der(0x30, &[tbs, algorithm, bits].concat());
-        pem::encode(&pem::Pem::new("X509 CRL", list))
+        der(0x30, &[tbs, algorithm, bits].concat())
     }
 
     /// A list the check of the CA's lists passes but the TLS library cannot read
@@ -706,12 +706,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let pki = write_dev_pki(dir.path(), &names(1), &names(1), &["a".into()]).expect("pki");
         let proxy = pki.proxy.load(Role::Proxy).expect("the proxy's files");
-        let list = version_1_list_without_next_update(dir.path(), proxy.ca_pem());
-        let (_, crl) = x509_parser::pem::parse_x509_pem(list.as_bytes()).expect("PEM");
         let (_, ca) = x509_parser::pem::parse_x509_pem(proxy.ca_pem()).expect("CA PEM");
-        check_crl_of(&crl.contents, &ca.parse_x509().expect("CA")).expect("the CA's own list");
+        let ca = ca.parse_x509().expect("CA certificate");
+        let list = version_1_list_without_next_update(dir.path(), &ca);
+        check_crl_of(&list, &ca).expect("the CA's own list");
         let path = dir.path().join("v1.pem");
-        std::fs::write(&path, &list).expect("write");
+        let pem = pem::encode(&pem::Pem::new("X509 CRL", list));
+        std::fs::write(&path, pem).expect("write");
         let err = proxy.with_crls(&path).expect_err("refused");
         assert!(
             err.to_string().contains("the TLS library cannot read it"),
