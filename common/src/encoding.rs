@@ -222,6 +222,16 @@ impl TriangleLayout {
         Self { dim, segments }
     }
 
+    /// The segments [`TriangleLayout::new`] cuts, counted without cutting them,
+    /// in time linear in `dim` and no memory: a party checks the size a spec asks
+    /// for against its caps before it allocates dim^2 / 2 segments for it.
+    pub fn count(dim: usize, slots: usize) -> usize {
+        let slots = slots.max(1);
+        (1..=dim)
+            .map(|len| len.div_ceil(slots))
+            .fold(0, usize::saturating_add)
+    }
+
     /// Number of packed plaintexts.
     pub fn len(&self) -> usize {
         self.segments.len()
@@ -323,8 +333,10 @@ mod tests {
                     }
                 }
                 assert!(seen.iter().all(|&c| c == 1), "dim {dim} slots {slots}");
+                assert_eq!(TriangleLayout::count(dim, slots), layout.len());
             }
         }
+        assert_eq!(TriangleLayout::count(0, 5), 0);
     }
 
     #[test]

@@ -507,9 +507,7 @@ async fn run_once(
     let spec = served.spec;
     check_risks(&cfg.study_id, &spec, served.noise_free, &cfg.accepted_risks)?;
     check_invited(&cfg.study_id, &spec, &cfg.owner_id)?;
-    let layout = StudyLayout::new(&spec)
-        .with_context(|| format!("study `{}` has no layout", cfg.study_id))?;
-    cfg.work.check(&cfg.study_id, &layout)?;
+    let layout = cfg.work.layout(&cfg.study_id, &spec)?;
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
     let wire = spec_to_wire(&spec);
     let kept = attempts

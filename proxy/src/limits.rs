@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use dpca_common::study::StudyLayout;
+use dpca_common::study::LayoutSize;
 use dpca_proto::v1;
 use prost::Message;
 
@@ -289,10 +289,10 @@ impl Limits {
     }
 
     /// Checks what the study's layout will make the proxy hold.
-    pub fn check_layout(&self, layout: &StudyLayout) -> Result<(), LimitError> {
+    pub fn check_layout(&self, layout: LayoutSize) -> Result<(), LimitError> {
         for (what, count) in [
-            ("contributions", layout.owner_ciphertexts()),
-            ("release", layout.release_ciphertexts()),
+            ("contributions", layout.owner_ciphertexts),
+            ("release", layout.release_ciphertexts),
         ] {
             if count > self.max_ciphertexts {
                 return Err(LimitError::Ciphertexts {

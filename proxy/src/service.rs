@@ -232,7 +232,7 @@ fn not_served_here(study: &Study, config: &ProxyConfig) -> Option<String> {
     }
     config
         .limits
-        .check_layout(&study.layout)
+        .check_layout(study.layout.size())
         .err()
         .map(|e| e.to_string())
 }
@@ -1372,10 +1372,12 @@ impl v1::proxy_server::Proxy for ProxyService {
         if spec.deadline_unix_ms <= self.config.clock.now_ms() {
             return Err(Refusal::Invalid("study deadline is in the past".into()).into());
         }
-        let layout = StudyLayout::new(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        // Counted before it is built: past the limits, a layout is never cut.
+        let size = StudyLayout::size_of(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
         limits
-            .check_layout(&layout)
+            .check_layout(size)
             .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let layout = StudyLayout::new(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
         let mut id_bytes = [0u8; 16];
         self.config.entropy.rng().fill_bytes(&mut id_bytes);
         let id = hex::encode(id_bytes);

@@ -118,69 +118,34 @@ pub struct StudyLayout {
 
 impl StudyLayout {
     /// Proves the slot widths from the study's public bounds (N_max, Cq, kappa and the
-    /// noise tail at N_max) and cuts the triangle into segments.
-    ///
-    /// A slot needs to hold only the value that is decoded from it. In `mask`
-    /// centering that is N S~ + E', not T: the user subtracts v' v'^T from the
-    /// packed plaintext mod n before unpacking (packing is linear), so the mask's
-    /// b b^T (about 2 (log2(N Cq) + kappa) bits) never has to fit a slot.
+    /// noise tail at N_max) and cuts the triangle into segments. Its M^2 / 2
+    /// segments are the caller's to bound first ([`StudyLayout::size_of`]) where
+    /// the spec came from another party.
     pub fn new(spec: &StudySpec) -> Result<Self, SpecError> {
-        Self::of(spec)
+        Ok(Plan::of(spec)?.cut())
     }
 
-    /// [`StudyLayout::new`] of a spec being validated (whose last check is that its
-    /// layout fits the key).
-    pub(super) fn of(spec: &SpecDraft) -> Result<Self, SpecError> {
-        let m = spec.dim();
-        let cq_int = spec.fixed.norm_bound_int();
-        let cq = BigUint::from(cq_int);
-        let n = BigUint::from(spec.max_rows);
-        let plan = spec.noise_plan(spec.max_rows);
-        // Every vector entry (a sum of rows, or Cq times a count) is at most N Cq.
-        let v_max = &n * &cq;
-        // 2^vbits >= 2 max|v|, so v + b hides v up to statistical distance 2^-kappa.
-        let mask_bits = (&v_max << 1usize).bits() + spec.kappa as u64;
-        let (t_bound, v_bound) = match spec.privacy.centering {
-            Centering::Mask => {
-                // |N S~_ij| <= sqrt(N S~_ii N S~_jj) <= N R~_ii <= N^2 Cq^2.
-                let t = &n * &n * &cq * &cq + plan.matrix.tail_bound();
-                (t, &v_max + (BigUint::one() << mask_bits as usize))
-            }
-            Centering::DpMean => {
-                let t = &n * &cq * &cq + plan.matrix.tail_bound();
-                let tail_v = plan
-                    .vector
-                    .as_ref()
-                    .map(|v| v.tail_bound())
-                    .unwrap_or_default();
-                (t, &v_max + tail_v)
-            }
-        };
-        let key_bits = spec.public_key.bits();
-        let mut budget = SlotBudget::for_bound(&t_bound, key_bits)?;
-        let mut vector_budget = SlotBudget::for_bound(&v_bound, key_bits)?;
-        if spec.baseline {
-            budget.slots = 1;
-            vector_budget.slots = 1;
+    /// Whether a spec being validated has a layout that fits its key (the last
+    /// check of its validation), proven without cutting a segment.
+    pub(super) fn check_fits(spec: &SpecDraft) -> Result<(), SpecError> {
+        Plan::of(spec).map(|_| ())
+    }
+
+    /// The ciphertexts `spec`'s layout holds, counted without building it: what a
+    /// party checks against its caps before it builds a layout for a spec another
+    /// party sent, whose M^2 / 2 segments would otherwise be the allocation those
+    /// caps are there to stop.
+    pub fn size_of(spec: &StudySpec) -> Result<LayoutSize, SpecError> {
+        Ok(Plan::of(spec)?.size())
+    }
+
+    /// The ciphertexts this layout holds ([`StudyLayout::size_of`] its spec).
+    pub fn size(&self) -> LayoutSize {
+        LayoutSize {
+            baseline: self.baseline,
+            owner_ciphertexts: self.owner_ciphertexts(),
+            release_ciphertexts: self.release_ciphertexts(),
         }
-        let shape = BlockShape::new(m, spec.class_count(), spec.per_class_matrix(), cq_int)
-            .projected(spec.matrix_dim());
-        let vector_len = shape.vector_len();
-        let slots = budget.slots;
-        Ok(Self {
-            budget,
-            triangle: TriangleLayout::new(shape.matrix_dim, slots),
-            vector_dim: m,
-            matrix_blocks: shape.matrix_blocks,
-            classes: shape.classes,
-            vector_len,
-            vector: vector_segments(vector_len, vector_budget.slots),
-            vector_budget,
-            vector_packed: spec.privacy.centering == Centering::DpMean,
-            count_scale: cq_int,
-            mask_bits,
-            baseline: spec.baseline,
-        })
     }
 
     /// The shape of the released blocks.
@@ -251,6 +216,124 @@ impl StudyLayout {
     }
 }
 
+/// How many ciphertexts a study's layout holds: what the caps of the proxy and
+/// of an owner read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayoutSize {
+    /// The paper's way, one value per ciphertext.
+    pub baseline: bool,
+    /// Ciphertexts one owner sends ([`StudyLayout::owner_ciphertexts`]).
+    pub owner_ciphertexts: usize,
+    /// Ciphertexts the proxy releases ([`StudyLayout::release_ciphertexts`]).
+    pub release_ciphertexts: usize,
+}
+
+/// A layout before its triangle is cut into segments: its slot widths proven
+/// from the spec's bounds and its sizes known, at a cost linear in M.
+struct Plan {
+    budget: SlotBudget,
+    vector_budget: SlotBudget,
+    shape: BlockShape,
+    vector_packed: bool,
+    mask_bits: u64,
+    baseline: bool,
+}
+
+impl Plan {
+    /// Proves the slot widths from the study's public bounds (N_max, Cq, kappa and
+    /// the noise tail at N_max).
+    ///
+    /// A slot needs to hold only the value that is decoded from it. In `mask`
+    /// centering that is N S~ + E', not T: the user subtracts v' v'^T from the
+    /// packed plaintext mod n before unpacking (packing is linear), so the mask's
+    /// b b^T (about 2 (log2(N Cq) + kappa) bits) never has to fit a slot.
+    fn of(spec: &SpecDraft) -> Result<Self, SpecError> {
+        let cq_int = spec.fixed.norm_bound_int();
+        let cq = BigUint::from(cq_int);
+        let n = BigUint::from(spec.max_rows);
+        let plan = spec.noise_plan(spec.max_rows);
+        // Every vector entry (a sum of rows, or Cq times a count) is at most N Cq.
+        let v_max = &n * &cq;
+        // 2^vbits >= 2 max|v|, so v + b hides v up to statistical distance 2^-kappa.
+        let mask_bits = (&v_max << 1usize).bits() + spec.kappa as u64;
+        let (t_bound, v_bound) = match spec.privacy.centering {
+            Centering::Mask => {
+                // |N S~_ij| <= sqrt(N S~_ii N S~_jj) <= N R~_ii <= N^2 Cq^2.
+                let t = &n * &n * &cq * &cq + plan.matrix.tail_bound();
+                (t, &v_max + (BigUint::one() << mask_bits as usize))
+            }
+            Centering::DpMean => {
+                let t = &n * &cq * &cq + plan.matrix.tail_bound();
+                let tail_v = plan
+                    .vector
+                    .as_ref()
+                    .map(|v| v.tail_bound())
+                    .unwrap_or_default();
+                (t, &v_max + tail_v)
+            }
+        };
+        let key_bits = spec.public_key.bits();
+        let mut budget = SlotBudget::for_bound(&t_bound, key_bits)?;
+        let mut vector_budget = SlotBudget::for_bound(&v_bound, key_bits)?;
+        if spec.baseline {
+            budget.slots = 1;
+            vector_budget.slots = 1;
+        }
+        let shape = BlockShape::new(
+            spec.dim(),
+            spec.class_count(),
+            spec.per_class_matrix(),
+            cq_int,
+        )
+        .projected(spec.matrix_dim());
+        Ok(Self {
+            budget,
+            vector_budget,
+            shape,
+            vector_packed: spec.privacy.centering == Centering::DpMean,
+            mask_bits,
+            baseline: spec.baseline,
+        })
+    }
+
+    /// The sizes [`Plan::cut`] gives, counted.
+    fn size(&self) -> LayoutSize {
+        let matrix = TriangleLayout::count(self.shape.matrix_dim, self.budget.slots)
+            .saturating_mul(self.shape.matrix_blocks);
+        let vector_len = self.shape.vector_len();
+        let packed = vector_len.div_ceil(self.vector_budget.slots.max(1));
+        let sent = if self.vector_packed {
+            packed
+        } else {
+            vector_len
+        };
+        LayoutSize {
+            baseline: self.baseline,
+            owner_ciphertexts: matrix.saturating_add(sent).saturating_add(1),
+            release_ciphertexts: matrix.saturating_add(packed),
+        }
+    }
+
+    /// The layout, its triangle and vector cut into segments.
+    fn cut(self) -> StudyLayout {
+        let vector_len = self.shape.vector_len();
+        StudyLayout {
+            triangle: TriangleLayout::new(self.shape.matrix_dim, self.budget.slots),
+            vector: vector_segments(vector_len, self.vector_budget.slots),
+            budget: self.budget,
+            vector_budget: self.vector_budget,
+            vector_dim: self.shape.dim,
+            matrix_blocks: self.shape.matrix_blocks,
+            classes: self.shape.classes,
+            vector_len,
+            vector_packed: self.vector_packed,
+            count_scale: self.shape.count_scale,
+            mask_bits: self.mask_bits,
+            baseline: self.baseline,
+        }
+    }
+}
+
 /// The powers the `mask` release takes off one chain of squarings of a column's
 /// E\[v_k\] ([`StudyLayout::mask_chain`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,7 +360,58 @@ impl MaskChain {
 mod tests {
     use super::*;
     use crate::dp::{Mechanism, PrivacyRequest};
+    use crate::study::{ClassCovariance, ClassSpec, Projection};
     use crate::testing::{test_draft, test_key};
+
+    /// The sizes counted before a layout is built are the built layout's, for
+    /// every shape a spec can ask for: both centerings, the paper's baseline,
+    /// classes with a shared or per-class matrix, and a projection.
+    #[test]
+    fn a_layouts_size_is_counted_before_it_is_built() {
+        let a = 1.0 / 2f64.sqrt();
+        let two_axes = Projection {
+            axes: vec![vec![a, a, 0.0, 0.0, 0.0], vec![0.0, 0.0, 0.6, 0.8, 0.0]],
+        };
+        let classes = |covariance| ClassSpec {
+            labels: vec!["a".into(), "b".into(), "c".into()],
+            covariance,
+        };
+        let mut checked = 0;
+        for dim in [5usize, 9, 70] {
+            for centering in [Centering::Mask, Centering::DpMean] {
+                for baseline in [false, true] {
+                    let base = SpecDraft {
+                        privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, centering, 1.0, 1e-6)
+                            .expect("valid"),
+                        baseline,
+                        ..test_draft(test_key().public(), dim)
+                    };
+                    let mut drafts = vec![base.clone()];
+                    if centering == Centering::DpMean {
+                        for covariance in [ClassCovariance::Shared, ClassCovariance::PerClass] {
+                            drafts.push(SpecDraft {
+                                classes: Some(classes(covariance)),
+                                ..base.clone()
+                            });
+                        }
+                    }
+                    if dim == 5 {
+                        drafts.push(SpecDraft {
+                            projection: Some(two_axes.clone()),
+                            ..base.clone()
+                        });
+                    }
+                    for draft in drafts {
+                        let Ok(spec) = draft.validate() else { continue };
+                        let built = StudyLayout::new(&spec).expect("layout");
+                        assert_eq!(StudyLayout::size_of(&spec).expect("size"), built.size());
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked >= 20, "only {checked} specs were valid");
+    }
 
     /// The layout is part of the protocol: builds that derive different layouts
     /// from one spec misread each other's ciphertexts. A change here is a change of

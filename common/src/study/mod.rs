@@ -12,7 +12,9 @@ mod projection;
 mod spec;
 
 pub use classes::{ClassCovariance, ClassSpec};
-pub use layout::{BlockShape, MaskChain, StudyLayout, DEFAULT_MAX_CIPHERTEXTS, LAYOUT_VERSION};
+pub use layout::{
+    BlockShape, LayoutSize, MaskChain, StudyLayout, DEFAULT_MAX_CIPHERTEXTS, LAYOUT_VERSION,
+};
 pub use norm_bins::{NormBins, MAX_NORM_BINS, STANDARD_NORM_BINS};
 pub use projection::Projection;
 pub use spec::{

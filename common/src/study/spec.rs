@@ -195,8 +195,7 @@ impl SpecDraft {
             bins.validate(self)?;
         }
         self.check_privacy()?;
-        StudyLayout::of(self)?;
-        Ok(())
+        StudyLayout::check_fits(self)
     }
 
     /// Features named once each, one finite interval apiece.
