@@ -1252,14 +1252,18 @@ struct Upload {
     count: Option<SignedCount>,
 }
 
-/// A study as `status` shows it: counts, names, deadline, mechanism, epsilon and
-/// delta, no data.
-fn study_summary(s: &Study) -> v1::StudySummary {
+/// A study as `status` shows it at `now_ms`: counts, the first names of the
+/// owners in and missing, deadline, mechanism, epsilon and delta, no data.
+fn study_summary(s: &Study, now_ms: u64) -> v1::StudySummary {
+    let (owners_in, missing) = (s.owners_in_listed(), s.owners_missing_listed());
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     v1::StudySummary {
         study_id: s.id.clone(),
-        state: s.phase.name().to_string(),
-        owners_in: s.owners_in(),
-        owners_missing: s.owners_missing(),
+        state: s.phase_name_at(now_ms).to_string(),
+        owners_in_count: count(owners_in.count),
+        owners_in: owners_in.names,
+        owners_missing_count: count(missing.count),
+        owners_missing: missing.names,
         min_owners: s.spec.min_owners,
         quorum: s.spec.quorum,
         deadline_unix_ms: s.spec.deadline_unix_ms,
@@ -1556,13 +1560,13 @@ impl v1::proxy_server::Proxy for ProxyService {
             .map(|p| p.name.clone());
         let now = self.config.clock.now_ms();
         let mut studies = Vec::new();
-        // From the studies' views: a status never waits behind a fold.
+        // From the studies' views, read in place: a status never waits behind a
+        // fold, nor copies a spec.
         for shared in self.all_studies()? {
-            let s = shared.view(now);
-            if only.is_some() && s.opened_by != only {
-                continue;
+            let shown = |s: &Study| only.is_none() || s.opened_by == only;
+            if let Some(summary) = shared.peek(|s| shown(s).then(|| study_summary(s, now))) {
+                studies.push(summary);
             }
-            studies.push(study_summary(&s));
         }
         if only.is_none() {
             // Set aside at startup, listed (last) for the operator; its log says why.
@@ -2285,6 +2289,72 @@ mod tests {
         drop(svc);
         let restarted = ProxyService::new(config).expect("restarted");
         assert_eq!(held(&restarted), kept, "in the state file");
+    }
+
+    /// A user's invitation lists sized every status answer: six studies inviting
+    /// 3,000 ids of 250 bytes each passed the 4 MiB a client decodes, shutting the
+    /// operator's `status` out while the user held them, and each status copied
+    /// every list. The answer now names the first owners and counts the rest, and
+    /// so does a deadline's abort.
+    #[test]
+    fn an_invitation_list_of_thousands_does_not_size_the_status() {
+        use crate::study::NAMES_LISTED;
+        use crate::world::Clock;
+        use prost::Message;
+        use v1::proxy_server::Proxy;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Arc::new(crate::world::ManualClock::at(10_000));
+        let svc = ProxyService::new(ProxyConfig {
+            clock: Arc::clone(&clock) as Arc<dyn crate::world::Clock>,
+            ..config(&dir.path().join("state.redb"), false)
+        })
+        .expect("service");
+        let invited: Vec<String> = (0..3000).map(|i| format!("{i:0>250}")).collect();
+        let spec = SpecDraft {
+            expected_owners: invited.clone(),
+            deadline_unix_ms: clock.now_ms() + 1_000,
+            ..study(2, 1).spec.to_draft()
+        }
+        .validate()
+        .expect("spec");
+        for _ in 0..6 {
+            let request = Request::new(v1::OpenStudyRequest {
+                spec: Some(spec_to_wire(&spec)),
+                noise_free_for_testing: false,
+            });
+            rt().block_on(svc.open_study(request)).expect("opened");
+        }
+        let status = |svc: &ProxyService| {
+            rt().block_on(svc.status(Request::new(v1::StatusRequest::default())))
+                .expect("status")
+                .into_inner()
+        };
+        let before = status(&svc);
+        assert!(
+            before.encoded_len() < 64 << 10,
+            "a status of {} bytes",
+            before.encoded_len()
+        );
+        assert_eq!(before.studies.len(), 6);
+        for s in &before.studies {
+            assert_eq!(
+                (s.state.as_str(), s.owners_missing_count),
+                ("collecting", 3000)
+            );
+            assert_eq!(s.owners_missing, invited[..NAMES_LISTED]);
+        }
+        // Past the deadline with no owner in: each aborts, its reason naming the
+        // first missing owners and counting the rest.
+        clock.advance(Duration::from_secs(2));
+        let after = status(&svc);
+        assert!(after.studies.iter().all(|s| s.state == "aborted"));
+        for cell in svc.table().expect("table").values() {
+            let Phase::Aborted(reason) = cell.view(clock.now_ms()).phase else {
+                panic!("not aborted");
+            };
+            assert!(reason.len() < 8 << 10, "a reason of {} bytes", reason.len());
+            assert!(reason.ends_with(" and 2984 more"), "{reason}");
+        }
     }
 
     /// One computation of a study's release at a time: a `Release` that comes

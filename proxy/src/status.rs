@@ -21,6 +21,18 @@ pub async fn fetch(url: &str, transport: &Transport) -> anyhow::Result<v1::Proxy
 /// startup, not served, listed for the operator with its id alone.
 pub const UNREADABLE: &str = "unreadable";
 
+/// The missing owners a summary names, and how many more it does not.
+fn missing(s: &v1::StudySummary) -> String {
+    if s.owners_missing.is_empty() {
+        return "-".into();
+    }
+    let names = printable(&s.owners_missing.join(",")).into_owned();
+    match (s.owners_missing_count as usize).saturating_sub(s.owners_missing.len()) {
+        0 => names,
+        more => format!("{names} and {more} more"),
+    }
+}
+
 /// The status as text: one line per study (state, owners in of the quorum, who is
 /// missing, deadline relative to `now_ms`, budget), then each owner's budget.
 pub fn render(status: &v1::ProxyStatus, now_ms: u64) -> String {
@@ -48,7 +60,7 @@ pub fn render(status: &v1::ProxyStatus, now_ms: u64) -> String {
             "{:<32}  {:<10}  {:>9}  {:>12}  {:<20}  {:<10}  {}",
             printable(&s.study_id),
             printable(&s.state),
-            format!("{}/{} (>={})", s.owners_in.len(), s.quorum, s.min_owners),
+            format!("{}/{} (>={})", s.owners_in_count, s.quorum, s.min_owners),
             deadline,
             format!(
                 "{} e={} d={:.1e}",
@@ -57,11 +69,7 @@ pub fn render(status: &v1::ProxyStatus, now_ms: u64) -> String {
                 s.delta
             ),
             printable(&s.opened_by),
-            if s.owners_missing.is_empty() {
-                "-".into()
-            } else {
-                printable(&s.owners_missing.join(",")).into_owned()
-            }
+            missing(s)
         );
     }
     if !status.budgets.is_empty() {
@@ -96,6 +104,20 @@ mod tests {
         assert!(text.contains("b,c"), "{text}");
         assert!(text.contains("1.0000 / 2"), "{text}");
         assert!(text.contains("alice"), "{text}");
+    }
+
+    /// A summary names the first missing owners and says how many more there are;
+    /// the owners column counts them all.
+    #[test]
+    fn the_table_says_how_many_owners_its_names_leave_out() {
+        let mut status = status_of("s1", "b", "a");
+        let s = &mut status.studies[0];
+        s.owners_in_count = 40;
+        s.quorum = 5000;
+        s.owners_missing_count = 4960;
+        let text = render(&status, 70_000);
+        assert!(text.contains("40/5000 (>=1)"), "{text}");
+        assert!(text.contains("b,c and 4958 more"), "{text}");
     }
 
     /// A study set aside at startup shows its id and why it is not served, not
@@ -139,7 +161,9 @@ mod tests {
                 study_id: study.into(),
                 state: "sealed".into(),
                 owners_in: vec!["a".into()],
+                owners_in_count: 1,
                 owners_missing: vec![missing.into(), "c".into()],
+                owners_missing_count: 2,
                 min_owners: 1,
                 quorum: 3,
                 deadline_unix_ms: 10_000,

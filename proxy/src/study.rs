@@ -165,6 +165,44 @@ impl Phase {
     }
 }
 
+/// Owner ids a status answer, or an abort's reason, names of a set of owners:
+/// an invitation list may hold thousands of ids of up to 256 bytes, which would
+/// size every status answer (past the 4 MiB a client decodes) and every reason.
+pub const NAMES_LISTED: usize = 16;
+
+/// The first [`NAMES_LISTED`] ids of a set of owners, and how many it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// The first ids, in order.
+    pub names: Vec<String>,
+    /// Ids in the set.
+    pub count: usize,
+}
+
+impl Listed {
+    fn of<'a>(ids: impl Iterator<Item = &'a String>) -> Self {
+        let mut names = Vec::new();
+        let mut count = 0;
+        for id in ids {
+            if names.len() < NAMES_LISTED {
+                names.push(id.clone());
+            }
+            count += 1;
+        }
+        Self { names, count }
+    }
+}
+
+impl std::fmt::Display for Listed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.names.join(", "))?;
+        match self.count - self.names.len() {
+            0 => Ok(()),
+            more => write!(f, " and {more} more"),
+        }
+    }
+}
+
 /// What a contribution did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ContributionOutcome {
@@ -329,12 +367,25 @@ impl Study {
 
     /// Invited owners not counted (empty when the study invites any owner).
     pub fn owners_missing(&self) -> Vec<String> {
+        self.missing().cloned().collect()
+    }
+
+    /// [`Study::owners_in`] as the status lists them: the first [`NAMES_LISTED`],
+    /// and how many there are.
+    pub fn owners_in_listed(&self) -> Listed {
+        Listed::of(self.contributors.keys())
+    }
+
+    /// [`Study::owners_missing`] as the status lists them.
+    pub fn owners_missing_listed(&self) -> Listed {
+        Listed::of(self.missing())
+    }
+
+    fn missing(&self) -> impl Iterator<Item = &String> {
         self.spec
             .expected_owners
             .iter()
             .filter(|o| !self.contributors.contains_key(*o))
-            .cloned()
-            .collect()
     }
 
     /// The encrypted pooled row count (last aggregate ciphertext).
@@ -430,6 +481,16 @@ impl Study {
         self.contributors.len() >= self.spec.min_owners as usize
     }
 
+    /// The name of the phase [`Study::tick`] at `now_ms` would leave, read without
+    /// a copy.
+    pub fn phase_name_at(&self, now_ms: u64) -> &'static str {
+        match (self.deadline_due(now_ms), self.has_quorum()) {
+            (true, true) => Phase::Sealed.name(),
+            (true, false) => Phase::Aborted(String::new()).name(),
+            (false, _) => self.phase.name(),
+        }
+    }
+
     /// Whether the study is collecting or sealed once its deadline is applied at
     /// `now_ms` (what [`Study::tick`] would leave), read without a copy.
     pub fn open_at(&self, now_ms: u64) -> bool {
@@ -446,15 +507,15 @@ impl Study {
             if self.has_quorum() {
                 self.phase = Phase::Sealed;
             } else {
-                let missing = self.owners_missing();
+                let missing = self.owners_missing_listed();
                 self.abort(format!(
                     "deadline passed with {} of at least {} owners{}",
                     self.contributors.len(),
                     self.spec.min_owners,
-                    if missing.is_empty() {
+                    if missing.count == 0 {
                         String::new()
                     } else {
-                        format!("; missing: {}", missing.join(", "))
+                        format!("; missing: {missing}")
                     }
                 ));
             }
