@@ -359,7 +359,9 @@ pub async fn fetch_study(
     let wire = info.spec.context("proxy sent a study without a spec")?;
     // The key first (an honest proxy sends the modulus's canonical bytes; others
     // are refused): a study under a key this owner did not pin is refused before
-    // its spec is validated, which squares the modulus and derives the layout.
+    // its spec is validated, which squares the modulus and proves the layout's
+    // slot widths (its size is counted, against this owner's cap, before the
+    // layout is built: `WorkCap::layout`).
     let got = dpca_common::paillier::fingerprint_of_modulus(&wire.public_key);
     if !got.eq_ignore_ascii_case(fingerprint.trim()) {
         bail!(

@@ -21,6 +21,12 @@ pub async fn fetch(url: &str, transport: &Transport) -> anyhow::Result<v1::Proxy
 /// startup, not served, listed for the operator with its id alone.
 pub const UNREADABLE: &str = "unreadable";
 
+/// The owners a summary counts in: its count, or, from a proxy that sends none
+/// (a build before the lists were cut short), its names.
+fn owners_in(s: &v1::StudySummary) -> usize {
+    (s.owners_in_count as usize).max(s.owners_in.len())
+}
+
 /// The missing owners a summary names, and how many more it does not.
 fn missing(s: &v1::StudySummary) -> String {
     if s.owners_missing.is_empty() {
@@ -60,7 +66,7 @@ pub fn render(status: &v1::ProxyStatus, now_ms: u64) -> String {
             "{:<32}  {:<10}  {:>9}  {:>12}  {:<20}  {:<10}  {}",
             printable(&s.study_id),
             printable(&s.state),
-            format!("{}/{} (>={})", s.owners_in_count, s.quorum, s.min_owners),
+            format!("{}/{} (>={})", owners_in(s), s.quorum, s.min_owners),
             deadline,
             format!(
                 "{} e={} d={:.1e}",
@@ -118,6 +124,12 @@ mod tests {
         let text = render(&status, 70_000);
         assert!(text.contains("40/5000 (>=1)"), "{text}");
         assert!(text.contains("b,c and 4958 more"), "{text}");
+        // A proxy that sends no counts has its names counted.
+        let s = &mut status.studies[0];
+        (s.owners_in, s.owners_in_count, s.owners_missing_count) = (vec!["a".into(); 2], 0, 0);
+        let text = render(&status, 70_000);
+        assert!(text.contains("2/5000 (>=1)"), "{text}");
+        assert!(text.contains("b,c\n") && !text.contains("more"), "{text}");
     }
 
     /// A study set aside at startup shows its id and why it is not served, not

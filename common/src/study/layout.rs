@@ -364,8 +364,9 @@ mod tests {
     use crate::testing::{test_draft, test_key};
 
     /// The sizes counted before a layout is built are the built layout's, for
-    /// every shape a spec can ask for: both centerings, the paper's baseline,
-    /// classes with a shared or per-class matrix, and a projection.
+    /// every shape a spec can ask for: both centerings, both noise mechanisms'
+    /// tails, the paper's baseline, classes with a shared or per-class matrix,
+    /// and a projection.
     #[test]
     fn a_layouts_size_is_counted_before_it_is_built() {
         let a = 1.0 / 2f64.sqrt();
@@ -377,40 +378,43 @@ mod tests {
             covariance,
         };
         let mut checked = 0;
-        for dim in [5usize, 9, 70] {
-            for centering in [Centering::Mask, Centering::DpMean] {
-                for baseline in [false, true] {
-                    let base = SpecDraft {
-                        privacy: PrivacyRequest::new(Mechanism::GAUSSIAN, centering, 1.0, 1e-6)
-                            .expect("valid"),
-                        baseline,
-                        ..test_draft(test_key().public(), dim)
-                    };
-                    let mut drafts = vec![base.clone()];
-                    if centering == Centering::DpMean {
-                        for covariance in [ClassCovariance::Shared, ClassCovariance::PerClass] {
-                            drafts.push(SpecDraft {
-                                classes: Some(classes(covariance)),
-                                ..base.clone()
-                            });
-                        }
-                    }
-                    if dim == 5 {
+        let shapes = [5usize, 9, 70].into_iter().flat_map(|dim| {
+            [Centering::Mask, Centering::DpMean]
+                .into_iter()
+                .flat_map(move |c| [Mechanism::GAUSSIAN, Mechanism::LAPLACE].map(|m| (dim, c, m)))
+        });
+        for (dim, centering, mechanism) in shapes {
+            for baseline in [false, true] {
+                let base = SpecDraft {
+                    privacy: PrivacyRequest::new(mechanism, centering, 1.0, 1e-6).expect("valid"),
+                    baseline,
+                    ..test_draft(test_key().public(), dim)
+                };
+                let mut drafts = vec![base.clone()];
+                if centering == Centering::DpMean {
+                    for covariance in [ClassCovariance::Shared, ClassCovariance::PerClass] {
                         drafts.push(SpecDraft {
-                            projection: Some(two_axes.clone()),
+                            classes: Some(classes(covariance)),
                             ..base.clone()
                         });
                     }
-                    for draft in drafts {
-                        let Ok(spec) = draft.validate() else { continue };
-                        let built = StudyLayout::new(&spec).expect("layout");
-                        assert_eq!(StudyLayout::size_of(&spec).expect("size"), built.size());
-                        checked += 1;
-                    }
+                }
+                if dim == 5 && centering == Centering::DpMean {
+                    drafts.push(SpecDraft {
+                        projection: Some(two_axes.clone()),
+                        ..base.clone()
+                    });
+                }
+                for draft in drafts {
+                    let spec = draft.validate().expect("a valid spec");
+                    let built = StudyLayout::new(&spec).expect("layout");
+                    assert_eq!(StudyLayout::size_of(&spec).expect("size"), built.size());
+                    checked += 1;
                 }
             }
         }
-        assert!(checked >= 20, "only {checked} specs were valid");
+        // 24 plain shapes, 24 with classes, 4 projected.
+        assert_eq!(checked, 52);
     }
 
     /// The layout is part of the protocol: builds that derive different layouts
