@@ -57,12 +57,37 @@ pub(crate) fn caller_of(extensions: &http::Extensions, tls: bool) -> Result<Opti
 /// at most, not one on each of its streams (136 MiB).
 pub const MAX_OPENINGS_PER_USER: usize = 4;
 
+/// Answers to `GetStudy` one party may have unsent at once. Each is a whole spec
+/// (up to `--max-spec-bytes`, 1 MiB by default), which HTTP/2 holds whole until
+/// the caller grants it room (hyper takes a body's chunk before it waits for the
+/// window), so a party that left its 128 streams' answers unread pinned 128
+/// specs; it now pins this many. An honest party reads each answer at once.
+pub const MAX_UNSENT_STUDY_ANSWERS: usize = 4;
+
 /// A listener's screening of each call before the routes: the call passed on (its
 /// body possibly wrapped), or a refusal to answer it with, decided before anything
 /// of its body is read.
 pub trait Screening {
     /// The call to pass on, or why it is refused.
-    fn screen(&self, req: http::Request<TonicBody>) -> Result<http::Request<TonicBody>, Status>;
+    fn screen(&self, req: http::Request<TonicBody>) -> Result<Passed, Status>;
+}
+
+/// A call the screening passes on, and what its answer holds until it is sent
+/// (or its stream ends): one of its party's places for unsent answers.
+pub struct Passed {
+    /// The call, its body possibly wrapped.
+    pub request: http::Request<TonicBody>,
+    /// The place its answer holds, where the method's answers are capped.
+    pub answer_holds: Option<Held<String>>,
+}
+
+impl From<http::Request<TonicBody>> for Passed {
+    fn from(request: http::Request<TonicBody>) -> Self {
+        Passed {
+            request,
+            answer_holds: None,
+        }
+    }
 }
 
 /// The routes behind a [`Screening`], as a tower service.
@@ -101,9 +126,49 @@ where
 
     fn call(&mut self, req: http::Request<TonicBody>) -> Self::Future {
         match self.screening.screen(req) {
-            Ok(req) => Box::pin(self.inner.call(req)),
+            Ok(Passed {
+                request,
+                answer_holds: None,
+            }) => Box::pin(self.inner.call(request)),
+            Ok(Passed {
+                request,
+                answer_holds: Some(held),
+            }) => {
+                let answer = self.inner.call(request);
+                Box::pin(async move {
+                    let response = answer.await?;
+                    Ok(response.map(|body| TonicBody::new(Holding { body, _held: held })))
+                })
+            }
             Err(refusal) => Box::pin(std::future::ready(Ok(refusal.into_http()))),
         }
+    }
+}
+
+/// An answer's body holding a place until it is dropped: once sent whole, or
+/// when its stream or connection ends.
+struct Holding {
+    body: TonicBody,
+    _held: Held<String>,
+}
+
+impl Body for Holding {
+    type Data = <TonicBody as Body>::Data;
+    type Error = <TonicBody as Body>::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -115,6 +180,16 @@ pub struct Gate {
     limits: Limits,
     tls: bool,
     openings: PerKey<String>,
+    study_answers: PerKey<String>,
+}
+
+/// What the gate knows of a call it admits: its caller, the cap on its request
+/// (with the opening held while it is read), and the place its answer holds.
+#[derive(Default)]
+struct Admission {
+    peer: Option<Peer>,
+    admitted: Option<Admitted>,
+    answer_holds: Option<Held<String>>,
 }
 
 /// What the gate admits a call with: the cap on its request, and the opening it
@@ -133,6 +208,7 @@ impl Gate {
             limits,
             tls,
             openings: PerKey::default(),
+            study_answers: PerKey::default(),
         }
     }
 
@@ -140,19 +216,23 @@ impl Gate {
     /// here), or why the call is refused before its body is read. A path that
     /// names no method of the proxy is passed on unscreened: the routes answer it
     /// "unimplemented" with nothing read.
-    fn admit<B>(
-        &self,
-        req: &http::Request<B>,
-    ) -> Result<(Option<Peer>, Option<Admitted>), Refusal> {
+    fn admit<B>(&self, req: &http::Request<B>) -> Result<Admission, Refusal> {
         let Some(method) = Method::from_path(req.uri().path()) else {
-            return Ok((None, None));
+            return Ok(Admission::default());
         };
         let peer = caller_of(req.extensions(), self.tls)?;
-        let mut opening = None;
+        let (mut opening, mut answer_holds) = (None, None);
         if let Some(peer) = &peer {
             may_call(peer, method).map_err(Refusal::Denied)?;
-            if method == Method::OpenStudy {
-                opening = Some(self.take_opening(&peer.name)?);
+            match method {
+                Method::OpenStudy => opening = Some(self.take_opening(&peer.name)?),
+                Method::GetStudy => answer_holds = Some(self.take_study_answer(&peer.name)?),
+                Method::AwaitSeal
+                | Method::Release
+                | Method::FetchResult
+                | Method::Status
+                | Method::Contribute
+                | Method::ReserveUpload => {}
             }
         }
         let admitted = self.limits.request_cap(method).map(|cap| Admitted {
@@ -160,7 +240,24 @@ impl Gate {
             cap,
             opening,
         });
-        Ok((peer, admitted))
+        Ok(Admission {
+            peer,
+            admitted,
+            answer_holds,
+        })
+    }
+
+    /// One of `party`'s places for unsent answers to `GetStudy`, or the refusal
+    /// of a call past them.
+    fn take_study_answer(&self, party: &str) -> Result<Held<String>, Refusal> {
+        self.study_answers
+            .take(party.to_string(), MAX_UNSENT_STUDY_ANSWERS)
+            .ok_or_else(|| {
+                Refusal::OverLimit(format!(
+                    "`{party}` has {MAX_UNSENT_STUDY_ANSWERS} answers to GetStudy not yet \
+                     read, the most one party may: ask again once one is read"
+                ))
+            })
     }
 
     /// One of `user`'s openings in flight, or the refusal of one past its cap.
@@ -177,18 +274,23 @@ impl Gate {
 }
 
 impl Screening for Gate {
-    fn screen(
-        &self,
-        mut req: http::Request<TonicBody>,
-    ) -> Result<http::Request<TonicBody>, Status> {
-        let (peer, admitted) = self.admit(&req)?;
+    fn screen(&self, mut req: http::Request<TonicBody>) -> Result<Passed, Status> {
+        let Admission {
+            peer,
+            admitted,
+            answer_holds,
+        } = self.admit(&req)?;
         // The handlers read the caller from here, an upload's included.
         if let Some(peer) = peer {
             req.extensions_mut().insert(peer);
         }
-        Ok(match admitted {
+        let request = match admitted {
             Some(admitted) => req.map(|body| TonicBody::new(CappedBody::new(body, admitted))),
             None => req,
+        };
+        Ok(Passed {
+            request,
+            answer_holds,
         })
     }
 }
@@ -397,6 +499,63 @@ mod tests {
         );
         let fits = CappedBody::new(body_of(message_of_1000(&[1000])), admitted(1000, None));
         assert_eq!(fits.collect().await.expect("fits").to_bytes().len(), 1000);
+    }
+
+    /// Routes that answer every call with a body of this many bytes.
+    #[derive(Clone)]
+    struct Answering(usize);
+
+    impl tower::Service<http::Request<TonicBody>> for Answering {
+        type Response = http::Response<TonicBody>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: http::Request<TonicBody>) -> Self::Future {
+            std::future::ready(Ok(http::Response::new(body_of(vec![vec![0u8; self.0]]))))
+        }
+    }
+
+    /// A party's answers to `GetStudy` hold places while unsent: a call past them
+    /// is refused before it is routed, another party is served, and an answer
+    /// read to its end gives its place back. Before, every answer was routed: an
+    /// owner leaving its 128 streams' answers unread held 128 specs.
+    #[tokio::test]
+    async fn a_party_has_at_most_its_study_answers_unsent() {
+        use tower::Service;
+        let mut routes = Screened::new(Answering(1 << 20), Gate::new(Limits::default(), true));
+        let call = |name: &str| {
+            let mut req = http::Request::builder()
+                .uri("/dpca.v1.Proxy/GetStudy")
+                .body(body_of(Vec::new()))
+                .expect("a request");
+            req.extensions_mut().insert(Peer {
+                role: dpca_shell::tls::Role::Owner,
+                name: name.into(),
+            });
+            req
+        };
+        let refusal = |r: &http::Response<TonicBody>| Status::from_header_map(r.headers());
+        let mut unsent = Vec::new();
+        for _ in 0..MAX_UNSENT_STUDY_ANSWERS {
+            let answer = routes.call(call("o1")).await.expect("answered");
+            assert!(refusal(&answer).is_none(), "within the cap");
+            unsent.push(answer);
+        }
+        let past = routes.call(call("o1")).await.expect("answered");
+        let status = refusal(&past).expect("refused past the cap");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(status.message().contains("`o1`"), "{}", status.message());
+        let other = routes.call(call("o2")).await.expect("answered");
+        assert!(refusal(&other).is_none(), "another party has its own");
+        let answer = unsent.pop().expect("an answer");
+        let read = answer.into_body().collect().await.expect("read");
+        assert_eq!(read.to_bytes().len(), 1 << 20);
+        let again = routes.call(call("o1")).await.expect("answered");
+        assert!(refusal(&again).is_none(), "its place given back once read");
     }
 
     /// A user's openings are held while their requests are read, and no more

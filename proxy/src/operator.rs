@@ -38,7 +38,7 @@ use tonic::body::Body as TonicBody;
 use tonic::Status;
 
 use crate::access::Method;
-use crate::gate::{Screened, Screening};
+use crate::gate::{Passed, Screened, Screening};
 use crate::metrics::CountCalls;
 use crate::service::ProxyService;
 
@@ -234,9 +234,9 @@ pub const LANE_HANDSHAKES: usize = 16;
 pub struct OnlyStatus;
 
 impl Screening for OnlyStatus {
-    fn screen(&self, req: http::Request<TonicBody>) -> Result<http::Request<TonicBody>, Status> {
+    fn screen(&self, req: http::Request<TonicBody>) -> Result<Passed, Status> {
         if Method::from_path(req.uri().path()) == Some(Method::Status) {
-            return Ok(req);
+            return Ok(req.into());
         }
         Err(Status::unimplemented(
             "the operator listener and the status lane answer `status` only; other calls \
