@@ -248,12 +248,14 @@ impl Gate {
     }
 
     /// One of `party`'s places for unsent answers to `GetStudy`, or the refusal
-    /// of a call past them.
+    /// of a call past them: the same call succeeds once an answer is read, so an
+    /// honest party that ran into the cap (several runs under one certificate,
+    /// each waiting behind a fold) is told to retry.
     fn take_study_answer(&self, party: &str) -> Result<Held<String>, Refusal> {
         self.study_answers
             .take(party.to_string(), MAX_UNSENT_STUDY_ANSWERS)
             .ok_or_else(|| {
-                Refusal::OverLimit(format!(
+                Refusal::Unavailable(format!(
                     "`{party}` has {MAX_UNSENT_STUDY_ANSWERS} answers to GetStudy not yet \
                      read, the most one party may: ask again once one is read"
                 ))
@@ -547,7 +549,11 @@ mod tests {
         }
         let past = routes.call(call("o1")).await.expect("answered");
         let status = refusal(&past).expect("refused past the cap");
-        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            status.code(),
+            tonic::Code::Unavailable,
+            "retried by clients"
+        );
         assert!(status.message().contains("`o1`"), "{}", status.message());
         let other = routes.call(call("o2")).await.expect("answered");
         assert!(refusal(&other).is_none(), "another party has its own");
