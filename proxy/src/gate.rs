@@ -16,6 +16,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use dpca_shell::tls::{peer_of, Peer};
 use http_body::{Body, Frame, SizeHint};
 use tonic::body::Body as TonicBody;
@@ -57,12 +58,20 @@ pub(crate) fn caller_of(extensions: &http::Extensions, tls: bool) -> Result<Opti
 /// at most, not one on each of its streams (136 MiB).
 pub const MAX_OPENINGS_PER_USER: usize = 4;
 
-/// Answers to `GetStudy` one party may have unsent at once. Each is a whole spec
-/// (up to `--max-spec-bytes`, 1 MiB by default), which HTTP/2 holds whole until
-/// the caller grants it room (hyper takes a body's chunk before it waits for the
-/// window), so a party that left its 128 streams' answers unread pinned 128
-/// specs; it now pins this many. An honest party reads each answer at once.
-pub const MAX_UNSENT_STUDY_ANSWERS: usize = 4;
+/// Answers one party may have unsent at once, of the calls whose answers other
+/// data sizes: `GetStudy` (a whole spec, up to `--max-spec-bytes`), `AwaitSeal`
+/// (the study's owners and their signed counts) and `Status`. HTTP/2 holds an
+/// answer until its caller grants room for it (hyper takes a body's chunk before
+/// it waits for the window, and h2 queues what it is given), so a party that left
+/// its 128 streams' answers unread pinned 128 of them. Each answer now takes a
+/// place when it is ready and keeps it until its last piece is handed on
+/// ([`ANSWER_PIECE_BYTES`]); an honest party reads each answer at once.
+pub const MAX_UNSENT_ANSWERS: usize = 4;
+
+/// The pieces an answer holding a place is handed to HTTP/2 in: hyper hands a
+/// piece on only once the stream has room, so past the last place held, a party
+/// pins at most a piece and its window on each stream.
+pub const ANSWER_PIECE_BYTES: usize = 16 * 1024;
 
 /// A listener's screening of each call before the routes: the call passed on (its
 /// body possibly wrapped), or a refusal to answer it with, decided before anything
@@ -72,21 +81,44 @@ pub trait Screening {
     fn screen(&self, req: http::Request<TonicBody>) -> Result<Passed, Status>;
 }
 
-/// A call the screening passes on, and what its answer holds until it is sent
-/// (or its stream ends): one of its party's places for unsent answers.
+/// A call the screening passes on, and the place its answer is to take.
 pub struct Passed {
     /// The call, its body possibly wrapped.
     pub request: http::Request<TonicBody>,
-    /// The place its answer holds, where the method's answers are capped.
-    pub answer_holds: Option<Held<String>>,
+    /// Where the method's answers are capped: the places its answer takes one of.
+    pub answer: Option<AnswerPlace>,
 }
 
 impl From<http::Request<TonicBody>> for Passed {
     fn from(request: http::Request<TonicBody>) -> Self {
         Passed {
             request,
-            answer_holds: None,
+            answer: None,
         }
+    }
+}
+
+/// One party's places for unsent answers ([`MAX_UNSENT_ANSWERS`]), of which an
+/// answer takes one when it is ready.
+pub struct AnswerPlace {
+    places: PerKey<Peer>,
+    party: Peer,
+}
+
+impl AnswerPlace {
+    /// A place, or the refusal of an answer past them. The same call succeeds
+    /// once an answer is read, so it is refused as unavailable, which clients
+    /// retry (several runs under one certificate may meet the cap).
+    fn take(self) -> Result<Held<Peer>, Refusal> {
+        let name = self.party.name.clone();
+        self.places
+            .take(self.party, MAX_UNSENT_ANSWERS)
+            .ok_or_else(|| {
+                Refusal::Unavailable(format!(
+                    "`{name}` has {MAX_UNSENT_ANSWERS} answers not yet read, the most one \
+                     party may: ask again once one is read"
+                ))
+            })
     }
 }
 
@@ -128,16 +160,19 @@ where
         match self.screening.screen(req) {
             Ok(Passed {
                 request,
-                answer_holds: None,
+                answer: None,
             }) => Box::pin(self.inner.call(request)),
             Ok(Passed {
                 request,
-                answer_holds: Some(held),
+                answer: Some(place),
             }) => {
                 let answer = self.inner.call(request);
                 Box::pin(async move {
                     let response = answer.await?;
-                    Ok(response.map(|body| TonicBody::new(Holding { body, _held: held })))
+                    Ok(match place.take() {
+                        Ok(held) => response.map(|body| TonicBody::new(Holding::new(body, held))),
+                        Err(refusal) => Status::from(refusal).into_http(),
+                    })
                 })
             }
             Err(refusal) => Box::pin(std::future::ready(Ok(refusal.into_http()))),
@@ -145,30 +180,61 @@ where
     }
 }
 
-/// An answer's body holding a place until it is dropped: once sent whole, or
-/// when its stream or connection ends.
+/// An answer's body, handed on in pieces of at most [`ANSWER_PIECE_BYTES`] and
+/// holding its place until it is dropped: its last piece handed on, or its
+/// stream or connection ended.
 struct Holding {
     body: TonicBody,
-    _held: Held<String>,
+    /// What is left of the chunk a piece was cut from.
+    rest: Bytes,
+    _held: Held<Peer>,
+}
+
+impl Holding {
+    fn new(body: TonicBody, held: Held<Peer>) -> Self {
+        Holding {
+            body,
+            rest: Bytes::new(),
+            _held: held,
+        }
+    }
 }
 
 impl Body for Holding {
-    type Data = <TonicBody as Body>::Data;
+    type Data = Bytes;
     type Error = <TonicBody as Body>::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if this.rest.is_empty() {
+            match Pin::new(&mut this.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => this.rest = data,
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                other => return other,
+            }
+        }
+        let piece = this.rest.split_to(this.rest.len().min(ANSWER_PIECE_BYTES));
+        Poll::Ready(Some(Ok(Frame::data(piece))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.is_empty() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let inner = self.body.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
     }
 }
 
@@ -180,16 +246,32 @@ pub struct Gate {
     limits: Limits,
     tls: bool,
     openings: PerKey<String>,
-    study_answers: PerKey<String>,
+    answers: PerKey<Peer>,
 }
 
 /// What the gate knows of a call it admits: its caller, the cap on its request
-/// (with the opening held while it is read), and the place its answer holds.
+/// (with the opening held while it is read), and the places its answer takes
+/// one of.
 #[derive(Default)]
 struct Admission {
     peer: Option<Peer>,
     admitted: Option<Admitted>,
-    answer_holds: Option<Held<String>>,
+    answer: Option<AnswerPlace>,
+}
+
+/// Whether `method`'s answer is sized by data other than the caller's request
+/// (a spec, a study's owners, the studies held), and so takes a place while
+/// unsent ([`MAX_UNSENT_ANSWERS`]). `FetchResult` streams a shared release in
+/// chunks encoded as they are read.
+fn answer_sized_by_data(method: Method) -> bool {
+    match method {
+        Method::GetStudy | Method::AwaitSeal | Method::Status => true,
+        Method::OpenStudy
+        | Method::Release
+        | Method::FetchResult
+        | Method::Contribute
+        | Method::ReserveUpload => false,
+    }
 }
 
 /// What the gate admits a call with: the cap on its request, and the opening it
@@ -208,7 +290,7 @@ impl Gate {
             limits,
             tls,
             openings: PerKey::default(),
-            study_answers: PerKey::default(),
+            answers: PerKey::default(),
         }
     }
 
@@ -221,18 +303,17 @@ impl Gate {
             return Ok(Admission::default());
         };
         let peer = caller_of(req.extensions(), self.tls)?;
-        let (mut opening, mut answer_holds) = (None, None);
+        let (mut opening, mut answer) = (None, None);
         if let Some(peer) = &peer {
             may_call(peer, method).map_err(Refusal::Denied)?;
-            match method {
-                Method::OpenStudy => opening = Some(self.take_opening(&peer.name)?),
-                Method::GetStudy => answer_holds = Some(self.take_study_answer(&peer.name)?),
-                Method::AwaitSeal
-                | Method::Release
-                | Method::FetchResult
-                | Method::Status
-                | Method::Contribute
-                | Method::ReserveUpload => {}
+            if method == Method::OpenStudy {
+                opening = Some(self.take_opening(&peer.name)?);
+            }
+            if answer_sized_by_data(method) {
+                answer = Some(AnswerPlace {
+                    places: self.answers.clone(),
+                    party: peer.clone(),
+                });
             }
         }
         let admitted = self.limits.request_cap(method).map(|cap| Admitted {
@@ -243,23 +324,8 @@ impl Gate {
         Ok(Admission {
             peer,
             admitted,
-            answer_holds,
+            answer,
         })
-    }
-
-    /// One of `party`'s places for unsent answers to `GetStudy`, or the refusal
-    /// of a call past them: the same call succeeds once an answer is read, so an
-    /// honest party that ran into the cap (several runs under one certificate,
-    /// each waiting behind a fold) is told to retry.
-    fn take_study_answer(&self, party: &str) -> Result<Held<String>, Refusal> {
-        self.study_answers
-            .take(party.to_string(), MAX_UNSENT_STUDY_ANSWERS)
-            .ok_or_else(|| {
-                Refusal::Unavailable(format!(
-                    "`{party}` has {MAX_UNSENT_STUDY_ANSWERS} answers to GetStudy not yet \
-                     read, the most one party may: ask again once one is read"
-                ))
-            })
     }
 
     /// One of `user`'s openings in flight, or the refusal of one past its cap.
@@ -280,7 +346,7 @@ impl Screening for Gate {
         let Admission {
             peer,
             admitted,
-            answer_holds,
+            answer,
         } = self.admit(&req)?;
         // The handlers read the caller from here, an upload's included.
         if let Some(peer) = peer {
@@ -290,10 +356,7 @@ impl Screening for Gate {
             Some(admitted) => req.map(|body| TonicBody::new(CappedBody::new(body, admitted))),
             None => req,
         };
-        Ok(Passed {
-            request,
-            answer_holds,
-        })
+        Ok(Passed { request, answer })
     }
 }
 
@@ -408,6 +471,7 @@ impl Body for CappedBody {
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
 
     /// A body of `parts`, each sent as one frame.
     fn body_of(parts: Vec<Vec<u8>>) -> TonicBody {
@@ -521,47 +585,120 @@ mod tests {
         }
     }
 
-    /// A party's answers to `GetStudy` hold places while unsent: a call past them
-    /// is refused before it is routed, another party is served, and an answer
-    /// read to its end gives its place back. Before, every answer was routed: an
-    /// owner leaving its 128 streams' answers unread held 128 specs.
+    /// Routes behind the gate served over HTTP/2 by hyper on one end of an
+    /// in-memory pipe, each call's party named by a header of the test's (as the
+    /// TLS layer names it from the certificate); an h2 client on the other end,
+    /// granting each stream a byte of room and its connection a gigabyte.
+    async fn served_to_a_client_granting_no_room(
+        routes: Screened<Answering, Gate>,
+    ) -> h2::client::SendRequest<Bytes> {
+        let (client_io, server_io) = tokio::io::duplex(1 << 16);
+        let service = hyper::service::service_fn(move |req: http::Request<_>| {
+            let mut routes = routes.clone();
+            let mut req = req.map(TonicBody::new);
+            let name = req.headers()["x-test-party"].to_str().expect("a name");
+            let role = dpca_shell::tls::Role::Owner;
+            let peer = Peer {
+                role,
+                name: name.to_string(),
+            };
+            req.extensions_mut().insert(peer);
+            tower::Service::call(&mut routes, req)
+        });
+        let server = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(TokioIo::new(server_io), service);
+        tokio::spawn(server);
+        let (client, connection) = h2::client::Builder::new()
+            .initial_window_size(1)
+            .initial_connection_window_size(1 << 30)
+            .handshake(client_io)
+            .await
+            .expect("handshake");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// A call to `GetStudy` by `party`: its answer's headers, its body unread.
+    async fn get_study(
+        client: &mut h2::client::SendRequest<Bytes>,
+        party: &str,
+    ) -> http::Response<h2::RecvStream> {
+        let request = http::Request::post("http://proxy/dpca.v1.Proxy/GetStudy")
+            .header("x-test-party", party)
+            .body(())
+            .expect("a request");
+        let (answer, _) = client.send_request(request, true).expect("sent");
+        answer.await.expect("answered")
+    }
+
+    /// A party's answers left unread hold places: past them the next answer is
+    /// refused, another party's is not, and an answer whose stream ends gives its
+    /// place back. Over HTTP/2 as hyper serves it: before the answers were cut
+    /// into pieces, hyper handed each 1 MiB answer to h2 whole once a byte of room
+    /// was granted, and the place went back with it, so the cap held nothing.
     #[tokio::test]
-    async fn a_party_has_at_most_its_study_answers_unsent() {
-        use tower::Service;
-        let mut routes = Screened::new(Answering(1 << 20), Gate::new(Limits::default(), true));
-        let call = |name: &str| {
-            let mut req = http::Request::builder()
-                .uri("/dpca.v1.Proxy/GetStudy")
-                .body(body_of(Vec::new()))
-                .expect("a request");
-            req.extensions_mut().insert(Peer {
-                role: dpca_shell::tls::Role::Owner,
-                name: name.into(),
-            });
-            req
-        };
-        let refusal = |r: &http::Response<TonicBody>| Status::from_header_map(r.headers());
-        let mut unsent = Vec::new();
-        for _ in 0..MAX_UNSENT_STUDY_ANSWERS {
-            let answer = routes.call(call("o1")).await.expect("answered");
+    async fn a_party_has_at_most_its_answers_unsent() {
+        let routes = Screened::new(Answering(1 << 20), Gate::new(Limits::default(), true));
+        let mut client = served_to_a_client_granting_no_room(routes).await;
+        let refusal = |r: &http::Response<h2::RecvStream>| Status::from_header_map(r.headers());
+        let mut unread = Vec::new();
+        for _ in 0..MAX_UNSENT_ANSWERS {
+            let answer = get_study(&mut client, "o1").await;
             assert!(refusal(&answer).is_none(), "within the cap");
-            unsent.push(answer);
+            unread.push(answer);
         }
-        let past = routes.call(call("o1")).await.expect("answered");
+        let past = get_study(&mut client, "o1").await;
         let status = refusal(&past).expect("refused past the cap");
         assert_eq!(
             status.code(),
             tonic::Code::Unavailable,
-            "retried by clients"
+            "which clients retry"
         );
         assert!(status.message().contains("`o1`"), "{}", status.message());
-        let other = routes.call(call("o2")).await.expect("answered");
+        let other = get_study(&mut client, "o2").await;
         assert!(refusal(&other).is_none(), "another party has its own");
-        let answer = unsent.pop().expect("an answer");
-        let read = answer.into_body().collect().await.expect("read");
-        assert_eq!(read.to_bytes().len(), 1 << 20);
-        let again = routes.call(call("o1")).await.expect("answered");
-        assert!(refusal(&again).is_none(), "its place given back once read");
+        // Its stream reset, an unread answer's place comes back.
+        drop(unread.pop());
+        let mut served = false;
+        for _ in 0..100 {
+            if refusal(&get_study(&mut client, "o1").await).is_none() {
+                served = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(
+            served,
+            "the place of an answer whose stream ended stayed held"
+        );
+    }
+
+    /// An answer is handed on in pieces of at most [`ANSWER_PIECE_BYTES`], whole
+    /// and in order, and holds its place until dropped.
+    #[tokio::test]
+    async fn an_answer_goes_in_pieces_and_holds_its_place_until_dropped() {
+        let places = PerKey::default();
+        let party = Peer {
+            role: dpca_shell::tls::Role::User,
+            name: "u".into(),
+        };
+        let held = places.take(party.clone(), 1).expect("a place");
+        let answer: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
+        let mut body = Holding::new(body_of(vec![answer.clone(), vec![9u8; 10]]), held);
+        let mut got = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.expect("a frame").into_data().expect("data");
+            assert!(data.len() <= ANSWER_PIECE_BYTES, "{}", data.len());
+            got.extend_from_slice(&data);
+        }
+        assert_eq!(got[..40_000], answer[..]);
+        assert_eq!(got.len(), 40_010);
+        assert!(
+            places.take(party.clone(), 1).is_none(),
+            "held until dropped"
+        );
+        drop(body);
+        assert!(places.take(party, 1).is_some(), "given back when dropped");
     }
 
     /// A user's openings are held while their requests are read, and no more
