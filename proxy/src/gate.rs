@@ -61,16 +61,19 @@ pub const MAX_OPENINGS_PER_USER: usize = 4;
 /// Answers one party may have unsent at once, of the calls whose answers other
 /// data sizes: `GetStudy` (a whole spec, up to `--max-spec-bytes`), `AwaitSeal`
 /// (the study's owners and their signed counts) and `Status`. HTTP/2 holds an
-/// answer until its caller grants room for it (hyper takes a body's chunk before
-/// it waits for the window, and h2 queues what it is given), so a party that left
+/// answer until its caller grants room for it (hyper hands a body's chunk whole
+/// to h2 once the stream has any room, and h2 queues it), so a party that left
 /// its 128 streams' answers unread pinned 128 of them. Each answer now takes a
 /// place when it is ready and keeps it until its last piece is handed on
 /// ([`ANSWER_PIECE_BYTES`]); an honest party reads each answer at once.
 pub const MAX_UNSENT_ANSWERS: usize = 4;
 
-/// The pieces an answer holding a place is handed to HTTP/2 in: hyper hands a
-/// piece on only once the stream has room, so past the last place held, a party
-/// pins at most a piece and its window on each stream.
+/// The pieces an answer holding a place is handed to HTTP/2 in, each a copy:
+/// hyper hands a piece on only while the stream has room and h2's send buffer
+/// (hyper's default, 400 KiB a stream, which tonic does not let a server set) is
+/// not full, so an answer larger than that keeps its place until the client
+/// reads it, and past the places a party pins at most that buffer and a piece
+/// on each stream (as a `FetchResult` stream does).
 pub const ANSWER_PIECE_BYTES: usize = 16 * 1024;
 
 /// A listener's screening of each call before the routes: the call passed on (its
@@ -169,6 +172,11 @@ where
                 let answer = self.inner.call(request);
                 Box::pin(async move {
                     let response = answer.await?;
+                    // A refusal (its status in the headers, no body) takes no
+                    // place, and is not turned into "unavailable" by the cap.
+                    if response.headers().contains_key("grpc-status") {
+                        return Ok(response);
+                    }
                     Ok(match place.take() {
                         Ok(held) => response.map(|body| TonicBody::new(Holding::new(body, held))),
                         Err(refusal) => Status::from(refusal).into_http(),
@@ -180,9 +188,10 @@ where
     }
 }
 
-/// An answer's body, handed on in pieces of at most [`ANSWER_PIECE_BYTES`] and
-/// holding its place until it is dropped: its last piece handed on, or its
-/// stream or connection ended.
+/// An answer's body, handed on in copied pieces of at most
+/// [`ANSWER_PIECE_BYTES`] and holding its place until it is dropped: its last
+/// piece handed on, or its stream or connection ended. What h2 still queues
+/// then is pieces, not the answer.
 struct Holding {
     body: TonicBody,
     /// What is left of the chunk a piece was cut from.
@@ -218,8 +227,10 @@ impl Body for Holding {
                 other => return other,
             }
         }
+        // A copy: a slice would keep the whole answer's buffer alive in h2's queue
+        // after the place went back (a client granting all but a byte of room).
         let piece = this.rest.split_to(this.rest.len().min(ANSWER_PIECE_BYTES));
-        Poll::Ready(Some(Ok(Frame::data(piece))))
+        Poll::Ready(Some(Ok(Frame::data(Bytes::copy_from_slice(&piece)))))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -567,7 +578,8 @@ mod tests {
         assert_eq!(fits.collect().await.expect("fits").to_bytes().len(), 1000);
     }
 
-    /// Routes that answer every call with a body of this many bytes.
+    /// Routes that answer every call with a body of this many bytes, but
+    /// `AwaitSeal`, which they refuse.
     #[derive(Clone)]
     struct Answering(usize);
 
@@ -580,8 +592,13 @@ mod tests {
             Poll::Ready(Ok(()))
         }
 
-        fn call(&mut self, _: http::Request<TonicBody>) -> Self::Future {
-            std::future::ready(Ok(http::Response::new(body_of(vec![vec![0u8; self.0]]))))
+        fn call(&mut self, req: http::Request<TonicBody>) -> Self::Future {
+            let answer = if req.uri().path().ends_with("/AwaitSeal") {
+                Status::not_found("no such study").into_http()
+            } else {
+                http::Response::new(body_of(vec![vec![0u8; self.0]]))
+            };
+            std::future::ready(Ok(answer))
         }
     }
 
@@ -699,6 +716,76 @@ mod tests {
         );
         drop(body);
         assert!(places.take(party, 1).is_some(), "given back when dropped");
+    }
+
+    /// A refusal takes no place, and a party at its cap is told the refusal, not
+    /// "unavailable": a study that is not there is not retried as if busy.
+    #[tokio::test]
+    async fn a_refusal_takes_no_place_and_keeps_its_status() {
+        use tower::Service;
+        let mut routes = Screened::new(Answering(1 << 10), Gate::new(Limits::default(), true));
+        let call = |method: &str| {
+            let mut req = http::Request::builder()
+                .uri(format!("/dpca.v1.Proxy/{method}"))
+                .body(body_of(Vec::new()))
+                .expect("a request");
+            req.extensions_mut().insert(Peer {
+                role: dpca_shell::tls::Role::User,
+                name: "u".into(),
+            });
+            req
+        };
+        let mut unread = Vec::new();
+        for _ in 0..MAX_UNSENT_ANSWERS {
+            unread.push(routes.call(call("GetStudy")).await.expect("answered"));
+        }
+        let refused = routes.call(call("AwaitSeal")).await.expect("answered");
+        let status = Status::from_header_map(refused.headers()).expect("a refusal");
+        assert_eq!(status.code(), tonic::Code::NotFound, "{}", status.message());
+        let past = routes.call(call("GetStudy")).await.expect("answered");
+        let status = Status::from_header_map(past.headers()).expect("past the cap");
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+    }
+
+    /// A piece handed on is a copy: once the answer's body is dropped (its place
+    /// given back), the answer's buffer is freed, whatever pieces h2 still
+    /// queues. Before, each piece was a slice of it: a client granting all but a
+    /// byte of room kept the whole answer alive with no place held.
+    #[tokio::test]
+    async fn a_piece_handed_on_keeps_nothing_of_the_answer_alive() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        struct Answer(Vec<u8>, Arc<AtomicBool>);
+        impl AsRef<[u8]> for Answer {
+            fn as_ref(&self) -> &[u8] {
+                &self.0
+            }
+        }
+        impl Drop for Answer {
+            fn drop(&mut self) {
+                self.1.store(true, Ordering::SeqCst);
+            }
+        }
+        let freed = Arc::new(AtomicBool::new(false));
+        let answer = Bytes::from_owner(Answer(vec![7u8; 100_000], Arc::clone(&freed)));
+        let places = PerKey::default();
+        let party = Peer {
+            role: dpca_shell::tls::Role::Owner,
+            name: "o".into(),
+        };
+        let held = places.take(party, 1).expect("a place");
+        let body = TonicBody::new(http_body_util::Full::new(answer));
+        let mut holding = Holding::new(body, held);
+        let mut pieces = Vec::new();
+        while let Some(frame) = holding.frame().await {
+            pieces.push(frame.expect("a frame").into_data().expect("data"));
+        }
+        drop(holding);
+        assert!(
+            freed.load(Ordering::SeqCst),
+            "a piece kept the answer alive"
+        );
+        assert_eq!(pieces.iter().map(Bytes::len).sum::<usize>(), 100_000);
     }
 
     /// A user's openings are held while their requests are read, and no more
