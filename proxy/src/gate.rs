@@ -72,8 +72,9 @@ pub const MAX_UNSENT_ANSWERS: usize = 4;
 /// hyper hands a piece on only while the stream has room and h2's send buffer
 /// (hyper's default, 400 KiB a stream, which tonic does not let a server set) is
 /// not full, so an answer larger than that keeps its place until the client
-/// reads it, and past the places a party pins at most that buffer and a piece
-/// on each stream (as a `FetchResult` stream does).
+/// reads it, and past the places a party pins at most that buffer and two
+/// pieces on each stream (one queued in h2, one waiting in hyper), as a
+/// `FetchResult` stream does.
 pub const ANSWER_PIECE_BYTES: usize = 16 * 1024;
 
 /// A listener's screening of each call before the routes: the call passed on (its

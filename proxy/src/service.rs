@@ -1274,6 +1274,40 @@ fn study_summary(s: &Study, now_ms: u64) -> v1::StudySummary {
     }
 }
 
+/// Whether `s` is sealed (or released since), or why it never will be.
+fn seal_reached(s: &Study, id: &str) -> Result<bool, Refusal> {
+    match &s.phase {
+        Phase::Collecting => Ok(false),
+        Phase::Aborted(reason) => Err(Refusal::WrongPhase(format!("study {id} aborted: {reason}"))),
+        Phase::Sealed | Phase::Released(_) => Ok(true),
+    }
+}
+
+/// What the user is told of a sealed study: E[N], the owners in and missing, and
+/// (`mask`) the owners' signed counts.
+fn sealed_answer(s: &Study) -> Result<v1::SealedStudy, Refusal> {
+    if !seal_reached(s, &s.id)? {
+        return Err(Refusal::Internal("a sealed study found collecting".into()));
+    }
+    let count = s
+        .encrypted_count()
+        .ok_or_else(|| Refusal::Internal("empty aggregate".into()))?;
+    // As aggregated, not re-randomized: the user's opening is checked against
+    // this very ciphertext, and the key holder could strip any re-randomization
+    // anyway.
+    Ok(v1::SealedStudy {
+        encrypted_count: s.spec.public_key.ciphertext_to_bytes(&count),
+        owners_in: s.owners_in(),
+        owners_missing: s.owners_missing(),
+        needs_count: s.spec.privacy.centering == Centering::Mask,
+        counts: s
+            .signed_counts()
+            .iter()
+            .map(|(owner, c)| signed_count_to_wire(owner, c))
+            .collect(),
+    })
+}
+
 /// An owner's budget as `status` shows it.
 fn budget_summary(owner: &str, b: &OwnerBudget) -> v1::OwnerBudgetSummary {
     v1::OwnerBudgetSummary {
@@ -1420,18 +1454,22 @@ impl v1::proxy_server::Proxy for ProxyService {
     ) -> Result<Response<v1::StudyInfo>, Status> {
         Self::authorize(self.caller(&req)?.as_ref(), Action::ReadSpec)?;
         let id = req.into_inner().study_id;
-        let info = self
+        let mut info = self
             .with_study(&id, |s| {
                 Ok(v1::StudyInfo {
                     study_id: s.id.clone(),
-                    spec: Some(spec_to_wire(&s.spec)),
+                    spec: None,
                     state: s.phase.name().to_string(),
-                    owners_in: s.owners_in().len() as u32,
+                    owners_in: u32::try_from(s.owners_counted()).unwrap_or(u32::MAX),
                     noise_free: s.noise_free,
                 })
             })
             .await?;
         self.settled(&id).await?;
+        // A spec never changes once its study is open: encoded only now, so that
+        // calls waiting for the disk hold none of it (each up to the spec's
+        // bound), and only then does the answer take its place (`gate`).
+        info.spec = Some(self.read_study(&id, |s| Ok(spec_to_wire(&s.spec))).await?);
         Ok(Response::new(info))
     }
 
@@ -1459,34 +1497,8 @@ impl v1::proxy_server::Proxy for ProxyService {
         let id = req.into_inner().study_id;
         self.authorize_user(peer.as_ref(), &id).await?;
         loop {
-            let ready = self
-                .with_study(&id, |s| match &s.phase {
-                    Phase::Collecting => Ok(None),
-                    Phase::Aborted(reason) => {
-                        Err(Refusal::WrongPhase(format!("study {id} aborted: {reason}")))
-                    }
-                    Phase::Sealed | Phase::Released(_) => {
-                        let count = s
-                            .encrypted_count()
-                            .ok_or_else(|| Refusal::Internal("empty aggregate".into()))?;
-                        // As aggregated, not re-randomized: the user's opening is checked
-                        // against this very ciphertext, and the key holder could strip
-                        // any re-randomization anyway.
-                        Ok(Some(v1::SealedStudy {
-                            encrypted_count: s.spec.public_key.ciphertext_to_bytes(&count),
-                            owners_in: s.owners_in(),
-                            owners_missing: s.owners_missing(),
-                            needs_count: s.spec.privacy.centering == Centering::Mask,
-                            counts: s
-                                .signed_counts()
-                                .iter()
-                                .map(|(owner, c)| signed_count_to_wire(owner, c))
-                                .collect(),
-                        }))
-                    }
-                })
-                .await?;
-            if let Some(sealed) = ready {
+            let sealed = self.with_study(&id, |s| seal_reached(s, &id)).await?;
+            if sealed {
                 // The contribution that sealed it may still be on its way to disk,
                 // and a seal by the deadline is stored by the ticker, which may not
                 // have come to it yet: stored here first, so the user hears only of
@@ -1499,7 +1511,10 @@ impl v1::proxy_server::Proxy for ProxyService {
                 {
                     self.update_study(&id, |_| Ok(())).await?;
                 }
-                return Ok(Response::new(sealed));
+                // Built only now: a sealed study's owners and counts no longer
+                // change, and a call waiting for the disk holds none of them.
+                let answer = self.read_study(&id, sealed_answer).await?;
+                return Ok(Response::new(answer));
             }
             tokio::time::sleep(POLL).await;
         }

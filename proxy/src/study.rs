@@ -360,6 +360,11 @@ impl Study {
         self.spec.release_plan(n_rows, self.noise_free)
     }
 
+    /// How many owners are counted so far.
+    pub fn owners_counted(&self) -> usize {
+        self.contributors.len()
+    }
+
     /// Owners counted so far.
     pub fn owners_in(&self) -> Vec<String> {
         self.contributors.keys().cloned().collect()
