@@ -10,6 +10,11 @@
 //! call in full (names, the study's opener: `access::permit`); the gate refuses
 //! by role ([`crate::access::may_call`]) and size ([`Limits::request_cap`]) only. The
 //! operator listener screens its calls the same way ([`Screened`]), by method.
+//!
+//! Answers too: HTTP/2 holds an answer its caller grants no room for, so the
+//! answers whose size other data sets (`GetStudy`, `AwaitSeal`, `Status`) each
+//! take one of their party's [`MAX_UNSENT_ANSWERS`] places while they are handed
+//! on, in pieces ([`ANSWER_PIECE_BYTES`]).
 
 use std::convert::Infallible;
 use std::future::Future;
