@@ -1053,7 +1053,7 @@ fn of_older_layout(
     let spec = stored_spec_from_wire(&current).map_err(|e| format!("spec: {e}"))?;
     let layout = StudyLayout::new(&spec).map_err(|e| format!("layout: {e}"))?;
     let reason = match rec.phase.as_str() {
-        "aborted" => rec.abort_reason.clone(),
+        "aborted" => restored_reason(&rec.abort_reason),
         _ => format!(
             "opened by a build of ciphertext layout {}, which this proxy (layout {LAYOUT_VERSION}) cannot read: open the study again",
             wire.layout.max(1)
@@ -1071,6 +1071,28 @@ fn of_older_layout(
     )
 }
 
+/// The most of an abort's reason a restored study keeps, in bytes.
+const MAX_RESTORED_REASON_BYTES: usize = 4096;
+
+/// An abort's reason as a restored study keeps it. A build before the reason
+/// named its first missing owners alone (`study::NAMES_LISTED`) wrote every one
+/// into it, megabytes for a study inviting thousands, and refusals send the
+/// reason back to whoever calls on the study.
+fn restored_reason(reason: &str) -> String {
+    if reason.len() <= MAX_RESTORED_REASON_BYTES {
+        return reason.to_string();
+    }
+    let mut end = MAX_RESTORED_REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{} ... ({} bytes more, cut when the study was restored)",
+        &reason[..end],
+        reason.len() - end
+    )
+}
+
 fn phase_from_record(
     rec: &v1::StoredStudy,
     spec: &StudySpec,
@@ -1079,7 +1101,7 @@ fn phase_from_record(
     Ok(match rec.phase.as_str() {
         "collecting" => Phase::Collecting,
         "sealed" => Phase::Sealed,
-        "aborted" => Phase::Aborted(rec.abort_reason.clone()),
+        "aborted" => Phase::Aborted(restored_reason(&rec.abort_reason)),
         "released" => {
             let ciphertexts = spec
                 .public_key
@@ -1453,6 +1475,33 @@ mod tests {
                 None => assert!(why.contains("ciphertext layout 1"), "{why}"),
             }
             assert_eq!(l.contributors(), s.contributors());
+        }
+    }
+
+    /// An abort's reason stored by a build that listed every missing owner in it
+    /// (megabytes for a study inviting thousands, sent back in refusals) is cut
+    /// when restored, at a character's boundary, saying how much was cut; a
+    /// short one is kept whole.
+    #[test]
+    fn a_long_abort_reason_is_cut_when_restored() {
+        let (s, _) = with_owner_a();
+        let mut rec = to_record(&s);
+        rec.phase = "aborted".into();
+        let missing: Vec<String> = (0..3000).map(|i| format!("é{i:0>248}")).collect();
+        let long = format!("deadline passed; missing: {}", missing.join(", "));
+        for (reason, cut) in [(long.as_str(), true), ("deadline passed", false)] {
+            rec.abort_reason = reason.into();
+            let l = from_record("s1", &rec.encode_to_vec(), a_folded(&s)).expect("loads");
+            let Phase::Aborted(why) = &l.phase else {
+                panic!("loaded {}", l.phase.name());
+            };
+            if cut {
+                assert!(why.len() < 8 << 10, "a reason of {} bytes", why.len());
+                assert!(why.starts_with("deadline passed; missing: é"), "{why}");
+                assert!(why.ends_with("cut when the study was restored)"), "{why}");
+            } else {
+                assert_eq!(why, reason);
+            }
         }
     }
 
