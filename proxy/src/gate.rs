@@ -499,6 +499,14 @@ mod tests {
         TonicBody::new(http_body_util::StreamBody::new(tokio_stream::iter(frames)))
     }
 
+    /// The party a certificate names, as the gate reads it.
+    fn party(role: dpca_shell::tls::Role, name: &str) -> Peer {
+        Peer {
+            role,
+            name: name.into(),
+        }
+    }
+
     fn admitted(cap: usize, opening: Option<Held<String>>) -> Admitted {
         Admitted {
             method: Method::GetStudy,
@@ -620,11 +628,7 @@ mod tests {
             let mut routes = routes.clone();
             let mut req = req.map(TonicBody::new);
             let name = req.headers()["x-test-party"].to_str().expect("a name");
-            let role = dpca_shell::tls::Role::Owner;
-            let peer = Peer {
-                role,
-                name: name.to_string(),
-            };
+            let peer = party(dpca_shell::tls::Role::Owner, name);
             req.extensions_mut().insert(peer);
             tower::Service::call(&mut routes, req)
         });
@@ -701,11 +705,8 @@ mod tests {
     #[tokio::test]
     async fn an_answer_goes_in_pieces_and_holds_its_place_until_dropped() {
         let places = PerKey::default();
-        let party = Peer {
-            role: dpca_shell::tls::Role::User,
-            name: "u".into(),
-        };
-        let held = places.take(party.clone(), 1).expect("a place");
+        let user = party(dpca_shell::tls::Role::User, "u");
+        let held = places.take(user.clone(), 1).expect("a place");
         let answer: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
         let mut body = Holding::new(body_of(vec![answer.clone(), vec![9u8; 10]]), held);
         let mut got = Vec::new();
@@ -716,12 +717,9 @@ mod tests {
         }
         assert_eq!(got[..40_000], answer[..]);
         assert_eq!(got.len(), 40_010);
-        assert!(
-            places.take(party.clone(), 1).is_none(),
-            "held until dropped"
-        );
+        assert!(places.take(user.clone(), 1).is_none(), "held until dropped");
         drop(body);
-        assert!(places.take(party, 1).is_some(), "given back when dropped");
+        assert!(places.take(user, 1).is_some(), "given back when dropped");
     }
 
     /// A refusal takes no place, and a party at its cap is told the refusal, not
@@ -735,10 +733,8 @@ mod tests {
                 .uri(format!("/dpca.v1.Proxy/{method}"))
                 .body(body_of(Vec::new()))
                 .expect("a request");
-            req.extensions_mut().insert(Peer {
-                role: dpca_shell::tls::Role::User,
-                name: "u".into(),
-            });
+            req.extensions_mut()
+                .insert(party(dpca_shell::tls::Role::User, "u"));
             req
         };
         let mut unread = Vec::new();
@@ -775,11 +771,9 @@ mod tests {
         let freed = Arc::new(AtomicBool::new(false));
         let answer = Bytes::from_owner(Answer(vec![7u8; 100_000], Arc::clone(&freed)));
         let places = PerKey::default();
-        let party = Peer {
-            role: dpca_shell::tls::Role::Owner,
-            name: "o".into(),
-        };
-        let held = places.take(party, 1).expect("a place");
+        let held = places
+            .take(party(dpca_shell::tls::Role::Owner, "o"), 1)
+            .expect("a place");
         let body = TonicBody::new(http_body_util::Full::new(answer));
         let mut holding = Holding::new(body, held);
         let mut pieces = Vec::new();

@@ -902,21 +902,29 @@ mod tests {
         drop(listener);
     }
 
-    /// Handshakes under `caps` on `handshakes`, fed by hand: the sender the test
-    /// queues its arrivals on, and a listener whose accepts it makes into them
-    /// ([`arrival`]); what the handshakes serve is drained.
+    /// Handshakes on `handshakes` (the caps of a listener of 4 connections),
+    /// fed by hand: the sender the test queues its arrivals on, and a listener
+    /// whose accepts it makes into them ([`arrival`]); what the handshakes serve
+    /// is drained. The PKI they run under comes first, to be kept meanwhile.
     async fn fed_by_hand(
-        caps: ConnectionCaps,
         handshakes: Places,
-        acceptor: TlsAcceptor,
-    ) -> (tokio::sync::mpsc::UnboundedSender<Arrival>, TcpListener) {
+    ) -> (
+        (tempfile::TempDir, dpca_shell::tls::DevPki),
+        tokio::sync::mpsc::UnboundedSender<Arrival>,
+        TcpListener,
+    ) {
+        let (dir, pki, acceptor) = loopback_pki(&[]);
+        let caps = ConnectionCaps {
+            handshakes: handshakes.all,
+            ..caps(4, 0, WhenFull::Wait)
+        };
         let (to_handshake, arrivals) = tokio::sync::mpsc::unbounded_channel();
         let arrivals = tokio_stream::wrappers::UnboundedReceiverStream::new(arrivals);
         let timeout = Duration::from_secs(30);
         let served = capped_tls_on(arrivals, caps, handshakes, caps.queued(), acceptor, timeout);
         tokio::spawn(tokio_stream::StreamExt::collect::<Vec<_>>(served));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        (to_handshake, listener)
+        ((dir, pki), to_handshake, listener)
     }
 
     /// `io`, accepted by the test, as an arrival from `peer` holding one of
@@ -941,13 +949,7 @@ mod tests {
     /// closed at once.
     #[tokio::test]
     async fn a_site_holds_its_share_of_the_handshake_places_whatever_the_door_holds() {
-        let (_dir, _pki, acceptor) = loopback_pki(&[]);
-        let caps = ConnectionCaps {
-            handshakes: 40,
-            ..caps(4, 0, WhenFull::Wait)
-        };
-        let handshakes = Places::new(caps.handshakes);
-        let (to_handshake, listener) = fed_by_hand(caps, handshakes, acceptor).await;
+        let (_pki, to_handshake, listener) = fed_by_hand(Places::new(40)).await;
         let at = listener.local_addr().expect("address");
         let door = Arc::new(Semaphore::new(24));
         let mut clients = Vec::new();
@@ -982,14 +984,9 @@ mod tests {
     #[tokio::test]
     async fn a_client_that_closes_while_queued_lets_its_door_place_go() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (_dir, _pki, acceptor) = loopback_pki(&[]);
-        let caps = ConnectionCaps {
-            handshakes: 1,
-            ..caps(4, 0, WhenFull::Wait)
-        };
         let handshakes = Places::new(1);
         let stalled = handshakes.take().await.expect("the one handshake place");
-        let (to_handshake, listener) = fed_by_hand(caps, handshakes, acceptor).await;
+        let (_pki, to_handshake, listener) = fed_by_hand(handshakes).await;
         let at = listener.local_addr().expect("address");
         let door = Arc::new(Semaphore::new(3));
         let mut clients = Vec::new();

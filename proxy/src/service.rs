@@ -1577,8 +1577,8 @@ impl v1::proxy_server::Proxy for ProxyService {
         let mut studies = Vec::new();
         // From the studies' views, read in place: a status never waits behind a
         // fold, nor copies a spec.
+        let shown = |s: &Study| only.is_none() || s.opened_by == only;
         for shared in self.all_studies()? {
-            let shown = |s: &Study| only.is_none() || s.opened_by == only;
             if let Some(summary) = shared.peek(|s| shown(s).then(|| study_summary(s, now))) {
                 studies.push(summary);
             }

@@ -486,13 +486,20 @@ impl Study {
         self.contributors.len() >= self.spec.min_owners as usize
     }
 
+    /// What the deadline does at `now_ms`, if it is due: seal (`true`, with at
+    /// least `min_owners`) or abort (`false`). One decision for [`Study::tick`]
+    /// and the reads that say what it would leave.
+    fn deadline_seals(&self, now_ms: u64) -> Option<bool> {
+        self.deadline_due(now_ms).then(|| self.has_quorum())
+    }
+
     /// The name of the phase [`Study::tick`] at `now_ms` would leave, read without
     /// a copy.
     pub fn phase_name_at(&self, now_ms: u64) -> &'static str {
-        match (self.deadline_due(now_ms), self.has_quorum()) {
-            (true, true) => Phase::Sealed.name(),
-            (true, false) => Phase::Aborted(String::new()).name(),
-            (false, _) => self.phase.name(),
+        match self.deadline_seals(now_ms) {
+            Some(true) => Phase::Sealed.name(),
+            Some(false) => Phase::Aborted(String::new()).name(),
+            None => self.phase.name(),
         }
     }
 
@@ -500,7 +507,7 @@ impl Study {
     /// `now_ms` (what [`Study::tick`] would leave), read without a copy.
     pub fn open_at(&self, now_ms: u64) -> bool {
         match self.phase {
-            Phase::Collecting => !self.deadline_due(now_ms) || self.has_quorum(),
+            Phase::Collecting => self.deadline_seals(now_ms) != Some(false),
             Phase::Sealed => true,
             Phase::Released(_) | Phase::Aborted(_) => false,
         }
@@ -508,10 +515,9 @@ impl Study {
 
     /// Applies the deadline: seal with at least `min_owners`, abort otherwise.
     pub fn tick(&mut self, now_ms: u64) {
-        if self.deadline_due(now_ms) {
-            if self.has_quorum() {
-                self.phase = Phase::Sealed;
-            } else {
+        match self.deadline_seals(now_ms) {
+            Some(true) => self.phase = Phase::Sealed,
+            Some(false) => {
                 let missing = self.owners_missing_listed();
                 self.abort(format!(
                     "deadline passed with {} of at least {} owners{}",
@@ -524,6 +530,7 @@ impl Study {
                     }
                 ));
             }
+            None => {}
         }
     }
 
