@@ -6,7 +6,7 @@
 //! but valid parameters (tens of times the honest ciphertexts, and their
 //! upload). The owner refuses such a study before it parses its table, and
 //! before it builds the study's layout: the size is counted from the spec
-//! ([`StudyLayout::size_of`]), since the layout of a spec with hundreds of
+//! ([`StudyLayout::plan`]), since the layout of a spec with hundreds of
 //! thousands of features is itself gigabytes of segments.
 
 use anyhow::Context;
@@ -63,10 +63,10 @@ pub enum WorkRefused {
 impl WorkCap {
     /// The layout of `spec`, built once its size is within the cap.
     pub fn layout(&self, study: &str, spec: &StudySpec) -> anyhow::Result<StudyLayout> {
-        let no_layout = || format!("study `{study}` has no layout");
-        let size = StudyLayout::size_of(spec).with_context(no_layout)?;
-        self.check(study, size)?;
-        StudyLayout::new(spec).with_context(no_layout)
+        let plan =
+            StudyLayout::plan(spec).with_context(|| format!("study `{study}` has no layout"))?;
+        self.check(study, plan.size())?;
+        Ok(plan.cut())
     }
 
     /// Refuses a study whose layout asks more than the cap.

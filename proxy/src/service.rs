@@ -1411,11 +1411,11 @@ impl v1::proxy_server::Proxy for ProxyService {
             return Err(Refusal::Invalid("study deadline is in the past".into()).into());
         }
         // Counted before it is built: past the limits, a layout is never cut.
-        let size = StudyLayout::size_of(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let plan = StudyLayout::plan(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
         limits
-            .check_layout(size)
+            .check_layout(plan.size())
             .map_err(|e| Refusal::Invalid(e.to_string()))?;
-        let layout = StudyLayout::new(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let layout = plan.cut();
         let mut id_bytes = [0u8; 16];
         self.config.entropy.rng().fill_bytes(&mut id_bytes);
         let id = hex::encode(id_bytes);

@@ -119,27 +119,28 @@ pub struct StudyLayout {
 impl StudyLayout {
     /// Proves the slot widths from the study's public bounds (N_max, Cq, kappa and the
     /// noise tail at N_max) and cuts the triangle into segments. Its M^2 / 2
-    /// segments are the caller's to bound first ([`StudyLayout::size_of`]) where
+    /// segments are the caller's to bound first ([`StudyLayout::plan`]) where
     /// the spec came from another party.
     pub fn new(spec: &StudySpec) -> Result<Self, SpecError> {
-        Ok(Plan::of(spec)?.cut())
+        Ok(Self::plan(spec)?.cut())
     }
 
     /// Whether a spec being validated has a layout that fits its key (the last
     /// check of its validation), proven without cutting a segment.
     pub(super) fn check_fits(spec: &SpecDraft) -> Result<(), SpecError> {
-        Plan::of(spec).map(|_| ())
+        LayoutPlan::of(spec).map(|_| ())
     }
 
-    /// The ciphertexts `spec`'s layout holds, counted without building it: what a
-    /// party checks against its caps before it builds a layout for a spec another
-    /// party sent, whose M^2 / 2 segments would otherwise be the allocation those
-    /// caps are there to stop.
-    pub fn size_of(spec: &StudySpec) -> Result<LayoutSize, SpecError> {
-        Ok(Plan::of(spec)?.size())
+    /// `spec`'s layout before its segments are cut, its size counted
+    /// ([`LayoutPlan::size`]): what a party checks against its caps before it
+    /// cuts ([`LayoutPlan::cut`]) a layout for a spec another party sent, whose
+    /// M^2 / 2 segments would otherwise be the allocation those caps are there
+    /// to stop.
+    pub fn plan(spec: &StudySpec) -> Result<LayoutPlan, SpecError> {
+        LayoutPlan::of(spec)
     }
 
-    /// The ciphertexts this layout holds ([`StudyLayout::size_of`] its spec).
+    /// The ciphertexts this layout holds (its plan's [`LayoutPlan::size`]).
     pub fn size(&self) -> LayoutSize {
         LayoutSize {
             baseline: self.baseline,
@@ -230,7 +231,7 @@ pub struct LayoutSize {
 
 /// A layout before its triangle is cut into segments: its slot widths proven
 /// from the spec's bounds and its sizes known, at a cost linear in M.
-struct Plan {
+pub struct LayoutPlan {
     budget: SlotBudget,
     vector_budget: SlotBudget,
     shape: BlockShape,
@@ -239,7 +240,7 @@ struct Plan {
     baseline: bool,
 }
 
-impl Plan {
+impl LayoutPlan {
     /// Proves the slot widths from the study's public bounds (N_max, Cq, kappa and
     /// the noise tail at N_max).
     ///
@@ -296,8 +297,8 @@ impl Plan {
         })
     }
 
-    /// The sizes [`Plan::cut`] gives, counted.
-    fn size(&self) -> LayoutSize {
+    /// The sizes [`LayoutPlan::cut`] gives, counted.
+    pub fn size(&self) -> LayoutSize {
         let matrix = TriangleLayout::count(self.shape.matrix_dim, self.budget.slots)
             .saturating_mul(self.shape.matrix_blocks);
         let vector_len = self.shape.vector_len();
@@ -315,7 +316,7 @@ impl Plan {
     }
 
     /// The layout, its triangle and vector cut into segments.
-    fn cut(self) -> StudyLayout {
+    pub fn cut(self) -> StudyLayout {
         let vector_len = self.shape.vector_len();
         StudyLayout {
             triangle: TriangleLayout::new(self.shape.matrix_dim, self.budget.slots),
@@ -408,7 +409,8 @@ mod tests {
                 for draft in drafts {
                     let spec = draft.validate().expect("a valid spec");
                     let built = StudyLayout::new(&spec).expect("layout");
-                    assert_eq!(StudyLayout::size_of(&spec).expect("size"), built.size());
+                    let planned = StudyLayout::plan(&spec).expect("plan").size();
+                    assert_eq!(planned, built.size());
                     checked += 1;
                 }
             }

@@ -13,7 +13,8 @@ mod spec;
 
 pub use classes::{ClassCovariance, ClassSpec};
 pub use layout::{
-    BlockShape, LayoutSize, MaskChain, StudyLayout, DEFAULT_MAX_CIPHERTEXTS, LAYOUT_VERSION,
+    BlockShape, LayoutPlan, LayoutSize, MaskChain, StudyLayout, DEFAULT_MAX_CIPHERTEXTS,
+    LAYOUT_VERSION,
 };
 pub use norm_bins::{NormBins, MAX_NORM_BINS, STANDARD_NORM_BINS};
 pub use projection::Projection;
