@@ -22,6 +22,8 @@
 //! - [`risk`]: study properties an owner must accept by name (`mask`, Wishart,
 //!   noise-free).
 //! - [`data`]: CSV tables, bounds and row normalization.
+//! - [`scaling`]: each feature's range, center and scale from a marginal
+//!   histogram release.
 //! - [`linalg`]: eigen-decomposition, PCA, PSD repair, captured variance.
 //! - [`synth`]: PCA-Gauss synthetic data from the released scatter and DP mean.
 //! - [`cleaning`]: null-space cleaning of feature vectors against a linear
@@ -44,6 +46,7 @@ pub mod protocol;
 pub mod radix;
 pub mod randomizer;
 pub mod risk;
+pub mod scaling;
 pub mod study;
 pub mod synth;
 #[cfg(any(test, feature = "test-support"))]

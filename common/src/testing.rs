@@ -61,6 +61,7 @@ pub fn test_draft(pk: &PublicKey, dim: usize) -> SpecDraft {
         classes: None,
         projection: None,
         norm_bins: None,
+        marginals: None,
         expected_owners: Vec::new(),
     }
 }

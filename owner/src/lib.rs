@@ -114,13 +114,16 @@ impl OwnerData {
 /// while it names a study the proxy does not know, or one that no longer
 /// collects, for a newer one. (A study that no longer collects is answered as
 /// before once no newer invitation came: "already counted" for an owner whose
-/// earlier run was counted in it.) An owner counted in a row-norm histogram
-/// study waits, within the same `cfg.retry_for`, for the study that follows it.
+/// earlier run was counted in it.) An owner counted in a preparatory histogram
+/// study (of each feature's values, or of the row norms) waits, within the same
+/// `cfg.retry_for`, for the study that follows it, at most
+/// [`PREPARATORY_STUDIES`] of them in a row, all under one key.
 pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::Result<OwnerReport> {
     let until = Instant::now() + cfg.retry_for;
     let mut stale: Option<Invitation> = None;
-    // After a row-norm histogram: the key of the one study this owner follows it to.
-    let mut following: Option<String> = None;
+    // After a preparatory study: the key of the study this owner follows it to,
+    // and how many preparatory studies it has taken part in.
+    let mut following: Option<(String, usize)> = None;
     loop {
         let inv = match await_invitation(path, until, stale.as_ref()).await? {
             Some(inv) => inv,
@@ -129,10 +132,10 @@ pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::R
         let cfg = invited(cfg, &inv);
         if following
             .as_ref()
-            .is_some_and(|key| !key.eq_ignore_ascii_case(&inv.key_fingerprint))
+            .is_some_and(|(key, _)| !key.eq_ignore_ascii_case(&inv.key_fingerprint))
         {
             bail!(
-                "{}: the study after the row-norm histogram uses another key ({}); \
+                "{}: the study after the preparatory histogram uses another key ({}); \
                  refusing to follow it",
                 path.display(),
                 inv.key_fingerprint
@@ -143,24 +146,31 @@ pub async fn run_invited(cfg: &OwnerConfig, path: &std::path::Path) -> anyhow::R
             stale = Some(inv);
             continue;
         }
+        let followed = following.as_ref().map_or(0, |(_, n)| *n);
         match run(&cfg).await {
             Err(e) if e.downcast_ref::<UnknownStudy>().is_some() && Instant::now() < until => {
                 tracing::info!(study = %inv.study, "the invitation names an unknown study; waiting for a newer one");
                 stale = Some(inv);
             }
-            // A row-norm histogram chooses the bound of the study that follows it,
-            // with the same owners: this owner waits for that study's invitation.
-            // Followed once, to a study under the same key: a histogram after a
-            // histogram is not followed again.
-            Ok(report) if report.newly_counted && following.is_none() && report.histogram => {
-                tracing::info!(study = %inv.study, "counted in a row-norm histogram; waiting for the study that follows");
-                following = Some(inv.key_fingerprint.clone());
+            // A preparatory histogram chooses the bounds or the row bound of the
+            // study that follows it, with the same owners: this owner waits for
+            // that study's invitation. Followed under the same key, and no
+            // further than a chain of PREPARATORY_STUDIES.
+            Ok(report)
+                if report.newly_counted && report.histogram && followed < PREPARATORY_STUDIES =>
+            {
+                tracing::info!(study = %inv.study, "counted in a preparatory histogram; waiting for the study that follows");
+                following = Some((inv.key_fingerprint.clone(), followed + 1));
                 stale = Some(inv);
             }
             other => return other,
         }
     }
 }
+
+/// Most preparatory histogram studies an invited owner follows in a row: the
+/// marginal histograms that choose the bounds, then the row-norm histogram.
+pub const PREPARATORY_STUDIES: usize = 2;
 
 /// `cfg` for the study `inv` names.
 fn invited(cfg: &OwnerConfig, inv: &Invitation) -> OwnerConfig {
@@ -535,7 +545,7 @@ async fn run_once(
         ciphertexts,
         bytes: ciphertexts * spec.public_key.ciphertext_bytes(),
         newly_counted: response.newly_counted,
-        histogram: spec.norm_bins.is_some(),
+        histogram: spec.norm_bins.is_some() || spec.marginals.is_some(),
         seconds_encrypt: tally.seconds_encrypting,
         seconds_total: start.elapsed().as_secs_f64(),
         attempts: tally.attempts,
@@ -688,6 +698,24 @@ fn prepare_share(
     label: Option<&str>,
 ) -> anyhow::Result<PreparedShare> {
     let table = read_csv(bytes, name, label)?;
+    let rows = table.rows.len() as u64;
+    if rows > spec.max_rows {
+        bail!(
+            "{name}: {rows} rows exceed the study's max_rows {}",
+            spec.max_rows
+        );
+    }
+    // A marginal histogram study reads the data columns on its own grid: each
+    // value becomes its bin, and nothing is clipped.
+    if let Some(grid) = &spec.marginals {
+        table.check_schema(&spec.features, name)?;
+        let share = grid.share(&table.rows, spec.dim(), &spec.fixed);
+        return Ok(PreparedShare {
+            plaintexts: share.plaintexts(layout, &spec.public_key)?,
+            rows,
+            clipped_rows: 0,
+        });
+    }
     // A histogram study's features are its bins: the data is checked against the
     // columns it names and each row is replaced by the one-hot bin of its norm.
     let study_rows: std::borrow::Cow<'_, [Vec<f64>]> = match &spec.norm_bins {
@@ -700,13 +728,6 @@ fn prepare_share(
             std::borrow::Cow::Borrowed(&table.rows)
         }
     };
-    let rows = table.rows.len() as u64;
-    if rows > spec.max_rows {
-        bail!(
-            "{name}: {rows} rows exceed the study's max_rows {}",
-            spec.max_rows
-        );
-    }
     let labels = match &spec.classes {
         Some(classes) => Some(table.class_indices(&classes.labels, name)?),
         None => None,

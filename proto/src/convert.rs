@@ -4,7 +4,7 @@ use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::paillier::PublicKey;
 use dpca_common::study::{
-    ClassCovariance, ClassSpec, NormBins, Projection, SpecDraft, SpecError, StudySpec,
+    ClassCovariance, ClassSpec, Marginals, NormBins, Projection, SpecDraft, SpecError, StudySpec,
     LAYOUT_VERSION,
 };
 
@@ -71,6 +71,9 @@ fn draft_from_wire(w: &v1::StudySpec) -> Result<SpecDraft, SpecError> {
         classes,
         projection,
         norm_bins,
+        marginals: w.marginals.as_ref().map(|m| Marginals {
+            per_octave: m.per_octave,
+        }),
         expected_owners: w.expected_owners.clone(),
     };
     Ok(spec)
@@ -149,6 +152,9 @@ pub fn spec_to_wire(s: &SpecDraft) -> v1::StudySpec {
         norm_edges,
         expected_owners: s.expected_owners.clone(),
         layout: LAYOUT_VERSION,
+        marginals: s.marginals.as_ref().map(|m| v1::Marginals {
+            per_octave: m.per_octave,
+        }),
     }
 }
 

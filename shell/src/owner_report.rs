@@ -20,8 +20,9 @@ pub struct OwnerReport {
     pub bytes: usize,
     /// False when the proxy had already counted this very contribution (a retry).
     pub newly_counted: bool,
-    /// Whether the study was a row-norm histogram, which a study of the same
-    /// owners follows (read from the spec the owner encrypted for).
+    /// Whether the study was a preparatory histogram (of the row norms, or of
+    /// each feature's values), which a study of the same owners follows (read from
+    /// the spec the owner encrypted for).
     #[serde(default)]
     pub histogram: bool,
     /// Wall seconds spent encrypting, over every attempt.

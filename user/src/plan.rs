@@ -175,6 +175,7 @@ impl StudyPlan {
             classes: self.classes.clone(),
             projection: None,
             norm_bins: None,
+            marginals: None,
             expected_owners: self.cohort.expected_owners.clone(),
         }
     }

@@ -122,20 +122,39 @@ pub fn split_request(
     Ok((part(share)?, part(1.0 - share)?))
 }
 
+/// The ledger of a marginal histogram study: its one released block, the
+/// per-feature histograms, spends the whole request.
+pub fn marginal_budget_ledger(req: &PrivacyRequest) -> BudgetLedger {
+    let spend = req.mechanism.spend(Part::WHOLE, req);
+    compose(vec![BudgetPart {
+        part: "per-feature histograms (sums v)".into(),
+        epsilon: spend.epsilon,
+        delta: spend.delta,
+        rho: spend.rho,
+    }])
+}
+
 impl BudgetLedger {
     /// The ledger of two studies run one after the other on the same rows: the parts
     /// of both (named with their study), composed as [`budget_ledger`] composes
     /// parts (rho adds for `gaussian`; epsilon and delta add otherwise).
     pub fn then(self, first_name: &str, next: BudgetLedger, next_name: &str) -> BudgetLedger {
-        let name = |study: &str, p: BudgetPart| BudgetPart {
-            part: format!("{study}: {}", p.part),
-            ..p
-        };
+        Self::of_studies(vec![(first_name, self), (next_name, next)])
+    }
+
+    /// The ledger of studies run one after the other on the same rows, in order:
+    /// every study's parts, each named with its study, composed as
+    /// [`BudgetLedger::then`] composes two.
+    pub fn of_studies(studies: Vec<(&str, BudgetLedger)>) -> BudgetLedger {
         compose(
-            self.parts
+            studies
                 .into_iter()
-                .map(|p| name(first_name, p))
-                .chain(next.parts.into_iter().map(|p| name(next_name, p)))
+                .flat_map(|(study, ledger)| {
+                    ledger.parts.into_iter().map(move |p| BudgetPart {
+                        part: format!("{study}: {}", p.part),
+                        ..p
+                    })
+                })
                 .collect(),
         )
     }

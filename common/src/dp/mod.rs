@@ -43,13 +43,13 @@ mod gaussian_classic;
 mod laplace;
 mod wishart;
 
-pub use budget::{budget_ledger, split_request, BudgetLedger, BudgetPart};
+pub use budget::{budget_ledger, marginal_budget_ledger, split_request, BudgetLedger, BudgetPart};
 pub use mechanism::{Block, Mechanism, NoiseMechanism, Part, Shape, Spend};
 #[cfg(test)]
 pub(crate) use noise::ceil_big;
 pub use noise::{
-    matrix_share, plan_noise, plan_noise_blocks, NoisePlan, NoiseScale, CLASS_MATRIX_SHARE,
-    DP_MEAN_MATRIX_SHARE, LAPLACE_CLASS_MATRIX_SHARE, OVERFLOWED_SCALE_BITS,
+    matrix_share, plan_marginal_noise, plan_noise, plan_noise_blocks, NoisePlan, NoiseScale,
+    CLASS_MATRIX_SHARE, DP_MEAN_MATRIX_SHARE, LAPLACE_CLASS_MATRIX_SHARE, OVERFLOWED_SCALE_BITS,
 };
 pub use request::{Centering, DpError, PrivacyRequest};
 pub use sensitivity::Sensitivity;

@@ -91,6 +91,24 @@ impl NoiseScale {
         }
     }
 
+    /// A magnitude that one draw exceeds on a given side with probability at
+    /// most `p`, grid units: sigma sqrt(2 ln(1/p)) for the Gaussian (the discrete
+    /// Gaussian is sub-Gaussian with parameter sigma, CKS20 Proposition 19, so
+    /// Chernoff's bound holds), t ln(1/p) for the Laplace (P(X >= k) <= e^(-k/t)
+    /// for the discrete Laplace), 0 without noise; infinite for Wishart, whose
+    /// entries this bound does not cover.
+    pub fn exceedance(&self, p: f64) -> f64 {
+        let log = (1.0 / p.clamp(f64::MIN_POSITIVE, 1.0)).ln();
+        match self {
+            Self::Gaussian { sigma } => {
+                sigma.to_f64().unwrap_or(f64::INFINITY) * (2.0 * log).sqrt()
+            }
+            Self::Laplace { t } => t.to_f64().unwrap_or(f64::INFINITY) * log,
+            Self::Wishart { .. } => f64::INFINITY,
+            Self::None => 0.0,
+        }
+    }
+
     /// Samples the upper triangle (row-major, i <= j) of a symmetric dim x dim noise
     /// matrix. Gaussian and Laplace entries are iid; Wishart entries are those of Z Z^T.
     /// The draws run on the pool (`iid`): which values come out depends on `rng`
@@ -270,6 +288,33 @@ pub fn plan_noise_blocks(
         rho: mechanism.rho(req),
         epsilon: req.epsilon,
         delta: if mechanism.uses_delta() {
+            req.delta
+        } else {
+            0.0
+        },
+    }
+}
+
+/// The noise of a marginal histogram study ([`crate::study::Marginals`]) of
+/// `data_dim` features at integer bound `cq`: its vector block, the only one it
+/// releases, spends the whole request at the sensitivities of
+/// [`Sensitivity::marginals`]. Its empty matrix block is planned at the same
+/// scale, so the one scale a release reports is the one drawn.
+pub fn plan_marginal_noise(req: &PrivacyRequest, cq: u64, data_dim: usize) -> NoisePlan {
+    let (l2, l1) = Sensitivity::marginals(cq, data_dim);
+    let block = Block {
+        l2,
+        l1,
+        trace: 0.0,
+        shape: Shape::Vector,
+    };
+    let vector = req.mechanism.calibrate(&block, Part::WHOLE, req);
+    NoisePlan {
+        matrix: vector.clone(),
+        vector: Some(vector),
+        rho: req.mechanism.rho(req),
+        epsilon: req.epsilon,
+        delta: if req.mechanism.uses_delta() {
             req.delta
         } else {
             0.0

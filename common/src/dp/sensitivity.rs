@@ -42,6 +42,16 @@
 //! (its noise spreads over k (k + 1) / 2 entries instead of M (M + 1) / 2). The
 //! Gaussian's Delta_2 does not depend on the dimension.
 //!
+//! # Marginal histogram studies
+//! Each row is sent as M + 1 marks of one integer unit a = floor(Cq / sqrt(M + 1)):
+//! one in the bin of each feature's value, one in the row count
+//! ([`crate::study::Marginals`]). Replacing row x by x' leaves the count as it is
+//! and, for each feature, either leaves its bin or moves one unit from one bin to
+//! another: the change has at most 2M entries, each of magnitude a. So
+//! Delta_2 <= sqrt(2 M) a < sqrt(2) Cq and Delta_1 <= 2 M a < 2 sqrt(M) Cq: the
+//! vector block's bounds of an unlabelled study, but for its L2, which is sqrt(2)
+//! Cq instead of 2 Cq (half the variance), since no entry moves by more than a.
+//!
 //! So a classification study costs exactly the privacy of an unlabelled `dp-mean`
 //! study, with Delta_1 of the vector block raised to 2 (sqrt(M) + 1) Cq. Disjoint
 //! classes are not "parallel composition" for free: the sensitivities above are what
@@ -89,6 +99,13 @@ impl Sensitivity {
             v_l1: vector.v_l1 + moved_counts,
             ..matrix
         }
+    }
+
+    /// (Delta_2, Delta_1) of a marginal histogram study's vector block for rows of
+    /// `dim` features and integer bound `cq` (see the module docs).
+    pub fn marginals(cq: u64, dim: usize) -> (f64, f64) {
+        let c = cq as f64;
+        (2f64.sqrt() * c, 2.0 * (dim as f64).sqrt() * c)
     }
 
     /// Sensitivities for rows of integer norm at most `cq` in `dim` dimensions.

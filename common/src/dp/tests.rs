@@ -584,6 +584,55 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Marginal histogram studies: replacing one row, by any other (values at the
+    /// grid's far ends, at zero, or moving every feature's bin), moves the shares
+    /// by no more than [`Sensitivity::marginals`], the bounds the plan calibrates
+    /// to; and a row alone stays in the ball of radius Cq.
+    #[test]
+    fn marginal_neighbors_respect_sensitivity(
+        (rows, replacement, per_octave) in (1usize..40, 1usize..5).prop_flat_map(|(m, n)| (
+            proptest::collection::vec(proptest::collection::vec(marginal_value(), m), n),
+            proptest::collection::vec(marginal_value(), m),
+            1u32..=crate::study::MAX_PER_OCTAVE,
+        ))
+    ) {
+        let m = rows[0].len();
+        let grid = crate::study::Marginals { per_octave };
+        let mut other = rows.clone();
+        other[0] = replacement;
+        let (sa, sb) = (grid.share(&rows, m, &FP), grid.share(&other, m, &FP));
+        let single = grid.share(&rows[..1], m, &FP);
+        let cq = FP.norm_bound_int() as f64;
+        let norm = single.v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+        prop_assert!(norm <= cq, "a row's norm {norm} > Cq {cq}");
+        let d: Vec<f64> = sa.v.iter().zip(&sb.v).map(|(x, y)| (x - y) as f64).collect();
+        let l2 = d.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let l1 = d.iter().map(|x| x.abs()).sum::<f64>();
+        let (s2, s1) = Sensitivity::marginals(FP.norm_bound_int(), m);
+        let tol = 1.0 + 1e-9;
+        prop_assert!(l2 <= s2 * tol, "L2 {l2} > {s2}");
+        prop_assert!(l1 <= s1 * tol, "L1 {l1} > {s1}");
+        prop_assert!(sa.r_upper.is_empty() && sb.r_upper.is_empty());
+    }
+}
+
+/// Values for the marginal study's property test: any finite value, weighted
+/// toward the grid's edges, zero and powers of two.
+fn marginal_value() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        proptest::num::f64::NORMAL | proptest::num::f64::SUBNORMAL | proptest::num::f64::ZERO,
+        Just(16.0),
+        Just(-1.0),
+        Just(f64::MAX),
+        Just(f64::MIN),
+        (-70i32..70).prop_map(|e| 2f64.powi(e)),
+        -1e3f64..1e3,
+    ]
+}
+
 /// One line per (mechanism, centering, classes, request): the noise plan, the
 /// ledger and a split, every float by its bits.
 fn frozen_plan_lines() -> Vec<String> {
@@ -630,17 +679,50 @@ fn frozen_plan_lines() -> Vec<String> {
             }
         }
     }
+    lines.extend(frozen_marginal_lines());
+    lines
+}
+
+/// One line per proven mechanism and request of a marginal histogram study: its
+/// plan and its ledger, every float by its bits.
+fn frozen_marginal_lines() -> Vec<String> {
+    let cq = FP.norm_bound_int();
+    let mut lines = Vec::new();
+    for mechanism in Mechanism::all().iter().filter(|m| m.proven()) {
+        for (eps, delta) in [(0.05, 1e-6), (0.9, 1e-5)] {
+            let req =
+                PrivacyRequest::new(*mechanism, Centering::DpMean, eps, delta).expect("valid");
+            let plan = plan_marginal_noise(&req, cq, 12);
+            let ledger = marginal_budget_ledger(&req);
+            lines.push(format!(
+                "marginals {:?} {eps} {delta} | {:?} | {:?} | {:?} {} {} | {} {} {:?}",
+                mechanism.name(),
+                plan.matrix,
+                plan.vector,
+                plan.rho.map(f64::to_bits),
+                plan.epsilon.to_bits(),
+                plan.delta.to_bits(),
+                ledger.epsilon.to_bits(),
+                ledger.delta.to_bits(),
+                ledger.rho.map(f64::to_bits),
+            ));
+        }
+    }
     lines
 }
 
 /// Calibration, accounting and splitting are frozen to the bit: a refactoring of
 /// the mechanisms that changed one scale, one ledger entry or one split would be
-/// a change of what studies release. A deliberate change rewrites the file (print
-/// `frozen_plan_lines()` and say why in the commit).
+/// a change of what studies release. A deliberate change rewrites the file (the
+/// test prints `frozen_plan_lines()` when `DPCA_PRINT_FROZEN_PLANS` is set; say
+/// why in the commit).
 #[test]
 fn noise_plans_ledgers_and_splits_are_frozen() {
     let frozen: Vec<&str> = include_str!("frozen_plans.txt").lines().collect();
     let now = frozen_plan_lines();
+    if std::env::var_os("DPCA_PRINT_FROZEN_PLANS").is_some() {
+        println!("{}", now.join("\n"));
+    }
     assert_eq!(now.len(), frozen.len(), "a mechanism was added or removed");
     for (now, frozen) in now.iter().zip(frozen) {
         assert_eq!(now, frozen);

@@ -174,6 +174,16 @@ pub(super) fn from_grid(
     n_rows: u64,
     frac_bits: u32,
 ) -> Opened {
+    if layout.matrix_dim == 0 {
+        // A marginal histogram study releases counts alone: no scatter, no mean.
+        return Opened {
+            matrix_grid: blocks,
+            vector_grid: vec,
+            scatter: DMatrix::zeros(0, 0),
+            mean: None,
+            classes: None,
+        };
+    }
     let units = Units::new(layout, projection, n_rows, frac_bits);
     let (matrix_grid, scatter, mean, classes) = match centering {
         Centering::Mask => {

@@ -205,7 +205,7 @@ impl Share {
         }
         let dim = layout.triangle.dim;
         let mut out = Vec::with_capacity(layout.owner_ciphertexts());
-        for block in self.r_upper.chunks(tri) {
+        for block in self.r_upper.chunks(tri.max(1)) {
             for seg in &layout.triangle.segments {
                 let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
                 let packed = layout.budget.pack_i128(&block[start..start + seg.len])?;

@@ -756,3 +756,105 @@ fn noise_scales_are_never_cut_and_overflowing_ones_are_refused() {
         assert!(crate::dp::ceil_big(bad).bits() >= crate::dp::OVERFLOWED_SCALE_BITS);
     }
 }
+
+/// A marginal histogram study through the whole protocol (owners encrypt their
+/// bins, the proxy folds and releases, the user opens): the release is its
+/// vector block alone, equal bit for bit to the central mechanism's with the same
+/// noise, and without noise it reads back every feature's exact counts.
+#[test]
+fn marginal_release_equals_central_and_counts_every_value() {
+    let grid = crate::study::Marginals { per_octave: 2 };
+    let mut rng = ChaCha20Rng::seed_from_u64(58);
+    let m = 3;
+    let tables: Vec<Vec<Vec<f64>>> = [6usize, 4, 9]
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| vec![rng.gen_range(-5.0..40.0), 0.0, rng.gen_range(1e-3..1e9)])
+                .collect()
+        })
+        .collect();
+    for (mechanism, noise) in [
+        (Mechanism::GAUSSIAN, None),
+        (Mechanism::GAUSSIAN, Some(())),
+        (Mechanism::LAPLACE, Some(())),
+    ] {
+        let spec = spec(m, Centering::DpMean, mechanism)
+            .marginal_histograms(grid.clone(), draft(m, Centering::DpMean, mechanism).privacy)
+            .expect("a valid marginal study");
+        let layout = StudyLayout::new(&spec).expect("layout");
+        assert_eq!(
+            (layout.matrix_ciphertexts(), layout.vector_len),
+            (0, grid.width(m))
+        );
+        let pk = key().public();
+        let shares: Vec<Share> = tables
+            .iter()
+            .map(|t| grid.share(t, m, &spec.fixed))
+            .collect();
+        let mut agg: Option<Vec<Ciphertext>> = None;
+        for s in &shares {
+            let cts: Vec<Ciphertext> = s
+                .plaintexts(&layout, pk)
+                .expect("plaintexts")
+                .iter()
+                .map(|p| pk.encrypt(p, &mut rng).expect("encrypt"))
+                .collect();
+            assert_eq!(cts.len(), layout.owner_ciphertexts());
+            agg = Some(match agg {
+                None => cts,
+                Some(a) => a.iter().zip(&cts).map(|(x, y)| pk.add(x, y)).collect(),
+            });
+        }
+        let pooled = Share::sum(&shares).expect("pooled");
+        let mut plan = spec.noise_plan(pooled.n);
+        if noise.is_none() {
+            plan.matrix = NoiseScale::None;
+            plan.vector = Some(NoiseScale::None);
+        }
+        let secrets =
+            ReleaseSecrets::sample(&layout, Centering::DpMean, &plan, &mut rng).expect("secrets");
+        let released = release(
+            &layout,
+            Centering::DpMean,
+            &agg.expect("owners"),
+            pooled.n,
+            &secrets,
+            Randomness::FixedBase(&Randomizer::new(pk, 4, &mut rng)),
+            &mut rng,
+        )
+        .expect("release");
+        let opened = open_release(
+            key(),
+            &layout,
+            Centering::DpMean,
+            None,
+            &released,
+            pooled.n,
+            spec.fixed.frac_bits,
+        )
+        .expect("open");
+        let central = central_release(
+            &pooled,
+            &layout.shape(),
+            Centering::DpMean,
+            None,
+            &secrets,
+            spec.fixed.frac_bits,
+        );
+        assert_eq!(central.vector_grid, opened.vector_grid, "{mechanism:?}");
+        assert!(opened.matrix_grid.iter().all(Vec::is_empty) && opened.mean.is_none());
+        if noise.is_none() {
+            let counts = grid.counts(&opened.vector_grid, m, &spec.fixed);
+            assert_eq!(counts.rows, 19.0);
+            assert_eq!(counts.features[1][grid.zero_bin()], 19.0);
+            for (j, c) in counts.features.iter().enumerate() {
+                let mut want = vec![0.0; grid.bins()];
+                for row in tables.iter().flatten() {
+                    want[grid.bin_of(row[j])] += 1.0;
+                }
+                assert_eq!(c, &want, "feature {j}");
+            }
+        }
+    }
+}

@@ -20,7 +20,10 @@ use crate::radix;
 ///   centering for T and its b b^T.
 /// - 2: `mask` slots sized for N S~ + E' (the user subtracts v' v'^T before it
 ///   unpacks); the vector block with slots of its own.
-pub const LAYOUT_VERSION: u32 = 2;
+/// - 3: a marginal histogram study ([`crate::study::Marginals`]): its vector block
+///   alone, every feature's bins then the count, and no matrix block. The
+///   layouts of other studies are those of version 2.
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// The most ciphertexts one contribution holds by default, at the proxy (which
 /// holds every owner's while it folds) and at an owner (which encrypts its
@@ -281,7 +284,7 @@ impl LayoutPlan {
             vector_budget.slots = 1;
         }
         let shape = BlockShape::new(
-            spec.dim(),
+            spec.vector_dim(),
             spec.class_count(),
             spec.per_class_matrix(),
             cq_int,
@@ -443,7 +446,7 @@ mod tests {
                 l.release_ciphertexts(),
             )
         };
-        assert_eq!(LAYOUT_VERSION, 2);
+        assert_eq!(LAYOUT_VERSION, 3);
         // N_max = 1000 rows, Cq = 2^16, kappa = 40: v_max = 65,536,000 (26 bits),
         // so b has 27 + 40 = 67 bits and v' = v + b needs 68 bits, plus sign and
         // margin: 70-bit vector slots, 29 to a 2046-bit plaintext.

@@ -1,12 +1,13 @@
 //! The study: what every party agrees on before any data is touched, validated, and
 //! the ciphertext layout all parties derive from it.
 //!
-//! `spec` holds the spec and its checks, `classes`, `projection` and `norm_bins`
-//! the optional parts a spec may carry, `layout` the ciphertext layout derived
+//! `spec` holds the spec and its checks, `classes`, `projection`, `norm_bins` and
+//! `marginals` the optional parts a spec may carry, `layout` the ciphertext layout derived
 //! from a validated spec.
 
 mod classes;
 mod layout;
+mod marginals;
 mod norm_bins;
 mod projection;
 mod spec;
@@ -15,6 +16,9 @@ pub use classes::{ClassCovariance, ClassSpec};
 pub use layout::{
     BlockShape, LayoutPlan, LayoutSize, MaskChain, StudyLayout, DEFAULT_MAX_CIPHERTEXTS,
     LAYOUT_VERSION,
+};
+pub use marginals::{
+    MarginalCounts, Marginals, GRID_MAX_EXP, GRID_MIN_EXP, MAX_PER_OCTAVE, STANDARD_PER_OCTAVE,
 };
 pub use norm_bins::{NormBins, MAX_NORM_BINS, STANDARD_NORM_BINS};
 pub use projection::Projection;

@@ -1,10 +1,10 @@
 //! The study spec every party agrees on, and its checks.
 
 use super::{
-    param, ClassCovariance, ClassSpec, NormBins, Projection, SpecError, StudyLayout,
+    param, ClassCovariance, ClassSpec, Marginals, NormBins, Projection, SpecError, StudyLayout,
     MAX_ROWS_LIMIT, MIN_KAPPA,
 };
-use crate::dp::{plan_noise_blocks, Centering, PrivacyRequest};
+use crate::dp::{plan_marginal_noise, plan_noise_blocks, Centering, PrivacyRequest};
 use crate::encoding::FixedPoint;
 use crate::paillier::PublicKey;
 
@@ -95,6 +95,9 @@ pub struct SpecDraft {
     /// A row-norm histogram study: owners send the one-hot bins of their rows'
     /// norms instead of the rows.
     pub norm_bins: Option<NormBins>,
+    /// A marginal histogram study: owners send the bin of each value on a public
+    /// grid instead of the rows; `features` are the data columns.
+    pub marginals: Option<Marginals>,
     /// The owners invited, by id; empty: any authenticated owner may contribute.
     /// With a list, the proxy refuses others and says at the seal who is missing.
     pub expected_owners: Vec<String>,
@@ -137,6 +140,31 @@ impl StudySpec {
             classes: None,
             projection: None,
             norm_bins: Some(bins),
+            marginals: None,
+            ..self.to_draft()
+        }
+        .validate()
+    }
+
+    /// The marginal histogram study of this study's data: the same key, rows,
+    /// owners and schedule and the same data columns, read on `grid` in place of
+    /// the bounds; `privacy` (the share split off for it, `dp-mean`).
+    pub fn marginal_histograms(
+        &self,
+        grid: Marginals,
+        privacy: PrivacyRequest,
+    ) -> Result<StudySpec, SpecError> {
+        SpecDraft {
+            bounds: vec![(-1.0, 1.0); self.dim()],
+            fixed: FixedPoint {
+                frac_bits: self.fixed.frac_bits,
+                row_norm_bound: 1.0,
+            },
+            privacy,
+            classes: None,
+            projection: None,
+            norm_bins: None,
+            marginals: Some(grid),
             ..self.to_draft()
         }
         .validate()
@@ -193,6 +221,9 @@ impl SpecDraft {
         }
         if let Some(bins) = &self.norm_bins {
             bins.validate(self)?;
+        }
+        if let Some(grid) = &self.marginals {
+            grid.validate(self)?;
         }
         self.check_privacy()?;
         StudyLayout::check_fits(self)
@@ -327,6 +358,9 @@ impl SpecDraft {
     /// What this study spends, block by block ([`crate::dp::budget_ledger`]); a
     /// histogram study's two blocks are named for what they count.
     pub fn budget_ledger(&self) -> crate::dp::BudgetLedger {
+        if self.marginals.is_some() {
+            return crate::dp::marginal_budget_ledger(&self.privacy);
+        }
         let mut ledger = crate::dp::budget_ledger(&self.privacy, self.classes.is_some());
         if self.norm_bins.is_some() {
             for (p, name) in ledger
@@ -343,6 +377,15 @@ impl SpecDraft {
     /// Number of features M.
     pub fn dim(&self) -> usize {
         self.features.len()
+    }
+
+    /// Values in the released vector block before classes: M, or a marginal
+    /// study's bins of every feature and its count.
+    pub fn vector_dim(&self) -> usize {
+        match &self.marginals {
+            Some(grid) => grid.width(self.dim()),
+            None => self.dim(),
+        }
     }
 
     /// Whether `owner` may contribute: any owner when no list is given, else one
@@ -387,6 +430,9 @@ impl SpecDraft {
 
     /// The noise plan of this study for a pooled table of `n_rows` rows.
     pub fn noise_plan(&self, n_rows: u64) -> crate::dp::NoisePlan {
+        if self.marginals.is_some() {
+            return plan_marginal_noise(&self.privacy, self.fixed.norm_bound_int(), self.dim());
+        }
         plan_noise_blocks(
             &self.privacy,
             self.matrix_dim(),
@@ -460,8 +506,12 @@ impl SpecDraft {
         Ok(())
     }
 
-    /// Dimensions of the released matrix block: k with a projection, else M.
+    /// Dimensions of the released matrix block: k with a projection, none in a
+    /// marginal study, else M.
     pub fn matrix_dim(&self) -> usize {
+        if self.marginals.is_some() {
+            return 0;
+        }
         self.projection
             .as_ref()
             .map_or(self.dim(), Projection::rank)
