@@ -32,13 +32,37 @@ pub(crate) struct Analysis {
     pub synthetic: Option<Vec<Vec<String>>>,
 }
 
+/// How synthetic rows are written in the input's units: mapped back through the
+/// study's bounds after its row-norm clip to C, each value then kept in the
+/// range its feature's values were found in.
+pub(crate) struct OutputUnits<'a> {
+    /// The study's bounds, mapped to [-1, 1].
+    pub bounds: &'a [(f64, f64)],
+    /// Per feature, where its values lie: the marginal study's ranges, or the
+    /// bounds.
+    pub ranges: &'a [(f64, f64)],
+    /// The row-norm bound C.
+    pub c: f64,
+}
+
+impl OutputUnits<'_> {
+    /// A normalized row in the input's units.
+    fn row(&self, x: &DVector<f64>) -> Vec<f64> {
+        to_original_units(x, self.bounds, self.c)
+            .into_iter()
+            .zip(self.ranges)
+            .map(|(v, &(lo, hi))| v.clamp(lo.min(hi), hi.max(lo)))
+            .collect()
+    }
+}
+
 /// The components (inside the span of `axes` for a projected study) and, if asked
-/// for, the synthetic rows, from the release `got`.
+/// for, the synthetic rows in `units`, from the release `got`.
 pub(crate) fn analyze(
     opts: &LocalOptions,
     plan: &StudyPlan,
     spec: &StudySpec,
-    axes: Option<&DMatrix<f64>>,
+    (axes, units): (Option<&DMatrix<f64>>, &OutputUnits<'_>),
     got: &Collected,
 ) -> anyhow::Result<Analysis> {
     let scatter = if opts.psd_repair {
@@ -66,7 +90,7 @@ pub(crate) fn analyze(
             synth_scatter,
             got.n_rows,
             &pca.components,
-            &plan.bounds,
+            units,
             spec.classes.as_ref(),
             rows,
             fit,
@@ -107,7 +131,7 @@ pub(crate) fn synthesize(
     scatter: &DMatrix<f64>,
     n_rows: u64,
     components: &DMatrix<f64>,
-    bounds: &[(f64, f64)],
+    units: &OutputUnits<'_>,
     classes: Option<&ClassSpec>,
     rows: usize,
     fit: CovarianceFit,
@@ -116,10 +140,7 @@ pub(crate) fn synthesize(
     // system call each would be most of its time.
     let mut rng = StdRng::from_rng(OsRng).context("cannot seed the synthesis generator")?;
     let cells = |x: &DVector<f64>| -> Vec<String> {
-        to_original_units(x, bounds, opts.row_norm_bound)
-            .iter()
-            .map(f64::to_string)
-            .collect()
+        units.row(x).iter().map(f64::to_string).collect()
     };
     let labels = match (opts.task, classes) {
         (Task::Classify, None) => return Err(SynthError::NoClasses.into()),

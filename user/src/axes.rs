@@ -11,13 +11,14 @@ use nalgebra::DMatrix;
 use crate::local::LocalOptions;
 use crate::plan::StudyPlan;
 
-/// The axes the options ask for, if any, for row bound `c` (Pub-PCA preprocesses
-/// the public rows with it, so they are read again once C is chosen).
+/// The axes the options ask for, if any, for `bounds` and row bound `c` (Pub-PCA
+/// preprocesses the public rows with them, so they are read again once the
+/// bounds or C are chosen).
 pub(crate) fn load_axes(
     opts: &LocalOptions,
     plan: &StudyPlan,
     label: Option<&str>,
-    c: f64,
+    (bounds, c): (&[(f64, f64)], f64),
 ) -> anyhow::Result<Option<DMatrix<f64>>> {
     let features = &plan.table.features[..plan.pca_dim];
     Ok(match (&opts.pca_from, &opts.components_from) {
@@ -26,7 +27,7 @@ pub(crate) fn load_axes(
                 path,
                 label,
                 features,
-                &plan.bounds[..plan.pca_dim],
+                &bounds[..plan.pca_dim],
                 c,
                 opts.k,
             )?

@@ -118,24 +118,36 @@ pub struct StudyArgs {
     /// Label column to exclude from the features.
     #[arg(long)]
     pub label: Option<String>,
-    /// Public bounds: CSV `feature,lo,hi` (`*` for all others). Without it bounds are
-    /// read off the data, for demos only.
+    /// Public bounds: CSV `feature,lo,hi` (`*` for all others), known before any
+    /// row is seen. Without it every feature's range, center and scale are chosen
+    /// privately: a marginal histogram study runs first on the same owners and
+    /// spends --bounds-budget-share of the budget.
     #[arg(long)]
     pub bounds: Option<PathBuf>,
-    /// Row L2 norm bound C in normalized units (default 1; the bundled demo chooses
-    /// it with --row-norm-quantile 0.9).
+    /// INSECURE: without --bounds, read each feature's bounds off the data (min
+    /// and max) instead of choosing them privately. It leaks the data's extremes;
+    /// a local run only.
+    #[arg(long, conflicts_with = "bounds")]
+    pub insecure_bounds_from_data: bool,
+    /// Share of epsilon (of zCDP rho for the gaussian mechanism) the marginal
+    /// histograms that choose the bounds spend, when no --bounds is given.
+    #[arg(long, default_value_t = 0.05)]
+    pub bounds_budget_share: f64,
+    /// Row L2 norm bound C in normalized units. Without it C is chosen privately
+    /// (--row-norm-quantile 0.9).
     #[arg(long, allow_negative_numbers = true)]
     pub row_norm_bound: Option<f64>,
-    /// Choose the row-norm bound C as this quantile of the rows' norms (e.g. 0.9):
-    /// a row-norm histogram study runs first on the same owners and spends
-    /// --quantile-budget-share of the budget; replaces --row-norm-bound. At a
-    /// remote proxy the invited owners take part in both studies (an owner that
-    /// contributed to a histogram study waits for the next invitation).
+    /// Choose the row-norm bound C as this quantile of the rows' norms (default
+    /// 0.9 when no --row-norm-bound is given): a row-norm histogram study runs
+    /// first on the same owners and spends --quantile-budget-share of the budget.
+    /// At a remote proxy the invited owners take part in every study (an owner
+    /// that contributed to a preparatory histogram waits for the next invitation).
     #[arg(long, value_name = "Q", conflicts_with = "row_norm_bound")]
     pub row_norm_quantile: Option<f64>,
     /// Share of epsilon (of zCDP rho for the gaussian mechanism) the row-norm
-    /// histogram spends; the study gets the rest, and study.json the composed total.
-    #[arg(long, default_value_t = 0.05, requires = "row_norm_quantile")]
+    /// histogram spends; the study gets what the preparatory studies leave, and
+    /// study.json the composed total.
+    #[arg(long, default_value_t = 0.05)]
     pub quantile_budget_share: f64,
     /// Paillier modulus bits, 2048 to 8192.
     #[arg(long, default_value_t = DEFAULT_KEY_BITS)]
@@ -154,7 +166,8 @@ pub struct StudyArgs {
     /// What the synthetic data is for: cluster (features only), regress (the numeric
     /// label drawn jointly with the features) or classify (a Gaussian per class:
     /// class means, proportions and covariances released by the study).
-    /// Default: cluster; classify for the bundled demo.
+    /// Default: classify with --label and --synthetic (a labelled synthetic
+    /// table) and for the bundled demo; cluster otherwise.
     #[arg(long)]
     pub task: Option<String>,
     /// Classification: `shared` within-class covariance (one noisy scatter, LDA-style)
@@ -385,20 +398,18 @@ pub struct RemoteArgs {
 /// Rows of the bundled optdigits table: the demo writes as many synthetic rows.
 pub const BUNDLED_ROWS: usize = 5620;
 
-/// The quantile of the row norms the demo takes as C.
-pub const DEMO_NORM_QUANTILE: f64 = 0.9;
+/// The quantile of the row norms taken as C when no --row-norm-bound is given.
+pub const DEFAULT_NORM_QUANTILE: f64 = 0.9;
 
 impl LocalArgs {
     /// The options of `user local`, and the sweep's epsilons (empty: one study).
     /// The bundled demo (no --data) shows the whole product: components and
     /// labelled synthetic rows, one per real row (unless asked for `mask`, which
-    /// releases no mean to synthesize with), with C chosen privately so that few
-    /// rows are clipped and the synthetic rows look like the real ones.
+    /// releases no mean to synthesize with).
     pub fn options(self) -> anyhow::Result<(LocalOptions, Vec<f64>)> {
         let a = self;
         let demo = a.data.is_none() && a.study.centering.as_deref() != Some("mask");
-        let demo_quantile = demo && a.study.row_norm_bound.is_none();
-        let mut opts = LocalOptions {
+        let opts = LocalOptions {
             data: a.data,
             owners: match a.slice_rows.len() {
                 0 => a.owners,
@@ -413,9 +424,6 @@ impl LocalArgs {
             remote: None,
             ..study_options(a.study, demo)?
         };
-        if demo_quantile && opts.row_norm_quantile.is_none() {
-            opts.row_norm_quantile = Some(DEMO_NORM_QUANTILE);
-        }
         Ok((opts, a.sweep))
     }
 }
@@ -453,9 +461,10 @@ pub fn mechanism_names() -> clap::builder::PossibleValuesParser {
 /// The options a study's flags set, with the defaults that depend on one another
 /// (task, centering, synthetic rows); `demo` is the bundled demo of `local`.
 pub fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
+    // A labelled synthetic table is what --label with --synthetic asks for.
     let task = match &a.task {
         Some(t) => Task::parse(t)?,
-        None if demo => Task::Classify,
+        None if demo || (a.label.is_some() && a.synthetic.is_some()) => Task::Classify,
         None => Task::Cluster,
     };
     let synthetic = a.synthetic.or(demo.then_some(BUNDLED_ROWS));
@@ -492,8 +501,13 @@ pub fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
         covariance_fit: FitKind::parse(&a.covariance_fit)?,
         pca_from: a.pca_from,
         components_from: a.components_from,
-        row_norm_quantile: a.row_norm_quantile,
+        row_norm_quantile: match a.row_norm_bound {
+            Some(_) => None,
+            None => Some(a.row_norm_quantile.unwrap_or(DEFAULT_NORM_QUANTILE)),
+        },
         quantile_budget_share: a.quantile_budget_share,
+        bounds_budget_share: a.bounds_budget_share,
+        insecure_bounds_from_data: a.insecure_bounds_from_data,
         insecure_plaintext: false,
         remote: None,
     })
@@ -519,6 +533,31 @@ mod tests {
         assert_eq!(centering_of(&base), Centering::DpMean);
         let masked = [&base[..], &["--centering", "mask"]].concat();
         assert_eq!(centering_of(&masked), Centering::Mask);
+    }
+
+    /// A first try on one's own table, with no tuning: C is chosen privately
+    /// unless given, and a label with synthetic rows asks for a labelled
+    /// synthetic table (classify), where a label alone keeps clustering.
+    #[test]
+    fn a_first_try_gets_private_defaults_and_a_labelled_synthetic_table() {
+        let options = |extra: &[&str]| {
+            let args = [&["user", "local", "--data", "rows.csv"][..], extra].concat();
+            let cli = Cli::try_parse_from(args).expect("flags");
+            let Cmd::Local(a) = cli.command else {
+                panic!("not a local study")
+            };
+            a.options().expect("options").0
+        };
+        let first = options(&["--label", "y", "--synthetic", "100"]);
+        assert_eq!(first.task, Task::Classify);
+        assert_eq!(first.row_norm_quantile, Some(DEFAULT_NORM_QUANTILE));
+        assert!(first.bounds.is_none() && !first.insecure_bounds_from_data);
+        assert_eq!(options(&["--label", "y"]).task, Task::Cluster);
+        let given = options(&["--row-norm-bound", "2"]);
+        assert_eq!((given.row_norm_quantile, given.row_norm_bound), (None, 2.0));
+        let asked = options(&["--row-norm-quantile", "0.8"]);
+        assert_eq!(asked.row_norm_quantile, Some(0.8));
+        assert_eq!(options(&["--task", "cluster", "--label", "y", "--synthetic", "9"]).task, Task::Cluster);
     }
 
     /// A negative privacy parameter or row-norm bound reaches the study's own

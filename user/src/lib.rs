@@ -4,11 +4,12 @@
 //! A study (`local::run`, shared by `user local` and `user study`) is a pure plan
 //! (`plan`), a cohort of owners and a proxy (`cohort`: processes started here, or
 //! owners invited to a proxy elsewhere), the session with the proxy (`session`),
-//! and the analysis of the release (`analysis`); `row_norm`, `axes`, `sweep` and
-//! `slicing` are the steps some studies add.
+//! and the analysis of the release (`analysis`); `bounds`, `row_norm`, `axes`,
+//! `sweep` and `slicing` are the steps some studies add.
 
 mod analysis;
 mod axes;
+pub mod bounds;
 pub mod clean;
 pub mod cli;
 mod cohort;

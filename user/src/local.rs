@@ -12,7 +12,7 @@ use anyhow::Context;
 use dpca_common::data::{read_csv, read_schema};
 use dpca_common::dp::{BudgetLedger, Centering, Mechanism};
 use dpca_common::paillier::SecretKey;
-use dpca_common::study::{ClassCovariance, StudyLayout, StudySpec};
+use dpca_common::study::{ClassCovariance, SpecDraft, StudyLayout, StudySpec};
 use dpca_common::synth::{task_projection, FitKind, Task};
 use dpca_shell::owner_report::OwnerReport;
 use dpca_shell::text::count;
@@ -21,8 +21,9 @@ use dpca_shell::usage::Usage;
 use nalgebra::DMatrix;
 use rand::rngs::OsRng;
 
-use crate::analysis::{analyze, in_input_order, Analysis};
+use crate::analysis::{analyze, in_input_order, Analysis, OutputUnits};
 use crate::axes::load_axes;
+use crate::bounds::{choose_bounds, BoundsChoice};
 use crate::cohort::{Cohort, InvitedCohort, LocalCohort};
 use crate::plan::{Inputs, StudyPlan};
 use crate::report::{
@@ -68,9 +69,13 @@ pub struct LocalOptions {
     pub centering: Centering,
     /// Label column to exclude.
     pub label: Option<String>,
-    /// Bounds file; `None` reads bounds off the data (demo only), except for the
-    /// bundled data set whose public bounds ship with it.
+    /// Bounds file; `None` chooses them privately (a marginal histogram study),
+    /// except for the bundled data set whose public bounds ship with it.
     pub bounds: Option<PathBuf>,
+    /// INSECURE: with no bounds file, read the bounds off the data.
+    pub insecure_bounds_from_data: bool,
+    /// Share of the budget the marginal histograms that choose the bounds spend.
+    pub bounds_budget_share: f64,
     /// Row L2 norm bound C in normalized units.
     pub row_norm_bound: f64,
     /// Paillier modulus bits.
@@ -195,7 +200,7 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
         opts,
         &plan,
         plan.input_label.as_deref(),
-        opts.row_norm_bound,
+        (&plan.bounds, opts.row_norm_bound),
     )?;
     match &opts.remote {
         Some(remote) => {
@@ -223,20 +228,33 @@ struct Prepared {
     layout: StudyLayout,
     study_id: String,
     axes: Option<DMatrix<f64>>,
+    bounds_choice: Option<BoundsChoice>,
     row_norm_choice: Option<RowNormChoice>,
-    histogram_budget: Option<BudgetLedger>,
+    /// What the preparatory studies spent, by name, in the order they ran.
+    spent_before: Vec<(&'static str, BudgetLedger)>,
 }
 
 impl Prepared {
-    /// What the study spends, after the row-norm histogram's spending where C
-    /// was chosen privately.
+    /// What the run spends: the preparatory studies', then the study's, composed.
     fn budget(&self) -> BudgetLedger {
-        match &self.histogram_budget {
-            Some(hist) => {
-                hist.clone()
-                    .then("row-norm histogram", self.spec.budget_ledger(), "study")
-            }
-            None => self.spec.budget_ledger(),
+        if self.spent_before.is_empty() {
+            return self.spec.budget_ledger();
+        }
+        let mut studies: Vec<(&str, BudgetLedger)> = self
+            .spent_before
+            .iter()
+            .map(|(name, ledger)| (*name, ledger.clone()))
+            .collect();
+        studies.push(("study", self.spec.budget_ledger()));
+        BudgetLedger::of_studies(studies)
+    }
+
+    /// Where synthetic values are kept: the ranges the marginal study found, or
+    /// the bounds.
+    fn synthetic_ranges(&self) -> Vec<(f64, f64)> {
+        match &self.bounds_choice {
+            Some(choice) => choice.ranges(),
+            None => self.spec.bounds.clone(),
         }
     }
 }
@@ -329,7 +347,13 @@ async fn conduct(
         ..OpenedStudy::new(&prep.study_id, &prep.spec)
     };
     let got = collect(&mut client, cohort.transport(), &sk, study).await?;
-    let an = analyze(opts, plan, &prep.spec, prep.axes.as_ref(), &got)?;
+    let ranges = prep.synthetic_ranges();
+    let units = OutputUnits {
+        bounds: &prep.spec.bounds,
+        ranges: &ranges,
+        c: prep.spec.fixed.row_norm_bound,
+    };
+    let an = analyze(opts, plan, &prep.spec, (prep.axes.as_ref(), &units), &got)?;
     let run = RunFacts {
         seconds: user_start.seconds(&owners, &got, keygen, started),
         usage: user_start.usage(&owners, cohort.proxy_usage()),
@@ -342,23 +366,47 @@ async fn conduct(
     Ok(report)
 }
 
-/// Opens the study: the row-norm histogram first where C is chosen privately,
-/// then the study with its final C and axes.
+/// Opens the study: the marginal histograms first where the bounds are chosen
+/// privately, the row-norm histogram where C is, then the study with its final
+/// bounds, C and axes.
 async fn prepare(
     opts: &LocalOptions,
     plan: &StudyPlan,
-    mut axes: Option<DMatrix<f64>>,
+    axes: Option<DMatrix<f64>>,
     cohort: &impl Cohort,
     client: &mut dpca_proto::v1::proxy_client::ProxyClient<tonic::transport::Channel>,
     sk: &SecretKey,
 ) -> anyhow::Result<Prepared> {
     let now_ms = dpca_shell::clock::now_unix_ms()?;
-    // Refused before the histogram study runs, should the study itself be invalid.
-    let spec = plan
+    // Refused before any preparatory study runs, should the study itself be invalid.
+    let mut spec = plan
         .draft(sk.public(), now_ms, opts.row_norm_bound, opts.baseline)
         .validate()?;
-    let (row_norm_choice, histogram_budget) = match plan.histogram {
-        None => (None, None),
+    let mut spent_before = Vec::new();
+    let bounds_choice = match plan.marginals {
+        None => None,
+        Some(req) => {
+            let (choice, spent) = choose_bounds(
+                cohort,
+                client,
+                sk,
+                &spec,
+                req,
+                opts.noise_free_for_testing,
+                opts.epsilon,
+            )
+            .await?;
+            spent_before.push(("marginal histograms", spent));
+            spec = SpecDraft {
+                bounds: choice.bounds(),
+                ..spec.to_draft()
+            }
+            .validate()?;
+            Some(choice)
+        }
+    };
+    let row_norm_choice = match plan.histogram {
+        None => None,
         Some(h) => {
             let (choice, spent) = choose_row_norm(
                 cohort,
@@ -370,16 +418,20 @@ async fn prepare(
                 opts.epsilon,
             )
             .await?;
-            (Some(choice), Some(spent))
+            spent_before.push(("row-norm histogram", spent));
+            Some(choice)
         }
     };
     let mut draft = spec.to_draft();
+    let mut axes = axes;
     if let Some(choice) = &row_norm_choice {
         draft.fixed.row_norm_bound = choice.chosen;
-        // Pub-PCA preprocesses the public rows with C: read again with the new one.
-        if opts.pca_from.is_some() {
-            axes = load_axes(opts, plan, plan.input_label.as_deref(), choice.chosen)?;
-        }
+    }
+    // Pub-PCA preprocesses the public rows with the bounds and C: read again
+    // with the chosen ones.
+    if opts.pca_from.is_some() && (row_norm_choice.is_some() || bounds_choice.is_some()) {
+        let preprocessing = (&draft.bounds[..], draft.fixed.row_norm_bound);
+        axes = load_axes(opts, plan, plan.input_label.as_deref(), preprocessing)?;
     }
     // The owners project onto the axes (and keep the label axis in a regression).
     draft.projection = axes.as_ref().map(|w| task_projection(opts.task, w));
@@ -395,8 +447,9 @@ async fn prepare(
         layout,
         study_id,
         axes,
+        bounds_choice,
         row_norm_choice,
-        histogram_budget,
+        spent_before,
     })
 }
 
@@ -445,8 +498,9 @@ fn study_report(
     StudyReport {
         study_id: prep.study_id.clone(),
         features: plan.table.features.clone(),
-        bounds: plan.bounds.iter().map(|&(lo, hi)| [lo, hi]).collect(),
+        bounds: spec.bounds.iter().map(|&(lo, hi)| [lo, hi]).collect(),
         bounds_from_data: plan.bounds_from_data,
+        bounds_choice: prep.bounds_choice.clone(),
         row_norm_bound: opts.row_norm_bound,
         frac_bits: spec.fixed.frac_bits,
         mechanism: spec.privacy.mechanism.name().into(),

@@ -42,10 +42,14 @@ pub struct StudyPlan {
     pub owner_label: Option<String>,
     /// Features the PCA runs on (a regression's label column excluded).
     pub pca_dim: usize,
-    /// Public bounds of every feature.
+    /// Public bounds of every feature: from the bounds file or read off the data;
+    /// placeholders [-1, 1] where a marginal histogram study chooses them.
     pub bounds: Vec<(f64, f64)>,
-    /// Whether the bounds were read off the data (demo only).
+    /// Whether the bounds were read off the data (an insecure flag asked for it).
     pub bounds_from_data: bool,
+    /// The marginal histogram study that chooses every feature's bounds, run
+    /// first, with its request; `None` when a bounds file gives them.
+    pub marginals: Option<PrivacyRequest>,
     /// The classes of a classification study.
     pub classes: Option<ClassSpec>,
     /// The study's own request (what is left after the histogram's share).
@@ -127,28 +131,35 @@ impl StudyPlan {
             }),
             Task::Cluster | Task::Regress => None,
         };
+        // A local run holds the rows: a label outside the classes is refused here,
+        // naming the user's own file and line, before any key is made.
+        if let (Some(classes), None) = (&classes, &opts.remote) {
+            table.class_indices(&classes.labels, &name).context(
+                "the classes (--classes) must name every label of the table",
+            )?;
+        }
         let n = pooled_rows(opts, &table, &name)?;
-        let (bounds, bounds_from_data) = plan_bounds(opts, &table, bounds, &mut warnings)?;
+        let bounds = plan_bounds(opts, &table, bounds, &mut warnings)?;
         let delta = opts.delta.unwrap_or_else(|| (n as f64).powf(-1.1));
         let privacy = PrivacyRequest::new(opts.mechanism, opts.centering, opts.epsilon, delta)?;
-        let (privacy, histogram) = split_for_histogram(opts, privacy)?;
+        let split = split_for_preparation(opts, privacy, bounds.private)?;
         // Each owner's cap is what this run spends on its rows: the studies'
         // epsilons and deltas added (the proxy charges each study's guarantee).
-        let budget_cap = match &histogram {
-            Some((_, h)) => (h.epsilon + privacy.epsilon, h.delta + privacy.delta),
-            None => (privacy.epsilon, privacy.delta),
-        };
+        let budget_cap = split.requests().fold((0.0, 0.0), |(e, d), r| {
+            (e + r.epsilon, d + r.delta)
+        });
         Ok(Self {
             cohort: cohort_shape(opts, n),
             table,
             input_label: label,
             owner_label,
             pca_dim,
-            bounds,
-            bounds_from_data,
+            bounds: bounds.bounds,
+            bounds_from_data: bounds.from_data,
+            marginals: split.marginals,
             classes,
-            privacy,
-            histogram,
+            privacy: split.study,
+            histogram: split.histogram,
             budget_cap,
             warnings,
         })
@@ -245,31 +256,53 @@ fn pooled_rows(opts: &LocalOptions, table: &Table, name: &str) -> anyhow::Result
     Ok(n)
 }
 
-/// The public bounds: from the bounds file, or read off the data in a local demo.
+/// Where a study's bounds come from.
+struct PlannedBounds {
+    /// Every feature's bounds ([-1, 1] placeholders where chosen privately).
+    bounds: Vec<(f64, f64)>,
+    /// Read off the data, as an insecure flag asked.
+    from_data: bool,
+    /// Chosen by a marginal histogram study run first.
+    private: bool,
+}
+
+/// The bounds: from the bounds file; read off the data where the insecure flag
+/// asks (a local run only); else chosen privately by a marginal histogram study.
 fn plan_bounds(
     opts: &LocalOptions,
     table: &Table,
     file: Option<(PathBuf, Vec<u8>)>,
     warnings: &mut Vec<String>,
-) -> anyhow::Result<(Vec<(f64, f64)>, bool)> {
+) -> anyhow::Result<PlannedBounds> {
+    let planned = |bounds, from_data, private| PlannedBounds {
+        bounds,
+        from_data,
+        private,
+    };
     match file {
-        Some((path, bytes)) => Ok((
-            read_bounds(bytes.as_slice(), &table.features)
-                .with_context(|| format!("{}", path.display()))?,
-            false,
-        )),
-        None if opts.remote.is_some() => {
-            bail!("a study at a remote proxy needs public bounds: pass --bounds")
+        Some((path, bytes)) => {
+            let bounds = read_bounds(bytes.as_slice(), &table.features).with_context(|| {
+                format!(
+                    "{} (list every feature or add a `*` line; or leave out --bounds to \
+                     choose them privately)",
+                    path.display()
+                )
+            })?;
+            Ok(planned(bounds, false, false))
         }
-        None => {
+        None if opts.insecure_bounds_from_data && opts.remote.is_some() => {
+            bail!("--insecure-bounds-from-data reads the rows, which a study at a remote proxy does not have")
+        }
+        None if opts.insecure_bounds_from_data => {
             warnings.push(
-                "no --bounds given: bounds are read off the data. This is for demos only; it \
-                 leaks the data's extremes. Real bounds are public knowledge fixed before any \
-                 data is seen."
+                "--insecure-bounds-from-data: bounds are read off the data. This leaks \
+                 the data's extremes and is not private; leave the flag out to choose \
+                 them privately."
                     .into(),
             );
-            Ok((table.bounds_from_data(), true))
+            Ok(planned(table.bounds_from_data(), true, false))
         }
+        None => Ok(planned(vec![(-1.0, 1.0); table.features.len()], false, true)),
     }
 }
 
@@ -311,26 +344,75 @@ fn natural_order(a: &str, b: &str) -> std::cmp::Ordering {
     }
 }
 
-/// The study's request and, with `--row-norm-quantile`, the histogram study's
-/// share of it (the two compose to what was asked).
-fn split_for_histogram(
+/// A request split among the studies of a run: the marginal histograms that
+/// choose the bounds, the row-norm histogram that chooses C (with its quantile),
+/// and the study itself; they compose to what was asked.
+pub struct Split {
+    /// The marginal histogram study's request, where it runs.
+    pub marginals: Option<PrivacyRequest>,
+    /// The row-norm histogram's quantile and request, where it runs.
+    pub histogram: Option<(f64, PrivacyRequest)>,
+    /// The study's own request: what is left.
+    pub study: PrivacyRequest,
+}
+
+impl Split {
+    /// Every study's request, in the order they run.
+    pub fn requests(&self) -> impl Iterator<Item = &PrivacyRequest> {
+        self.marginals
+            .iter()
+            .chain(self.histogram.iter().map(|(_, h)| h))
+            .chain(std::iter::once(&self.study))
+    }
+}
+
+/// Splits `privacy` for the studies that run before the study: the marginal
+/// histograms where bounds are chosen privately (`--bounds-budget-share`), the
+/// row-norm histogram where C is (`--quantile-budget-share`). Both shares are
+/// of the whole request; both preparatory studies are `dp-mean`, with nothing
+/// to mask.
+fn split_for_preparation(
     opts: &LocalOptions,
     privacy: PrivacyRequest,
-) -> anyhow::Result<(PrivacyRequest, Option<(f64, PrivacyRequest)>)> {
-    let Some(q) = opts.row_norm_quantile else {
-        return Ok((privacy, None));
-    };
-    if !(q > 0.0 && q < 1.0) {
+    private_bounds: bool,
+) -> anyhow::Result<Split> {
+    let quantile = opts.row_norm_quantile;
+    if let Some(q) = quantile.filter(|q| !(*q > 0.0 && *q < 1.0)) {
         bail!("--row-norm-quantile must be strictly between 0 and 1, got {q}");
     }
-    if !opts.mechanism.proven() {
-        bail!("--row-norm-quantile needs the gaussian or laplace mechanism");
+    if (private_bounds || quantile.is_some()) && !opts.mechanism.proven() {
+        bail!(
+            "the {} mechanism cannot choose bounds or C privately: pass --bounds and \
+             --row-norm-bound, or use the gaussian or laplace mechanism",
+            opts.mechanism.name()
+        );
     }
-    let (h, main) =
-        split_request(&privacy, opts.quantile_budget_share).context("--quantile-budget-share")?;
-    // The histogram is always a `dp-mean` study: it has nothing to mask.
-    let h = PrivacyRequest::new(h.mechanism, Centering::DpMean, h.epsilon, h.delta)?;
-    Ok((main, Some((q, h))))
+    let dp_mean =
+        |r: PrivacyRequest| PrivacyRequest::new(r.mechanism, Centering::DpMean, r.epsilon, r.delta);
+    let mut rest = privacy;
+    let mut taken = 0.0;
+    let mut take = |share: f64, flag: &str| -> anyhow::Result<PrivacyRequest> {
+        if !(share > 0.0 && share + taken < 1.0) {
+            bail!("{flag} must be above 0, and the shares below 1 together; got {share}");
+        }
+        let (part, left) = split_request(&rest, share / (1.0 - taken)).context(flag.to_string())?;
+        rest = left;
+        taken += share;
+        Ok(dp_mean(part)?)
+    };
+    let marginals = match private_bounds {
+        true => Some(take(opts.bounds_budget_share, "--bounds-budget-share")?),
+        false => None,
+    };
+    let histogram = match quantile {
+        Some(q) => Some((q, take(opts.quantile_budget_share, "--quantile-budget-share")?)),
+        None => None,
+    };
+    Ok(Split {
+        marginals,
+        histogram,
+        study: rest,
+    })
 }
 
 /// Who the study waits for: the invited owners of a remote study, or this run's
@@ -397,6 +479,8 @@ mod tests {
             components_from: None,
             row_norm_quantile: None,
             quantile_budget_share: 0.1,
+            bounds_budget_share: 0.05,
+            insecure_bounds_from_data: false,
             insecure_plaintext: false,
             remote: None,
         }
@@ -542,7 +626,38 @@ mod tests {
                     o.row_norm_quantile = Some(0.9);
                     o.mechanism = Mechanism::WISHART_UNPROVEN
                 }),
-                "needs the gaussian or laplace mechanism",
+                "cannot choose bounds or C privately: pass --bounds and --row-norm-bound",
+            ),
+            (
+                Box::new(|o| {
+                    o.bounds = None;
+                    o.mechanism = Mechanism::WISHART_UNPROVEN
+                }),
+                "cannot choose bounds or C privately",
+            ),
+            (
+                Box::new(|o| {
+                    o.bounds = None;
+                    o.row_norm_quantile = Some(0.9);
+                    o.bounds_budget_share = 0.5;
+                    o.quantile_budget_share = 0.5
+                }),
+                "the shares below 1 together",
+            ),
+            (
+                Box::new(|o| {
+                    o.bounds = None;
+                    o.insecure_bounds_from_data = true;
+                    o.remote = Some(remote())
+                }),
+                "--insecure-bounds-from-data reads the rows",
+            ),
+            (
+                Box::new(|o| {
+                    o.task = Task::Classify;
+                    o.classes = vec!["1".into(), "2".into()]
+                }),
+                "table.csv, line 5: label `10` is not one of the study's classes",
             ),
             (
                 Box::new(|o| {
@@ -550,13 +665,6 @@ mod tests {
                     o.quantile_budget_share = 1.0
                 }),
                 "--quantile-budget-share",
-            ),
-            (
-                Box::new(|o| {
-                    o.remote = Some(remote());
-                    o.bounds = None
-                }),
-                "needs public bounds",
             ),
             (
                 Box::new(|o| {
@@ -575,13 +683,38 @@ mod tests {
         }
     }
 
+    /// Without a bounds file the bounds are chosen privately: a marginal
+    /// histogram study takes its share, the bounds are placeholders until it
+    /// runs, nothing is read off the data and nothing warns of it.
     #[test]
-    fn what_a_demo_reads_off_the_data_is_planned_with_a_warning() {
+    fn without_a_bounds_file_the_bounds_are_chosen_privately() {
         let mut opts = options();
         opts.bounds = None;
+        opts.row_norm_quantile = Some(0.9);
+        opts.mechanism = Mechanism::LAPLACE;
+        let p = plan(&opts).expect("plans");
+        assert!(!p.bounds_from_data && p.warnings.is_empty(), "{:?}", p.warnings);
+        assert_eq!(p.bounds, [(-1.0, 1.0); 3]);
+        let m = p.marginals.expect("a marginal histogram study");
+        let (_, h) = p.histogram.expect("a histogram study");
+        // Each preparatory study's share is of the whole request.
+        assert!((m.epsilon - 0.05).abs() < 1e-12 && (h.epsilon - 0.1).abs() < 1e-12);
+        assert!((p.privacy.epsilon - 0.85).abs() < 1e-12);
+        assert!((p.budget_cap.0 - 1.0).abs() < 1e-12);
+        assert_eq!(m.centering, Centering::DpMean);
+        // A remote study chooses them privately too.
+        opts.remote = Some(remote());
+        assert!(plan(&opts).expect("plans").marginals.is_some());
+    }
+
+    #[test]
+    fn what_an_insecure_flag_reads_off_the_data_is_planned_with_a_warning() {
+        let mut opts = options();
+        opts.bounds = None;
+        opts.insecure_bounds_from_data = true;
         opts.task = Task::Classify;
         let p = plan(&opts).expect("plans");
-        assert!(p.bounds_from_data);
+        assert!(p.bounds_from_data && p.marginals.is_none());
         assert_eq!(p.bounds, [(0.0, 3.0), (0.0, 2.0), (0.0, 3.0)]);
         let labels = p.classes.as_ref().map(|c| c.labels.clone());
         // In natural order: 2 before 10.

@@ -92,8 +92,12 @@ pub struct StudyReport {
     pub features: Vec<String>,
     /// Public bounds per feature.
     pub bounds: Vec<[f64; 2]>,
-    /// Whether the bounds were read off the data (demo only).
+    /// Whether the bounds were read off the data (an insecure flag asked for it).
     pub bounds_from_data: bool,
+    /// How the bounds were chosen privately, where no bounds file gave them:
+    /// every feature's range, center and scale (`bounds` is center -/+ scale).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bounds_choice: Option<crate::bounds::BoundsChoice>,
     /// Row L2 norm bound C in normalized units.
     pub row_norm_bound: f64,
     /// Fixed-point fractional bits.
@@ -184,7 +188,7 @@ pub struct StudyReport {
     /// (Pub-PCA, no budget spent on them).
     #[serde(default)]
     pub pca_source: String,
-    /// How C was chosen when `--row-norm-quantile` asked for it.
+    /// How C was chosen, where no --row-norm-bound gave it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub row_norm_choice: Option<RowNormChoice>,
     /// The budget spent per released block, and composed.

@@ -7,10 +7,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use dpca_common::dp::NoisePlan;
+use dpca_common::dp::{NoisePlan, NoiseScale};
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey, SecretKey};
 use dpca_common::protocol::{open_release, Opened};
-use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION};
+use dpca_common::study::{MarginalCounts, StudyLayout, StudySpec, LAYOUT_VERSION};
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
@@ -399,13 +399,34 @@ pub async fn collect(
     open_collected(sk, study.spec, got, n_rows)
 }
 
-/// The noisy counts of a row-norm histogram study's bins, collected as
-/// [`collect`] collects a study but for its E\[N\], which is not decrypted: the
-/// bins are read off the release's grids, and a histogram is `dp-mean`, whose
+/// The release of a preparatory histogram study (of the row norms, or of each
+/// feature's values), opened as [`collect`] opens a study but for its E\[N\],
+/// which is not decrypted, and with the noise plan it was checked to carry: the
+/// counts are read off the release's grids, and a histogram is `dp-mean`, whose
 /// noise reads no N. A proxy that sent a value of its choice as E\[N\] would
 /// otherwise learn whether it lies in [owners, max_rows] from whether this user
 /// goes on to open the study that follows (and under the histogram's study id,
 /// had the proxy given the next study the same one, have it sent back opened).
+async fn collect_histogram(
+    client: &mut ProxyClient<Channel>,
+    transport: &Transport,
+    sk: &SecretKey,
+    study: OpenedStudy<'_>,
+) -> anyhow::Result<(Opened, NoisePlan)> {
+    let spec = study.spec;
+    if spec.privacy.centering != dpca_common::dp::Centering::DpMean {
+        bail!("a histogram study is dp-mean");
+    }
+    let got = fetch_sealed(client, transport, sk, study).await?;
+    // N enters a dp-mean release only in S' = R' - v' v'^T / N, which no bin is
+    // read off, and its noise plan reads none: 1 stands in for it.
+    const STAND_IN_ROWS: u64 = 1;
+    let plan = got.plan.clone();
+    let opened = open_collected(sk, spec, got, STAND_IN_ROWS)?.opened;
+    Ok((opened, plan))
+}
+
+/// The noisy counts of a row-norm histogram study's bins ([`collect_histogram`]).
 pub async fn collect_bins(
     client: &mut ProxyClient<Channel>,
     transport: &Transport,
@@ -417,15 +438,26 @@ pub async fn collect_bins(
         .norm_bins
         .as_ref()
         .context("a row-norm histogram study has bins")?;
-    if spec.privacy.centering != dpca_common::dp::Centering::DpMean {
-        bail!("a row-norm histogram study is dp-mean");
-    }
-    let got = fetch_sealed(client, transport, sk, study).await?;
-    // N enters a dp-mean release only in S' = R' - v' v'^T / N, which no bin is
-    // read off, and its noise plan reads none: 1 stands in for it.
-    const STAND_IN_ROWS: u64 = 1;
-    let opened = open_collected(sk, spec, got, STAND_IN_ROWS)?.opened;
-    Ok(opened.bin_counts(bins, &spec.noise_plan(STAND_IN_ROWS), &spec.fixed))
+    let (opened, plan) = collect_histogram(client, transport, sk, study).await?;
+    Ok(opened.bin_counts(bins, &plan, &spec.fixed))
+}
+
+/// The noisy counts of a marginal histogram study ([`collect_histogram`]), with
+/// the noise each count carries, on the integer grid.
+pub async fn collect_marginals(
+    client: &mut ProxyClient<Channel>,
+    transport: &Transport,
+    sk: &SecretKey,
+    study: OpenedStudy<'_>,
+) -> anyhow::Result<(MarginalCounts, NoiseScale)> {
+    let spec = study.spec;
+    let grid = spec
+        .marginals
+        .as_ref()
+        .context("a marginal histogram study has its grid")?;
+    let (opened, plan) = collect_histogram(client, transport, sk, study).await?;
+    let counts = grid.counts(&opened.vector_grid, spec.dim(), &spec.fixed);
+    Ok((counts, plan.vector.unwrap_or(plan.matrix)))
 }
 
 /// A sealed study's release as fetched, with N where it was proven to the proxy,
