@@ -55,6 +55,9 @@ fn run_user(py: Python<'_>, args: Vec<String>, launcher: Vec<String>) -> PyResul
         }
     };
     opts.programs = Some(Programs::launched_by(&launcher).map_err(value_error)?);
+    // Python raises the study's warnings as its own, worded for its arguments,
+    // from study.json: printed here too they would arrive twice.
+    opts.print_warnings = false;
     let report = block_interruptibly(py, async move { dpca_user::local::run(&opts).await })?;
     serde_json::to_string(&report).map_err(|e| StudyError::new_err(e.to_string()))
 }

@@ -17,6 +17,7 @@ use rand::SeedableRng;
 use crate::local::LocalOptions;
 use crate::plan::StudyPlan;
 use crate::session::Collected;
+use crate::study_page::SyntheticView;
 
 /// What the user derived from one release.
 pub(crate) struct Analysis {
@@ -30,6 +31,8 @@ pub(crate) struct Analysis {
     pub fit: CovarianceFit,
     /// Synthetic rows as CSV cells (the study's features, the label last).
     pub synthetic: Option<Vec<Vec<String>>>,
+    /// The first of them on the first two components, for the report's figure.
+    pub synthetic_view: Option<SyntheticView>,
 }
 
 /// How synthetic rows are written in the input's units: mapped back through the
@@ -83,7 +86,7 @@ pub(crate) fn analyze(
         CovarianceFit::Denoised(_) => &got.opened.scatter,
         CovarianceFit::Paper => &scatter,
     };
-    let synthetic = match opts.synthetic {
+    let drawn = match opts.synthetic {
         Some(rows) => Some(synthesize(
             opts,
             &got.opened,
@@ -97,13 +100,39 @@ pub(crate) fn analyze(
         )?),
         None => None,
     };
+    let (synthetic, synthetic_view) = match drawn {
+        Some((rows, view)) => (Some(rows), Some(view)),
+        None => (None, None),
+    };
     Ok(Analysis {
         scatter,
         pca,
         noise,
         fit,
         synthetic,
+        synthetic_view,
     })
+}
+
+/// Synthetic rows the report's figure shows at most.
+const VIEW_POINTS: usize = 1000;
+
+/// The first two principal coordinates of a normalized row, about the DP mean.
+fn coordinates(
+    x: &DVector<f64>,
+    mean: Option<&DVector<f64>>,
+    components: &DMatrix<f64>,
+) -> (f64, f64) {
+    let p = components.nrows();
+    let at = |j: usize| {
+        if j >= components.ncols() {
+            return 0.0;
+        }
+        (0..p)
+            .map(|i| (x[i] - mean.map_or(0.0, |m| m[i])) * components[(i, j)])
+            .sum()
+    };
+    (at(0), at(1))
 }
 
 /// How synthesis reads the covariance: the user's choice with the release's noise
@@ -123,7 +152,8 @@ pub(crate) fn covariance_fit(
 }
 
 /// Draws `rows` synthetic rows for the task, in the input's units, as CSV cells in
-/// the order of the study's features (the label last).
+/// the order of the study's features (the label last), and the first of them on
+/// the first two components.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn synthesize(
     opts: &LocalOptions,
@@ -135,13 +165,12 @@ pub(crate) fn synthesize(
     classes: Option<&ClassSpec>,
     rows: usize,
     fit: CovarianceFit,
-) -> anyhow::Result<Vec<Vec<String>>> {
+) -> anyhow::Result<(Vec<Vec<String>>, SyntheticView)> {
     // Keyed once from the system: synthesis draws (k + M) normals per row, and one
     // system call each would be most of its time.
     let mut rng = StdRng::from_rng(OsRng).context("cannot seed the synthesis generator")?;
-    let cells = |x: &DVector<f64>| -> Vec<String> {
-        units.row(x).iter().map(f64::to_string).collect()
-    };
+    let cells =
+        |x: &DVector<f64>| -> Vec<String> { units.row(x).iter().map(f64::to_string).collect() };
     let labels = match (opts.task, classes) {
         (Task::Classify, None) => return Err(SynthError::NoClasses.into()),
         (_, spec) => spec.map(|c| &c.labels),
@@ -149,9 +178,17 @@ pub(crate) fn synthesize(
     let model = Synthesizer::new(opts.task, opened, scatter, n_rows, components, fit)?;
     // Unsupervised synthesis does not model the label: its column is left empty.
     let empty_label = opts.task == Task::Cluster && (opts.label.is_some() || opts.data.is_none());
-    Ok((0..rows)
-        .map(|_| {
+    let mut view = SyntheticView {
+        points: Vec::new(),
+        labels: labels.cloned().unwrap_or_default(),
+    };
+    let rows = (0..rows)
+        .map(|i| {
             let (class, x) = model.sample(&mut rng);
+            if i < VIEW_POINTS {
+                let (a, b) = coordinates(&x, opened.mean.as_ref(), components);
+                view.points.push((class, a, b));
+            }
             let mut rec = cells(&x);
             match (class, labels) {
                 (Some(c), Some(labels)) => rec.push(labels[c].clone()),
@@ -160,7 +197,8 @@ pub(crate) fn synthesize(
             }
             rec
         })
-        .collect())
+        .collect();
+    Ok((rows, view))
 }
 
 /// Reorders synthetic records drawn in the `drawn` column order (the study's

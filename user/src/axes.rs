@@ -23,15 +23,8 @@ pub(crate) fn load_axes(
     let features = &plan.table.features[..plan.pca_dim];
     Ok(match (&opts.pca_from, &opts.components_from) {
         (Some(path), _) => Some(
-            public_components(
-                path,
-                label,
-                features,
-                &bounds[..plan.pca_dim],
-                c,
-                opts.k,
-            )?
-            .components,
+            public_components(path, label, features, &bounds[..plan.pca_dim], c, opts.k)?
+                .components,
         ),
         (None, Some(path)) => Some(read_components(path, features, opts.k)?),
         (None, None) => None,

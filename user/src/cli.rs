@@ -510,6 +510,7 @@ pub fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
         insecure_bounds_from_data: a.insecure_bounds_from_data,
         insecure_plaintext: false,
         remote: None,
+        print_warnings: true,
     })
 }
 
@@ -557,7 +558,10 @@ mod tests {
         assert_eq!((given.row_norm_quantile, given.row_norm_bound), (None, 2.0));
         let asked = options(&["--row-norm-quantile", "0.8"]);
         assert_eq!(asked.row_norm_quantile, Some(0.8));
-        assert_eq!(options(&["--task", "cluster", "--label", "y", "--synthetic", "9"]).task, Task::Cluster);
+        assert_eq!(
+            options(&["--task", "cluster", "--label", "y", "--synthetic", "9"]).task,
+            Task::Cluster
+        );
     }
 
     /// A negative privacy parameter or row-norm bound reaches the study's own

@@ -11,8 +11,19 @@ pub struct Series {
     pub name: String,
     /// (x, y) points in data units, in drawing order.
     pub points: Vec<(f64, f64)>,
-    /// Drawn as bars from y = 0 instead of a line with dots.
-    pub bars: bool,
+    /// How the points are drawn.
+    pub mark: Mark,
+}
+
+/// How a series' points are drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    /// A line through the points, with a dot on each.
+    Line,
+    /// Bars from y = 0.
+    Bars,
+    /// Dots alone (a scatter plot).
+    Dots,
 }
 
 /// A chart: axes with ticks, the series, an optional vertical marker.
@@ -40,7 +51,10 @@ const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 36.0;
 const BOTTOM: f64 = 50.0;
-const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+const COLORS: [&str; 10] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
 
 /// Text safe inside SVG/HTML.
 pub fn escape(s: &str) -> String {
@@ -135,7 +149,7 @@ impl Chart {
         if !(x0.is_finite() && x1.is_finite()) {
             (x0, x1) = (0.0, 1.0);
         }
-        let bars = self.series.iter().any(|s| s.bars);
+        let bars = self.series.iter().any(|s| s.mark == Mark::Bars);
         if bars || x1 - x0 < 1e-12 {
             // Room for half a bar (or a lone point) on each side.
             (x0, x1) = (x0 - 0.5, x1 + 0.5);
@@ -223,7 +237,7 @@ impl Chart {
             .points
             .iter()
             .filter(|p| p.0.is_finite() && p.1.is_finite());
-        if series.bars {
+        if series.mark == Mark::Bars {
             let slot = (W - LEFT - RIGHT) / (frame.x.1 - frame.x.0);
             for &(x, y) in visible {
                 let (top, base) = (frame.py(y.max(0.0)), frame.py(y.min(0.0)));
@@ -236,19 +250,25 @@ impl Chart {
                 );
             }
         } else {
-            let coords: Vec<String> = visible
-                .clone()
-                .map(|&(x, y)| format!("{:.1},{:.1}", frame.px(x), frame.py(y)))
-                .collect();
-            let _ = write!(
-                s,
-                r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
-                coords.join(" ")
-            );
+            if series.mark == Mark::Line {
+                let coords: Vec<String> = visible
+                    .clone()
+                    .map(|&(x, y)| format!("{:.1},{:.1}", frame.px(x), frame.py(y)))
+                    .collect();
+                let _ = write!(
+                    s,
+                    r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#,
+                    coords.join(" ")
+                );
+            }
+            let (r, opacity) = match series.mark {
+                Mark::Dots => (2.0, 0.6),
+                _ => (3.0, 1.0),
+            };
             for &(x, y) in visible {
                 let _ = write!(
                     s,
-                    r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="{r}" fill="{color}" fill-opacity="{opacity}"/>"#,
                     frame.px(x),
                     frame.py(y)
                 );
@@ -315,7 +335,7 @@ mod tests {
             series: vec![Series {
                 name: "s".into(),
                 points: vec![(0.5, 0.2), (1.0, 0.9), (2.0, 0.5)],
-                bars: false,
+                mark: Mark::Line,
             }],
             y_range: Some((0.0, 1.0)),
             log_x: true,
@@ -342,12 +362,12 @@ mod tests {
                 Series {
                     name: "<s>".into(),
                     points: vec![(1.0, 3.0), (2.0, 7.0)],
-                    bars: true,
+                    mark: Mark::Bars,
                 },
                 Series {
                     name: "line".into(),
                     points: vec![(1.0, 1.0), (2.0, 2.0)],
-                    bars: false,
+                    mark: Mark::Line,
                 },
             ],
             y_range: None,

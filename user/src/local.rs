@@ -27,8 +27,8 @@ use crate::bounds::{choose_bounds, BoundsChoice};
 use crate::cohort::{Cohort, InvitedCohort, LocalCohort};
 use crate::plan::{Inputs, StudyPlan};
 use crate::report::{
-    variance_table, write_outputs, write_synthetic, Encryption, RoleUsage, RowNormChoice, Seconds,
-    StudyReport,
+    variance_table, write_outputs, write_synthetic, Encryption, Notice, RoleUsage, RowNormChoice,
+    Seconds, StudyReport,
 };
 use crate::row_norm::choose_row_norm;
 use crate::session::{collect, open_study, Collected, OpenedStudy};
@@ -125,6 +125,9 @@ pub struct LocalOptions {
     /// A study at a proxy that runs elsewhere (`user study`): nothing is started
     /// here, `data` is only the schema (its header), and the owners are invited.
     pub remote: Option<Remote>,
+    /// Print the warnings to standard error as they arise (the command line);
+    /// the Python package raises them as its own from study.json instead.
+    pub print_warnings: bool,
 }
 
 /// A study at a running proxy, with owners the user only invites.
@@ -192,8 +195,10 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     let plan = StudyPlan::new(opts, read_inputs(opts)?)?;
     // Before any study is opened: nothing is spent on outputs that cannot land.
     crate::report::prepare_out_dir(&opts.out)?;
-    for warning in &plan.warnings {
-        eprintln!("WARNING: {warning}");
+    if opts.print_warnings {
+        for warning in &plan.warnings {
+            eprintln!("WARNING: {}", warning.text);
+        }
     }
     // Read before the key: a bad axes file should not cost a keygen.
     let axes = load_axes(
@@ -360,7 +365,10 @@ async fn conduct(
         owners,
         budget: prep.budget(),
     };
-    let report = study_report(opts, plan, &prep, &got, &an, &run);
+    let mut report = study_report(opts, plan, &prep, &got, &an, &run);
+    if let Some(w) = crate::study_page::clipping_warning(&report) {
+        report.warnings.push(Notice::new("rows_clipped", w));
+    }
     write_results(opts, plan, &an, &report)?;
     print_summary(opts, &report, &an);
     Ok(report)
@@ -534,6 +542,7 @@ fn study_report(
         pca_source: pca_source(opts),
         row_norm_choice: prep.row_norm_choice.clone(),
         budget: run.budget.clone(),
+        warnings: plan.warnings.clone(),
         seconds: run.seconds.clone(),
         usage: run.usage.clone(),
     }
@@ -548,7 +557,8 @@ fn write_results(
     report: &StudyReport,
 ) -> anyhow::Result<()> {
     let table = &plan.table;
-    write_outputs(&opts.out, &table.features, &an.pca, &an.scatter, report)?;
+    let release = (&table.features[..], &an.pca, &an.scatter);
+    write_outputs(&opts.out, release, report, an.synthetic_view.as_ref())?;
     if let Some(rows) = &an.synthetic {
         let mut drawn = table.features.clone();
         if let Some((l, _)) = &table.label {
@@ -565,32 +575,56 @@ fn write_results(
     Ok(())
 }
 
+/// What the preparatory studies chose and spent, for the summary: empty when
+/// the bounds and C were given.
+fn preparation_text(report: &StudyReport) -> String {
+    let mut parts = Vec::new();
+    if let Some(b) = &report.bounds_choice {
+        parts.push(format!(
+            "the marginal histograms that chose the bounds alone {:.4}",
+            b.epsilon
+        ));
+    }
+    if let Some(c) = &report.row_norm_choice {
+        parts.push(format!(
+            "the row-norm histogram that chose C = {:.4} alone {:.4}",
+            c.chosen, c.epsilon
+        ));
+    }
+    match (parts.is_empty(), report.budget.rho.is_some()) {
+        (true, _) => String::new(),
+        (false, true) => format!(" in all, composed under zCDP; {}", parts.join(", ")),
+        (false, false) => format!(" in all; {}", parts.join(", ")),
+    }
+}
+
 /// The run's summary on standard output.
 fn print_summary(opts: &LocalOptions, report: &StudyReport, an: &Analysis) {
-    let histogram = report
-        .row_norm_choice
-        .as_ref()
-        .map(|c| {
-            format!(
-                " in all; the histogram that chose C = {:.4} alone {:.4}",
-                c.chosen, c.epsilon
-            )
-        })
-        .unwrap_or_default();
     println!(
-        "{}, {}, {}; {} (epsilon {:.4}{histogram}; delta {:.3e}), centering {}; noise sd {:.3e} per entry of S",
+        "{}, {}, {}; {} (epsilon {:.4}{}; delta {:.3e}), centering {}; noise sd {:.3e} per entry of S",
         count(report.n_rows, "row"),
         count(report.n_features as u64, "feature"),
         count(report.n_owners as u64, "owner"),
         report.mechanism,
         report.budget.epsilon,
+        preparation_text(report),
         report.budget.delta,
         report.centering,
         report.sigma
     );
+    if let Some(b) = &report.bounds_choice {
+        println!(
+            "bounds chosen privately: each feature's range, center and scale are in study.json \
+             and report.html ({} of {} features took the pooled range)",
+            b.pooled(),
+            report.n_features
+        );
+    }
     print!("{}", variance_table(&an.pca, opts.k, report.noise_floor));
-    if let Some(w) = crate::study_page::clipping_warning(report) {
-        eprintln!("WARNING: {w}");
+    for w in report.warnings.iter().filter(|w| w.kind == "rows_clipped") {
+        if opts.print_warnings {
+            eprintln!("WARNING: {}", w.text);
+        }
     }
     // A remote user times no owner (they ran elsewhere), but waits for them: the seal.
     let owner_time = match opts.remote {

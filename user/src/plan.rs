@@ -15,6 +15,7 @@ use dpca_common::study::{ClassSpec, SpecDraft, DEFAULT_FRAC_BITS, MIN_KAPPA};
 use dpca_common::synth::{SynthError, Task};
 
 use crate::local::LocalOptions;
+use crate::report::Notice;
 use crate::slicing::owner_name;
 
 /// What the study reads before it is planned: the input table (the header only
@@ -61,7 +62,7 @@ pub struct StudyPlan {
     /// Who the study waits for, and how long.
     pub cohort: CohortShape,
     /// Warnings for the user: what a demo reads off the data.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Notice>,
 }
 
 /// Who a study waits for: the public bound on the pooled rows, the owners that
@@ -134,9 +135,9 @@ impl StudyPlan {
         // A local run holds the rows: a label outside the classes is refused here,
         // naming the user's own file and line, before any key is made.
         if let (Some(classes), None) = (&classes, &opts.remote) {
-            table.class_indices(&classes.labels, &name).context(
-                "the classes (--classes) must name every label of the table",
-            )?;
+            table
+                .class_indices(&classes.labels, &name)
+                .context("the classes (--classes) must name every label of the table")?;
         }
         let n = pooled_rows(opts, &table, &name)?;
         let bounds = plan_bounds(opts, &table, bounds, &mut warnings)?;
@@ -145,9 +146,9 @@ impl StudyPlan {
         let split = split_for_preparation(opts, privacy, bounds.private)?;
         // Each owner's cap is what this run spends on its rows: the studies'
         // epsilons and deltas added (the proxy charges each study's guarantee).
-        let budget_cap = split.requests().fold((0.0, 0.0), |(e, d), r| {
-            (e + r.epsilon, d + r.delta)
-        });
+        let budget_cap = split
+            .requests()
+            .fold((0.0, 0.0), |(e, d), r| (e + r.epsilon, d + r.delta));
         Ok(Self {
             cohort: cohort_shape(opts, n),
             table,
@@ -272,7 +273,7 @@ fn plan_bounds(
     opts: &LocalOptions,
     table: &Table,
     file: Option<(PathBuf, Vec<u8>)>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Notice>,
 ) -> anyhow::Result<PlannedBounds> {
     let planned = |bounds, from_data, private| PlannedBounds {
         bounds,
@@ -294,15 +295,19 @@ fn plan_bounds(
             bail!("--insecure-bounds-from-data reads the rows, which a study at a remote proxy does not have")
         }
         None if opts.insecure_bounds_from_data => {
-            warnings.push(
+            warnings.push(Notice::new(
+                "bounds_from_data",
                 "--insecure-bounds-from-data: bounds are read off the data. This leaks \
                  the data's extremes and is not private; leave the flag out to choose \
-                 them privately."
-                    .into(),
-            );
+                 them privately.",
+            ));
             Ok(planned(table.bounds_from_data(), true, false))
         }
-        None => Ok(planned(vec![(-1.0, 1.0); table.features.len()], false, true)),
+        None => Ok(planned(
+            vec![(-1.0, 1.0); table.features.len()],
+            false,
+            true,
+        )),
     }
 }
 
@@ -314,7 +319,7 @@ fn plan_bounds(
 fn class_labels(
     opts: &LocalOptions,
     table: &Table,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Notice>,
 ) -> anyhow::Result<Vec<String>> {
     if !opts.classes.is_empty() {
         return Ok(opts.classes.clone());
@@ -325,12 +330,12 @@ fn class_labels(
     if opts.remote.is_some() {
         bail!("--task classify at a remote proxy needs the class labels: pass --classes");
     }
-    warnings.push(
+    warnings.push(Notice::new(
+        "classes_from_data",
         "no --classes given: the class labels are read off the data. This is for demos \
          only; the labels present are published in the study and in every synthetic row. \
-         Real class labels are public knowledge fixed before any data is seen."
-            .into(),
-    );
+         Real class labels are public knowledge fixed before any data is seen.",
+    ));
     let mut labels = table.distinct_labels().unwrap_or_default();
     labels.sort_by(|a, b| natural_order(a, b));
     Ok(labels)
@@ -405,7 +410,10 @@ fn split_for_preparation(
         false => None,
     };
     let histogram = match quantile {
-        Some(q) => Some((q, take(opts.quantile_budget_share, "--quantile-budget-share")?)),
+        Some(q) => Some((
+            q,
+            take(opts.quantile_budget_share, "--quantile-budget-share")?,
+        )),
         None => None,
     };
     Ok(Split {
@@ -483,6 +491,7 @@ mod tests {
             insecure_bounds_from_data: false,
             insecure_plaintext: false,
             remote: None,
+            print_warnings: false,
         }
     }
 
@@ -693,7 +702,11 @@ mod tests {
         opts.row_norm_quantile = Some(0.9);
         opts.mechanism = Mechanism::LAPLACE;
         let p = plan(&opts).expect("plans");
-        assert!(!p.bounds_from_data && p.warnings.is_empty(), "{:?}", p.warnings);
+        assert!(
+            !p.bounds_from_data && p.warnings.is_empty(),
+            "{:?}",
+            p.warnings
+        );
         assert_eq!(p.bounds, [(-1.0, 1.0); 3]);
         let m = p.marginals.expect("a marginal histogram study");
         let (_, h) = p.histogram.expect("a histogram study");
@@ -720,14 +733,14 @@ mod tests {
         // In natural order: 2 before 10.
         assert_eq!(labels, Some(vec!["1".into(), "2".into(), "10".into()]));
         assert_eq!(p.warnings.len(), 2, "{:?}", p.warnings);
+        assert!(p.warnings.iter().any(
+            |w| w.kind == "bounds_from_data" && w.text.contains("bounds are read off the data")
+        ));
         assert!(p
             .warnings
             .iter()
-            .any(|w| w.contains("bounds are read off the data")));
-        assert!(p
-            .warnings
-            .iter()
-            .any(|w| w.contains("labels are read off the data")));
+            .any(|w| w.kind == "classes_from_data"
+                && w.text.contains("labels are read off the data")));
     }
 
     #[test]

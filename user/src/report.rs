@@ -9,7 +9,7 @@ use dpca_common::linalg::Pca;
 use dpca_common::study::{StudyLayout, StudySpec};
 use dpca_shell::usage::Usage;
 
-use crate::figures::{escape, Chart, Series};
+use crate::figures::{escape, Chart, Mark, Series};
 use nalgebra::DMatrix;
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +79,26 @@ impl Encryption {
             vector_slots: layout.vector_budget.slots,
             vector_slot_width: layout.vector_budget.slot_width,
             mask_bits: layout.mask_bits,
+        }
+    }
+}
+
+/// A warning of a study, as study.json lists it: a stable `kind` that a caller
+/// (the Python package) can word in its own terms, and the command line's text.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    /// What it warns of: `bounds_from_data`, `classes_from_data`, `rows_clipped`.
+    pub kind: String,
+    /// The command line's wording.
+    pub text: String,
+}
+
+impl Notice {
+    /// A warning of `kind` worded `text`.
+    pub fn new(kind: &str, text: impl Into<String>) -> Self {
+        Self {
+            kind: kind.to_string(),
+            text: text.into(),
         }
     }
 }
@@ -193,6 +213,9 @@ pub struct StudyReport {
     pub row_norm_choice: Option<RowNormChoice>,
     /// The budget spent per released block, and composed.
     pub budget: BudgetLedger,
+    /// What the run warned of (also printed, and on report.html).
+    #[serde(default)]
+    pub warnings: Vec<Notice>,
 }
 
 /// CPU time and peak memory of each role's process in one study.
@@ -249,10 +272,9 @@ pub fn prepare_out_dir(dir: &Path) -> anyhow::Result<()> {
 /// Writes `components.csv`, `eigenvalues.csv`, `scatter.csv` and `study.json`.
 pub fn write_outputs(
     dir: &Path,
-    features: &[String],
-    pca: &Pca,
-    scatter: &DMatrix<f64>,
+    (features, pca, scatter): (&[String], &Pca, &DMatrix<f64>),
     report: &StudyReport,
+    synthetic: Option<&crate::study_page::SyntheticView>,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let k = pca.components.ncols();
@@ -287,7 +309,7 @@ pub fn write_outputs(
         .with_context(|| format!("cannot write {}", dir.display()))?;
     std::fs::write(
         dir.join("report.html"),
-        crate::study_page::study_page(report, pca),
+        crate::study_page::study_page(report, pca, synthetic),
     )
     .with_context(|| format!("cannot write {}", dir.join("report.html").display()))?;
     Ok(())
@@ -339,7 +361,7 @@ pub fn sweep_page(points: &[SweepPoint], k: usize) -> String {
                 .iter()
                 .map(|p| (p.epsilon, p.captured_variance))
                 .collect(),
-            bars: false,
+            mark: Mark::Line,
         }],
         y_range: Some((0.0, 1.0)),
         log_x: true,

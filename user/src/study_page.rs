@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use dpca_common::linalg::Pca;
 
-use crate::figures::{escape, Chart, Series};
+use crate::figures::{escape, Chart, Mark, Series};
 use crate::report::{page, table_rows, StudyReport, OUTPUT_FILES};
 
 /// Components shown in the report's figures (all of them up to this many).
@@ -66,8 +66,54 @@ pub fn noise_sentence(report: &StudyReport) -> String {
     )
 }
 
-/// The study's page.
-pub fn study_page(report: &StudyReport, pca: &Pca) -> String {
+/// Synthetic rows on the first two principal coordinates (about the DP mean),
+/// with their class where they have one.
+#[derive(Clone, Debug, Default)]
+pub struct SyntheticView {
+    /// (class index, PC1, PC2) of each row shown.
+    pub points: Vec<(Option<usize>, f64, f64)>,
+    /// The class labels the indices name.
+    pub labels: Vec<String>,
+}
+
+impl SyntheticView {
+    /// The figure: one series of dots per class (one in all without classes).
+    fn chart(&self) -> Chart {
+        let groups = self.labels.len().max(1);
+        let series = (0..groups)
+            .map(|g| Series {
+                name: self
+                    .labels
+                    .get(g)
+                    .cloned()
+                    .unwrap_or_else(|| "synthetic".into()),
+                points: self
+                    .points
+                    .iter()
+                    .filter(|(c, _, _)| c.unwrap_or(0) == g)
+                    .map(|&(_, a, b)| (a, b))
+                    .collect(),
+                mark: Mark::Dots,
+            })
+            .filter(|s| !s.points.is_empty())
+            .collect();
+        Chart {
+            title: format!(
+                "Synthetic rows on the first two components ({} shown)",
+                self.points.len()
+            ),
+            x_label: "PC1".into(),
+            y_label: "PC2".into(),
+            series,
+            y_range: None,
+            log_x: false,
+            marker: None,
+        }
+    }
+}
+
+/// The study's page; with synthetic rows, their figure beside the eigenvalues'.
+pub fn study_page(report: &StudyReport, pca: &Pca, synthetic: Option<&SyntheticView>) -> String {
     let mut warnings = String::new();
     for w in clipping_warning(report)
         .into_iter()
@@ -81,26 +127,80 @@ pub fn study_page(report: &StudyReport, pca: &Pca) -> String {
         .take(report.k)
         .map(|r| r.max(0.0))
         .sum();
+    let figure = synthetic.map_or(String::new(), |view| {
+        format!(
+            "<h2>Synthetic rows</h2>\n{}\n<p>Each dot is a synthetic row (PCA-Gauss, \
+             post-processing of the release) on the first two components, about the DP \
+             mean; synthetic.csv holds them all in the input's units.</p>\n",
+            view.chart().svg()
+        )
+    });
     let body = format!(
         "<p>Everything on this page is computed from the differentially private \
-         release and public parameters, but for the count of clipped rows of a local \
-         run (where the user holds the rows): that count is exact, not private; leave \
-         it out of what you publish.</p>\n{warnings}{}\
+         release and public parameters, but for the counts of rows of a local run \
+         (where the user holds the rows): the rows clipped and each owner's rows \
+         are exact, not private; leave them out of what you publish.</p>\n{warnings}{}\
          <h2>Eigenvalues</h2>\n{}\n<p>{}</p>\n<p>The first {k} components explain {:.1}% of \
          the variance of the noisy covariance (negative eigenvalues, where noise outweighs \
-         signal, count as 0).</p>\n{}\n<h2>Leading components</h2>\n{}<h2>Privacy spent</h2>\n{}\
-         <h2>Files</h2>\n{}",
+         signal, count as 0).</p>\n{}\n{figure}<h2>Leading components</h2>\n{}{}\
+         <h2>Privacy spent</h2>\n{}<h2>Files</h2>\n{}",
         facts(report),
         scree(report, pca).svg(),
         escape(&noise_sentence(report)),
         100.0 * explained,
         cumulative(report, pca).svg(),
         loadings(report, pca),
+        preprocessing(report),
         budget(report),
         files(report),
         k = report.k
     );
     page("Private PCA: study report", &body)
+}
+
+/// Features the preprocessing table lists; study.json has them all.
+const LISTED_FEATURES: usize = 16;
+
+/// How each feature was mapped to [-1, 1]: the bounds chosen privately (range,
+/// center, scale), or where the bounds came from.
+fn preprocessing(report: &StudyReport) -> String {
+    let Some(choice) = &report.bounds_choice else {
+        let source = match report.bounds_from_data {
+            true => "read off the data (--insecure-bounds-from-data: not private)",
+            false => "given in the bounds file (public)",
+        };
+        return format!("<h2>Preprocessing</h2>\n<p>Bounds {source}.</p>\n");
+    };
+    let mut out = format!(
+        "<h2>Preprocessing</h2>\n<p>Every feature's bounds were chosen privately by a \
+         marginal histogram study (epsilon {:.4} alone): its values were found in \
+         [lo, hi], it is centered on their median and scaled by the half-width that \
+         holds that range, then clipped to it. Synthetic values are kept in [lo, hi].</p>\n\
+         <table><tr><th>feature</th><th>lo</th><th>hi</th><th>center</th><th>scale</th></tr>",
+        choice.epsilon
+    );
+    for (name, f) in report
+        .features
+        .iter()
+        .zip(&choice.scaling.features)
+        .take(LISTED_FEATURES)
+    {
+        let pooled = if f.pooled { " (pooled range)" } else { "" };
+        let _ = write!(
+            out,
+            "<tr><th>{}{pooled}</th><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td><td>{:.4}</td></tr>",
+            escape(name),
+            f.lo,
+            f.hi,
+            f.center,
+            f.scale
+        );
+    }
+    let more = report.features.len().saturating_sub(LISTED_FEATURES);
+    out + &match more {
+        0 => "</table>\n".to_string(),
+        n => format!("</table>\n<p>and {n} more in study.json.</p>\n"),
+    }
 }
 
 fn facts(report: &StudyReport) -> String {
@@ -162,7 +262,7 @@ fn scree(report: &StudyReport, pca: &Pca) -> Chart {
             Series {
                 name: "eigenvalue".into(),
                 points: (0..shown).map(|i| (idx(i), pca.eigenvalues[i])).collect(),
-                bars: true,
+                mark: Mark::Bars,
             },
             Series {
                 name: "noise floor".into(),
@@ -170,7 +270,7 @@ fn scree(report: &StudyReport, pca: &Pca) -> Chart {
                     (idx(0), report.noise_floor),
                     (idx(shown.max(1) - 1), report.noise_floor),
                 ],
-                bars: false,
+                mark: Mark::Line,
             },
         ],
         y_range: None,
@@ -194,7 +294,7 @@ fn cumulative(report: &StudyReport, pca: &Pca) -> Chart {
                     ((i + 1) as f64, cum)
                 })
                 .collect(),
-            bars: false,
+            mark: Mark::Line,
         }],
         y_range: Some((0.0, 1.0)),
         log_x: false,
@@ -248,7 +348,23 @@ fn budget(report: &StudyReport) -> String {
         report.budget.epsilon, report.budget.delta
     );
     rows.push(("composed", total));
-    table_rows(&rows)
+    table_rows(&rows) + &composition(report)
+}
+
+/// Why the blocks' epsilons do not add up to the total.
+fn composition(report: &StudyReport) -> String {
+    match report.budget.rho {
+        Some(rho) => format!(
+            "<p>Each block's epsilon is what it would spend alone at its delta. They \
+             compose under zCDP: the blocks' rho add up (to {rho:.5}), and that sum \
+             converts once to the epsilon above at delta {:.3e}, far less than their \
+             epsilons added.</p>\n",
+            report.budget.delta
+        ),
+        None => "<p>The blocks compose by basic composition: their epsilons and deltas \
+                 add up to the total.</p>\n"
+            .to_string(),
+    }
 }
 
 /// Links to the outputs beside the page.
@@ -311,7 +427,7 @@ mod tests {
             eigenvalues: vec![3.0, 1.0, -0.5],
             explained_ratio: vec![0.75, 0.25, 0.0],
         };
-        let html = study_page(&report, &pca);
+        let html = study_page(&report, &pca, None);
         assert_eq!(html.matches("<svg").count(), 2);
         // Three bars (the negative one below the axis) and the legend's two
         // swatches (eigenvalue, noise floor), and the k marker.

@@ -22,10 +22,20 @@ fn train_set() -> (tempfile::TempDir, PathBuf) {
     (dir, data)
 }
 
+/// `user local` on `data` with optdigits' public bounds and, unless `extra`
+/// chooses it, the row-norm bound C = 1 that the reference computations read.
 fn local(data: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
     let bounds = workspace_root().join("data/optdigits.bounds.csv");
+    let chooses_c = extra
+        .iter()
+        .any(|a| *a == "--row-norm-quantile" || *a == "--row-norm-bound");
     let mut cmd = Command::new(bin("user"));
     cmd.arg("local")
+        .args(if chooses_c {
+            &[][..]
+        } else {
+            &["--row-norm-bound", "1"][..]
+        })
         .arg("--data")
         .arg(data)
         .args(["--owners", OWNERS])
@@ -269,6 +279,8 @@ fn synthetic_rows_follow_the_preprocessed_data() {
             "100000",
             "--synthetic",
             "2000",
+            "--task",
+            "cluster",
         ],
     );
     assert!(
@@ -353,6 +365,24 @@ fn refused_before_anything_runs(flags: &[&str], expected: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains(expected), "{flags:?}: {err}");
     assert!(!out.exists(), "{flags:?}: nothing written");
+}
+
+/// A class list that leaves out a label of the table is refused before any key
+/// is made, naming the user's own file and the line of the first such label.
+#[test]
+fn classes_that_miss_a_label_are_refused_naming_the_users_line() {
+    let t = optdigits();
+    let line = t.label.as_ref().map_or(0, |(_, cells)| {
+        cells[..ROWS]
+            .iter()
+            .position(|c| c != "0" && c != "1")
+            .unwrap_or(0)
+            + 2
+    });
+    refused_before_anything_runs(
+        &["--synthetic", "10", "--classes", "0,1"],
+        &format!("train.csv, line {line}: label"),
+    );
 }
 
 #[test]
@@ -772,4 +802,120 @@ fn row_norm_quantile_chooses_c_from_a_histogram_study() {
         .as_str()
         .expect("name")
         .starts_with("row-norm histogram"));
+}
+
+/// A first try with no bounds file and no C (noise-free test mode, so the
+/// choices can be checked exactly): a marginal histogram study finds each
+/// feature's range (from the bin of its smallest value to the bin of its
+/// largest) and centers it on its median's bin, a row-norm histogram chooses C
+/// on the rows so mapped, and the study runs with both. study.json says what
+/// was chosen and composes the three studies' spending within the request;
+/// `--label` with `--synthetic` gives labelled synthetic rows inside the ranges.
+#[test]
+fn a_first_try_chooses_bounds_and_c_privately() {
+    let (dir, data) = train_set();
+    let out = dir.path().join("first-try");
+    let o = run(Command::new(bin("user"))
+        .arg("local")
+        .arg("--data")
+        .arg(&data)
+        .args(["--owners", OWNERS, "--key-bits", "2048", "--no-build"])
+        .args(["--label", "label", "--synthetic", "500", "--epsilon", "2"])
+        .args([
+            "--classes",
+            "0,1,2,3,4,5,6,7,8,9",
+            "--noise-free-for-testing",
+        ])
+        .arg("--out")
+        .arg(&out));
+    assert!(o.status.success(), "{}", describe(&o));
+    let j = study_json(&out);
+    assert_eq!(j["task"], "classify");
+    let t = optdigits();
+    let grid = dpca_common::study::Marginals::standard();
+    let chosen = j["bounds_choice"]["scaling"]["features"]
+        .as_array()
+        .expect("every feature's choice");
+    assert_eq!(chosen.len(), t.features.len());
+    for (f, c) in chosen.iter().enumerate() {
+        let column: Vec<f64> = t.rows[..ROWS].iter().map(|r| r[f]).collect();
+        let (min, max) = column
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+                (a.min(x), b.max(x))
+            });
+        let num = |k: &str| c[k].as_f64().expect("a number");
+        assert_eq!(num("lo"), grid.bin_range(grid.bin_of(min)).0, "feature {f}");
+        assert_eq!(num("hi"), grid.bin_range(grid.bin_of(max)).1, "feature {f}");
+        let mut sorted = column.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = grid.bin_range(grid.bin_of(sorted[ROWS / 2]));
+        assert!(
+            (median.0..=median.1).contains(&num("center")),
+            "feature {f}: center {} outside the median's bin {median:?}",
+            num("center")
+        );
+        // JSON's text reads back within an ulp or so (serde_json's parser).
+        let near = |v: &serde_json::Value, want: f64| {
+            let got = v.as_f64().expect("a bound");
+            assert!(
+                (got - want).abs() <= 1e-12 * (1.0 + want.abs()),
+                "feature {f}: {got} vs {want}"
+            );
+        };
+        near(&j["bounds"][f][0], num("center") - num("scale"));
+        near(&j["bounds"][f][1], num("center") + num("scale"));
+    }
+    assert!(j["row_norm_choice"]["chosen"].as_f64().is_some());
+    let parts: Vec<&str> = j["budget"]["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .map(|p| p["part"].as_str().expect("a name"))
+        .collect();
+    let studies = ["marginal histograms:", "row-norm histogram:", "study:"];
+    for (study, want) in studies.iter().zip([1, 2, 2]) {
+        let n = parts.iter().filter(|p| p.starts_with(study)).count();
+        assert_eq!(n, want, "{study} in {parts:?}");
+    }
+    assert!(j["budget"]["epsilon"].as_f64().expect("epsilon") <= 2.0 * (1.0 + 1e-9));
+    let (_, rows, labels) = read_synthetic(&out);
+    assert_eq!(rows.len(), 500);
+    assert!(
+        labels.iter().all(|l| !l.is_empty()),
+        "labelled synthetic rows"
+    );
+    for row in &rows {
+        for (x, c) in row.iter().zip(chosen) {
+            let (lo, hi) = (
+                c["lo"].as_f64().unwrap_or(0.0),
+                c["hi"].as_f64().unwrap_or(0.0),
+            );
+            assert!((lo..=hi).contains(x), "{x} outside [{lo}, {hi}]");
+        }
+    }
+}
+
+/// Clipping is counted and never silent: at a C far below the rows' norms every
+/// row is clipped, and the run says so on its standard error and in study.json.
+#[test]
+fn clipping_is_counted_and_warned_of() {
+    let (dir, data) = train_set();
+    let out = dir.path().join("clipped");
+    let o = local(&data, &out, &["--row-norm-bound", "0.05"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "WARNING: rows clipped to the row-norm bound C = 0.0500: all {ROWS}"
+        )),
+        "{stderr}"
+    );
+    let j = study_json(&out);
+    assert_eq!(j["clipped_rows"], ROWS);
+    let warned = j["warnings"].as_array().expect("warnings");
+    assert!(
+        warned.iter().any(|w| w["kind"] == "rows_clipped"),
+        "{warned:?}"
+    );
 }

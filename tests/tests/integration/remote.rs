@@ -73,10 +73,18 @@ impl Remote {
     }
 
     /// `user study` on the header, writing the invitation and its outputs to
-    /// `out`, with the study's own flags `args`.
+    /// `out`, with the study's own flags `args` (and C = 1 unless they choose it).
     fn user(&self, out: &Path, args: &[&str]) -> Command {
+        let chooses_c = args
+            .iter()
+            .any(|a| *a == "--row-norm-quantile" || *a == "--row-norm-bound");
         let mut user = Command::new(bin("user"));
         user.arg("study")
+            .args(if chooses_c {
+                &[][..]
+            } else {
+                &["--row-norm-bound", "1"][..]
+            })
             .args(["--proxy", &self.proxy.url])
             .arg("--schema")
             .arg(self.path("schema.csv"))

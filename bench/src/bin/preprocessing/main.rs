@@ -46,7 +46,11 @@ struct Args {
     )]
     tables: Vec<String>,
     /// Preprocessings: public, private-P (P bins per octave).
-    #[arg(long, value_delimiter = ',', default_value = "public,private-1,private-2,private-4")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "public,private-1,private-2,private-4"
+    )]
     preps: Vec<String>,
     /// Epsilons (delta 1/N^1.1).
     #[arg(long, value_delimiter = ',', default_value = "0.5,1,2")]
@@ -200,7 +204,9 @@ fn print_table(cells: &[Cell]) {
 /// seeds): the score's difference, signed so that positive is better than
 /// public; mean +- standard error.
 fn print_paired(cells: &[Cell]) {
-    println!("\nPaired against public bounds (positive: better than public; mean +- standard error)");
+    println!(
+        "\nPaired against public bounds (positive: better than public; mean +- standard error)"
+    );
     println!("| table | epsilon | preprocessing | score difference | ahead |");
     println!("|---|---|---|---|---|");
     for public in cells.iter().filter(|c| c.prep == "public") {
@@ -229,9 +235,10 @@ fn print_paired(cells: &[Cell]) {
 }
 
 fn write_json(args: &Args, cells: &[Cell]) -> anyhow::Result<()> {
-    let json = args.json.clone().unwrap_or_else(|| {
-        workspace_root().join("target/bench-preprocessing/preprocessing.json")
-    });
+    let json = args
+        .json
+        .clone()
+        .unwrap_or_else(|| workspace_root().join("target/bench-preprocessing/preprocessing.json"));
     if let Some(dir) = json.parent() {
         std::fs::create_dir_all(dir)?;
     }

@@ -4,7 +4,9 @@
 
 use anyhow::Context;
 use dpca_common::data::normalize_row;
-use dpca_common::dp::{plan_marginal_noise, plan_noise_blocks, split_request, Centering, PrivacyRequest};
+use dpca_common::dp::{
+    plan_marginal_noise, plan_noise_blocks, split_request, Centering, PrivacyRequest,
+};
 use dpca_common::encoding::FixedPoint;
 use dpca_common::protocol::{central_release, ReleaseSecrets, Share};
 use dpca_common::scaling::choose_scales;
@@ -75,7 +77,12 @@ pub(crate) fn choose(
     rng: &mut ChaCha20Rng,
 ) -> anyhow::Result<Chosen> {
     let (bounds, ranges, left, taken) = match prep {
-        Prep::Public => (table.public_bounds.clone(), table.public_bounds.clone(), *req, 0.0),
+        Prep::Public => (
+            table.public_bounds.clone(),
+            table.public_bounds.clone(),
+            *req,
+            0.0,
+        ),
         Prep::Private(per_octave) => {
             let (spent, left) = split_request(req, shares.bounds)?;
             let (bounds, ranges) = private_bounds(&table.train, per_octave, &spent, rng)?;
@@ -116,7 +123,14 @@ fn release_vector(
             .map(|v| v.sample_vector(shape.vector_len(), rng))
             .unwrap_or_default(),
     };
-    central_release(share, shape, Centering::DpMean, None, &secrets, DEFAULT_FRAC_BITS)
+    central_release(
+        share,
+        shape,
+        Centering::DpMean,
+        None,
+        &secrets,
+        DEFAULT_FRAC_BITS,
+    )
 }
 
 /// Bounds and ranges from a central marginal release of `rows` with `req`.

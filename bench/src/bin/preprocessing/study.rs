@@ -47,7 +47,12 @@ pub(crate) fn run_study(
         per_class_matrix: false,
         count_scale: cq,
     };
-    let share = Share::from_split_rows(&encoded, &encoded, dim, (classes > 0).then_some(&class_rows));
+    let share = Share::from_split_rows(
+        &encoded,
+        &encoded,
+        dim,
+        (classes > 0).then_some(&class_rows),
+    );
     let shape = BlockShape::new(dim, classes, false, cq);
     let plan = plan_noise_blocks(&chosen.study, dim, dim, cq, share.n, classes > 0);
     let secrets = ReleaseSecrets {
@@ -59,13 +64,27 @@ pub(crate) fn run_study(
             .map(|v| v.sample_vector(shape.vector_len(), rng))
             .unwrap_or_default(),
     };
-    let opened = central_release(&share, &shape, Centering::DpMean, None, &secrets, fixed.frac_bits);
+    let opened = central_release(
+        &share,
+        &shape,
+        Centering::DpMean,
+        None,
+        &secrets,
+        fixed.frac_bits,
+    );
     let p = table.pca_dim();
     let block = |s: &DMatrix<f64>| s.view((0, 0), (p, p)).into_owned();
     let components = pca(&block(&(&opened.scatter / share.n as f64)), table.k).components;
     let captured = captured_variance(&block(&centered_scatter(&rows)), &components);
     let fit = FitKind::Denoised.with(NoiseLevel::of(&plan, &fixed, dim));
-    let model = Synthesizer::new(table.task, &opened, &opened.scatter, share.n, &components, fit)?;
+    let model = Synthesizer::new(
+        table.task,
+        &opened,
+        &opened.scatter,
+        share.n,
+        &components,
+        fit,
+    )?;
     let (synthetic, ys): (Vec<Vec<f64>>, Vec<Option<usize>>) = (0..table.train.len())
         .map(|_| {
             let (class, x) = model.sample(rng);
@@ -105,7 +124,9 @@ fn standardizer(table: &Table, cols: usize) -> Vec<(f64, f64)> {
 
 /// `rows`' first `cols` columns, standardized by `by`.
 fn standardized(rows: &[Vec<f64>], by: &[(f64, f64)]) -> Array2<f64> {
-    Array2::from_shape_fn((rows.len(), by.len()), |(i, j)| (rows[i][j] - by[j].0) / by[j].1)
+    Array2::from_shape_fn((rows.len(), by.len()), |(i, j)| {
+        (rows[i][j] - by[j].0) / by[j].1
+    })
 }
 
 /// A model trained on `rows` (with `ys` in a classification), in input units,
@@ -121,7 +142,11 @@ pub(crate) fn score(table: &Table, rows: &[Vec<f64>], ys: &[usize]) -> anyhow::R
                 .fit(&Dataset::new(x, Array1::from(ys.to_vec())))
                 .context("logistic regression")?;
             let pred = model.predict(&tx);
-            let hits = pred.iter().zip(&table.test_y).filter(|(a, b)| a == b).count();
+            let hits = pred
+                .iter()
+                .zip(&table.test_y)
+                .filter(|(a, b)| a == b)
+                .count();
             Ok(hits as f64 / table.test.len() as f64)
         }
         Task::Regress | Task::Cluster => {

@@ -75,7 +75,11 @@ pub(crate) fn load(name: &str, k: usize, seed: u64) -> anyhow::Result<Table> {
     order.shuffle(&mut ChaCha20Rng::seed_from_u64(seed));
     let (train, test) = order.split_at(order.len() * 4 / 5);
     let rows = |part: &[usize]| part.iter().map(|&i| table.rows[i].clone()).collect();
-    let ys = |part: &[usize]| part.iter().filter_map(|&i| labels.get(i).copied()).collect();
+    let ys = |part: &[usize]| {
+        part.iter()
+            .filter_map(|&i| labels.get(i).copied())
+            .collect()
+    };
     let pca_dim = table.features.len() - usize::from(task == Task::Regress);
     Ok(Table {
         name: name.to_string(),
