@@ -6,8 +6,9 @@
 # failed, if the user or an owner fails.
 #
 # A rerun is a new study at the same proxy with the same owners: their budgets
-# (a cap of epsilon 2, one study spends 1) carry over, as in a deployment, so the
-# third run is refused by the owners' caps. `docker-compose down -v` forgets
+# (a cap of epsilon 3; a run spends 1, which their ledgers add up as about 1.3
+# over its three studies) carry over, as in a deployment, so the third run is
+# refused by the owners' caps. `docker-compose down -v` forgets
 # everything (certificates, slices, the proxy's state and the budgets).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -48,7 +49,8 @@ while :; do
     sleep 2
 done
 [ "$code" = 0 ] || failed user "$code"
-compose logs --no-color --tail=15 user | sed 's/^[^|]*| //'
+# The user's summary: what was chosen and spent, the variance table, warnings.
+compose logs --no-color --tail=40 user | sed 's/^[^|]*| //' | grep -v ' INFO \| DEBUG '
 compose stop >/dev/null 2>&1
 echo "done: the outputs are in ${DPCA_OUT:-./compose-out} (report.html, components.csv," \
     "eigenvalues.csv, synthetic.csv, study.json); the containers are stopped"

@@ -65,6 +65,10 @@ fn threshold(noise: &NoiseScale, unit: f64, p: f64) -> f64 {
     noise.exceedance(p) / unit.max(1.0)
 }
 
+/// The share of a feature's values its scale may leave beyond the box, in each
+/// tail: 0, the box holds its whole range.
+pub const TAIL: f64 = 0.0;
+
 /// Reads each feature's scale off `counts`, a release of `grid` whose every
 /// count carries `noise` (grid units; `unit` grid units a count).
 pub fn choose_scales(
@@ -72,6 +76,18 @@ pub fn choose_scales(
     counts: &MarginalCounts,
     noise: &NoiseScale,
     unit: f64,
+) -> Scaling {
+    choose_scales_with(grid, counts, (noise, unit), TAIL)
+}
+
+/// As [`choose_scales`], with the box about the median holding the `tail` and
+/// 1 - `tail` quantiles of the marked counts instead of their whole range (the
+/// range where that leaves no width).
+pub fn choose_scales_with(
+    grid: &Marginals,
+    counts: &MarginalCounts,
+    (noise, unit): (&NoiseScale, f64),
+    tail: f64,
 ) -> Scaling {
     let m = counts.features.len();
     let bins = grid.bins();
@@ -90,7 +106,7 @@ pub fn choose_scales(
                 marked.sort_unstable();
                 marked.dedup();
             }
-            feature_scale(grid, c, &marked, few)
+            feature_scale(grid, c, &marked, (few, tail))
         })
         .collect();
     Scaling {
@@ -124,8 +140,13 @@ fn pooled_bins(
 }
 
 /// The range, median and scale of one feature's `counts` over the `marked`
-/// bins (in increasing order).
-fn feature_scale(grid: &Marginals, counts: &[f64], marked: &[usize], pooled: bool) -> FeatureScale {
+/// bins (in increasing order), the scale reaching the `tail` quantiles.
+fn feature_scale(
+    grid: &Marginals,
+    counts: &[f64],
+    marked: &[usize],
+    (pooled, tail): (bool, f64),
+) -> FeatureScale {
     let (Some(&first), Some(&last)) = (marked.first(), marked.last()) else {
         return FeatureScale {
             lo: 0.0,
@@ -136,21 +157,25 @@ fn feature_scale(grid: &Marginals, counts: &[f64], marked: &[usize], pooled: boo
         };
     };
     let (lo, hi) = (grid.bin_range(first).0, grid.bin_range(last).1);
-    let center = median(grid, counts, marked)
-        .unwrap_or((lo + hi) / 2.0)
-        .clamp(lo, hi);
+    let at = |q: f64| quantile(grid, counts, marked, q).map(|v| v.clamp(lo, hi));
+    let center = at(0.5).unwrap_or((lo + hi) / 2.0);
+    let whole = (hi - center).max(center - lo);
+    let tails = match (tail > 0.0, at(tail), at(1.0 - tail)) {
+        (true, Some(a), Some(b)) => (b - center).max(center - a),
+        _ => whole,
+    };
     FeatureScale {
         lo,
         hi,
         center,
-        scale: (hi - center).max(center - lo),
+        scale: if tails > 0.0 { tails } else { whole },
         pooled,
     }
 }
 
-/// Where the marked bins' counts (negative ones read as 0) reach half their
+/// Where the marked bins' counts (negative ones read as 0) reach `q` of their
 /// sum, linear inside the bin it falls in; `None` when they hold nothing.
-fn median(grid: &Marginals, counts: &[f64], marked: &[usize]) -> Option<f64> {
+fn quantile(grid: &Marginals, counts: &[f64], marked: &[usize], q: f64) -> Option<f64> {
     let held = |b: usize| counts[b].max(0.0);
     let total: f64 = marked.iter().map(|&b| held(b)).sum();
     if total <= 0.0 {
@@ -159,9 +184,9 @@ fn median(grid: &Marginals, counts: &[f64], marked: &[usize]) -> Option<f64> {
     let mut below = 0.0;
     for &b in marked {
         let here = held(b);
-        if here > 0.0 && below + here >= total / 2.0 {
+        if here > 0.0 && below + here >= q * total {
             let (lo, hi) = grid.bin_range(b);
-            return Some(lo + (total / 2.0 - below) / here * (hi - lo));
+            return Some(lo + (q * total - below) / here * (hi - lo));
         }
         below += here;
     }

@@ -10,6 +10,7 @@ scikit-learn estimator and a synthesizer over ``local_study``.
 from ._native import StudyError
 from ._roles import Owner, Study, Tls, dev_certs
 from ._study import (
+    ClippingWarning,
     NoiseFreeWarning,
     PrivacyLeakWarning,
     StudyResult,
@@ -19,6 +20,7 @@ from ._study import (
 )
 
 __all__ = [
+    "ClippingWarning",
     "NoiseFreeWarning",
     "Owner",
     "PrivacyLeakWarning",

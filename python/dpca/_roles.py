@@ -15,7 +15,7 @@ import pandas as pd
 
 from . import _native
 from ._frames import Bounds, check_frame, frame_csv
-from ._study import StudyResult, _header_of, flags, result_of, run_user, study_flags
+from ._study import StudyResult, _header_of, flags, raise_warnings, result_of, run_user, study_flags
 
 PathLike = Union[str, os.PathLike]
 
@@ -207,4 +207,6 @@ class Study:
             args += study_flags(work, template, self.label, self.bounds, **self.study)
             args += self.transport
             run_user(args)
-            return result_of(target, self.out is not None, template, self.label)
+            result = result_of(target, self.out is not None, template, self.label)
+            raise_warnings(result.study)
+            return result

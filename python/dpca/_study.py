@@ -26,11 +26,65 @@ OUTPUT_FILES = tuple(_native.OUTPUT_FILES)
 
 
 class PrivacyLeakWarning(UserWarning):
-    """Bounds were read off the data: the result is not differentially private."""
+    """Something was read off the data (bounds, or class labels): the result is
+    not differentially private in that respect."""
 
 
 class NoiseFreeWarning(UserWarning):
     """A study ran in the test mode without noise: its release is not private."""
+
+
+class ClippingWarning(UserWarning):
+    """More than a tenth of the rows were longer than the row-norm bound C and
+    were shortened to it: the components describe the bound as much as the data."""
+
+
+def _warning_of(notice: Dict[str, str]):
+    """A study's warning (study.json's ``kind`` and command-line ``text``) as this
+    package words it: its arguments, not the command line's flags."""
+    kind, text = notice.get("kind", ""), notice.get("text", "")
+    if kind == "rows_clipped":
+        return ClippingWarning(
+            text.replace("Choose C from the data privately (--row-norm-quantile 0.9) or set a larger --row-norm-bound.",
+                         "Leave row_norm_bound out to choose C privately (row_norm_quantile=0.9), "
+                         "or give a larger row_norm_bound.")
+        )
+    if kind == "classes_from_data":
+        return PrivacyLeakWarning(
+            "classes were not given: the class labels are read off the data, and the labels "
+            "present are published in the study and in every synthetic row; give classes=[...] "
+            "(public labels, fixed before any row is seen)"
+        )
+    if kind == "bounds_from_data":
+        return PrivacyLeakWarning(
+            "insecure_bounds_from_data=True: the bounds are read off the data, which leaks its "
+            "extremes; leave it out to choose them privately"
+        )
+    return UserWarning(text)
+
+
+def raise_warnings(study: Dict[str, Any], stacklevel: int = 3) -> None:
+    """Each warning of a finished study (study.json's ``warnings``), once, as a
+    Python warning."""
+    for notice in study.get("warnings", []):
+        warnings.warn(_warning_of(notice), stacklevel=stacklevel)
+
+
+def check_classes(frame: pd.DataFrame, label: Optional[str], classes: Optional[Sequence[str]]) -> None:
+    """Raises ``ValueError`` naming the first row whose label is not one of
+    ``classes`` (as the study would, but by the frame's row, not a line of a
+    temporary file)."""
+    if classes is None or label is None or label not in [str(c) for c in frame.columns]:
+        return
+    wanted = {str(c) for c in classes}
+    cells = frame[label].astype(str).str.strip().to_numpy()
+    bad = np.array([c not in wanted for c in cells])
+    if bad.any():
+        at = int(bad.argmax())
+        raise ValueError(
+            f"row {frame.index[at]!r}, column {label!r}: label {cells[at]!r} is not one of "
+            f"classes={sorted(wanted)!r}"
+        )
 
 
 @dataclass
@@ -101,6 +155,8 @@ def local_study(
     row_norm_bound: Optional[float] = None,
     row_norm_quantile: Optional[float] = None,
     quantile_budget_share: Optional[float] = None,
+    bounds_budget_share: Optional[float] = None,
+    insecure_bounds_from_data: bool = False,
     pca_from: Optional[Union[str, os.PathLike]] = None,
     components_from: Optional[Union[str, os.PathLike]] = None,
     classes: Optional[List[str]] = None,
@@ -120,9 +176,16 @@ def local_study(
     ``data`` is a DataFrame, a CSV path, or a list of DataFrames, one per owner
     (same columns; their number, not ``owners``, is then the owners'); ``bounds`` maps each feature to its public
     ``(lo, hi)`` (a dict, a frame of ``feature, lo, hi``, or a bounds CSV path; ``*``
-    names every other feature). Without bounds they are read off the data, which is
-    not private: for demonstrations only. Every other argument is the command line's
-    flag of the same name (``user local --help``).
+    names every other feature). Without bounds every feature's range, center and
+    scale are chosen privately (a marginal histogram study first, spending
+    ``bounds_budget_share`` of the budget); ``insecure_bounds_from_data=True`` reads
+    them off the data instead, which is not private (:class:`PrivacyLeakWarning`).
+    Without ``row_norm_bound`` the row-norm bound C is chosen privately too
+    (``row_norm_quantile``, 0.9 by default). Every other argument is the command
+    line's flag of the same name (``user local --help``).
+
+    The study's warnings (rows clipped to C, labels read off the data) arrive once
+    each, as Python warnings (:class:`ClippingWarning`, :class:`PrivacyLeakWarning`).
 
     ``noise_free_for_testing`` is a TEST mode: the proxy (started for this study
     only) adds no noise, so nothing is private; it warns (:class:`NoiseFreeWarning`).
@@ -140,6 +203,7 @@ def local_study(
             data, slices = _pooled(data, label)
         if isinstance(data, pd.DataFrame):
             check_frame(data, label)
+            check_classes(data, label, classes)
             template = data
             path = work / "data.csv"
             write_frame(data, path)
@@ -153,19 +217,14 @@ def local_study(
             key_bits=key_bits, row_norm_bound=row_norm_bound,
             row_norm_quantile=row_norm_quantile,
             quantile_budget_share=quantile_budget_share,
+            bounds_budget_share=bounds_budget_share,
+            insecure_bounds_from_data=insecure_bounds_from_data,
             pca_from=None if pca_from is None else str(pca_from),
             components_from=None if components_from is None else str(components_from),
             classes=classes,
             class_covariance=class_covariance, covariance_fit=covariance_fit,
             psd_repair=psd_repair, noise_free_for_testing=noise_free_for_testing,
         )
-        if bounds is None:
-            warnings.warn(
-                "bounds were not given, so the study reads them off the data: the result "
-                "is not differentially private; give the features' public bounds",
-                PrivacyLeakWarning,
-                stacklevel=2,
-            )
         if noise_free_for_testing:
             warnings.warn(
                 "noise_free_for_testing: the release carries no noise and is not private "
@@ -176,7 +235,9 @@ def local_study(
         run_user(args)
         if template is None:
             template = _header_of(path)
-        return result_of(target, out is not None, template, label)
+        result = result_of(target, out is not None, template, label)
+        raise_warnings(result.study)
+        return result
 
 
 def _pooled(parts: Sequence[pd.DataFrame], label: Optional[str]):

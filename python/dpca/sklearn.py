@@ -29,8 +29,9 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
     norm ``row_norm_bound``. ``components_`` and ``explained_variance_`` are in
     those normalized units; ``mean_`` is the DP mean mapped back to X's units, and
     ``transform`` maps X the same way (without the norm clip, like scikit-learn's
-    PCA it is linear). Without bounds they are read off the data, which is not
-    private (a ``PrivacyLeakWarning`` says so).
+    PCA it is linear). Without bounds, or without ``row_norm_bound``, they are
+    chosen privately first (as ``local_study`` does): the bounds are then each
+    feature's private median plus or minus the scale that holds its range.
 
     Attributes: ``components_`` (n_components, n_features), ``explained_variance_``,
     ``explained_variance_ratio_``, ``mean_``, ``n_components_``, ``n_features_in_``,
@@ -48,7 +49,7 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
         delta: Optional[float] = None,
         bounds: Any = None,
         owners: int = 10,
-        row_norm_bound: float = 1.0,
+        row_norm_bound: Optional[float] = None,
         mechanism: str = "gaussian",
         key_bits: int = 2048,
         noise_free_for_testing: bool = False,
@@ -93,8 +94,8 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
             data = [frame.iloc[a:b] for a, b in zip(edges[:-1], edges[1:])]
         result = local_study(
             data,
-            # Without bounds the study reads them off the data itself, and its
-            # study.json and report say so (bounds_from_data).
+            # Without bounds the study chooses them privately, and its study.json
+            # and report say how (bounds_choice).
             bounds=None if given is None else {n: (a, b) for n, a, b in zip(names, *given)},
             owners=min(int(self.owners), X.shape[0]),
             k=int(self.n_components),
@@ -112,7 +113,6 @@ class DistributedPCA(TransformerMixin, BaseEstimator):
     def _bounds(self, X: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         n_features = X.shape[1]
         if self.bounds is None:
-            # local_study warns (PrivacyLeakWarning) and the study records it.
             return None
         b = np.asarray(self.bounds, dtype=np.float64)
         if b.shape == (2,):

@@ -51,7 +51,8 @@ def test_local_study_equals_the_command_line_with_the_noise_off(digits, user_bin
 
 def test_the_noise_free_study_is_the_exact_scatter(digits):
     result = dpca.local_study(
-        digits, label="label", bounds={"*": (0, 16)}, noise_free_for_testing=True, **QUICK
+        digits, label="label", bounds={"*": (0, 16)}, row_norm_bound=1.0,
+        noise_free_for_testing=True, **QUICK
     )
     x = digits.drop(columns="label").to_numpy(dtype=float) / 8.0 - 1.0
     norms = np.linalg.norm(x, axis=1, keepdims=True)
@@ -127,3 +128,41 @@ def test_names_and_classes_that_pandas_would_take_for_missing_stay_as_written(di
 def test_the_noise_free_test_mode_warns(digits):
     with pytest.warns(dpca.NoiseFreeWarning):
         dpca.local_study(digits, label="label", bounds={"*": (0, 16)}, noise_free_for_testing=True, **QUICK)
+
+
+def test_a_first_try_chooses_bounds_and_c_privately_and_warns_of_nothing(digits, recwarn):
+    result = dpca.local_study(
+        digits, label="label", synthetic=300, classes=[str(d) for d in range(10)], **QUICK
+    )
+    study = result.study
+    assert study["task"] == "classify"
+    assert study["bounds_from_data"] is False
+    assert len(study["bounds_choice"]["scaling"]["features"]) == 64
+    assert study["row_norm_choice"]["chosen"] == study["row_norm_bound"]
+    assert result.synthetic["label"].notna().all()
+    leaks = [w for w in recwarn if issubclass(w.category, (dpca.PrivacyLeakWarning, dpca.ClippingWarning))]
+    assert not leaks, [str(w.message) for w in leaks]
+
+
+def test_clipping_warns_once_in_python_terms(digits, capfd):
+    with pytest.warns(dpca.ClippingWarning) as caught:
+        result = dpca.local_study(digits, label="label", bounds={"*": (0, 16)}, row_norm_bound=0.05, **QUICK)
+    clipping = [w for w in caught if issubclass(w.category, dpca.ClippingWarning)]
+    assert len(clipping) == 1
+    message = str(clipping[0].message)
+    assert "row_norm_bound" in message and "--row-norm" not in message, message
+    assert result.study["clipped_rows"] == len(digits)
+    # Raised once, as a warning: not printed by the study as well.
+    assert "WARNING" not in capfd.readouterr().err
+
+
+def test_classes_that_miss_a_label_are_refused_naming_the_frames_row(digits):
+    with pytest.raises(ValueError, match=r"row 2, column 'label': label '7' is not one of classes") as refused:
+        dpca.local_study(digits, label="label", synthetic=10, classes=["0", "1"], **QUICK)
+    assert "dpca-" not in str(refused.value), "no temporary folder named"
+
+
+def test_bounds_read_off_the_data_warn_as_a_leak(digits):
+    with pytest.warns(dpca.PrivacyLeakWarning, match="insecure_bounds_from_data=True"):
+        result = dpca.local_study(digits, label="label", insecure_bounds_from_data=True, **QUICK)
+    assert result.study["bounds_from_data"] is True

@@ -42,12 +42,18 @@ def test_without_noise_the_estimator_is_scikit_learns_pca():
     np.testing.assert_allclose(est.inverse_transform(z), ref.inverse_transform(ref.transform(x)), atol=1e-3)
 
 
-def test_a_frame_keeps_its_feature_names_and_missing_bounds_warn():
+def test_a_frame_keeps_its_feature_names_and_missing_bounds_are_chosen_privately():
     frame = pd.DataFrame(low_rank(200, 4), columns=["a", "b", "c", "d"])
-    with pytest.warns(PrivacyLeakWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
         est = DistributedPCA(n_components=2, owners=2).fit(frame)
-    # The study read the bounds off the data itself, and its record says so.
-    assert est.study_.study["bounds_from_data"] is True
+    # Nothing was read off the data: a marginal study chose every feature's
+    # bounds, and the record says how.
+    assert est.study_.study["bounds_from_data"] is False
+    chosen = est.study_.study["bounds_choice"]["scaling"]["features"]
+    assert len(chosen) == 4
+    for c, b in zip(chosen, est.study_.study["bounds"]):
+        assert b == pytest.approx([c["center"] - c["scale"], c["center"] + c["scale"]])
     assert list(est.feature_names_in_) == ["a", "b", "c", "d"]
     assert est.transform(frame).shape == (200, 2)
     with pytest.raises(ValueError, match="features"):

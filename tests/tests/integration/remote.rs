@@ -194,6 +194,8 @@ fn user_study_invites_owners_who_wait_for_the_invitation() {
                 "dp-mean",
                 "--synthetic",
                 "50",
+                "--task",
+                "cluster",
             ]),
         )
     };

@@ -7,8 +7,10 @@
 //! (`data/NAME.bounds.csv`), as a user who knows them runs today; `private-P`
 //! chooses every feature's range, center and scale from a marginal histogram
 //! release at P bins per octave (`user local` without `--bounds`), spending
-//! `--bounds-share` of the budget. Both choose C as the DP 0.9 quantile of the
-//! rows' norms, spending `--quantile-share`; the study gets the rest.
+//! `--bounds-share` of the budget. Each is run with every row bound of
+//! `--row-bounds`: `qQ` chooses C as the DP Q quantile of the rows' norms,
+//! spending `--quantile-share` (`user local`'s default is q0.9); `cC` fixes C
+//! (`--row-norm-bound C`). The study gets the rest.
 //!
 //! Every release runs centrally on the pooled integer share (`central_release`),
 //! which the protocol's tests prove equal, bit for bit, to what the user opens
@@ -30,7 +32,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
 
-use prep::{choose, Prep, Shares};
+use prep::{choose, Prep, RowBound, Shares};
 use study::{run_study, score};
 use tables::{load, Table};
 
@@ -52,6 +54,9 @@ struct Args {
         default_value = "public,private-1,private-2,private-4"
     )]
     preps: Vec<String>,
+    /// Row-norm bounds: qQ (the DP Q quantile of the norms), cC (C fixed).
+    #[arg(long, value_delimiter = ',', default_value = "q0.9")]
+    row_bounds: Vec<String>,
     /// Epsilons (delta 1/N^1.1).
     #[arg(long, value_delimiter = ',', default_value = "0.5,1,2")]
     epsilons: Vec<f64>,
@@ -94,6 +99,11 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|p| Prep::parse(p))
         .collect::<anyhow::Result<_>>()?;
+    let row_bounds: Vec<RowBound> = args
+        .row_bounds
+        .iter()
+        .map(|r| RowBound::parse(r))
+        .collect::<anyhow::Result<_>>()?;
     let shares = Shares {
         bounds: args.bounds_share,
         quantile: args.quantile_share,
@@ -109,9 +119,12 @@ fn main() -> anyhow::Result<()> {
             table.dim(),
             metric(table.task)
         );
+        let settings = preps
+            .iter()
+            .flat_map(|&p| row_bounds.iter().map(move |&r| (p, r)));
         for &epsilon in &args.epsilons {
-            for &prep in &preps {
-                let cell = run_cell(&args, &table, (prep, epsilon), shares, real)?;
+            for setting in settings.clone() {
+                let cell = run_cell(&args, &table, (setting, epsilon), shares, real)?;
                 eprintln!(
                     "  eps {epsilon} {}: captured {:.4}, {} {:.4}",
                     cell.prep,
@@ -133,7 +146,7 @@ fn main() -> anyhow::Result<()> {
 fn run_cell(
     args: &Args,
     table: &Table,
-    (prep, epsilon): (Prep, f64),
+    ((prep, row_bound), epsilon): ((Prep, RowBound), f64),
     shares: Shares,
     real: f64,
 ) -> anyhow::Result<Cell> {
@@ -143,7 +156,7 @@ fn run_cell(
     for rep in 0..args.reps {
         let seed = args.seed ^ (epsilon.to_bits().rotate_left(17)) ^ (rep as u64) << 40;
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
-        let chosen = choose(table, prep, &req, shares, &mut rng)?;
+        let chosen = choose(table, (prep, row_bound), &req, shares, &mut rng)?;
         let outcome = run_study(table, &chosen, &mut rng)?;
         captured.push(outcome.captured);
         scores.push(outcome.score);
@@ -151,7 +164,7 @@ fn run_cell(
     Ok(Cell {
         table: table.name.clone(),
         metric: metric(table.task),
-        prep: prep.name(),
+        prep: format!("{} {}", prep.name(), row_bound.name()),
         epsilon,
         real,
         captured,
@@ -200,19 +213,20 @@ fn print_table(cells: &[Cell]) {
     }
 }
 
-/// Each private preprocessing against `public`, repetition by repetition (same
-/// seeds): the score's difference, signed so that positive is better than
-/// public; mean +- standard error.
+/// Every other preprocessing against the first (`--preps` and `--row-bounds`
+/// first), repetition by repetition (same seeds): the score's difference, signed
+/// so that positive is better than the first; mean +- standard error.
 fn print_paired(cells: &[Cell]) {
-    println!(
-        "\nPaired against public bounds (positive: better than public; mean +- standard error)"
-    );
+    let Some(first) = cells.first().map(|c| c.prep.clone()) else {
+        return;
+    };
+    println!("\nPaired against {first} (positive: better; mean +- standard error)");
     println!("| table | epsilon | preprocessing | score difference | ahead |");
     println!("|---|---|---|---|---|");
-    for public in cells.iter().filter(|c| c.prep == "public") {
+    for public in cells.iter().filter(|c| c.prep == first) {
         let sign = if public.metric == "RMSE" { -1.0 } else { 1.0 };
         for c in cells.iter().filter(|c| {
-            c.table == public.table && c.epsilon == public.epsilon && c.prep != "public"
+            c.table == public.table && c.epsilon == public.epsilon && c.prep != first
         }) {
             let d: Vec<f64> = c
                 .score

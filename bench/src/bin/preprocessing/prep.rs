@@ -9,7 +9,7 @@ use dpca_common::dp::{
 };
 use dpca_common::encoding::FixedPoint;
 use dpca_common::protocol::{central_release, ReleaseSecrets, Share};
-use dpca_common::scaling::choose_scales;
+use dpca_common::scaling::choose_scales_with;
 use dpca_common::study::{BlockShape, Marginals, NormBins, DEFAULT_FRAC_BITS};
 use rand_chacha::ChaCha20Rng;
 use serde::Serialize;
@@ -17,14 +17,15 @@ use serde::Serialize;
 use crate::tables::Table;
 
 /// How a run chooses its bounds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub(crate) enum Prep {
     /// The table's public bounds file: today's preprocessing.
     Public,
     /// Chosen privately: a marginal histogram study with this many bins per
     /// octave (`user local`'s default without a bounds file at
-    /// [`dpca_common::study::STANDARD_PER_OCTAVE`]).
-    Private(u32),
+    /// [`dpca_common::study::STANDARD_PER_OCTAVE`]), the scale reaching the
+    /// given tail quantiles (0: the whole range, `scaling::TAIL`).
+    Private(u32, f64),
 }
 
 impl Prep {
@@ -32,7 +33,8 @@ impl Prep {
     pub(crate) fn name(&self) -> String {
         match self {
             Self::Public => "public".into(),
-            Self::Private(p) => format!("private-{p}"),
+            Self::Private(p, t) if *t > 0.0 => format!("private-{p}-t{t}"),
+            Self::Private(p, _) => format!("private-{p}"),
         }
     }
 
@@ -41,11 +43,42 @@ impl Prep {
         if name == "public" {
             return Ok(Self::Public);
         }
-        let per_octave = name
-            .strip_prefix("private-")
-            .and_then(|p| p.parse().ok())
-            .with_context(|| format!("unknown preprocessing `{name}` (public, private-P)"))?;
-        Ok(Self::Private(per_octave))
+        let unknown = || format!("unknown preprocessing `{name}` (public, private-P, private-P-tT)");
+        let rest = name.strip_prefix("private-").with_context(unknown)?;
+        let (p, t) = rest.split_once("-t").unwrap_or((rest, "0"));
+        let per_octave = p.parse().ok().with_context(unknown)?;
+        let tail = t.parse().ok().filter(|t| (0.0..0.5).contains(t)).with_context(unknown)?;
+        Ok(Self::Private(per_octave, tail))
+    }
+}
+
+/// How a run chooses the row-norm bound C.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub(crate) enum RowBound {
+    /// The DP quantile of the rows' norms, from a row-norm histogram release.
+    Quantile(f64),
+    /// A fixed C, spending nothing.
+    Fixed(f64),
+}
+
+impl RowBound {
+    /// The name tables and `--row-bounds` use: `q0.9`, `c1`.
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Self::Quantile(q) => format!("q{q}"),
+            Self::Fixed(c) => format!("c{c}"),
+        }
+    }
+
+    /// Parses a name of [`RowBound::name`].
+    pub(crate) fn parse(name: &str) -> anyhow::Result<Self> {
+        let number = |s: &str| s.parse::<f64>().ok().filter(|v| *v > 0.0);
+        let parsed = match name.split_at(1.min(name.len())) {
+            ("q", q) => number(q).filter(|q| *q < 1.0).map(Self::Quantile),
+            ("c", c) => number(c).map(Self::Fixed),
+            _ => None,
+        };
+        parsed.with_context(|| format!("unknown row bound `{name}` (qQ or cC, as q0.9, c1)"))
     }
 }
 
@@ -68,10 +101,11 @@ pub(crate) struct Shares {
     pub(crate) quantile: f64,
 }
 
-/// Chooses `prep`'s bounds and C for `table` out of `req`, as `user local` does.
+/// Chooses `prep`'s bounds and C (by `row_bound`) for `table` out of `req`, as
+/// `user local` does.
 pub(crate) fn choose(
     table: &Table,
-    prep: Prep,
+    (prep, row_bound): (Prep, RowBound),
     req: &PrivacyRequest,
     shares: Shares,
     rng: &mut ChaCha20Rng,
@@ -83,14 +117,20 @@ pub(crate) fn choose(
             *req,
             0.0,
         ),
-        Prep::Private(per_octave) => {
+        Prep::Private(per_octave, tail) => {
             let (spent, left) = split_request(req, shares.bounds)?;
-            let (bounds, ranges) = private_bounds(&table.train, per_octave, &spent, rng)?;
+            let grid = Marginals { per_octave };
+            let (bounds, ranges) = private_bounds(&table.train, (grid, tail), &spent, rng)?;
             (bounds, ranges, left, shares.bounds)
         }
     };
-    let (h, study) = split_request(&left, shares.quantile / (1.0 - taken))?;
-    let c = row_norm(&table.train, &bounds, &h, rng);
+    let (c, study) = match row_bound {
+        RowBound::Fixed(c) => (c, left),
+        RowBound::Quantile(q) => {
+            let (h, study) = split_request(&left, shares.quantile / (1.0 - taken))?;
+            (row_norm(&table.train, &bounds, q, &h, rng), study)
+        }
+    };
     Ok(Chosen {
         bounds,
         ranges,
@@ -136,12 +176,11 @@ fn release_vector(
 /// Bounds and ranges from a central marginal release of `rows` with `req`.
 fn private_bounds(
     rows: &[Vec<f64>],
-    per_octave: u32,
+    (grid, tail): (Marginals, f64),
     req: &PrivacyRequest,
     rng: &mut ChaCha20Rng,
 ) -> anyhow::Result<(Vec<(f64, f64)>, Vec<(f64, f64)>)> {
     let m = rows.first().map_or(0, Vec::len);
-    let grid = Marginals { per_octave };
     let fixed = unit_ball();
     let share = grid.share(rows, m, &fixed);
     let plan = plan_marginal_noise(req, fixed.norm_bound_int(), m);
@@ -150,18 +189,19 @@ fn private_bounds(
     let counts = grid.counts(&opened.vector_grid, m, &fixed);
     let noise = plan.vector.context("a marginal plan noises its vector")?;
     let unit = Marginals::unit(m, &fixed) as f64;
-    let scaling = choose_scales(&grid, &counts, &noise, unit);
+    let scaling = choose_scales_with(&grid, &counts, (&noise, unit), tail);
     Ok((
         scaling.features.iter().map(|f| f.bounds()).collect(),
         scaling.features.iter().map(|f| (f.lo, f.hi)).collect(),
     ))
 }
 
-/// C as the 0.9 quantile of the rows' norms under `bounds`, from a central
+/// C as the `q` quantile of the rows' norms under `bounds`, from a central
 /// row-norm histogram release with `req`.
 fn row_norm(
     rows: &[Vec<f64>],
     bounds: &[(f64, f64)],
+    q: f64,
     req: &PrivacyRequest,
     rng: &mut ChaCha20Rng,
 ) -> f64 {
@@ -176,7 +216,7 @@ fn row_norm(
     let shape = BlockShape::new(b, 0, false, cq);
     let plan = plan_noise_blocks(req, b, b, cq, share.n, false);
     let opened = release_vector(&share, &shape, &plan, rng);
-    bins.quantile(&opened.bin_counts(&bins, &plan, &fixed), 0.9)
+    bins.quantile(&opened.bin_counts(&bins, &plan, &fixed), q)
 }
 
 /// `rows` as the study sees them: mapped by `bounds`, clipped to `c`.
