@@ -79,6 +79,33 @@ check_json "d['n_rows'] == 5620 and d['n_owners'] == 5 and d['owners_missing'] =
 [ "$(head -n 1 "$DPCA_OUT/synthetic.csv")" = "$(head -n 1 data/optdigits.csv)" ] \
     || fail "synthetic.csv does not have the input's header"
 [ "$(wc -l <"$DPCA_OUT/synthetic.csv")" = 5621 ] || fail "synthetic.csv is not 5620 rows"
+# The synthetic digits look like digits: their pixels spread within a factor 2 of
+# the real ones' (grey digits do not), and a nearest-centroid classifier fitted to
+# them labels the real rows at least 85% as well as one fitted to the real rows
+# (python/examples/optdigits.py checks the same call with logistic regression).
+python3 - "$DPCA_OUT/synthetic.csv" data/optdigits.csv <<'PY' || fail "the synthetic digits are not usable"
+import csv, math, sys
+def read(path):
+    rows = list(csv.reader(open(path)))[1:]
+    return [[float(x) for x in r[:-1]] for r in rows], [r[-1] for r in rows]
+(sx, sy), (rx, ry) = read(sys.argv[1]), read(sys.argv[2])
+def spread(xs):
+    cells = [v for r in xs for v in r]
+    m = sum(cells) / len(cells)
+    return math.sqrt(sum((v - m) ** 2 for v in cells) / len(cells))
+def centroids(xs, ys):
+    acc = {}
+    for x, y in zip(xs, ys):
+        s, n = acc.get(y, ([0.0] * len(x), 0))
+        acc[y] = ([a + b for a, b in zip(s, x)], n + 1)
+    return {y: [a / n for a in s] for y, (s, n) in acc.items()}
+def accuracy(c):
+    near = lambda x: min(c, key=lambda y: sum((a - b) ** 2 for a, b in zip(x, c[y])))
+    return sum(near(x) == y for x, y in zip(rx, ry)) / len(rx)
+ratio, share = spread(sx) / spread(rx), accuracy(centroids(sx, sy)) / accuracy(centroids(rx, ry))
+print(f"synthetic digits: pixel spread {ratio:.2f} of the real; nearest-centroid accuracy {share:.2f} of the real rows'")
+assert 0.5 <= ratio <= 2 and share >= 0.85
+PY
 first="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["study_id"])' "$DPCA_OUT/study.json")"
 echo "ok: 5620 rows from 5 owners, outputs as expected"
 typed deploy/quickstart.sh || fail "the rerun of the quickstart failed"

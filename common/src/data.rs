@@ -441,7 +441,12 @@ pub fn read_bounds<R: Read>(reader: R, features: &[String]) -> Result<Vec<(f64, 
             map.get(f)
                 .map(|(_, b)| *b)
                 .or(default.map(|(_, b)| b))
-                .ok_or_else(|| DataError::Bounds(format!("no bounds for feature `{f}`")))
+                .ok_or_else(|| {
+                    DataError::Bounds(format!(
+                        "no bounds for feature `{f}`: list it, or add a `*` line (or give no \
+                         bounds file, and every feature's bounds are chosen privately)"
+                    ))
+                })
         })
         .collect()
 }

@@ -42,7 +42,7 @@ def test_owners_contribute_frames_to_a_study_at_a_proxy(proxy, digits, tmp_path)
     )
     reports = {}
     # An owner told another key's fingerprint refuses the study before encrypting.
-    wrong = dpca.Owner(url, tls=dpca.Tls.in_folder(certs, "clinic-a"), budget_cap=(3.0, 1e-3))
+    wrong = dpca.Owner(url, tls=dpca.Tls.in_folder(certs, "clinic-a"), budget_cap=(3.0, 3e-3))
     # Daemon threads: a failing assertion below must end the test, not wait for
     # the study's deadline.
     opener = threading.Thread(target=lambda: reports.setdefault("result", study.run()), daemon=True)
@@ -56,7 +56,9 @@ def test_owners_contribute_frames_to_a_study_at_a_proxy(proxy, digits, tmp_path)
         wrong.contribute(halves[0], study=study_id, key_fingerprint="ab" * 32, label="label")
 
     def contribute(name, frame):
-        owner = dpca.Owner(url, tls=dpca.Tls.in_folder(certs, name), budget_cap=(3.0, 1e-3))
+        # Two studies (the row-norm histogram that chooses C, then the study),
+        # each charged at the request's delta.
+        owner = dpca.Owner(url, tls=dpca.Tls.in_folder(certs, name), budget_cap=(3.0, 3e-3))
         reports[name] = owner.contribute(frame, invitation=invitation, label="label")
 
     threads = [

@@ -282,13 +282,8 @@ fn plan_bounds(
     };
     match file {
         Some((path, bytes)) => {
-            let bounds = read_bounds(bytes.as_slice(), &table.features).with_context(|| {
-                format!(
-                    "{} (list every feature or add a `*` line; or leave out --bounds to \
-                     choose them privately)",
-                    path.display()
-                )
-            })?;
+            let bounds = read_bounds(bytes.as_slice(), &table.features)
+                .with_context(|| path.display().to_string())?;
             Ok(planned(bounds, false, false))
         }
         None if opts.insecure_bounds_from_data && opts.remote.is_some() => {

@@ -73,23 +73,32 @@ impl Remote {
     }
 
     /// `user study` on the header, writing the invitation and its outputs to
-    /// `out`, with the study's own flags `args` (and C = 1 unless they choose it).
+    /// `out`, with optdigits' public bounds and the study's own flags `args` (and
+    /// C = 1 unless they choose it).
     fn user(&self, out: &Path, args: &[&str]) -> Command {
         let chooses_c = args
             .iter()
             .any(|a| *a == "--row-norm-quantile" || *a == "--row-norm-bound");
+        let c: &[&str] = if chooses_c {
+            &[]
+        } else {
+            &["--row-norm-bound", "1"]
+        };
+        let mut user = self.user_choosing_bounds(out, &[c, args].concat());
+        user.arg("--bounds")
+            .arg(workspace_root().join("data/optdigits.bounds.csv"));
+        user
+    }
+
+    /// `user study` as a first try: no bounds file, so they are chosen privately,
+    /// and only the study's own flags `args`.
+    fn user_choosing_bounds(&self, out: &Path, args: &[&str]) -> Command {
         let mut user = Command::new(bin("user"));
         user.arg("study")
-            .args(if chooses_c {
-                &[][..]
-            } else {
-                &["--row-norm-bound", "1"][..]
-            })
             .args(["--proxy", &self.proxy.url])
             .arg("--schema")
             .arg(self.path("schema.csv"))
-            .args(["--label", "label", "--bounds"])
-            .arg(workspace_root().join("data/optdigits.bounds.csv"))
+            .args(["--label", "label"])
             .args(args)
             .arg("--invitation")
             .arg(self.invitation())
@@ -274,6 +283,55 @@ fn a_remote_study_chooses_its_row_norm_bound_privately() {
         assert!(
             spent > study_epsilon + 1e-9,
             "only one study charged: {report}"
+        );
+    }
+}
+
+/// `user study` as a first try, with no bounds file and no C: the invited
+/// owners, each started once, take part in the marginal histograms that choose
+/// the bounds, the row-norm histogram that chooses C, and the study; study.json
+/// composes the three and each owner is charged for all three.
+#[test]
+fn a_remote_first_try_chooses_bounds_and_c_privately() {
+    let r = Remote::new();
+    let table = optdigits();
+    write_slice(&table, 0, 300, &r.path("a.csv"));
+    write_slice(&table, 300, 600, &r.path("b.csv"));
+    let owners = r.owners_a_b();
+    let args = small_study(&["--owners", "a,b"]);
+    let user = Proc(
+        r.user_choosing_bounds(&r.path("out"), &args)
+            .spawn()
+            .expect("start user"),
+    );
+    let reports: Vec<serde_json::Value> = owners
+        .into_iter()
+        .map(|o| {
+            let out = take_output(o);
+            assert!(out.status.success(), "owner: {}", describe(&out));
+            serde_json::from_slice(&out.stdout).expect("owner report")
+        })
+        .collect();
+    let out = take_output(user);
+    assert!(out.status.success(), "user: {}", describe(&out));
+    let study = r.study_json("out");
+    assert_eq!(study["n_owners"], 2, "{study}");
+    let chosen = study["bounds_choice"]["scaling"]["features"]
+        .as_array()
+        .expect("the bounds chosen");
+    assert_eq!(chosen.len(), 64);
+    assert!(study["row_norm_choice"]["chosen"].as_f64().is_some());
+    let parts = study["budget"]["parts"].as_array().expect("parts");
+    assert_eq!(parts.len(), 5, "{parts:?}");
+    assert!((study["budget"]["epsilon"].as_f64().expect("budget") - 1.0).abs() < 1e-9);
+    let study_epsilon = study["epsilon"].as_f64().expect("epsilon");
+    for report in reports {
+        assert_eq!(report["newly_counted"], true, "{report}");
+        let spent = report["budget"]["spent_epsilon"].as_f64().expect("spent");
+        // Three studies charged, each with a share of the request.
+        assert!(
+            spent > study_epsilon + 0.3,
+            "not every study charged: {report}"
         );
     }
 }

@@ -225,9 +225,10 @@ fn print_paired(cells: &[Cell]) {
     println!("|---|---|---|---|---|");
     for public in cells.iter().filter(|c| c.prep == first) {
         let sign = if public.metric == "RMSE" { -1.0 } else { 1.0 };
-        for c in cells.iter().filter(|c| {
-            c.table == public.table && c.epsilon == public.epsilon && c.prep != first
-        }) {
+        for c in cells
+            .iter()
+            .filter(|c| c.table == public.table && c.epsilon == public.epsilon && c.prep != first)
+        {
             let d: Vec<f64> = c
                 .score
                 .iter()

@@ -43,11 +43,16 @@ impl Prep {
         if name == "public" {
             return Ok(Self::Public);
         }
-        let unknown = || format!("unknown preprocessing `{name}` (public, private-P, private-P-tT)");
+        let unknown =
+            || format!("unknown preprocessing `{name}` (public, private-P, private-P-tT)");
         let rest = name.strip_prefix("private-").with_context(unknown)?;
         let (p, t) = rest.split_once("-t").unwrap_or((rest, "0"));
         let per_octave = p.parse().ok().with_context(unknown)?;
-        let tail = t.parse().ok().filter(|t| (0.0..0.5).contains(t)).with_context(unknown)?;
+        let tail = t
+            .parse()
+            .ok()
+            .filter(|t| (0.0..0.5).contains(t))
+            .with_context(unknown)?;
         Ok(Self::Private(per_octave, tail))
     }
 }
@@ -173,13 +178,16 @@ fn release_vector(
     )
 }
 
+/// Per feature, an interval.
+type Intervals = Vec<(f64, f64)>;
+
 /// Bounds and ranges from a central marginal release of `rows` with `req`.
 fn private_bounds(
     rows: &[Vec<f64>],
     (grid, tail): (Marginals, f64),
     req: &PrivacyRequest,
     rng: &mut ChaCha20Rng,
-) -> anyhow::Result<(Vec<(f64, f64)>, Vec<(f64, f64)>)> {
+) -> anyhow::Result<(Intervals, Intervals)> {
     let m = rows.first().map_or(0, Vec::len);
     let fixed = unit_ball();
     let share = grid.share(rows, m, &fixed);
