@@ -48,6 +48,8 @@ def _warning_of(notice: Dict[str, str]):
             text.replace("Choose C from the data privately (--row-norm-quantile 0.9) or set a larger --row-norm-bound.",
                          "Leave row_norm_bound out to choose C privately (row_norm_quantile=0.9), "
                          "or give a larger row_norm_bound.")
+            .replace("set a larger --row-norm-bound, or a higher --row-norm-quantile.",
+                     "give a larger row_norm_bound, or a higher row_norm_quantile.")
         )
     if kind == "classes_from_data":
         return PrivacyLeakWarning(

@@ -67,7 +67,8 @@ def main() -> int:
         # The README's call.
         result = dpca.local_study(
             train, label="label", bounds=bounds, owners=10, k=10, epsilon=1.0,
-            synthetic=len(train), task="classify", key_bits=args.key_bits,
+            synthetic=len(train), task="classify", classes=[str(d) for d in range(10)],
+            key_bits=args.key_bits,
         )
         ok &= check(name, result.synthetic, train, test)
         print(f"  C = {result.study['row_norm_bound']:.3f}; epsilon {result.budget['epsilon']:.3f} in all")

@@ -456,7 +456,7 @@ pub fn above_noise(pca: &Pca, floor: f64) -> usize {
 }
 
 /// How the row-norm bound was chosen, for study.json.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RowNormChoice {
     /// The quantile asked for.
     pub quantile: f64,

@@ -30,20 +30,33 @@ pub fn clipped_text(report: &StudyReport) -> String {
     }
 }
 
-/// A warning when the clip shortened more than a tenth of the rows: the
-/// components then describe the bound as much as the data.
+/// A warning when the clip shortened more than a tenth of the rows (a given C),
+/// or a tenth more than the quantile that chose C asked for: the components then
+/// describe the bound as much as the data.
 pub fn clipping_warning(report: &StudyReport) -> Option<String> {
-    let c = report.clipped_rows?;
-    (c as u64 * 10 > report.n_rows).then(|| {
-        format!(
-            "rows clipped to the row-norm bound C = {:.4}: {}. They were longer than C \
-             and were scaled down to it, so the components describe the bound as much \
-             as the data. Choose C from the data privately (--row-norm-quantile 0.9) \
-             or set a larger --row-norm-bound.",
-            report.row_norm_bound,
-            clipped_text(report)
-        )
-    })
+    let share = report.clipped_rows? as f64 / report.n_rows.max(1) as f64;
+    let c = report.row_norm_bound;
+    match &report.row_norm_choice {
+        None => (share > 0.1).then(|| {
+            format!(
+                "rows clipped to the row-norm bound C = {c:.4}: {}. They were longer than C \
+                 and were scaled down to it, so the components describe the bound as much \
+                 as the data. Choose C from the data privately (--row-norm-quantile 0.9) \
+                 or set a larger --row-norm-bound.",
+                clipped_text(report)
+            )
+        }),
+        Some(choice) => (share > 1.0 - choice.quantile + 0.1).then(|| {
+            format!(
+                "rows clipped to the row-norm bound C = {c:.4}, chosen as the {} quantile of \
+                 the rows' norms: {}, more than the quantile asked for (the histogram's noise \
+                 or its bins put C low). The components describe the bound as much as the \
+                 data: set a larger --row-norm-bound, or a higher --row-norm-quantile.",
+                choice.quantile,
+                clipped_text(report)
+            )
+        }),
+    }
 }
 
 /// What the noise floor says of the top k, in a sentence.
@@ -406,6 +419,20 @@ mod tests {
         r.clipped_rows = None;
         assert!(clipped_text(&r).starts_with("not known here"));
         assert!(clipping_warning(&r).is_none());
+        // C chosen as the 0.9 quantile: a tenth clipped is what was asked for;
+        // a fifth and more is warned of, as the quantile's.
+        r.row_norm_choice = Some(crate::report::RowNormChoice {
+            quantile: 0.9,
+            ..Default::default()
+        });
+        r.clipped_rows = Some(80);
+        assert!(clipping_warning(&r).is_none(), "14% at the 0.9 quantile");
+        r.clipped_rows = Some(120);
+        let w = clipping_warning(&r).expect("21% at the 0.9 quantile");
+        assert!(
+            w.contains("chosen as the 0.9 quantile") && w.contains("--row-norm-quantile"),
+            "{w}"
+        );
     }
 
     #[test]
