@@ -180,7 +180,7 @@ mod tests {
         assert_eq!(wire.layout, LAYOUT_VERSION);
         let back = spec_from_wire(&wire).expect("this build's layout");
         assert_eq!(spec_to_wire(&back), wire);
-        for other in [0, 1, LAYOUT_VERSION + 1] {
+        for other in (0..LAYOUT_VERSION).chain([LAYOUT_VERSION + 1]) {
             let old = v1::StudySpec {
                 layout: other,
                 ..wire.clone()

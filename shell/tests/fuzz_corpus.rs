@@ -41,7 +41,7 @@ fn fuzz_corpus_replays() {
 /// rather than at the protobuf decoder.
 #[test]
 fn seed_specs_are_valid_studies() {
-    for name in ["plain", "classes", "projection", "histogram"] {
+    for name in ["plain", "classes", "projection", "histogram", "marginals"] {
         let (_, bytes) = corpus("open_study")
             .into_iter()
             .find(|(p, _)| p.ends_with(name))
