@@ -6,7 +6,7 @@
 # failed, if the user or an owner fails.
 #
 # A rerun is a new study at the same proxy with the same owners: their budgets
-# (a cap of epsilon 3; a run spends 1, which their ledgers add up as about 1.3
+# (a cap of epsilon 3; a run spends 1, which their ledgers add up as about 1.4
 # over its three studies) carry over, as in a deployment, so the third run is
 # refused by the owners' caps. `docker-compose down -v` forgets
 # everything (certificates, slices, the proxy's state and the budgets).

@@ -8,7 +8,10 @@
 //! lowest such bin to its highest (ApproxBounds' rule, Wilson et al., "Differentially
 //! Private SQL with Bounded User Contribution", PETS 2020); its center is the
 //! median of the counts in those bins; its scale the half-width of the box about
-//! the center that holds the range. Where a feature's own bins hold less than
+//! the center that holds the range, each rounded onto a public grid (the scale up
+//! to a power of 2^(1/4), the center to a sixteenth of the octave below it), so
+//! that what the bounds the next studies carry can say of a release is which
+//! grid step it took. Where a feature's own bins hold less than
 //! [`COVER`] of the rows (too few rows for its histogram to stand above the
 //! noise), the bins found in the pooled histogram of all features are added: a
 //! table of like columns (pixels, coordinates, expressions) still gets a range.
@@ -33,9 +36,11 @@ pub struct FeatureScale {
     pub lo: f64,
     /// The upper end (the highest marked bin's upper edge).
     pub hi: f64,
-    /// The median of the marked bins' counts, linear inside its bin.
+    /// The median of the marked bins' counts, linear inside its bin, rounded to
+    /// a sixteenth of the octave below the scale.
     pub center: f64,
-    /// The half-width of the box about `center` that holds [lo, hi].
+    /// The half-width of the box about `center` that holds [lo, hi], rounded up
+    /// to a power of 2^(1/4).
     pub scale: f64,
     /// Whether the pooled histogram's bins were added to the feature's own.
     pub pooled: bool,
@@ -158,19 +163,59 @@ fn feature_scale(
     };
     let (lo, hi) = (grid.bin_range(first).0, grid.bin_range(last).1);
     let at = |q: f64| quantile(grid, counts, marked, q).map(|v| v.clamp(lo, hi));
-    let center = at(0.5).unwrap_or((lo + hi) / 2.0);
-    let whole = (hi - center).max(center - lo);
+    let median = at(0.5).unwrap_or((lo + hi) / 2.0);
+    let whole = |c: f64| (hi - c).max(c - lo);
     let tails = match (tail > 0.0, at(tail), at(1.0 - tail)) {
-        (true, Some(a), Some(b)) => (b - center).max(center - a),
-        _ => whole,
+        (true, Some(a), Some(b)) => Some((b - median).max(median - a)),
+        _ => None,
+    };
+    let raw = tails.filter(|t| *t > 0.0).unwrap_or(whole(median));
+    let center = on_center_grid(median, raw).clamp(lo, hi);
+    let needed = match tails.filter(|t| *t > 0.0) {
+        Some(t) => t + (center - median).abs(),
+        None => whole(center),
     };
     FeatureScale {
         lo,
         hi,
         center,
-        scale: if tails > 0.0 { tails } else { whole },
+        scale: on_scale_grid(needed),
         pooled,
     }
+}
+
+/// Steps per octave of the public grid a scale is rounded up to.
+pub const SCALE_STEPS_PER_OCTAVE: i32 = 4;
+
+/// Steps a center moves on within the octave below its scale.
+pub const CENTER_STEPS_PER_OCTAVE: f64 = 16.0;
+
+/// The smallest 2^(k / 4) at least `needed` (0 for 0): scales lie on a public
+/// grid, so what a feature's scale says of a release is which step it took.
+fn on_scale_grid(needed: f64) -> f64 {
+    if !(needed > 0.0 && needed.is_finite()) {
+        return needed.max(0.0);
+    }
+    let steps = f64::from(SCALE_STEPS_PER_OCTAVE);
+    let mut k = (needed.log2() * steps).ceil();
+    while (k / steps).exp2() < needed {
+        k += 1.0;
+    }
+    while ((k - 1.0) / steps).exp2() >= needed {
+        k -= 1.0;
+    }
+    (k / steps).exp2()
+}
+
+/// `center` rounded to a multiple of a sixteenth of the octave below `scale`
+/// (itself unchanged where the scale is 0): centers lie on a public grid too,
+/// fine beside the box they center.
+fn on_center_grid(center: f64, scale: f64) -> f64 {
+    if !(scale > 0.0 && scale.is_finite()) {
+        return center;
+    }
+    let step = scale.log2().floor().exp2() / CENTER_STEPS_PER_OCTAVE;
+    (center / step).round() * step
 }
 
 /// Where the marked bins' counts (negative ones read as 0) reach `q` of their
@@ -282,6 +327,61 @@ mod tests {
             widened <= 10,
             "{widened} ranges widened in {releases} releases"
         );
+    }
+
+    /// Whatever the counts, every scale is a power of 2^(1/4), every center a
+    /// multiple of a sixteenth of the octave below its scale or an end of the
+    /// range, and the box holds the range.
+    #[test]
+    fn bounds_lie_on_the_public_grid() {
+        let grid = Marginals { per_octave: 1 };
+        let mut rng = ChaCha20Rng::seed_from_u64(11);
+        for _ in 0..200 {
+            let m = rng.gen_range(1..6);
+            let features = (0..m)
+                .map(|_| {
+                    (0..grid.bins())
+                        .map(|_| {
+                            if rng.gen_bool(0.05) {
+                                rng.gen_range(0.0..1e4)
+                            } else {
+                                0.0
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            let counts = MarginalCounts {
+                features,
+                rows: 1e4,
+            };
+            let s = choose_scales(&grid, &counts, &NoiseScale::None, 1.0);
+            for f in &s.features {
+                if f.scale == 0.0 {
+                    continue;
+                }
+                let k = f.scale.log2() * f64::from(SCALE_STEPS_PER_OCTAVE);
+                assert!(
+                    (k - k.round()).abs() < 1e-9,
+                    "scale {} off the grid",
+                    f.scale
+                );
+                let step = f.scale.log2().floor().exp2() / CENTER_STEPS_PER_OCTAVE;
+                let on = |c: f64, step: f64| ((c / step) - (c / step).round()).abs() < 1e-6;
+                // The center's step is read off the unrounded scale's octave:
+                // that or the next lower one.
+                assert!(
+                    on(f.center, step)
+                        || on(f.center, step / 2.0)
+                        || f.center == f.lo
+                        || f.center == f.hi,
+                    "center {} off the grid ({f:?})",
+                    f.center
+                );
+                let (lo, hi) = f.bounds();
+                assert!(lo <= f.lo && f.hi <= hi, "{f:?}");
+            }
+        }
     }
 
     /// A feature whose own bins hold too few rows takes the pooled bins.

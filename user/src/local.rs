@@ -209,6 +209,12 @@ pub async fn run(opts: &LocalOptions) -> anyhow::Result<StudyReport> {
     )?;
     match &opts.remote {
         Some(remote) => {
+            let (e, d) = plan.budget_cap;
+            eprintln!(
+                "each invited owner's budget is charged epsilon {e:.4}, delta {d:.3e} by this \
+                 run's studies (their epsilons and deltas added, as owners' budgets add them): \
+                 their --budget-cap must leave that much"
+            );
             let started = Instant::now();
             let cohort = InvitedCohort::new(remote.clone())?;
             conduct(opts, &plan, axes, &cohort, started).await

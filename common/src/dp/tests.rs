@@ -593,25 +593,39 @@ proptest! {
     /// to; and a row alone stays in the ball of radius Cq.
     #[test]
     fn marginal_neighbors_respect_sensitivity(
-        (rows, replacement, per_octave) in (1usize..40, 1usize..5).prop_flat_map(|(m, n)| (
+        (rows, replacement, per_octave, frac_bits) in (1usize..40, 1usize..5).prop_flat_map(|(m, n)| (
             proptest::collection::vec(proptest::collection::vec(marginal_value(), m), n),
             proptest::collection::vec(marginal_value(), m),
             1u32..=crate::study::MAX_PER_OCTAVE,
+            prop_oneof![Just(10u32), Just(20), 1u32..=30],
         ))
     ) {
         let m = rows[0].len();
         let grid = crate::study::Marginals { per_octave };
+        let fp = FixedPoint { frac_bits, row_norm_bound: 1.0 };
         let mut other = rows.clone();
         other[0] = replacement;
-        let (sa, sb) = (grid.share(&rows, m, &FP), grid.share(&other, m, &FP));
-        let single = grid.share(&rows[..1], m, &FP);
-        let cq = FP.norm_bound_int() as f64;
+        let (sa, sb) = (grid.share(&rows, m, &fp), grid.share(&other, m, &fp));
+        let single = grid.share(&rows[..1], m, &fp);
+        // Every value lands in its own feature's block, once, and the row once in
+        // the count: a bin past a block's end would move another feature's.
+        let unit = i128::from(crate::study::Marginals::unit(m, &fp));
+        let n = rows.len() as i128;
+        let bins = grid.bins();
+        for row in rows.iter().chain(&other) {
+            prop_assert!(row.iter().all(|&x| grid.bin_of(x) < bins));
+        }
+        for j in 0..m {
+            prop_assert_eq!(sa.v[j * bins..(j + 1) * bins].iter().sum::<i128>(), n * unit);
+        }
+        prop_assert_eq!(sa.v[m * bins], n * unit);
+        let cq = fp.norm_bound_int() as f64;
         let norm = single.v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
         prop_assert!(norm <= cq, "a row's norm {norm} > Cq {cq}");
         let d: Vec<f64> = sa.v.iter().zip(&sb.v).map(|(x, y)| (x - y) as f64).collect();
         let l2 = d.iter().map(|x| x * x).sum::<f64>().sqrt();
         let l1 = d.iter().map(|x| x.abs()).sum::<f64>();
-        let (s2, s1) = Sensitivity::marginals(FP.norm_bound_int(), m);
+        let (s2, s1) = Sensitivity::marginals(fp.norm_bound_int(), m);
         let tol = 1.0 + 1e-9;
         prop_assert!(l2 <= s2 * tol, "L2 {l2} > {s2}");
         prop_assert!(l1 <= s1 * tol, "L1 {l1} > {s1}");
@@ -623,7 +637,11 @@ proptest! {
 /// toward the grid's edges, zero and powers of two.
 fn marginal_value() -> impl Strategy<Value = f64> {
     prop_oneof![
-        proptest::num::f64::NORMAL | proptest::num::f64::SUBNORMAL | proptest::num::f64::ZERO,
+        proptest::num::f64::POSITIVE
+            | proptest::num::f64::NEGATIVE
+            | proptest::num::f64::NORMAL
+            | proptest::num::f64::SUBNORMAL
+            | proptest::num::f64::ZERO,
         Just(16.0),
         Just(-1.0),
         Just(f64::MAX),
