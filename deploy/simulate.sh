@@ -4,7 +4,9 @@
 #     a study that seals at five, the user's outputs in ./compose-out (components,
 #     synthetic rows in the input's header, study.json with every row and owner
 #     counted); the rerun a new study that every owner joins;
-#  2. faults: two owners contribute, the proxy container is killed (SIGKILL) and
+#  2. faults, on a study with public bounds and a given C (the user-one-study
+#     service, so that nothing runs before it): two owners contribute, the proxy
+#     container is killed (SIGKILL) and
 #     started again, the status still lists both (no acknowledged contribution
 #     lost); owner-05, started while the proxy is down, is killed before it can
 #     send; owners 3 and 4 come, and the study
@@ -27,7 +29,7 @@ fail() {
     compose logs --no-color --tail=30 >&2 || true
     exit 1
 }
-cleanup() { compose --profile tools down -v --remove-orphans >/dev/null 2>&1 || true; }
+cleanup() { compose --profile tools --profile faults down -v --remove-orphans >/dev/null 2>&1 || true; }
 trap 'cleanup; typed_cleanup' EXIT
 
 # The field of the first study in the operator's status (JSON), via the tools profile.
@@ -117,7 +119,8 @@ echo "== 2. faults: the proxy killed and restarted, an owner killed mid-study"
 cleanup
 rm -rf "$DPCA_OUT" && mkdir -p "$DPCA_OUT"
 export DPCA_QUORUM=4
-compose up -d setup-data proxy user
+# One study (public bounds, C given), so the faults fall in the study itself.
+compose --profile faults up -d setup-data proxy user-one-study
 [ "$(exit_code setup-data)" = 0 ] || fail "the owners' slices were not written"
 wait_healthy
 for _ in $(seq 1 120); do
@@ -146,7 +149,7 @@ after="$(owners_in)"
 [ "$after" = "$before" ] || fail "after the restart the proxy counts '$after', not '$before'"
 echo "ok: the proxy restarted with $after counted; owner-05 killed while it was down"
 compose up -d --no-deps owner-03 owner-04
-[ "$(exit_code user)" = 0 ] || fail "the user did not finish after the faults"
+[ "$(exit_code user-one-study)" = 0 ] || fail "the user did not finish after the faults"
 [ "$(exit_code owner-05)" = 137 ] || fail "owner-05 was not killed"
 for i in 03 04; do [ "$(exit_code owner-$i)" = 0 ] || fail "owner-$i failed"; done
 # Owners 1-4 hold 1124 rows each (5620 split five ways).

@@ -385,6 +385,11 @@ async fn connected(
         let (url, reason) = (url.to_string(), error_chain(&e));
         if tls_failure(&e) {
             ConnectError::Tls { url, reason }
+        } else if closed_in_handshake(&e) {
+            ConnectError::Connect {
+                url,
+                reason: format!("{reason}: {CLOSED_IN_HANDSHAKE}"),
+            }
         } else if timed_out(&e) {
             // The endpoint's own timeout, which ends a connection a moment before
             // the one above would.
@@ -395,6 +400,24 @@ async fn connected(
         } else {
             ConnectError::Connect { url, reason }
         }
+    })
+}
+
+/// What a connection closed by the proxy in the middle of its TLS handshake
+/// most likely means, and what to do about it.
+pub const CLOSED_IN_HANDSHAKE: &str = "the proxy closed the connection during the TLS \
+     handshake: it may be at its cap of connections for this address (or for \
+     all), or busy with other handshakes; try again in a moment. An operator's \
+     `proxy status` has places of its own on the operator listener (the proxy's \
+     --operator-listen address), which no owner can take";
+
+/// Whether the peer closed the connection before the TLS handshake was done
+/// (an `io::Error` of kind `UnexpectedEof`, as rustls reports a handshake the
+/// other side ended).
+fn closed_in_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
+    in_chain(e, &|err| {
+        err.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof)
     })
 }
 
@@ -496,6 +519,40 @@ mod tests {
             "sent {} bytes to a server without HTTP/2",
             got.len()
         );
+    }
+
+    /// A proxy that reads a client's hello and closes the connection (as it
+    /// does past its per-source cap) is named as such, with what to do: the
+    /// message was only "tls handshake eof".
+    #[tokio::test]
+    async fn a_connection_closed_in_the_handshake_says_what_may_have_happened() {
+        let closing = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let at = closing.local_addr().expect("address");
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = closing.accept().await {
+                let mut hello = [0u8; 512];
+                let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut hello).await;
+                drop(conn);
+            }
+        });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let pki =
+            crate::tls::write_dev_pki(dir.path(), &names(&["127.0.0.1"]), &[], &[]).expect("PKI");
+        // The operator's certificate (role proxy), as `proxy status` presents it.
+        let tls = std::sync::Arc::new(pki.operator.load(crate::tls::Role::Proxy).expect("load"));
+        let err = connect(&format!("https://{at}"), &Transport::Tls(tls))
+            .await
+            .expect_err("a closed handshake");
+        let text = err.to_string();
+        assert!(
+            text.contains("closed the connection during the TLS handshake")
+                && text.contains("--operator-listen"),
+            "{text}"
+        );
+        assert!(err.transient(), "worth trying again: {text}");
     }
 
     #[tokio::test]
