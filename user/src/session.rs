@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use dpca_common::dp::{NoisePlan, NoiseScale};
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey, SecretKey};
-use dpca_common::protocol::{open_release, Opened};
+use dpca_common::protocol::{check_release, open_release, Opened};
 use dpca_common::study::{MarginalCounts, StudyLayout, StudySpec, LAYOUT_VERSION};
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
@@ -540,6 +540,13 @@ fn open_collected(
         n_rows,
         spec.fixed.frac_bits,
     )?;
+    // A study's release must be one honest rows could give before anything is
+    // read off it (a histogram's counts are read as they come).
+    if spec.norm_bins.is_none() && spec.marginals.is_none() {
+        let shape = (&got.layout.shape(), spec.privacy.centering);
+        check_release(&opened, shape, &got.plan, n_rows, spec.fixed.frac_bits)
+            .context("the release is refused, and nothing is analysed from it")?;
+    }
     Ok(Collected {
         n_rows,
         owners_in: got.sealed.owners_in,

@@ -25,16 +25,19 @@
 //! test checks it is P(T_seg) mod n to the bit), and the slots are about half as
 //! wide as T's entries, so a study needs about half the ciphertexts.
 //!
-//! `share` is the owner's computation, `release` the proxy's, `open` the user's,
+//! `share` is the owner's computation, `release` the proxy's, `open` the user's
+//! (and `plausible` its check that honest rows could have given what it opened),
 //! and `central` the trusted-curator reference the distributed release equals.
 
 mod central;
 mod open;
+mod plausible;
 mod release;
 mod share;
 
 pub use central::central_release;
 pub use open::{open_release, ClassStats, Opened};
+pub use plausible::{check_release, Implausible, FALSE_ALARM};
 pub use release::{release, ReleaseSecrets};
 pub use share::{ClassRows, Share};
 

@@ -1,5 +1,6 @@
 //! Exactness and masking invariants of the release, with real encryption.
 
+use super::plausible::Implausible;
 use super::*;
 use crate::dp::Centering;
 use crate::dp::{Mechanism, NoiseScale, PrivacyRequest};
@@ -857,4 +858,159 @@ fn marginal_release_equals_central_and_counts_every_value() {
             }
         }
     }
+}
+
+/// A study at the bundled data's shape (64 features, 5620 rows, in `classes`
+/// classes if any), its honest pooled share of rows in the ball, and its layout.
+fn checked_study(
+    (centering, mechanism): (Centering, Mechanism),
+    classes: usize,
+    rng: &mut ChaCha20Rng,
+) -> (StudySpec, StudyLayout, Share) {
+    let (m, n) = (64, 5620);
+    let spec = SpecDraft {
+        max_rows: 8192,
+        fixed: FixedPoint {
+            frac_bits: 20,
+            row_norm_bound: 4.0,
+        },
+        privacy: PrivacyRequest::new(mechanism, centering, 1.0, 7.5e-5).expect("valid"),
+        classes: (classes > 0).then(|| ClassSpec {
+            labels: (0..classes).map(|c| c.to_string()).collect(),
+            covariance: ClassCovariance::Shared,
+        }),
+        ..draft(m, centering, mechanism)
+    }
+    .validate()
+    .expect("valid");
+    let layout = StudyLayout::new(&spec).expect("layout");
+    // Rows like normalized digits: a class's own pattern plus noise, some clipped.
+    let rows: Vec<Vec<i64>> = (0..n)
+        .map(|i| {
+            let c = i % classes.max(1);
+            let row: Vec<f64> = (0..m)
+                .map(|j| ((j * (c + 1)) % 7) as f64 / 7.0 + rng.gen_range(-0.6..0.6) - 0.4)
+                .collect();
+            let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let row: Vec<f64> = row.iter().map(|x| x * (4.0 / norm).min(1.0)).collect();
+            spec.fixed.encode_row(&row)
+        })
+        .collect();
+    let labels: Vec<usize> = (0..n).map(|i| i % classes.max(1)).collect();
+    let class_rows = ClassRows {
+        labels: &labels,
+        classes,
+        per_class_matrix: false,
+        count_scale: spec.fixed.norm_bound_int(),
+    };
+    let pooled = Share::from_split_rows(&rows, &rows, m, (classes > 0).then_some(&class_rows));
+    (spec, layout, pooled)
+}
+
+/// The pooled share's release with fresh noise, as the user opens it.
+fn checked_release(
+    spec: &StudySpec,
+    layout: &StudyLayout,
+    pooled: &Share,
+    rng: &mut ChaCha20Rng,
+) -> Result<(), Implausible> {
+    let centering = spec.privacy.centering;
+    let plan = spec.noise_plan(pooled.n);
+    let secrets = ReleaseSecrets::sample(layout, centering, &plan, rng).expect("secrets");
+    let shape = layout.shape();
+    let opened = central_release(
+        pooled,
+        &shape,
+        centering,
+        None,
+        &secrets,
+        spec.fixed.frac_bits,
+    );
+    check_release(
+        &opened,
+        (&shape, centering),
+        &plan,
+        pooled.n,
+        spec.fixed.frac_bits,
+    )
+}
+
+/// Honest releases pass the checks: 1,000 noisy releases at the bundled data's
+/// shape with ten classes (the demo's study), 200 without classes and 200 in
+/// `mask` centering, and 50 each of the Laplace and Wishart mechanisms, with no
+/// false alarm (each fails with probability at most FALSE_ALARM, 1e-9).
+#[test]
+fn honest_releases_pass_the_checks() {
+    let mut rng = ChaCha20Rng::seed_from_u64(58);
+    let (gauss, dp_mean) = (Mechanism::GAUSSIAN, Centering::DpMean);
+    for (centering, mechanism, classes, releases) in [
+        (dp_mean, gauss, 10, 1000),
+        (dp_mean, gauss, 0, 200),
+        (Centering::Mask, gauss, 0, 200),
+        (dp_mean, Mechanism::LAPLACE, 10, 50),
+        (dp_mean, Mechanism::WISHART_UNPROVEN, 0, 50),
+    ] {
+        let (spec, layout, pooled) = checked_study((centering, mechanism), classes, &mut rng);
+        for r in 0..releases {
+            if let Err(e) = checked_release(&spec, &layout, &pooled, &mut rng) {
+                panic!("{centering:?}, {classes} classes, release {r}: a false alarm: {e}");
+            }
+        }
+    }
+}
+
+/// A share no honest rows give is refused, with what it fails: the audit's
+/// probe (K Cq^2 added to R[0][0], N kept), a scatter made indefinite, sums and
+/// counts past what N rows allow.
+#[test]
+fn poisoned_releases_fail_the_checks() {
+    let mut rng = ChaCha20Rng::seed_from_u64(59);
+    let (spec, layout, honest) =
+        checked_study((Centering::DpMean, Mechanism::GAUSSIAN), 10, &mut rng);
+    let cq = spec.fixed.norm_bound_int() as i128;
+    let (m, g) = (64, 10);
+    let poisoned = |what: &str, edit: &dyn Fn(&mut Share)| {
+        let mut share = honest.clone();
+        edit(&mut share);
+        let mut rng = ChaCha20Rng::seed_from_u64(60);
+        match checked_release(&spec, &layout, &share, &mut rng) {
+            Err(e) => e,
+            Ok(()) => panic!("{what}: a poisoned release passed"),
+        }
+    };
+    let probe = poisoned("probe", &|s| s.r_upper[0] += 16_000 * cq * cq);
+    assert!(matches!(probe, Implausible::Trace { .. }), "{probe}");
+    // Variance moved from feature 0 to feature 1: the trace is unchanged, the
+    // centered scatter is not positive semidefinite.
+    let indefinite = poisoned("indefinite", &|s| {
+        let idx = |i| crate::encoding::TriangleLayout::upper_index(m, i, i);
+        s.r_upper[idx(0)] -= 10_000 * cq * cq;
+        s.r_upper[idx(1)] += 10_000 * cq * cq;
+    });
+    assert!(
+        matches!(indefinite, Implausible::Eigenvalue { .. }),
+        "{indefinite}"
+    );
+    let count = poisoned("count", &|s| s.v[g * m + 3] += 20_000 * cq);
+    assert!(
+        matches!(count, Implausible::ClassCount { class: 3, .. }),
+        "{count}"
+    );
+    let total = poisoned("total", &|s| {
+        s.v[g * m] += 500 * cq;
+        s.v[g * m + 1] += 500 * cq;
+    });
+    assert!(matches!(total, Implausible::ClassTotal { .. }), "{total}");
+    let sum = poisoned("class sum", &|s| s.v[2 * m] += 5_000 * cq);
+    assert!(
+        matches!(sum, Implausible::ClassSum { class: 2, .. }),
+        "{sum}"
+    );
+    // Without classes, the sum itself.
+    let (spec, layout, honest) =
+        checked_study((Centering::DpMean, Mechanism::GAUSSIAN), 0, &mut rng);
+    let mut share = honest.clone();
+    share.v[0] += 10_000 * cq;
+    let err = checked_release(&spec, &layout, &share, &mut rng).expect_err("a long sum");
+    assert!(matches!(err, Implausible::Sum { .. }), "{err}");
 }

@@ -5,7 +5,7 @@
 
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
 use dpca_common::paillier::Ciphertext;
-use dpca_common::protocol::Share;
+use dpca_common::protocol::{Opened, Share};
 use dpca_proto::v1;
 use dpca_proxy::listener::{
     MAIN_RESERVED_CONNECTIONS, MAIN_RESERVED_PER_PARTY, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PARTY,
@@ -1255,9 +1255,9 @@ fn a_mask_contribution_without_a_valid_signed_count_is_refused() {
     assert_eq!(f.owners_in(), 0);
 }
 
-/// What a release holds beyond the shares it was folded from (`honest`'s scatter;
-/// `honest`'s and `evil`'s sums): its noise, on the matrix's upper triangle
-/// and on the vector, on the integer grid.
+/// What a release holds beyond the shares it was folded from (`honest`'s and
+/// `evil`'s): its noise, on the matrix's upper triangle and on the vector, on
+/// the integer grid.
 fn release_less(
     opened: &dpca_common::protocol::Opened,
     honest: &Share,
@@ -1267,8 +1267,10 @@ fn release_less(
     let m = honest.v.len();
     let upper = (0..m).flat_map(|i| (i..m).map(move |j| (i, j)));
     let matrix = upper
-        .zip(&honest.r_upper)
-        .map(|((i, j), r)| as_f64(&opened.matrix_grid[0][i][j] - num_bigint::BigInt::from(*r)))
+        .zip(honest.r_upper.iter().zip(&evil.r_upper))
+        .map(|((i, j), (h, e))| {
+            as_f64(&opened.matrix_grid[0][i][j] - num_bigint::BigInt::from(h + e))
+        })
         .collect();
     let vector = (0..m)
         .map(|i| {
@@ -1279,46 +1281,41 @@ fn release_less(
     (matrix, vector)
 }
 
-/// An owner working with the user sends v far outside the norm ball (and R = 0).
-/// Under `mask` that let the user read the others' rows with Delta/sigma about 16.
-/// Under `dp-mean`, the default, the release is linear in each share: the user,
-/// knowing the dishonest share, removes it exactly, and what is left on the honest
-/// owners' sums is noise of the full planned scale.
-#[test]
-fn an_owner_outside_the_ball_leaves_the_honest_rows_fully_noised_by_default() {
-    let f = fixture_with(|s| {
-        s.quorum = 3;
-        s.min_owners = 3;
-    });
-    assert_eq!(f.spec.privacy.centering, Centering::DpMean, "the default");
-    for (id, skip) in [("hospital-a", 0), ("hospital-b", 30)] {
-        let data = f.good_file(&format!("{id}.csv"), 30, skip);
-        let o = f.owner(id, &data);
-        assert!(o.status.success(), "{}", describe(&o));
-    }
+/// Encrypts `share` for the fixture's study and sends it as owner `id`'s.
+async fn contribute_share(f: &dpca_tests::StudyFixture, id: &str, share: &Share) {
     let layout = dpca_common::study::StudyLayout::new(&f.spec).expect("layout");
-    let m = f.spec.dim();
-    let cq = f.spec.fixed.norm_bound_int() as i128;
-    // Mallory's share: no scatter, a sum a thousand rows long in every feature.
-    let evil = Share {
-        r_upper: vec![0; layout.matrix_blocks * layout.triangle.total()],
-        v: vec![1000 * cq; m],
-        n: 1,
-    };
     let pk = f.sk.public().clone();
-    let cts: Vec<Vec<u8>> = evil
+    let cts: Vec<Vec<u8>> = share
         .plaintexts(&layout, &pk)
         .expect("packs")
         .iter()
         .map(|p| pk.ciphertext_to_bytes(&pk.encrypt(p, &mut OsRng).expect("encrypt")))
         .collect();
-    let chunks = f.contribution("mallory", "outside", &cts);
+    let chunks = f.contribution(id, "crafted", &cts);
+    let mut client = f.client(id).await;
+    client
+        .contribute(tokio_stream::iter(chunks))
+        .await
+        .expect("an encrypted share cannot be checked, so it is counted");
+}
+
+/// What the user collects from the fixture's study of three owners: two
+/// honest ones run the owner program on 30 rows each, the third sends
+/// `evil` (made for the study).
+type Collected = (dpca_tests::StudyFixture, Share, anyhow::Result<Opened>);
+fn collect_with(evil: impl Fn(&dpca_tests::StudyFixture) -> Share) -> Collected {
+    let f = fixture_with(|s| {
+        s.quorum = 3;
+        s.min_owners = 3;
+    });
+    let evil = evil(&f);
+    for (id, skip) in [("hospital-a", 0), ("hospital-b", 30)] {
+        let data = f.good_file(&format!("{id}.csv"), 30, skip);
+        let o = f.owner(id, &data);
+        assert!(o.status.success(), "{}", describe(&o));
+    }
     let opened = rt().block_on(async {
-        let mut mallory = f.client("mallory").await;
-        mallory
-            .contribute(tokio_stream::iter(chunks))
-            .await
-            .expect("an encrypted share cannot be checked, so it is counted");
+        contribute_share(&f, "mallory", &evil).await;
         let mut user = f.client("user").await;
         dpca_user::session::collect(
             &mut user,
@@ -1327,14 +1324,42 @@ fn an_owner_outside_the_ball_leaves_the_honest_rows_fully_noised_by_default() {
             OpenedStudy::new(&f.study, &f.spec),
         )
         .await
-        .expect("release")
-        .opened
+        .map(|c| c.opened)
     });
+    (f, evil, opened)
+}
+
+/// Rows of the fixture's study, `count` of them, each Cq / sqrt(M) in every
+/// feature (norm at most Cq): a share any owner of such rows could send.
+fn rows_at_the_edge(f: &dpca_tests::StudyFixture, count: i128) -> Share {
+    let layout = dpca_common::study::StudyLayout::new(&f.spec).expect("layout");
+    let m = f.spec.dim();
+    let x = f.spec.fixed.norm_bound_int() as i128 / (m as f64).sqrt().ceil() as i128;
+    let r_upper = (0..layout.matrix_blocks * layout.triangle.total())
+        .map(|_| count * x * x)
+        .collect();
+    Share {
+        r_upper,
+        v: vec![count * x; m],
+        n: count as u64,
+    }
+}
+
+/// An owner working with the user sends a share of its choosing (900 rows
+/// at the ball's edge, a sum 900 rows long in every feature). Under `dp-mean`,
+/// the default, the release is linear in each share: the user, knowing the
+/// dishonest share, removes it exactly, and what is left on the honest owners'
+/// sums is noise of the full planned scale.
+#[test]
+fn an_owner_working_with_the_user_leaves_the_honest_rows_fully_noised_by_default() {
+    let (f, evil, opened) = collect_with(|f| rows_at_the_edge(f, 900));
+    assert_eq!(f.spec.privacy.centering, Centering::DpMean, "the default");
+    let opened = opened.expect("a share of rows in the ball is released");
     // The honest sums, exactly as the owners encoded them.
     let t = dpca_tests::optdigits();
     let (honest, _) =
         Share::from_raw_rows(&t.rows[..60], &f.spec.bounds, &f.spec.fixed, None, None);
-    let plan = f.spec.noise_plan(61);
+    let plan = f.spec.noise_plan(60 + evil.n);
     let spread = |residuals: &[f64]| {
         (residuals.iter().map(|e| e * e).sum::<f64>() / residuals.len() as f64).sqrt()
     };
@@ -1351,4 +1376,24 @@ fn an_owner_outside_the_ball_leaves_the_honest_rows_fully_noised_by_default() {
         (0.6..1.6).contains(&(got_v / sigma_v)),
         "vector noise {got_v} vs {sigma_v}"
     );
+}
+
+/// The audit's probe against the real programs: an owner's own rows with
+/// K Cq^2 added to R[0][0] (which moved PC1 onto feature 0), K = 2,000, as much
+/// as the fixture's slots (`max_rows` 1,024) hold. The user refuses the release
+/// before anything is read off it, and says what failed.
+#[test]
+fn a_share_no_rows_can_give_gets_the_release_refused_with_the_reason() {
+    let (_, _, opened) = collect_with(|f| {
+        let cq = f.spec.fixed.norm_bound_int() as i128;
+        let mut share = rows_at_the_edge(f, 30);
+        share.r_upper[0] += 2_000 * cq * cq;
+        share
+    });
+    let err = match opened {
+        Err(e) => format!("{e:#}"),
+        Ok(_) => panic!("a poisoned release was opened"),
+    };
+    assert!(err.contains("the release is refused"), "{err}");
+    assert!(err.contains("released second moments have trace"), "{err}");
 }
