@@ -155,7 +155,15 @@ for i in 03 04; do [ "$(exit_code owner-$i)" = 0 ] || fail "owner-$i failed"; do
 # Owners 1-4 hold 1124 rows each (5620 split five ways).
 check_json "d['n_rows'] == 4496 and d['n_owners'] == 4 and d['owners_missing'] == ['owner-05']"
 echo "ok: sealed at the quorum of 4, owner-05 missing, 4496 rows counted"
-curl -sf "http://127.0.0.1:${DPCA_METRICS_PORT:-9100}/metrics" | grep -q 'dpca_contributions_total{outcome="counted"} 2' \
+compose exec -T proxy /bin/proxy metrics --from 9100 | grep -q 'dpca_contributions_total{outcome="counted"} 2' \
     || fail "the metrics do not count the two contributions since the restart"
-echo "ok: the metrics count them"
+proxy_ip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$(compose ps -q proxy)")"
+# From another container on the study network the port is closed (the command
+# runs, and says the connection was refused).
+outside="$(compose run --rm --no-deps operator /bin/proxy metrics --from "$proxy_ip:9100" 2>&1 || true)"
+case "$outside" in
+    *"cannot read the metrics page"*"refused"*) ;;
+    *) fail "the metrics page is not closed to the study network ($proxy_ip:9100): $outside" ;;
+esac
+echo "ok: the metrics count them, on the proxy's loopback only"
 echo "simulation passed in $(($(date +%s) - t0)) s; outputs in $DPCA_OUT"

@@ -54,8 +54,10 @@ struct Args {
     #[arg(long, env = "DPCA_PROXY_NEW_RELEASE_JOURNAL", value_name = "NAME")]
     new_release_journal: Option<String>,
     /// Serve metrics in Prometheus text format at http://ADDR/metrics (off by
-    /// default; counts and timings only, no study content).
-    #[arg(long, env = "DPCA_METRICS_LISTEN", value_name = "ADDR")]
+    /// default; counts and timings only, no study content). A bare PORT binds
+    /// 127.0.0.1: the page times each release, which is for operators only.
+    #[arg(long, env = "DPCA_METRICS_LISTEN", value_name = "ADDR",
+          value_parser = crate::metrics_page::parse_listen)]
     metrics_listen: Option<std::net::SocketAddr>,
     /// Also answer `proxy status` (and nothing else) on ADDR, from a thread of its
     /// own, so it answers promptly while hundreds of owners connect at once. Bind
@@ -143,6 +145,14 @@ enum Cmd {
         #[command(flatten)]
         transport: TransportArgs,
     },
+    /// Print a running proxy's metrics page (what `--metrics-listen` serves),
+    /// for hosts with no HTTP client, such as the proxy's own container.
+    Metrics {
+        /// The page's address: ADDR:PORT, or a bare PORT on 127.0.0.1.
+        #[arg(long, default_value = "127.0.0.1:9100", value_name = "ADDR",
+              value_parser = crate::metrics_page::parse_listen)]
+        from: std::net::SocketAddr,
+    },
 }
 
 /// Runs the program on `args` (its name first), on a runtime of its own.
@@ -163,6 +173,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             json,
             ref transport,
         }) => status(proxy, json, transport).await,
+        Some(Cmd::Metrics { from }) => {
+            print!("{}", crate::metrics_page::fetch(from).await?);
+            Ok(())
+        }
         None => serve(args).await,
     }
 }
@@ -223,7 +237,10 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let transport = args.transport.transport(Role::Proxy).context("transport")?;
     raise_descriptor_limit();
     if let Some(addr) = args.metrics_listen {
-        crate::metrics::install(addr)?;
+        let listener = crate::metrics_page::bind(addr)
+            .with_context(|| format!("cannot listen on {addr} (--metrics-listen)"))?;
+        let handle = crate::metrics::install()?;
+        tokio::spawn(crate::metrics_page::serve(listener, handle));
         tracing::info!(%addr, "metrics at /metrics");
     }
     // Checked before "listening" is printed: whoever waits for that line takes

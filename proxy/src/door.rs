@@ -24,7 +24,7 @@
 //! ([`spawn`]), so neither a busy main runtime nor the lane's handshakes delay
 //! its accepts.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
@@ -228,8 +228,12 @@ async fn place_then_accept(
 }
 
 /// The next connection, retrying transient errors (out of descriptors and the
-/// like) after a pause.
+/// like) after a pause that doubles while they last ([`ACCEPT_PAUSES`]), and
+/// logging them at most once per [`ACCEPT_LOG_EVERY`] for the whole process,
+/// with how many went unlogged: a listener that fails every accept neither spins
+/// a core nor fills the disk with its log.
 pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
+    let mut pause = ACCEPT_PAUSES.start;
     loop {
         match listener.accept().await {
             Ok((io, addr)) => {
@@ -241,10 +245,65 @@ pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, std::net::Sock
                 return (io, addr);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                let logged = ACCEPT_ERRORS
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .note(Instant::now());
+                if let Some(unlogged) = logged {
+                    tracing::warn!(error = %e, unlogged, "accept failed");
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(ACCEPT_PAUSES.end);
             }
         }
+    }
+}
+
+/// The first and the longest pause after a failed accept.
+pub const ACCEPT_PAUSES: std::ops::Range<Duration> =
+    Duration::from_millis(50)..Duration::from_secs(1);
+
+/// At most one log line about failed accepts per this long, process-wide.
+pub const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
+
+static ACCEPT_ERRORS: std::sync::Mutex<LogEvery> = std::sync::Mutex::new(LogEvery::new());
+
+/// Which of a run of like events to log: the first, then one per
+/// [`ACCEPT_LOG_EVERY`], each carrying the count of those left unlogged since
+/// the last.
+#[derive(Debug)]
+pub struct LogEvery {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl LogEvery {
+    /// Nothing logged yet.
+    pub const fn new() -> Self {
+        Self {
+            last: None,
+            unlogged: 0,
+        }
+    }
+
+    /// An event at `now`: `Some(unlogged)` if it is to be logged, with the
+    /// count of events left unlogged before it.
+    pub fn note(&mut self, now: Instant) -> Option<u64> {
+        let due = self
+            .last
+            .is_none_or(|last| now.saturating_duration_since(last) >= ACCEPT_LOG_EVERY);
+        if !due {
+            self.unlogged += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
+impl Default for LogEvery {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -256,6 +315,29 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const SOON: Duration = Duration::from_secs(5);
+
+    /// A run of failed accepts logs its first, then one line per
+    /// `ACCEPT_LOG_EVERY`, each counting the lines left out: 10,000 failures a
+    /// second for a minute log 6 lines.
+    #[test]
+    fn failed_accepts_are_logged_once_per_interval_with_the_count_left_out() {
+        let start = Instant::now();
+        let mut log = LogEvery::new();
+        assert_eq!(log.note(start), Some(0));
+        assert_eq!(log.note(start + Duration::from_millis(1)), None);
+        assert_eq!(log.note(start + ACCEPT_LOG_EVERY), Some(1));
+        let mut lines = Vec::new();
+        for i in 1..=600_000u32 {
+            let now = start + ACCEPT_LOG_EVERY + Duration::from_micros(u64::from(i) * 100);
+            lines.extend(log.note(now));
+        }
+        assert_eq!(lines.len(), 6, "{lines:?}");
+        assert_eq!(
+            lines.iter().sum::<u64>() + 6,
+            600_000,
+            "every failure counted"
+        );
+    }
 
     /// The lanes' receivers of a door, and its address.
     type Door = (

@@ -20,6 +20,7 @@ pub mod handshake_queue;
 pub mod limits;
 pub mod listener;
 pub mod metrics;
+pub mod metrics_page;
 pub mod operator;
 pub(crate) mod per_key;
 pub mod refusal;

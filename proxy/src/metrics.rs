@@ -1,5 +1,5 @@
 //! What the proxy counts, for a Prometheus scrape (`proxy --metrics-listen ADDR`,
-//! text format at `/metrics`). Counts, sizes and durations only: no study content,
+//! text format at `/metrics`, served by [`crate::metrics_page`]). Counts, sizes and durations only: no study content,
 //! and no owner names as labels (the operator sees those in `proxy status`).
 //!
 //! - `dpca_rpc_total{rpc, code}`: calls by method and gRPC status code (`0` is OK;
@@ -28,7 +28,6 @@
 //!   caps).
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -36,12 +35,12 @@ use metrics::{counter, gauge, histogram};
 
 use crate::access::Method;
 
-/// Starts the HTTP listener serving `/metrics` on `addr`; call inside the runtime.
-pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .install()
-        .map_err(|e| anyhow::anyhow!("metrics listener on {addr}: {e}"))?;
+/// Installs the process's recorder and describes its series; the page is
+/// served from the handle returned ([`crate::metrics_page`]).
+pub fn install() -> anyhow::Result<metrics_exporter_prometheus::PrometheusHandle> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))?;
     metrics::describe_counter!("dpca_rpc_total", "gRPC calls by method and status code");
     metrics::describe_counter!("dpca_studies_opened_total", "studies opened");
     metrics::describe_counter!("dpca_releases_total", "releases computed");
@@ -76,7 +75,7 @@ pub fn install(addr: SocketAddr) -> anyhow::Result<()> {
         "dpca_uploads_without_slot_total",
         "uploads refused for want of an upload slot, their owners asked to reserve one"
     );
-    Ok(())
+    Ok(handle)
 }
 
 /// An upload found every upload slot held for its patience and was refused.

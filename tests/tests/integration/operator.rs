@@ -5,6 +5,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use dpca_shell::tls::{DevPki, TlsFiles};
 
@@ -15,15 +16,26 @@ use dpca_tests::{
 /// A proxy logging JSON lines at `info` and serving metrics on `port`, its state
 /// in `dir`; returns it and its URL.
 fn start_instrumented_proxy(pki: &DevPki, dir: &Path, port: u16) -> (Proc, String) {
-    let mut cmd = Command::new(bin("proxy"));
+    let mut cmd = instrumented_proxy(Command::new(bin("proxy")), pki, dir, port);
+    start(cmd.stderr(Stdio::piped()))
+}
+
+/// `cmd` (the proxy program, or a wrapper running it) with the flags of an
+/// instrumented proxy: JSON lines at `info`, metrics on `port`, state in `dir`.
+fn instrumented_proxy(mut cmd: Command, pki: &DevPki, dir: &Path, port: u16) -> Command {
     cmd.args(["--listen", "127.0.0.1:0", "--log-format", "json"])
         .args(["--metrics-listen", &format!("127.0.0.1:{port}")])
         .arg("--state")
         .arg(dir.join("proxy.redb"))
         .args(tls_args(&pki.proxy))
         .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stdout(Stdio::piped());
+    cmd
+}
+
+/// Starts `cmd` and waits for the proxy's "listening" line; returns it and
+/// its URL.
+fn start(cmd: &mut Command) -> (Proc, String) {
     let mut proxy = Proc(cmd.spawn().expect("start proxy"));
     let mut line = String::new();
     BufReader::new(proxy.0.stdout.take().expect("stdout"))
@@ -146,4 +158,91 @@ fn a_missing_state_folder_is_refused_before_listening() {
         stderr.contains("--state") && stderr.contains("does not exist"),
         "{stderr}"
     );
+}
+
+/// What the open descriptors of process `pid` are.
+#[cfg(target_os = "linux")]
+fn descriptors(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the proxy's descriptors")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|target| target.display().to_string())
+        .collect()
+}
+
+/// Opens `count` connections to `port` at once, each given `patience` to be
+/// taken by the kernel, and keeps those that were.
+#[cfg(target_os = "linux")]
+fn idle_connections(port: u16, count: usize, patience: Duration) -> Vec<tokio::net::TcpStream> {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let connects: Vec<_> = (0..count)
+            .map(|_| {
+                tokio::spawn(tokio::time::timeout(
+                    patience,
+                    tokio::net::TcpStream::connect(("127.0.0.1", port)),
+                ))
+            })
+            .collect();
+        let mut open = Vec::new();
+        for c in connects {
+            if let Ok(Ok(Ok(stream))) = c.await {
+                open.push(stream);
+            }
+        }
+        open
+    })
+}
+
+/// The audit's probe of the metrics port: a proxy under a limit of 256
+/// descriptors, 600 idle connections to its metrics port. The page takes at
+/// most its few connections (the rest wait in, or are refused by, the kernel),
+/// so the proxy keeps its descriptors, answers `status`, logs next to nothing,
+/// and serves the page again once the flood is gone.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_flood_of_idle_connections_to_the_metrics_port_leaves_the_proxy_serving() {
+    use dpca_proxy::metrics_page::{HEADER_TIMEOUT, MAX_METRICS_CONNECTIONS};
+    let (pki, dir) = dev_pki();
+    let port = free_port();
+    let mut limited = Command::new("prlimit");
+    limited.args(["--nofile=256:256", "--"]).arg(bin("proxy"));
+    let log_path = dir.path().join("proxy.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut cmd = instrumented_proxy(limited, &pki, dir.path(), port);
+    let (proxy, url) = start(cmd.stderr(log));
+    let pid = proxy.0.id();
+    std::thread::sleep(Duration::from_secs(1));
+    let before = descriptors(pid);
+    let flood = idle_connections(port, 600, Duration::from_secs(2));
+    // Past the header timeout the first idle ones are closed and others taken.
+    std::thread::sleep(HEADER_TIMEOUT + Duration::from_secs(1));
+    let held = descriptors(pid);
+    assert!(
+        held.len() <= before.len() + MAX_METRICS_CONNECTIONS,
+        "the proxy holds {held:?}, {before:?} before {} idle connections",
+        flood.len()
+    );
+    let started = std::time::Instant::now();
+    let out = run(Command::new(bin("proxy"))
+        .args(["status", "--proxy", &url])
+        .args(tls_args(&pki.operator)));
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "status took {:?}",
+        started.elapsed()
+    );
+    drop(flood);
+    std::thread::sleep(Duration::from_millis(500));
+    let page = run(Command::new(bin("proxy")).args(["metrics", "--from", &port.to_string()]));
+    assert!(page.status.success(), "{}", describe(&page));
+    assert!(
+        String::from_utf8_lossy(&page.stdout).contains(r#"dpca_rpc_total{rpc="Status",code="0"}"#),
+        "{}",
+        describe(&page)
+    );
+    drop(proxy);
+    let logged = std::fs::metadata(&log_path).expect("log").len();
+    assert!(logged < 1 << 20, "the proxy logged {logged} bytes");
 }
