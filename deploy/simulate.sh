@@ -157,10 +157,10 @@ check_json "d['n_rows'] == 4496 and d['n_owners'] == 4 and d['owners_missing'] =
 echo "ok: sealed at the quorum of 4, owner-05 missing, 4496 rows counted"
 compose exec -T proxy /bin/proxy metrics --from 9100 | grep -q 'dpca_contributions_total{outcome="counted"} 2' \
     || fail "the metrics do not count the two contributions since the restart"
-proxy_ip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$(compose ps -q proxy)")"
+proxy_ip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$(compose ps -q proxy)" | awk '{print $1}')"
 # From another container on the study network the port is closed (the command
 # runs, and says the connection was refused).
-outside="$(compose run --rm --no-deps operator /bin/proxy metrics --from "$proxy_ip:9100" 2>&1 || true)"
+outside="$(compose run -T --rm --no-deps operator /bin/proxy metrics --from "$proxy_ip:9100" 2>&1 || true)"
 case "$outside" in
     *"cannot read the metrics page"*"refused"*) ;;
     *) fail "the metrics page is not closed to the study network ($proxy_ip:9100): $outside" ;;

@@ -174,7 +174,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             ref transport,
         }) => status(proxy, json, transport).await,
         Some(Cmd::Metrics { from }) => {
-            print!("{}", crate::metrics_page::fetch(from).await?);
+            // Whatever answers at the address may not be the proxy.
+            let page = crate::metrics_page::fetch(from).await?;
+            for line in page.lines() {
+                println!("{}", dpca_shell::text::printable(line));
+            }
             Ok(())
         }
         None => serve(args).await,

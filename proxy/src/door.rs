@@ -244,6 +244,10 @@ pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, std::net::Sock
                 let _ = socket2::SockRef::from(&io).set_tcp_keepalive(&keepalive);
                 return (io, addr);
             }
+            // A connection that went away before it was taken: the next may
+            // be waiting, and a client resetting its connections must not slow
+            // the listener down.
+            Err(e) if gone_before_accept(&e) => continue,
             Err(e) => {
                 let logged = ACCEPT_ERRORS
                     .lock()
@@ -257,6 +261,18 @@ pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, std::net::Sock
             }
         }
     }
+}
+
+/// Whether a failed accept is only the one connection's, gone before it was
+/// taken (others pass on their errors this way), rather than the listener's
+/// or the process's (out of descriptors, of memory).
+fn gone_before_accept(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::Interrupted
+    )
 }
 
 /// The first and the longest pause after a failed accept.

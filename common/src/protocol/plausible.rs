@@ -6,7 +6,8 @@
 //! - trace(R~) = sum ||x~||^2 lies in [0, N Cq^2] (in every block together);
 //! - ||v~|| <= N Cq, and in a classification study ||v~_c|| <= N_c Cq with
 //!   N_c in [0, N] summing to N;
-//! - the centered scatter S~ = R~ - v~ v~^T / N is positive semidefinite.
+//! - the centered scatter S~ = R~ - v~ v~^T / N is positive semidefinite (of
+//!   a projected study, up to the rounding of each projected row on the grid).
 //!
 //! The release adds noise, so each check allows a margin the noise passes with
 //! probability at most its share of [`FALSE_ALARM`], from the noise the spec
@@ -14,21 +15,27 @@
 //! discrete Gaussian (sub-Gaussian with parameter sigma, CKS20) and the
 //! discrete Laplace (P(|X| >= k) <= 2 e^(-k/t)):
 //! - a sum of K Gaussian entries exceeds sigma sqrt(K) sqrt(2 ln(1/p)) with
-//!   probability at most p; Laplace entries, and the Gaussian draws whose
-//!   squares make a Wishart diagonal, take a union bound;
-//! - a noise vector of K entries is longer than sqrt(K) times one entry's
-//!   two-sided bound at p / K with probability at most p;
+//!   probability at most p; a sum of discrete Laplace entries, by Chernoff's
+//!   bound on its moment generating function;
+//! - a noise vector of K Gaussian entries is longer than sigma sqrt(K +
+//!   2 sqrt(K ln(1/p)) + 2 ln(1/p)) with probability at most p (the chi-square
+//!   tail of Laurent and Massart, which the sub-Gaussian's moment generating
+//!   function gives); of K Laplace entries, longer than sqrt(K) times one
+//!   entry's two-sided bound at p / K;
 //! - a symmetric noise matrix of dimension k has spectral norm above
 //!   4 sigma sqrt(k ln 9 + ln(2/p)) with probability at most p (a quarter-net of
 //!   the sphere has at most 9^k points, and x^T E x is sub-Gaussian with
 //!   variance proxy 2 sigma^2 for a unit x); Laplace noise is bounded through its
-//!   Frobenius norm, and Wishart noise is positive semidefinite.
+//!   Frobenius norm, and Wishart noise is positive semidefinite, its trace a
+//!   sum of squares of Gaussian draws with the chi-square tail.
 //!
 //! An honest study fails any check with probability at most [`FALSE_ALARM`]
 //! (a union bound over the checks; `protocol::tests` draws 1,000 releases at the
-//! bundled data's shape). What the checks leave a poisoning owner is to move the
-//! release within them: as if it held rows of its choosing, as many as the N it
-//! reports (docs/PRIVACY.md, "Checks of a release").
+//! bundled data's shape). The checks bound the total, not each share: an owner
+//! can still move the release anywhere within them, adding as if it held rows
+//! of its choosing or taking away from the honest rows' scatter and sums, as
+//! long as the total stays one some N rows in the ball could give
+//! (docs/PRIVACY.md, "Checks of a release").
 
 use nalgebra::DMatrix;
 use num_traits::ToPrimitive;
@@ -116,29 +123,70 @@ fn entry(scale: &NoiseScale, p: f64) -> f64 {
 }
 
 /// A bound on the sum of `count` entries of `scale`, on one side, exceeded with
-/// probability at most `p`.
+/// probability at most `p` (for Wishart noise: the sum of `count` diagonal
+/// entries).
 fn sum_bound(scale: &NoiseScale, count: usize, p: f64) -> f64 {
     let k = count.max(1) as f64;
+    let x = (1.0 / p).ln();
     match scale {
         NoiseScale::Gaussian { sigma } => {
-            sigma.to_f64().unwrap_or(f64::INFINITY) * k.sqrt() * (2.0 * (1.0 / p).ln()).sqrt()
+            sigma.to_f64().unwrap_or(f64::INFINITY) * k.sqrt() * (2.0 * x).sqrt()
         }
-        // Each diagonal entry is a sum of `cols` squares of draws each within
-        // sigma sqrt(2 ln(2D/p)) but with probability p / D, D draws in all.
+        // A diagonal entry of Z Z^T is a sum of `cols` squares of draws that are
+        // sub-Gaussian with parameter sigma_z: the chi-square tail holds.
         NoiseScale::Wishart { sigma_z2, cols } => {
-            let draws = k * *cols as f64;
             let sigma2 = sigma_z2.to_f64().unwrap_or(f64::INFINITY);
-            draws * sigma2 * 2.0 * (2.0 * draws / p).ln()
+            squares_bound(sigma2, k * *cols as f64, x)
         }
-        NoiseScale::Laplace { .. } | NoiseScale::None => k * entry(scale, p / k),
+        NoiseScale::Laplace { t } => laplace_sum_bound(t.to_f64().unwrap_or(f64::INFINITY), k, x),
+        NoiseScale::None => 0.0,
     }
 }
 
+/// A bound on a sum of `draws` squares of draws sub-Gaussian with parameter
+/// sqrt(`sigma2`), exceeded with probability at most e^-x: E e^(l X^2) <=
+/// (1 - 2 l sigma^2)^(-1/2) as for a Gaussian, so the chi-square tail of Laurent
+/// and Massart (2000, Lemma 1) holds: sigma^2 (D + 2 sqrt(D x) + 2 x).
+fn squares_bound(sigma2: f64, draws: f64, x: f64) -> f64 {
+    sigma2 * (draws + 2.0 * (draws * x).sqrt() + 2.0 * x)
+}
+
+/// A bound on a sum of `k` discrete Laplace draws of scale `t`, exceeded with
+/// probability at most e^-x, by Chernoff's bound: P(S >= a) <= M(l)^k e^(-l a)
+/// with the draw's moment generating function M(l) = (1 - q)^2 / ((1 - q e^l)
+/// (1 - q e^-l)), q = e^(-1/t), for l = c / t, the best c of a grid in (0, 1).
+fn laplace_sum_bound(t: f64, k: f64, x: f64) -> f64 {
+    // ln(1 - e^a) for a < 0, exact for the tiny |a| of large scales.
+    let ln_one_less = |a: f64| (-a.exp_m1()).ln();
+    (1..20)
+        .map(|i| {
+            let c = f64::from(i) / 20.0;
+            let ln_m = 2.0 * ln_one_less(-1.0 / t)
+                - ln_one_less((c - 1.0) / t)
+                - ln_one_less(-(c + 1.0) / t);
+            t * (k * ln_m + x) / c
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// A bound on the norm of a noise vector of `count` entries, each the sum of
-/// `summed` draws of `scale`, exceeded with probability at most `p`.
+/// `summed` draws of `scale`, exceeded with probability at most `p`: for
+/// Gaussian noise the chi-square tail of its squared norm ([`squares_bound`]),
+/// for the others `count` entries each within its two-sided bound.
 fn norm_bound(scale: &NoiseScale, count: usize, summed: usize, p: f64) -> f64 {
-    let per_entry = 2 * count.max(1);
-    (count as f64).sqrt() * sum_bound(scale, summed, p / per_entry as f64)
+    match scale {
+        NoiseScale::Gaussian { sigma } => {
+            let sigma2 = sigma.to_f64().unwrap_or(f64::INFINITY).powi(2) * summed.max(1) as f64;
+            squares_bound(sigma2, count.max(1) as f64, (1.0 / p).ln()).sqrt()
+        }
+        NoiseScale::Laplace { .. } => {
+            let per_entry = 2 * count.max(1);
+            (count as f64).sqrt() * sum_bound(scale, summed, p / per_entry as f64)
+        }
+        // Wishart noise is on the matrix alone (`dp-mean` sums get Laplace's).
+        NoiseScale::Wishart { .. } => f64::INFINITY,
+        NoiseScale::None => 0.0,
+    }
 }
 
 /// A bound on the spectral norm of the sum of `summed` symmetric noise matrices
@@ -314,12 +362,28 @@ impl Figures<'_> {
             Centering::Mask => matrix / (self.n * grid * grid),
             Centering::DpMean => (matrix + self.centering_error()) / (grid * grid),
         };
-        // Rounding in f64, relative to the scatter's size.
-        let slack = 1e-9 * s.iter().fold(0.0f64, |a, v| a.max(v.abs())) * s.nrows() as f64;
+        // Rounding in f64, relative to the scatter's size, and a projected
+        // study's rounding on the grid.
+        let slack = 1e-9 * s.iter().fold(0.0f64, |a, v| a.max(v.abs())) * s.nrows() as f64
+            + self.projection_rounding() / (grid * grid);
         if got >= -(bound + slack) {
             return Ok(());
         }
         Err(Implausible::Eigenvalue { got, bound })
+    }
+
+    /// How far below 0 a projected study's scatter may be on the grid with no
+    /// noise: its R sums the projected rows y = trunc(W x 2^f), its sums the
+    /// rows x~ = trunc(x 2^f), so each y is within r = sqrt(k) + sqrt(M) + 2 of
+    /// W x~ (truncation, and a step or two toward the ball), and R is within
+    /// N (2 Cq r + r^2) in spectral norm of the sum of (W x~)(W x~)^T, whose
+    /// centered scatter is positive semidefinite. 0 for other studies.
+    fn projection_rounding(&self) -> f64 {
+        if self.shape.matrix_dim == self.shape.dim {
+            return 0.0;
+        }
+        let r = (self.shape.matrix_dim as f64).sqrt() + (self.shape.dim as f64).sqrt() + 2.0;
+        self.n * (2.0 * self.cq * r + r * r)
     }
 
     /// How far below 0 centering with the noisy sum v' = v + e can take the

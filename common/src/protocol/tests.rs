@@ -1006,6 +1006,17 @@ fn poisoned_releases_fail_the_checks() {
         matches!(sum, Implausible::ClassSum { class: 2, .. }),
         "{sum}"
     );
+    // The probe under the other mechanisms, whose margins are wider.
+    for mechanism in [Mechanism::LAPLACE, Mechanism::WISHART_UNPROVEN] {
+        let (spec, layout, honest) = checked_study((Centering::DpMean, mechanism), 0, &mut rng);
+        let mut share = honest.clone();
+        share.r_upper[0] += 16_000 * cq * cq;
+        let err = checked_release(&spec, &layout, &share, &mut rng).expect_err("the probe");
+        assert!(
+            matches!(err, Implausible::Trace { .. }),
+            "{mechanism:?}: {err}"
+        );
+    }
     // Without classes, the sum itself.
     let (spec, layout, honest) =
         checked_study((Centering::DpMean, Mechanism::GAUSSIAN), 0, &mut rng);
