@@ -47,6 +47,7 @@ pub mod radix;
 pub mod randomizer;
 pub mod risk;
 pub mod scaling;
+pub mod secagg;
 pub mod study;
 pub mod synth;
 #[cfg(any(test, feature = "test-support"))]
