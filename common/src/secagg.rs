@@ -17,14 +17,18 @@
 //! a different study, pair or modulus gives unrelated masks. Frozen by
 //! `secagg::tests::masks_are_frozen`.
 //!
-//! The agreement of the secrets, their signatures, and the recovery of an
-//! owner that drops out are the shells' (not in this module).
+//! The secrets are agreed by X25519 (RFC 7748, [`AgreementKey`]): each owner
+//! makes a key for the study and publishes its public half; the signatures on
+//! those halves, their relay, and the recovery of an owner that drops out are
+//! the shells' (not built yet).
 
 use hmac::{Hmac, Mac};
 use num_bigint::BigUint;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use sha2::Sha256;
+
+use rand::{CryptoRng, RngCore};
 
 use crate::arith::random_below;
 
@@ -40,12 +44,56 @@ pub enum MaskError {
     /// A peer listed twice.
     #[error("peer {0:?} is listed twice")]
     PeerTwice(String),
+    /// A peer's public key of small order: the agreed secret would be one
+    /// an eavesdropper knows (all zeros).
+    #[error("peer {0:?} sent a public key of small order")]
+    LowOrderPeer(String),
     /// A plaintext not below the modulus.
     #[error("plaintext {index} is not below the modulus")]
     NotBelowModulus {
         /// Its index.
         index: usize,
     },
+}
+
+/// An owner's X25519 key for one study's agreements: made fresh per study, so
+/// a secret agreed in one study says nothing of another.
+pub struct AgreementKey(x25519_dalek::StaticSecret);
+
+impl AgreementKey {
+    /// A fresh key from `rng`.
+    pub fn generate<R: RngCore + CryptoRng>(rng: &mut R) -> Self {
+        Self(x25519_dalek::StaticSecret::random_from_rng(rng))
+    }
+
+    /// The key of the 32 bytes `secret` (RFC 7748's scalar; for tests and
+    /// known answers).
+    pub fn from_bytes(secret: [u8; 32]) -> Self {
+        Self(x25519_dalek::StaticSecret::from(secret))
+    }
+
+    /// The public half, to publish.
+    pub fn public(&self) -> [u8; 32] {
+        x25519_dalek::PublicKey::from(&self.0).to_bytes()
+    }
+
+    /// The secret agreed with peer `id`, whose public half is `peer`; refused
+    /// for a public key of small order, whose agreed secret is all zeros
+    /// whatever this key is.
+    pub fn agree(&self, id: &str, peer: &[u8; 32]) -> Result<[u8; 32], MaskError> {
+        let shared = self.0.diffie_hellman(&x25519_dalek::PublicKey::from(*peer));
+        if !shared.was_contributory() {
+            return Err(MaskError::LowOrderPeer(id.to_owned()));
+        }
+        Ok(shared.to_bytes())
+    }
+}
+
+impl std::fmt::Debug for AgreementKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The secret half is never printed.
+        write!(f, "AgreementKey({})", hex::encode(self.public()))
+    }
 }
 
 /// The masks of the pair `(a, b)` (ids, in either order) for `count`
@@ -120,7 +168,6 @@ fn check_peers(me: &str, peers: &[(&str, [u8; 32])]) -> Result<(), MaskError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use rand::Rng;
 
     fn modulus() -> BigUint {
         // An odd 127-bit modulus (any modulus serves the masks).
@@ -182,6 +229,53 @@ mod tests {
         assert_eq!(p, vec![BigUint::from(1u8)], "nothing half-masked");
     }
 
+    /// RFC 7748, section 6.1: Alice's and Bob's keys and their shared secret
+    /// (checked against OpenSSL's X25519 too).
+    #[test]
+    fn agreement_gives_rfc_7748s_known_answer() {
+        let unhex =
+            |s: &str| -> [u8; 32] { hex::decode(s).expect("hex").try_into().expect("32 bytes") };
+        let alice = AgreementKey::from_bytes(unhex(
+            "77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a",
+        ));
+        let bob = AgreementKey::from_bytes(unhex(
+            "5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb",
+        ));
+        assert_eq!(
+            hex::encode(alice.public()),
+            "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a"
+        );
+        assert_eq!(
+            hex::encode(bob.public()),
+            "de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f"
+        );
+        let k = "4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742";
+        assert_eq!(
+            hex::encode(alice.agree("bob", &bob.public()).expect("agree")),
+            k
+        );
+        assert_eq!(
+            hex::encode(bob.agree("alice", &alice.public()).expect("agree")),
+            k
+        );
+    }
+
+    /// A peer sending a point of small order (here the identity, all zeros)
+    /// would make the secret one anyone knows: refused, naming the peer.
+    #[test]
+    fn a_small_order_public_key_is_refused() {
+        let key = AgreementKey::generate(&mut rand_chacha::ChaCha20Rng::seed_from_u64(1));
+        let mut one = [0u8; 32];
+        one[0] = 1;
+        for point in [[0u8; 32], one] {
+            assert_eq!(
+                key.agree("mallory", &point),
+                Err(MaskError::LowOrderPeer("mallory".into()))
+            );
+        }
+        assert!(!format!("{key:?}").contains(&hex::encode(key.0.to_bytes())));
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
 
@@ -198,7 +292,9 @@ mod tests {
                 .flat_map(|i| (i + 1..owners).map(move |j| (i, j)))
                 .filter(|&(i, j)| !ring || j == i + 1 || (i == 0 && j == owners - 1))
                 .collect();
-            let secrets: Vec<[u8; 32]> = pairs.iter().map(|_| rng.gen()).collect();
+            // Each owner agrees its own side of every pair from the peer's
+            // public half: the two sides must meet for the masks to cancel.
+            let keys: Vec<AgreementKey> = (0..owners).map(|_| AgreementKey::generate(&mut rng)).collect();
             let plain: Vec<Vec<BigUint>> = (0..owners)
                 .map(|_| (0..count).map(|_| random_below(&n, &mut rng)).collect())
                 .collect();
@@ -207,11 +303,14 @@ mod tests {
             for (i, p) in plain.iter().enumerate() {
                 let peers: Vec<(&str, [u8; 32])> = pairs
                     .iter()
-                    .zip(&secrets)
-                    .filter_map(|(&(a, b), s)| match (a == i, b == i) {
-                        (true, _) => Some((ids[b].as_str(), *s)),
-                        (_, true) => Some((ids[a].as_str(), *s)),
+                    .filter_map(|&(a, b)| match (a == i, b == i) {
+                        (true, _) => Some(b),
+                        (_, true) => Some(a),
                         _ => None,
+                    })
+                    .map(|j| {
+                        let secret = keys[i].agree(&ids[j], &keys[j].public()).expect("agree");
+                        (ids[j].as_str(), secret)
                     })
                     .collect();
                 let mut masked = p.clone();
