@@ -31,6 +31,7 @@ use sha2::Sha256;
 use rand::{CryptoRng, RngCore};
 
 use crate::arith::random_below;
+use crate::encoding::length_prefixed_into;
 
 /// Domain separation of the expansion's key: a new expansion gets a new one.
 pub const DOMAIN: &[u8] = b"dpca secagg pair masks v1";
@@ -117,10 +118,8 @@ fn expansion_key(secret: &[u8; 32], study: &str, lo: &str, hi: &str) -> [u8; 32]
     let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret) else {
         unreachable!("HMAC accepts a 32-byte key")
     };
-    for field in [DOMAIN, study.as_bytes(), lo.as_bytes(), hi.as_bytes()] {
-        mac.update(&(field.len() as u64).to_be_bytes());
-        mac.update(field);
-    }
+    let fields: [&[u8]; 4] = [DOMAIN, study.as_bytes(), lo.as_bytes(), hi.as_bytes()];
+    length_prefixed_into(&fields, |b| mac.update(b));
     mac.finalize().into_bytes().into()
 }
 
