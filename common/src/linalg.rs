@@ -37,6 +37,18 @@ pub fn eigh_desc(s: &DMatrix<f64>) -> (Vec<f64>, DMatrix<f64>) {
     (desc, vecs)
 }
 
+/// The smallest eigenvalue of a symmetric matrix (lower triangle read), without
+/// its eigenvector: NaN where the solver cannot converge, 0 for an empty one.
+pub fn smallest_eigenvalue(s: &DMatrix<f64>) -> f64 {
+    let m = s.nrows().min(s.ncols());
+    let a = faer::Mat::<f64>::from_fn(m, m, |i, j| s[(i, j)]);
+    match a.self_adjoint_eigenvalues(Side::Lower) {
+        // faer returns ascending order.
+        Ok(values) => values.first().copied().unwrap_or(0.0),
+        Err(_) => f64::NAN,
+    }
+}
+
 /// Top-k PCA of the covariance `cov` inside the span of the orthonormal columns of
 /// `span`, in the full coordinates: a projected study knows the variance inside
 /// the span only. Plain [`pca`] without a span.

@@ -60,14 +60,15 @@ pub fn parse_listen(value: &str) -> Result<SocketAddr, String> {
     })
 }
 
-/// Binds `addr` for the page; call before the proxy says it listens.
-pub fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
-    crate::listen(addr, METRICS_BACKLOG)
+/// Binds `addr` for the page; call inside the runtime, before the proxy says it
+/// listens.
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::from_std(crate::listen(addr, METRICS_BACKLOG)?)
 }
 
 /// Serves the page of `handle` on `listener` until the runtime ends, and keeps
 /// its histograms drained.
-pub async fn serve(listener: std::net::TcpListener, handle: PrometheusHandle) {
+pub async fn serve(listener: TcpListener, handle: PrometheusHandle) {
     let upkeep = handle.clone();
     tokio::spawn(async move {
         loop {
@@ -75,13 +76,6 @@ pub async fn serve(listener: std::net::TcpListener, handle: PrometheusHandle) {
             upkeep.run_upkeep();
         }
     });
-    let listener = match TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "the metrics listener cannot run");
-            return;
-        }
-    };
     let slots = Arc::new(Semaphore::new(MAX_METRICS_CONNECTIONS));
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {

@@ -521,22 +521,35 @@ mod tests {
         );
     }
 
-    /// A proxy that reads a client's hello and closes the connection (as it
-    /// does past its per-source cap) is named as such, with what to do: the
-    /// message was only "tls handshake eof".
-    #[tokio::test]
-    async fn a_connection_closed_in_the_handshake_says_what_may_have_happened() {
-        let closing = tokio::net::TcpListener::bind("127.0.0.1:0")
+    /// A server on loopback that hands each connection to `each`, in a task
+    /// of its own; its address.
+    async fn loopback_server<F, Fut>(each: F) -> std::net::SocketAddr
+    where
+        F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
-        let at = closing.local_addr().expect("address");
+        let at = listener.local_addr().expect("address");
         tokio::spawn(async move {
-            while let Ok((mut conn, _)) = closing.accept().await {
-                let mut hello = [0u8; 512];
-                let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut hello).await;
-                drop(conn);
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(each(conn));
             }
         });
+        at
+    }
+
+    /// A proxy that reads a client's hello and closes the connection (as it
+    /// does past its per-source cap) is named as such, with what to do, not as
+    /// a bare "tls handshake eof".
+    #[tokio::test]
+    async fn a_connection_closed_in_the_handshake_says_what_may_have_happened() {
+        let at = loopback_server(|mut conn| async move {
+            let mut hello = [0u8; 512];
+            let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut hello).await;
+        })
+        .await;
         let dir = tempfile::tempdir().expect("tempdir");
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let pki =
@@ -557,16 +570,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_to_a_port_that_never_answers_gives_up_in_time() {
-        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let at = silent.local_addr().expect("address");
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((conn, _)) = silent.accept().await {
-                held.push(conn);
-            }
-        });
+        // Each connection held open, never answered.
+        let at = loopback_server(|conn| async move {
+            let _held = conn;
+            std::future::pending::<()>().await;
+        })
+        .await;
         let dir = tempfile::tempdir().expect("tempdir");
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let pki =

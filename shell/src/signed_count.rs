@@ -278,25 +278,28 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_count_verifies_only_for_its_owner_study_ciphertext_and_ca() {
+    /// A development PKI (server `localhost`, user `user`) with `owners`, in a
+    /// folder that lives as long as the PKI is used.
+    fn pki_with(owners: &[&str]) -> (tempfile::TempDir, crate::tls::DevPki) {
         let dir = tempfile::tempdir().expect("tempdir");
         let pki = write_dev_pki(
             dir.path(),
             &strings(&["localhost"]),
             &strings(&["user"]),
-            &strings(&["a", "b"]),
+            &strings(owners),
         )
         .expect("pki");
-        let other_dir = tempfile::tempdir().expect("tempdir");
-        let other = write_dev_pki(
-            other_dir.path(),
-            &strings(&["localhost"]),
-            &strings(&["user"]),
-            &strings(&["a"]),
-        )
-        .expect("pki");
-        let read = |p: &std::path::Path| std::fs::read(p).expect("read");
+        (dir, pki)
+    }
+
+    fn read(p: &std::path::Path) -> Vec<u8> {
+        std::fs::read(p).expect("read")
+    }
+
+    #[test]
+    fn a_count_verifies_only_for_its_owner_study_ciphertext_and_ca() {
+        let (_dir, pki) = pki_with(&["a", "b"]);
+        let (_other_dir, other) = pki_with(&["a"]);
         let files = |pki: &crate::tls::DevPki, n: &str| pki.files(n).expect("files").clone();
         let (a, b, user) = (files(&pki, "a"), files(&pki, "b"), files(&pki, "user"));
         let ca = read(&a.ca);
@@ -345,15 +348,7 @@ mod tests {
     /// proxy cannot put a key of its own in an owner's name.
     #[test]
     fn an_agreement_key_verifies_only_for_its_owner_study_and_key() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let pki = write_dev_pki(
-            dir.path(),
-            &strings(&["localhost"]),
-            &strings(&["user"]),
-            &strings(&["a", "b"]),
-        )
-        .expect("pki");
-        let read = |p: &std::path::Path| std::fs::read(p).expect("read");
+        let (_dir, pki) = pki_with(&["a"]);
         let (a, proxy) = (pki.files("a").expect("a").clone(), pki.proxy.clone());
         let (ca, cert_a) = (read(&a.ca), der_of(&read(&a.cert)));
         let public = [9u8; 32];

@@ -40,13 +40,9 @@ pub fn free_port() -> u16 {
 /// The Prometheus page a proxy started with `--metrics-listen 127.0.0.1:PORT`
 /// serves.
 pub fn scrape(port: u16) -> String {
-    use std::io::Write;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics port");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
-    body
+    let at = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    rt().block_on(dpca_proxy::metrics_page::fetch(at))
+        .expect("metrics page")
 }
 
 /// The value of the sample `name` (with its labels, if any) on a scraped page.

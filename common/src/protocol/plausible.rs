@@ -37,7 +37,6 @@
 //! long as the total stays one some N rows in the ball could give
 //! (docs/PRIVACY.md, "Checks of a release").
 
-use nalgebra::DMatrix;
 use num_traits::ToPrimitive;
 
 use super::{to_f64, Opened};
@@ -115,11 +114,6 @@ pub enum Implausible {
         /// The margin below 0.
         bound: f64,
     },
-}
-
-/// One entry's bound on one side at probability `p`, in grid units.
-fn entry(scale: &NoiseScale, p: f64) -> f64 {
-    scale.exceedance(p)
 }
 
 /// A bound on the sum of `count` entries of `scale`, on one side, exceeded with
@@ -301,7 +295,7 @@ impl Figures<'_> {
         let dim = self.shape.dim;
         let vec = &self.opened.vector_grid;
         let noise = self.vector_noise();
-        let one = entry(noise, self.p / 2.0) / self.cq;
+        let one = noise.exceedance(self.p / 2.0) / self.cq;
         let counts: Vec<f64> = (0..g)
             .map(|c| to_f64(&vec[g * dim + c]) / self.cq)
             .collect();
@@ -353,7 +347,7 @@ impl Figures<'_> {
         if s.nrows() == 0 {
             return Ok(());
         }
-        let got = smallest_eigenvalue(s);
+        let got = crate::linalg::smallest_eigenvalue(s);
         let blocks = self.shape.matrix_blocks;
         let matrix = spectral_bound(&self.plan.matrix, self.shape.matrix_dim, blocks, self.p);
         let grid = f64::from(frac_bits).exp2();
@@ -418,10 +412,4 @@ fn total_sum(vec: &[num_bigint::BigInt], dim: usize, classes: usize) -> Vec<num_
 /// The Euclidean norm of released integers.
 fn norm(values: &[num_bigint::BigInt]) -> f64 {
     values.iter().map(|v| to_f64(v).powi(2)).sum::<f64>().sqrt()
-}
-
-/// The smallest eigenvalue of a symmetric matrix.
-fn smallest_eigenvalue(s: &DMatrix<f64>) -> f64 {
-    let (values, _) = crate::linalg::eigh_desc(s);
-    values.last().copied().unwrap_or(0.0)
 }
