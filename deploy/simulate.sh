@@ -27,6 +27,8 @@ fail() {
     echo "SIMULATION FAILED: $*" >&2
     compose ps >&2 || true
     compose logs --no-color --tail=30 >&2 || true
+    # Again last, where a log's tail shows it.
+    echo "SIMULATION FAILED: $*" >&2
     exit 1
 }
 cleanup() { compose --profile tools --profile faults down -v --remove-orphans >/dev/null 2>&1 || true; }
@@ -155,8 +157,13 @@ for i in 03 04; do [ "$(exit_code owner-$i)" = 0 ] || fail "owner-$i failed"; do
 # Owners 1-4 hold 1124 rows each (5620 split five ways).
 check_json "d['n_rows'] == 4496 and d['n_owners'] == 4 and d['owners_missing'] == ['owner-05']"
 echo "ok: sealed at the quorum of 4, owner-05 missing, 4496 rows counted"
-compose exec -T proxy /bin/proxy metrics --from 9100 | grep -q 'dpca_contributions_total{outcome="counted"} 2' \
-    || fail "the metrics do not count the two contributions since the restart"
+# Read whole before it is searched: `grep -q` stops reading at its match, and the
+# writer's broken pipe would fail the pipeline under pipefail.
+page="$(compose exec -T proxy /bin/proxy metrics --from 9100)" || fail "the proxy did not print its metrics page"
+case "$page" in
+    *'dpca_contributions_total{outcome="counted"} 2'*) ;;
+    *) fail "the metrics do not count the two contributions since the restart: $(grep dpca_contributions_total <<<"$page")" ;;
+esac
 proxy_ip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$(compose ps -q proxy)" | awk '{print $1}')"
 # From another container on the study network the port is closed (the command
 # runs, and says the connection was refused).
