@@ -24,6 +24,7 @@
 //! - `noise`: the noise plan of a study and exact sampling on the grid
 //!   ([`sampler`]).
 //! - `budget`: what a study spends, block by block, and splitting a request.
+//! - [`distributed`]: the noise owners add themselves, split over them.
 //! - `request`: the validated request; `zcdp`: conversions to (epsilon, delta).
 //!
 //! Adding a mechanism is one file implementing [`NoiseMechanism`] plus its `mod`
@@ -31,6 +32,7 @@
 //! (`dp/frozen_plans.txt`) then ask for its lines.
 
 mod budget;
+pub mod distributed;
 pub mod mechanism;
 mod noise;
 mod request;

@@ -158,7 +158,7 @@ const DRAWS_PER_SEED: usize = 4096;
 /// keyed by a seed drawn in order from `rng`, and the runs are put back in order:
 /// the values depend on `rng` alone. The samplers are exact for any uniform bits,
 /// so the distribution, and every privacy contract stated on it, is unchanged.
-fn iid<R, F>(count: usize, rng: &mut R, draw: F) -> Vec<BigInt>
+pub(crate) fn iid<R, F>(count: usize, rng: &mut R, draw: F) -> Vec<BigInt>
 where
     R: RngCore + CryptoRng,
     F: Fn(&mut ChaCha20Rng) -> BigInt + Sync,
