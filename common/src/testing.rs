@@ -63,5 +63,6 @@ pub fn test_draft(pk: &PublicKey, dim: usize) -> SpecDraft {
         norm_bins: None,
         marginals: None,
         expected_owners: Vec::new(),
+        colluding_owners: 0,
     }
 }

@@ -187,6 +187,7 @@ impl Invocation {
                 allow_baseline: args.allow_baseline,
             },
             ledger: args.ledger.map(crate::ledger::Ledger::at),
+            noise_source: crate::NoiseSource::Os,
         };
         let report = match &args.invitation {
             Some(path) => crate::run_invited(&cfg, path).await?,

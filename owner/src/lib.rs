@@ -19,7 +19,7 @@ use anyhow::{bail, Context};
 use dpca_common::data::read_csv;
 use dpca_common::encoding::length_prefixed_into;
 use dpca_common::paillier::Ciphertext;
-use dpca_common::protocol::{ClassRows, Share};
+use dpca_common::protocol::{ClassRows, Share, ShareNoise};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::risk::Risk;
 use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION, MAX_ID_BYTES};
@@ -37,7 +37,8 @@ use hmac::{Hmac, Mac};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use num_bigint::BigUint;
 use rand::rngs::OsRng;
-use rand::RngCore;
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 use tonic::transport::Channel;
@@ -77,6 +78,20 @@ pub struct OwnerConfig {
     /// This data set's own ledger of studies charged, kept beside the proxy's
     /// ([`ledger`]); a study it refuses is not uploaded.
     pub ledger: Option<ledger::Ledger>,
+    /// Where this owner's noise share comes from ([`NoiseSource`]): the
+    /// operating system's randomness but in a simulation that replays it.
+    pub noise_source: NoiseSource,
+}
+
+/// The randomness of an owner's noise share.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NoiseSource {
+    /// The operating system's (every program).
+    #[default]
+    Os,
+    /// ChaCha20 keyed by this seed, so that a simulation can draw the same share
+    /// again and check the release to the bit.
+    Seeded([u8; 32]),
 }
 
 /// Where an owner's table comes from.
@@ -529,7 +544,8 @@ async fn run_once(
         Some(kept) => kept,
         None => {
             let (encrypted, seconds) =
-                encrypt_share(cfg, &spec, &layout, &bytes, &name, id.clone()).await?;
+                encrypt_share(cfg, (&spec, served.noise_free), &layout, &bytes, &name, id.clone())
+                    .await?;
             attempts.record_encryption(id, wire, encrypted.clone(), seconds);
             encrypted
         }
@@ -595,13 +611,14 @@ async fn charge_ledger(
 /// transfer only, however slow the encryption.
 async fn encrypt_share(
     cfg: &OwnerConfig,
-    spec: &StudySpec,
+    (spec, noise_free): (&StudySpec, bool),
     layout: &StudyLayout,
     bytes: &[u8],
     name: &str,
     contribution_id: String,
 ) -> anyhow::Result<(Encrypted, f64)> {
-    let prepared = prepare_share(spec, layout, bytes, name, cfg.label.as_deref())?;
+    let noise = noise_share(spec, layout, noise_free, cfg.noise_source)?;
+    let prepared = prepare_share(spec, layout, bytes, name, cfg.label.as_deref(), noise.as_ref())?;
     let bar = progress_bar(cfg.progress, prepared.plaintexts.len() as u64);
     let job = EncryptJob::new(
         cfg,
@@ -687,15 +704,41 @@ struct PreparedShare {
     clipped_rows: usize,
 }
 
+/// This owner's share of the study's noise, where the owners add it
+/// ([`StudySpec::owner_noise`]); none on a study opened noise-free for testing,
+/// which the owner has accepted by name ([`check_risks`]).
+fn noise_share(
+    spec: &StudySpec,
+    layout: &StudyLayout,
+    noise_free: bool,
+    source: NoiseSource,
+) -> anyhow::Result<Option<ShareNoise>> {
+    match spec.owner_noise() {
+        Some(noise) if !noise_free => {
+            let drawn = match source {
+                NoiseSource::Os => ShareNoise::draw(&noise, layout, &mut OsRng),
+                NoiseSource::Seeded(seed) => {
+                    ShareNoise::draw(&noise, layout, &mut ChaCha20Rng::from_seed(seed))
+                }
+            };
+            drawn
+                .map(Some)
+                .context("a noise draw fell beyond its proven tail (probability below 2^-1000)")
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Reads and checks the owner's table against the study (schema, labels, row
-/// count) and computes its exact share as the plaintexts of `layout`, `spec`'s. Nothing is sent
-/// if this fails.
+/// count) and computes its exact share, plus `noise` where the owners add the
+/// noise, as the plaintexts of `layout`, `spec`'s. Nothing is sent if this fails.
 fn prepare_share(
     spec: &StudySpec,
     layout: &StudyLayout,
     bytes: &[u8],
     name: &str,
     label: Option<&str>,
+    noise: Option<&ShareNoise>,
 ) -> anyhow::Result<PreparedShare> {
     let table = read_csv(bytes, name, label)?;
     let rows = table.rows.len() as u64;
@@ -711,7 +754,7 @@ fn prepare_share(
         table.check_schema(&spec.features, name)?;
         let share = grid.share(&table.rows, spec.dim(), &spec.fixed);
         return Ok(PreparedShare {
-            plaintexts: share.plaintexts(layout, &spec.public_key)?,
+            plaintexts: share.noised_plaintexts(layout, &spec.public_key, noise)?,
             rows,
             clipped_rows: 0,
         });
@@ -745,7 +788,7 @@ fn prepare_share(
         class_rows.as_ref(),
         spec.projection.as_ref(),
     );
-    let plaintexts = share.plaintexts(layout, &spec.public_key)?;
+    let plaintexts = share.noised_plaintexts(layout, &spec.public_key, noise)?;
     if clipped_rows > 0 {
         tracing::info!(clipped_rows, rows, "rows shortened to the row-norm bound");
     }

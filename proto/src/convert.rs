@@ -75,6 +75,7 @@ fn draft_from_wire(w: &v1::StudySpec) -> Result<SpecDraft, SpecError> {
             per_octave: m.per_octave,
         }),
         expected_owners: w.expected_owners.clone(),
+        colluding_owners: w.colluding_owners,
     };
     Ok(spec)
 }
@@ -152,6 +153,7 @@ pub fn spec_to_wire(s: &SpecDraft) -> v1::StudySpec {
         norm_edges,
         expected_owners: s.expected_owners.clone(),
         layout: LAYOUT_VERSION,
+        colluding_owners: s.colluding_owners,
         marginals: s.marginals.as_ref().map(|m| v1::Marginals {
             per_octave: m.per_octave,
         }),

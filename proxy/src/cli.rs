@@ -28,6 +28,11 @@ struct Args {
     /// Never enable in a deployment.
     #[arg(long, hide = true)]
     allow_noise_free_for_testing: bool,
+    /// TEST ONLY: draw none of the proxy's own noise (a deviating proxy), to show
+    /// that the owners' noise alone stays in the release. Never enable in a
+    /// deployment.
+    #[arg(long, hide = true)]
+    test_skips_noise: bool,
     /// Contributions read at the same time; more owners wait their turn (for a
     /// slot reserved for them, not with their upload open past 250 ms), so memory
     /// does not grow with the number of owners.
@@ -238,6 +243,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if args.allow_noise_free_for_testing {
         tracing::warn!("noise-free releases are ENABLED: test use only");
     }
+    if args.test_skips_noise {
+        tracing::warn!("the proxy draws NONE of its own noise: test use only");
+    }
     let transport = args.transport.transport(Role::Proxy).context("transport")?;
     raise_descriptor_limit();
     if let Some(addr) = args.metrics_listen {
@@ -273,6 +281,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         release_journal: args.release_journal,
         replace_release_journal: args.new_release_journal,
         allow_noise_free_for_testing: args.allow_noise_free_for_testing,
+        test_skips_noise: args.test_skips_noise,
         max_concurrent_uploads: usize::from(args.max_concurrent_uploads),
         limits: args.limits.limits(),
         clock: std::sync::Arc::new(crate::world::SystemClock),

@@ -56,6 +56,9 @@ pub struct ProxyConfig {
     /// Accept studies that ask for a noise-free release. Test-only: a noise-free
     /// release hands the user the exact scatter.
     pub allow_noise_free_for_testing: bool,
+    /// Test-only: draw none of the proxy's own noise for any study (and report
+    /// none), as a proxy that skips it would; the owners' noise stays.
+    pub test_skips_noise: bool,
     /// Contributions read at the same time. Each holds one owner's ciphertexts until
     /// it is complete and counted; a further upload waits a moment
     /// (`upload_slots::PATIENCE`), then is refused and its owner waits its turn in

@@ -497,10 +497,15 @@ impl ProxyService {
         n_rows: Option<u64>,
     ) -> Result<crate::study::Released, Refusal> {
         let entropy = std::sync::Arc::clone(&self.config.entropy);
+        let own_noise = if self.config.test_skips_noise {
+            crate::study::OwnNoise::SkippedForTesting
+        } else {
+            crate::study::OwnNoise::Drawn
+        };
         blocking(move || {
             let mut rng = entropy.rng();
             let baseline = snapshot.layout.baseline;
-            let mut compute = move || snapshot.compute_release(n_rows, &mut rng);
+            let mut compute = move || snapshot.compute_release(n_rows, own_noise, &mut rng);
             let released = if baseline {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(1)
@@ -1750,6 +1755,7 @@ mod tests {
             release_journal: None,
             replace_release_journal: None,
             allow_noise_free_for_testing: test_mode,
+            test_skips_noise: false,
             max_concurrent_uploads: 1,
             limits: crate::limits::Limits::default(),
             clock: std::sync::Arc::new(crate::world::SystemClock),

@@ -1116,7 +1116,7 @@ fn phase_from_record(
             Phase::Released(Arc::new(Released {
                 n_rows,
                 // A function of the spec and N: recomputed, not stored.
-                plan: spec.release_plan(n_rows, rec.noise_free),
+                plan: spec.proxy_plan(n_rows, rec.noise_free),
                 ciphertexts,
                 owners: contributors.keys().cloned().collect(),
             }))
@@ -1333,7 +1333,7 @@ mod tests {
             count(&store, &mut s, "a", 1);
             count(&store, &mut s, "b", 2);
             let mut rng = ChaCha20Rng::seed_from_u64(9);
-            let released = s.compute_release(Some(10), &mut rng).expect("release");
+            let released = s.compute_release(Some(10), crate::study::OwnNoise::Drawn, &mut rng).expect("release");
             s.commit_release(released.clone()).expect("commit");
             store.save_study(&s).expect("save release");
             (s.clone(), released)

@@ -224,6 +224,17 @@ pub struct SignedCount {
     pub certificate: Vec<u8>,
 }
 
+/// Whether the proxy draws its own noise for a release ([`Study::compute_release`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnNoise {
+    /// As the spec plans it ([`StudySpec::proxy_plan`]).
+    Drawn,
+    /// None at all, and reported as none: the test-only switch
+    /// (`--test-skips-noise`) of a proxy that deviates, to show what the owners'
+    /// noise alone gives.
+    SkippedForTesting,
+}
+
 /// One study: its spec, running aggregate and phase.
 #[derive(Clone, Debug)]
 pub struct Study {
@@ -357,7 +368,7 @@ impl Study {
 
     /// The noise plan of this study's release for `n_rows` (`None`: not revealed).
     pub fn noise_plan(&self, n_rows: Option<u64>) -> NoisePlan {
-        self.spec.release_plan(n_rows, self.noise_free)
+        self.spec.proxy_plan(n_rows, self.noise_free)
     }
 
     /// How many owners are counted so far.
@@ -590,7 +601,7 @@ impl Study {
         rng: &mut R,
     ) -> Result<(), StudyError> {
         let n_rows = self.check_release(opening)?;
-        let released = self.compute_release(n_rows, rng)?;
+        let released = self.compute_release(n_rows, OwnNoise::Drawn, rng)?;
         self.commit_release(released)
     }
 
@@ -600,10 +611,14 @@ impl Study {
     pub fn compute_release<R: RngCore + CryptoRng>(
         &self,
         n_rows: Option<u64>,
+        own_noise: OwnNoise,
         rng: &mut R,
     ) -> Result<Released, StudyError> {
         let spec = &self.spec;
-        let plan = self.noise_plan(n_rows);
+        let plan = match own_noise {
+            OwnNoise::Drawn => self.noise_plan(n_rows),
+            OwnNoise::SkippedForTesting => spec.proxy_plan(n_rows, true),
+        };
         let err = |source| StudyError::Release {
             study: self.id.clone(),
             source,

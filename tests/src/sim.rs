@@ -24,10 +24,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dpca_common::dp::{Centering, Mechanism, PrivacyRequest};
-use dpca_common::protocol::{central_release, open_release, Opened, ReleaseSecrets, Share};
+use dpca_common::protocol::{
+    central_release, open_release, Opened, ReleaseSecrets, Share, ShareNoise,
+};
 use dpca_common::risk::Risk;
 use dpca_common::study::{SpecDraft, StudyLayout, StudySpec};
-use dpca_owner::{OwnerConfig, OwnerData};
+use dpca_owner::{NoiseSource, OwnerConfig, OwnerData};
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use dpca_proxy::world::{Clock, Entropy, ManualClock, SeededEntropy, SystemClock};
@@ -35,6 +39,20 @@ use dpca_proxy::ProxyConfig;
 use dpca_shell::tls::{DevPki, Role, Transport};
 use dpca_user::session::OpenedStudy;
 use tonic::transport::Channel;
+
+/// The seed of owner `owner`'s noise share in the simulation of `seed`.
+fn owner_seed(seed: u64, owner: usize) -> [u8; 32] {
+    let mut s = [0u8; 32];
+    s[..8].copy_from_slice(&seed.to_le_bytes());
+    s[8..16].copy_from_slice(&(owner as u64).to_le_bytes());
+    s
+}
+
+/// `acc += add`, entry by entry.
+fn add_into(acc: &mut [num_bigint::BigInt], add: &[num_bigint::BigInt]) {
+    assert_eq!(acc.len(), add.len(), "noise of the layout's length");
+    acc.iter_mut().zip(add).for_each(|(a, b)| *a += b);
+}
 
 /// The owners of a simulated study: the first [`INVITED`] are invited, the last is not.
 pub const OWNERS: [&str; 4] = ["sim-1", "sim-2", "sim-3", "sim-outsider"];
@@ -302,6 +320,7 @@ impl Sim {
             release_journal: None,
             replace_release_journal: None,
             allow_noise_free_for_testing: false,
+            test_skips_noise: false,
             max_concurrent_uploads: dpca_proxy::DEFAULT_MAX_CONCURRENT_UPLOADS,
             limits: Default::default(),
             clock: Arc::clone(&self.clock) as Arc<dyn Clock>,
@@ -358,6 +377,7 @@ impl Sim {
             accepted_risks: vec![Risk::MaskCentering],
             work: dpca_owner::work::WorkCap::default(),
             ledger: None,
+            noise_source: NoiseSource::Seeded(owner_seed(self.seed, owner)),
         };
         let got = self.rt.block_on(dpca_owner::run(&cfg));
         let what = format!("{} sending table {variant}", OWNERS[owner]);
@@ -465,18 +485,27 @@ impl Sim {
             .collect();
         let pooled = Share::sum(&shares).expect("at least one owner counted");
         let mask = self.spec.privacy.centering == Centering::Mask;
-        let plan = self.spec.release_plan(mask.then_some(pooled.n), false);
+        let plan = self.spec.proxy_plan(mask.then_some(pooled.n), false);
         let layout = StudyLayout::new(&self.spec).expect("layout");
         // Draw 0 named the study; draw 1 is the release's.
         let replay = SeededEntropy::new(self.seed);
         drop(replay.rng());
-        let secrets = ReleaseSecrets::sample(
+        let mut secrets = ReleaseSecrets::sample(
             &layout,
             self.spec.privacy.centering,
             &plan,
             &mut replay.rng(),
         )
         .expect("secrets");
+        // The owners' shares of the noise, where they add it, drawn again.
+        if let Some(noise) = self.spec.owner_noise() {
+            for &owner in self.model.counted.keys() {
+                let mut rng = ChaCha20Rng::from_seed(owner_seed(self.seed, owner));
+                let share = ShareNoise::draw(&noise, &layout, &mut rng).expect("a share");
+                add_into(&mut secrets.matrix_noise, &share.matrix);
+                add_into(&mut secrets.vector_noise, &share.vector);
+            }
+        }
         let central = central_release(
             &pooled,
             &layout.shape(),

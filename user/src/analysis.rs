@@ -77,7 +77,7 @@ pub(crate) fn analyze(
     // Regression: PCA on the features block only; the label is kept whole.
     let cov_x = cov.view((0, 0), (plan.pca_dim, plan.pca_dim)).into_owned();
     let pca = pca_in_span(&cov_x, axes, opts.k);
-    let noise = spec.noise_plan(got.n_rows);
+    let noise = spec.release_plan(Some(got.n_rows), false, got.owners_in.len());
     let fit = covariance_fit(opts, spec, &noise);
     // The denoised fit reads the noise around the released trace: it gets S' as
     // released, since --psd-repair's clipped negative eigenvalues raise the trace.

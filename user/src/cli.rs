@@ -115,6 +115,15 @@ pub struct StudyArgs {
     /// refuse a mask study unless they pass `--accept-risk mask-centering`.
     #[arg(long)]
     pub centering: Option<String>,
+    /// Owners that may work with the proxy and the user (t, default 0). In a
+    /// `dp-mean` study under the gaussian mechanism each owner adds a share of
+    /// the noise, sized so that the owners beyond t, at the fewest the study
+    /// seals with (--min-owners), carry all of it: epsilon then holds against
+    /// the proxy, the user and t owners together, and is smaller against the
+    /// user alone. Each extra t adds noise: variance times min_owners /
+    /// (min_owners - t) with every owner present.
+    #[arg(long, default_value_t = 0)]
+    pub colluding_owners: u32,
     /// Label column to exclude from the features.
     #[arg(long)]
     pub label: Option<String>,
@@ -345,6 +354,10 @@ pub struct LocalArgs {
     /// TEST ONLY: noise-free release (the proxy is started in its test mode).
     #[arg(long, hide = true)]
     pub noise_free_for_testing: bool,
+    /// TEST ONLY: the run's proxy draws none of its own noise (a proxy that
+    /// skips it), to show what the owners' noise alone gives.
+    #[arg(long, hide = true)]
+    pub test_proxy_skips_noise: bool,
     /// What the study computes and releases.
     #[command(flatten)]
     pub study: StudyArgs,
@@ -416,6 +429,7 @@ impl LocalArgs {
                 n => n,
             },
             noise_free_for_testing: a.noise_free_for_testing,
+            test_proxy_skips_noise: a.test_proxy_skips_noise,
             no_build: a.no_build,
             programs: None,
             slice_rows: a.slice_rows,
@@ -490,6 +504,8 @@ pub fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
         psd_repair: a.psd_repair,
         out: a.out,
         noise_free_for_testing: false,
+        test_proxy_skips_noise: false,
+        colluding_owners: a.colluding_owners,
         no_build: false,
         programs: None,
         slice_rows: Vec::new(),

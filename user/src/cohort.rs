@@ -17,7 +17,7 @@ use tokio::process::Command;
 
 use crate::local::{LocalOptions, Remote};
 use crate::plan::StudyPlan;
-use crate::programs::{start_proxy, transport_flags, Guard, Launcher, Programs};
+use crate::programs::{start_proxy, transport_flags, Guard, Launcher, Programs, TestModes};
 use crate::slicing::{equal_slices, owner_name, split_rows, SliceLayout};
 
 /// The owners of a study and the proxy they reach.
@@ -172,7 +172,10 @@ impl LocalCohort {
             &proxy_bin,
             pki.as_ref(),
             dir.path(),
-            opts.noise_free_for_testing,
+            TestModes {
+                noise_free: opts.noise_free_for_testing,
+                skips_noise: opts.test_proxy_skips_noise,
+            },
             &transport,
         )
         .await?;

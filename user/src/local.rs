@@ -86,6 +86,12 @@ pub struct LocalOptions {
     pub out: PathBuf,
     /// TEST ONLY: ask the proxy (started in test mode) for a noise-free release.
     pub noise_free_for_testing: bool,
+    /// TEST ONLY: start the run's proxy drawing none of its own noise
+    /// (`--test-skips-noise`), as a proxy that skips it would.
+    pub test_proxy_skips_noise: bool,
+    /// Owners that may work with the proxy and the user (t): each owner's noise
+    /// share is calibrated for `min_owners - t` honest owners.
+    pub colluding_owners: u32,
     /// Skip `cargo build` of the sibling binaries.
     pub no_build: bool,
     /// Rows of each owner's slice, in the table's order (empty: equal slices of
@@ -548,6 +554,7 @@ fn study_report(
         pca_source: pca_source(opts),
         row_norm_choice: prep.row_norm_choice.clone(),
         budget: run.budget.clone(),
+        trust: crate::report::Trust::of(spec, &run.budget),
         warnings: plan.warnings.clone(),
         seconds: run.seconds.clone(),
         usage: run.usage.clone(),
@@ -618,6 +625,7 @@ fn print_summary(opts: &LocalOptions, report: &StudyReport, an: &Analysis) {
         report.centering,
         report.sigma
     );
+    println!("{}", report.trust.line());
     if let Some(b) = &report.bounds_choice {
         println!(
             "bounds chosen privately: each feature's range, center and scale are in study.json \

@@ -78,6 +78,8 @@ pub struct CohortShape {
     pub deadline: Duration,
     /// The owners invited, by certificate name.
     pub expected_owners: Vec<String>,
+    /// Owners that may work with the proxy and the user (t).
+    pub colluding_owners: u32,
 }
 
 /// Refuses a task without the label it needs, and a `--k` the table's `pca_dim`
@@ -189,6 +191,7 @@ impl StudyPlan {
             norm_bins: None,
             marginals: None,
             expected_owners: self.cohort.expected_owners.clone(),
+            colluding_owners: self.cohort.colluding_owners,
         }
     }
 }
@@ -428,6 +431,7 @@ fn cohort_shape(opts: &LocalOptions, n: usize) -> CohortShape {
             quorum: r.quorum,
             deadline: r.deadline,
             expected_owners: r.owners.clone(),
+            colluding_owners: opts.colluding_owners,
         },
         None => CohortShape {
             max_rows: (n as u64).next_power_of_two().max(2),
@@ -435,6 +439,7 @@ fn cohort_shape(opts: &LocalOptions, n: usize) -> CohortShape {
             quorum: opts.owners as u32,
             deadline: Duration::from_secs(3600),
             expected_owners: (1..=opts.owners).map(owner_name).collect(),
+            colluding_owners: opts.colluding_owners,
         },
     }
 }
@@ -469,6 +474,8 @@ mod tests {
             psd_repair: false,
             out: "out".into(),
             noise_free_for_testing: false,
+            test_proxy_skips_noise: false,
+            colluding_owners: 0,
             no_build: true,
             programs: None,
             slice_rows: Vec::new(),

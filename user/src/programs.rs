@@ -85,12 +85,21 @@ impl Drop for Guard {
     }
 }
 
+/// The test-only modes a run's proxy is started in.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TestModes {
+    /// Honors a study opened noise-free.
+    pub(crate) noise_free: bool,
+    /// Draws none of its own noise (a proxy that skips it).
+    pub(crate) skips_noise: bool,
+}
+
 /// Starts the run's proxy on a free loopback port; returns it and its URL.
 pub(crate) async fn start_proxy(
     proxy_bin: &Launcher,
     pki: Option<&DevPki>,
     state_dir: &Path,
-    noise_free_for_testing: bool,
+    modes: TestModes,
     transport: &Transport,
 ) -> anyhow::Result<(Guard, String)> {
     let mut proxy_cmd = proxy_bin.command();
@@ -100,8 +109,11 @@ pub(crate) async fn start_proxy(
     // The run's studies live as long as the run.
     proxy_cmd.arg("--state").arg(state_dir.join("proxy.redb"));
     transport_flags(&mut proxy_cmd, pki.map(|p| &p.proxy));
-    if noise_free_for_testing {
+    if modes.noise_free {
         proxy_cmd.arg("--allow-noise-free-for-testing");
+    }
+    if modes.skips_noise {
+        proxy_cmd.arg("--test-skips-noise");
     }
     let mut proxy = Guard(
         proxy_cmd

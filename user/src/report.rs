@@ -213,6 +213,9 @@ pub struct StudyReport {
     pub row_norm_choice: Option<RowNormChoice>,
     /// The budget spent per released block, and composed.
     pub budget: BudgetLedger,
+    /// Whom the noise guards against, and at what epsilon ([`Trust`]).
+    #[serde(default)]
+    pub trust: Trust,
     /// What the run warned of (also printed, and on report.html).
     #[serde(default)]
     pub warnings: Vec<Notice>,
@@ -528,5 +531,73 @@ mod tests {
         assert!(html.contains("spent epsilon 3.5"));
         assert_eq!(html.matches("<circle").count(), 3);
         assert!(html.contains("out/epsilon-0.5"));
+    }
+}
+
+/// Whom a run's noise guards against: who drew it, and the epsilon (at the
+/// run's delta) against the user alone and against the proxy, the user and up to
+/// `colluding_owners` owners together (docs/PRIVACY.md, "Noise from the owners").
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Trust {
+    /// "owners" (each added a share, [`dpca_common::dp::distributed`]) or "proxy".
+    pub noise_from: String,
+    /// epsilon against the user alone, the proxy following the protocol and every
+    /// owner's share in: each study sealed with `min_owners` at the fewest.
+    pub epsilon_against_user: f64,
+    /// epsilon against the proxy, the user and `colluding_owners` owners working
+    /// together; `None` where the proxy drew the noise, which such a coalition
+    /// can leave out.
+    pub epsilon_against_coalition: Option<f64>,
+    /// The owners the study allows to work with them (t).
+    pub colluding_owners: u32,
+}
+
+impl Trust {
+    /// The two guarantees of a run spending `budget` on studies of `spec`'s
+    /// cohort and noise. Where the owners add the noise, each share is sized for
+    /// h = min_owners - t honest owners, so rho scales by h / min_owners against
+    /// the user alone and stays the budget's against the coalition.
+    pub fn of(spec: &StudySpec, budget: &BudgetLedger) -> Self {
+        let (t, m) = (spec.colluding_owners, spec.min_owners);
+        if !spec.owners_add_noise() {
+            return Self {
+                noise_from: "proxy".into(),
+                epsilon_against_user: budget.epsilon,
+                epsilon_against_coalition: None,
+                colluding_owners: t,
+            };
+        }
+        let honest = dpca_common::dp::distributed::honest_shares(m, t);
+        let against_user = match budget.rho {
+            Some(rho) => dpca_common::dp::epsilon_for(
+                rho * f64::from(honest) / f64::from(m.max(1)),
+                budget.delta,
+            ),
+            None => budget.epsilon,
+        };
+        Self {
+            noise_from: "owners".into(),
+            epsilon_against_user: against_user.min(budget.epsilon),
+            epsilon_against_coalition: Some(budget.epsilon),
+            colluding_owners: t,
+        }
+    }
+
+    /// One line for a summary: who drew the noise and both guarantees.
+    pub fn line(&self) -> String {
+        match self.epsilon_against_coalition {
+            Some(coalition) => format!(
+                "noise drawn by the owners: epsilon {:.4} against the user alone, {:.4} against \
+                 the proxy, the user and {} together",
+                self.epsilon_against_user,
+                coalition,
+                dpca_shell::text::count(self.colluding_owners, "owner"),
+            ),
+            None => format!(
+                "noise drawn by the proxy: epsilon {:.4} against the user alone, none against \
+                 the proxy working with the user",
+                self.epsilon_against_user
+            ),
+        }
     }
 }

@@ -505,11 +505,14 @@ async fn fetch_sealed(
     request_release(client, study_id, proven.as_ref(), &wait).await?;
     let seconds_proxy = t.elapsed().as_secs_f64();
     let announced = proven_rows(proven.as_ref());
-    let plan = spec.release_plan(announced, noise_free_for_testing);
+    let plan = spec.release_plan(announced, noise_free_for_testing, sealed.owners_in.len());
     let expected = Expected {
         layout: &layout,
         n_rows: announced.unwrap_or(0),
-        noise_grid: plan.matrix.grid_parameter(),
+        noise_grid: spec
+            .proxy_plan(announced, noise_free_for_testing)
+            .matrix
+            .grid_parameter(),
     };
     let ciphertexts = fetch_release(client, sk.public(), study_id, &expected, CALL_TIMEOUT).await?;
     Ok(Released {
@@ -870,7 +873,7 @@ mod tests {
             owners_in: vec!["owner-1".into()],
             ..Default::default()
         };
-        let plan = spec.release_plan(None, false);
+        let plan = spec.proxy_plan(None, false);
         let result = v1::ResultChunk {
             noise_scale: spec.noise_sd_per_entry(&plan, None),
             noise_scale_grid: plan.matrix.grid_parameter().to_string(),
@@ -965,7 +968,7 @@ mod tests {
         }
         // One unit off (rounding on another platform) passes; the user reports its
         // own figures either way, whatever f64 the proxy sends beside them.
-        let plan = spec.release_plan(None, false);
+        let plan = spec.proxy_plan(None, false);
         for (i, near) in [&grid - 1u32, grid.clone(), &grid + 1u32]
             .iter()
             .enumerate()

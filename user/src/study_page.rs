@@ -242,6 +242,7 @@ fn facts(report: &StudyReport) -> String {
                 report.budget.epsilon, report.budget.delta
             ),
         ),
+        ("whom the noise guards against", report.trust.line()),
         ("noise sd per entry of S", format!("{:.4e}", report.sigma)),
         ("noise floor of S'/N", format!("{:.4}", report.noise_floor)),
         (

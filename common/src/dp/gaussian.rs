@@ -34,6 +34,10 @@ impl NoiseMechanism for Gaussian {
         true
     }
 
+    fn splits_over_owners(&self) -> bool {
+        true
+    }
+
     fn rho(&self, req: &PrivacyRequest) -> Option<f64> {
         Some(rho_for(req.epsilon, req.delta))
     }

@@ -93,6 +93,12 @@ pub trait NoiseMechanism: Send + Sync {
         true
     }
 
+    /// Whether owners can each add a share of its noise that sums to it
+    /// ([`super::distributed`]); the proxy draws the noise of the others.
+    fn splits_over_owners(&self) -> bool {
+        false
+    }
+
     /// The share of the budget the matrix gets in a classification study.
     fn class_matrix_share(&self) -> f64 {
         super::CLASS_MATRIX_SHARE

@@ -39,7 +39,7 @@ pub use central::central_release;
 pub use open::{open_release, ClassStats, Opened};
 pub use plausible::{check_release, Implausible, FALSE_ALARM};
 pub use release::{release, ReleaseSecrets};
-pub use share::{ClassRows, Share};
+pub use share::{ClassRows, Share, ShareNoise};
 
 use num_bigint::{BigInt, Sign};
 use num_traits::ToPrimitive;

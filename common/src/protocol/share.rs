@@ -5,6 +5,7 @@ use num_bigint::{BigInt, BigUint};
 
 use super::ProtocolError;
 use crate::data::normalize_row;
+use crate::dp::distributed::OwnerNoise;
 use crate::encoding::{FixedPoint, TriangleLayout};
 use crate::paillier::PublicKey;
 use crate::study::{Projection, StudyLayout};
@@ -196,6 +197,22 @@ impl Share {
         layout: &StudyLayout,
         pk: &PublicKey,
     ) -> Result<Vec<BigUint>, ProtocolError> {
+        self.noised_plaintexts(layout, pk, None)
+    }
+
+    /// [`Share::plaintexts`] with the owner's share of the study's noise added
+    /// to every released entry (`noise`: the matrix blocks' upper triangles, then
+    /// the vector block, as [`OwnerNoise::sample`] draws them), where the owners
+    /// add the noise ([`crate::dp::distributed`]).
+    pub fn noised_plaintexts(
+        &self,
+        layout: &StudyLayout,
+        pk: &PublicKey,
+        noise: Option<&ShareNoise>,
+    ) -> Result<Vec<BigUint>, ProtocolError> {
+        if let Some(noise) = noise {
+            return self.plaintexts_with(layout, pk, noise);
+        }
         let tri = layout.triangle.total();
         if self.r_upper.len() != layout.matrix_blocks * tri || self.v.len() != layout.vector_len {
             return Err(ProtocolError::Count {
@@ -226,6 +243,78 @@ impl Share {
         }
         out.push(BigUint::from(self.n));
         Ok(out)
+    }
+
+    /// The plaintexts with `noise` added, in big integers (noise and values
+    /// together may pass i128). Only a packed vector block is noised by owners
+    /// (`dp-mean`).
+    fn plaintexts_with(
+        &self,
+        layout: &StudyLayout,
+        pk: &PublicKey,
+        noise: &ShareNoise,
+    ) -> Result<Vec<BigUint>, ProtocolError> {
+        let tri = layout.triangle.total();
+        let matrix_len = layout.matrix_blocks * tri;
+        if self.r_upper.len() != matrix_len
+            || self.v.len() != layout.vector_len
+            || noise.matrix.len() != matrix_len
+            || noise.vector.len() != layout.vector_len
+            || !layout.vector_packed
+        {
+            return Err(ProtocolError::Count {
+                expected: 2 * (matrix_len + layout.vector_len),
+                got: self.r_upper.len() + self.v.len() + noise.matrix.len() + noise.vector.len(),
+            });
+        }
+        let noised = |values: &[i128], noise: &[BigInt]| -> Vec<BigInt> {
+            values
+                .iter()
+                .zip(noise)
+                .map(|(&x, e)| BigInt::from(x) + e)
+                .collect()
+        };
+        let r = noised(&self.r_upper, &noise.matrix);
+        let v = noised(&self.v, &noise.vector);
+        let dim = layout.triangle.dim;
+        let mut out = Vec::with_capacity(layout.owner_ciphertexts());
+        for block in r.chunks(tri.max(1)) {
+            for seg in &layout.triangle.segments {
+                let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
+                let packed = layout.budget.pack(&block[start..start + seg.len])?;
+                out.push(pk.encode_signed(&packed)?);
+            }
+        }
+        for &(start, len) in &layout.vector {
+            let packed = layout.vector_budget.pack(&v[start..start + len])?;
+            out.push(pk.encode_signed(&packed)?);
+        }
+        out.push(BigUint::from(self.n));
+        Ok(out)
+    }
+}
+
+/// One owner's draw of its share of the study's noise: the matrix blocks' upper
+/// triangles (row-major, block after block), then the vector block.
+#[derive(Clone, Debug)]
+pub struct ShareNoise {
+    /// Noise on the matrix blocks' upper triangles.
+    pub matrix: Vec<BigInt>,
+    /// Noise on the vector block.
+    pub vector: Vec<BigInt>,
+}
+
+impl ShareNoise {
+    /// Draws the share for `layout` from `noise`; `None` for a draw beyond the
+    /// tail the slots hold (probability below 2^-1000).
+    pub fn draw<R: rand::RngCore + rand::CryptoRng>(
+        noise: &OwnerNoise,
+        layout: &StudyLayout,
+        rng: &mut R,
+    ) -> Option<Self> {
+        let matrix = layout.matrix_blocks * layout.triangle.total();
+        let (matrix, vector) = noise.sample(matrix, layout.vector_len, rng)?;
+        Some(Self { matrix, vector })
     }
 }
 

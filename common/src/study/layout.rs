@@ -23,7 +23,10 @@ use crate::radix;
 /// - 3: a marginal histogram study ([`crate::study::Marginals`]): its vector block
 ///   alone, every feature's bins then the count, and no matrix block. The
 ///   layouts of other studies are those of version 2.
-pub const LAYOUT_VERSION: u32 = 3;
+/// - 4: in a study whose owners add the noise ([`crate::dp::distributed`]), the
+///   slots hold the sum of up to `quorum` owners' shares, and every owner adds
+///   its share before it encrypts (an owner of version 3 adds none).
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// The most ciphertexts one contribution holds by default, at the proxy (which
 /// holds every owner's while it folds) and at an owner (which encrypts its
@@ -245,7 +248,8 @@ pub struct LayoutPlan {
 
 impl LayoutPlan {
     /// Proves the slot widths from the study's public bounds (N_max, Cq, kappa and
-    /// the noise tail at N_max).
+    /// the noise tail at N_max: of the sum of up to `quorum` shares, where the
+    /// owners add the noise, as the proxy seals at its quorum).
     ///
     /// A slot needs to hold only the value that is decoded from it. In `mask`
     /// centering that is N S~ + E', not T: the user subtracts v' v'^T from the
@@ -255,7 +259,7 @@ impl LayoutPlan {
         let cq_int = spec.fixed.norm_bound_int();
         let cq = BigUint::from(cq_int);
         let n = BigUint::from(spec.max_rows);
-        let plan = spec.noise_plan(spec.max_rows);
+        let plan = spec.release_plan(Some(spec.max_rows), false, spec.quorum as usize);
         // Every vector entry (a sum of rows, or Cq times a count) is at most N Cq.
         let v_max = &n * &cq;
         // 2^vbits >= 2 max|v|, so v + b hides v up to statistical distance 2^-kappa.
@@ -446,7 +450,7 @@ mod tests {
                 l.release_ciphertexts(),
             )
         };
-        assert_eq!(LAYOUT_VERSION, 3);
+        assert_eq!(LAYOUT_VERSION, 4);
         // N_max = 1000 rows, Cq = 2^16, kappa = 40: v_max = 65,536,000 (26 bits),
         // so b has 27 + 40 = 67 bits and v' = v + b needs 68 bits, plus sign and
         // margin: 70-bit vector slots, 29 to a 2046-bit plaintext.

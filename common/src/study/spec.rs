@@ -4,6 +4,7 @@ use super::{
     param, ClassCovariance, ClassSpec, Marginals, NormBins, Projection, SpecError, StudyLayout,
     MAX_ROWS_LIMIT, MIN_KAPPA,
 };
+use crate::dp::distributed::{honest_shares, OwnerNoise};
 use crate::dp::{plan_marginal_noise, plan_noise_blocks, Centering, PrivacyRequest};
 use crate::encoding::FixedPoint;
 use crate::paillier::PublicKey;
@@ -101,6 +102,10 @@ pub struct SpecDraft {
     /// The owners invited, by id; empty: any authenticated owner may contribute.
     /// With a list, the proxy refuses others and says at the seal who is missing.
     pub expected_owners: Vec<String>,
+    /// Owners that may work with the proxy and the user (t). In a study whose
+    /// owners add the noise ([`SpecDraft::owner_noise`]) each share is calibrated
+    /// for `min_owners - t` honest owners; 0 in any other study.
+    pub colluding_owners: u32,
 }
 
 /// A study specification that passed every check of [`SpecDraft::validate`]: the
@@ -296,6 +301,35 @@ impl SpecDraft {
                 ),
             ));
         }
+        self.check_colluding()
+    }
+
+    /// t below min_owners (one honest share at least), and 0 where the proxy
+    /// draws the noise: no owner's share is then left to defend against it.
+    fn check_colluding(&self) -> Result<(), SpecError> {
+        let t = self.colluding_owners;
+        if t == 0 {
+            return Ok(());
+        }
+        if !self.owners_add_noise() {
+            return Err(param(
+                "colluding_owners",
+                format!(
+                    "{t} colluding owners need a study whose owners add the noise \
+                     (`dp-mean` centering with the gaussian mechanism); in this one the \
+                     proxy draws it"
+                ),
+            ));
+        }
+        if t >= self.min_owners {
+            return Err(param(
+                "colluding_owners",
+                format!(
+                    "must be below min_owners ({}), so one honest owner's noise is left; got {t}",
+                    self.min_owners
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -443,19 +477,57 @@ impl SpecDraft {
         )
     }
 
+    /// Whether the owners add this study's noise: `dp-mean` centering with a
+    /// mechanism that splits over owners ([`crate::dp::distributed`]). In the
+    /// others (`mask`, Laplace, Wishart, the classic Gaussian) the proxy draws it.
+    pub fn owners_add_noise(&self) -> bool {
+        self.privacy.centering == Centering::DpMean && self.privacy.mechanism.splits_over_owners()
+    }
+
+    /// The share of noise each owner adds, where the owners add it: the plan's
+    /// scales split over `min_owners - colluding_owners` honest owners.
+    pub fn owner_noise(&self) -> Option<OwnerNoise> {
+        if !self.owners_add_noise() {
+            return None;
+        }
+        let honest = honest_shares(self.min_owners, self.colluding_owners);
+        OwnerNoise::for_plan(&self.noise_plan(self.max_rows), honest)
+    }
+
+    /// The noise the proxy draws for a release: the plan for `n_rows`, none where
+    /// the owners add it, none at all on a study opened noise-free for testing.
+    /// The proxy reports its scale, and the user checks it against this.
+    pub fn proxy_plan(&self, n_rows: Option<u64>, noise_free: bool) -> crate::dp::NoisePlan {
+        let mut plan = self.noise_plan(n_rows.unwrap_or(0));
+        if noise_free || self.owners_add_noise() {
+            plan.matrix = crate::dp::NoiseScale::None;
+            plan.vector = plan.vector.map(|_| crate::dp::NoiseScale::None);
+        }
+        if noise_free {
+            plan.epsilon = f64::INFINITY;
+        }
+        plan
+    }
+
     /// The noise a release of this study carries: the plan for `n_rows` (N, proven
     /// to the proxy under `mask`; `None` under `dp-mean`, whose plan reads none),
     /// or none at all on a study opened noise-free for testing. The proxy draws it;
     /// the user, who knows all three, computes it too rather than take the
     /// proxy's word for it.
-    pub fn release_plan(&self, n_rows: Option<u64>, noise_free: bool) -> crate::dp::NoisePlan {
-        let mut plan = self.noise_plan(n_rows.unwrap_or(0));
-        if noise_free {
-            plan.matrix = crate::dp::NoiseScale::None;
-            plan.vector = plan.vector.map(|_| crate::dp::NoiseScale::None);
-            plan.epsilon = f64::INFINITY;
+    ///
+    /// Where the owners add the noise, it is the sum of the `owners` shares
+    /// counted ([`OwnerNoise::sum_plan`]); an owner adds none to a study opened
+    /// noise-free, which it has accepted by name.
+    pub fn release_plan(
+        &self,
+        n_rows: Option<u64>,
+        noise_free: bool,
+        owners: usize,
+    ) -> crate::dp::NoisePlan {
+        match (noise_free, self.owner_noise()) {
+            (false, Some(shares)) => shares.sum_plan(&self.noise_plan(n_rows.unwrap_or(0)), owners),
+            _ => self.proxy_plan(n_rows, noise_free),
         }
-        plan
     }
 
     /// The standard deviation of `plan`'s noise per entry of the scatter S, in
