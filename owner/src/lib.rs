@@ -543,9 +543,15 @@ async fn run_once(
     let encrypted = match kept {
         Some(kept) => kept,
         None => {
-            let (encrypted, seconds) =
-                encrypt_share(cfg, (&spec, served.noise_free), &layout, &bytes, &name, id.clone())
-                    .await?;
+            let (encrypted, seconds) = encrypt_share(
+                cfg,
+                (&spec, served.noise_free),
+                &layout,
+                &bytes,
+                &name,
+                id.clone(),
+            )
+            .await?;
             attempts.record_encryption(id, wire, encrypted.clone(), seconds);
             encrypted
         }
@@ -618,7 +624,14 @@ async fn encrypt_share(
     contribution_id: String,
 ) -> anyhow::Result<(Encrypted, f64)> {
     let noise = noise_share(spec, layout, noise_free, cfg.noise_source)?;
-    let prepared = prepare_share(spec, layout, bytes, name, cfg.label.as_deref(), noise.as_ref())?;
+    let prepared = prepare_share(
+        spec,
+        layout,
+        bytes,
+        name,
+        cfg.label.as_deref(),
+        noise.as_ref(),
+    )?;
     let bar = progress_bar(cfg.progress, prepared.plaintexts.len() as u64);
     let job = EncryptJob::new(
         cfg,

@@ -1333,7 +1333,9 @@ mod tests {
             count(&store, &mut s, "a", 1);
             count(&store, &mut s, "b", 2);
             let mut rng = ChaCha20Rng::seed_from_u64(9);
-            let released = s.compute_release(Some(10), crate::study::OwnNoise::Drawn, &mut rng).expect("release");
+            let released = s
+                .compute_release(Some(10), crate::study::OwnNoise::Drawn, &mut rng)
+                .expect("release");
             s.commit_release(released.clone()).expect("commit");
             store.save_study(&s).expect("save release");
             (s.clone(), released)

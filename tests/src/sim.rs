@@ -30,14 +30,14 @@ use dpca_common::protocol::{
 use dpca_common::risk::Risk;
 use dpca_common::study::{SpecDraft, StudyLayout, StudySpec};
 use dpca_owner::{NoiseSource, OwnerConfig, OwnerData};
-use rand::SeedableRng;
-use rand_chacha::ChaCha20Rng;
 use dpca_proto::v1;
 use dpca_proto::v1::proxy_client::ProxyClient;
 use dpca_proxy::world::{Clock, Entropy, ManualClock, SeededEntropy, SystemClock};
 use dpca_proxy::ProxyConfig;
 use dpca_shell::tls::{DevPki, Role, Transport};
 use dpca_user::session::OpenedStudy;
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
 use tonic::transport::Channel;
 
 /// The seed of owner `owner`'s noise share in the simulation of `seed`.

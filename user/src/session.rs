@@ -928,11 +928,12 @@ mod tests {
     /// The noise scale the user reports (sigma, the noise floor) is the spec's
     /// plan, which it computes itself: a release reported with other noise, or
     /// with none on a study not opened noise-free, is refused before anything of
-    /// it is decrypted. Before, the user took the proxy's figure into its report.
+    /// it is decrypted. The study is one whose noise the proxy draws (Laplace);
+    /// where the owners draw it, the proxy must report none (the next test).
     #[tokio::test]
     async fn a_release_reported_with_other_noise_than_the_spec_plans_is_refused() {
         let sk = dpca_common::testing::test_key();
-        let spec = dpca_common::testing::test_spec(sk.public(), 3);
+        let spec = proxy_noised_spec(sk.public());
         let plain = Transport::InsecurePlaintext;
         let (sealed, honest) = forged_seal(&spec, 2);
         let planned = honest.noise_scale_grid.clone();
@@ -986,6 +987,57 @@ mod tests {
             assert_eq!(got.noise_scale, spec.noise_sd_per_entry(&plan, None));
             assert_eq!(got.noise_scale_grid, planned);
         }
+    }
+
+    /// A spec whose noise the proxy draws: `dp-mean` under the Laplace mechanism.
+    fn proxy_noised_spec(pk: &PublicKey) -> StudySpec {
+        let privacy = dpca_common::dp::PrivacyRequest::new(
+            dpca_common::dp::Mechanism::LAPLACE,
+            dpca_common::dp::Centering::DpMean,
+            1.0,
+            1e-6,
+        )
+        .expect("request");
+        dpca_common::study::SpecDraft {
+            privacy,
+            ..dpca_common::testing::test_draft(pk, 3)
+        }
+        .validate()
+        .expect("spec")
+    }
+
+    /// Where the owners add the noise the proxy draws none: a release reported
+    /// with the noise the proxy would have drawn is refused, one reported with
+    /// none is read, and the user reports the owners' shares' sum.
+    #[tokio::test]
+    async fn where_the_owners_add_the_noise_the_proxy_must_report_none() {
+        let sk = dpca_common::testing::test_key();
+        let spec = dpca_common::testing::test_spec(sk.public(), 3);
+        assert!(spec.owners_add_noise());
+        let plain = Transport::InsecurePlaintext;
+        let (sealed, honest) = forged_seal(&spec, 2);
+        assert_eq!(honest.noise_scale_grid, "0", "the proxy plans none");
+        let own = spec.noise_plan(0).matrix.grid_parameter().to_string();
+        let result = v1::ResultChunk {
+            noise_scale_grid: own,
+            ..honest.clone()
+        };
+        let mut client = dpca_shell::testing::scripted_proxy(sealed.clone(), result).await;
+        let err = collect(
+            &mut client,
+            &plain,
+            sk,
+            OpenedStudy::new("own-noise", &spec),
+        )
+        .await
+        .expect_err("a proxy reporting noise of its own");
+        assert!(format!("{err:#}").contains("the spec's plan"), "{err:#}");
+        let mut client = dpca_shell::testing::scripted_proxy(sealed, honest).await;
+        let got = collect(&mut client, &plain, sk, OpenedStudy::new("owners", &spec))
+            .await
+            .expect("no noise of the proxy's own");
+        let shares = spec.release_plan(None, false, 1);
+        assert_eq!(got.noise_scale, spec.noise_sd_per_entry(&shares, None));
     }
 
     /// A proxy that gives a second study the id of the first is refused when it

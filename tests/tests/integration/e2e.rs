@@ -922,3 +922,58 @@ fn clipping_is_counted_and_warned_of() {
         "{warned:?}"
     );
 }
+
+/// The standard deviation of the released scatter's error off the diagonal
+/// (entries with i < j, in the normalized units `sigma` is stated in).
+fn off_diagonal_error_sd(released: &DMatrix<f64>, exact: &DMatrix<f64>) -> f64 {
+    let m = released.nrows();
+    let errors: Vec<f64> = (0..m)
+        .flat_map(|i| (i + 1..m).map(move |j| (i, j)))
+        .map(|(i, j)| released[(i, j)] - exact[(i, j)])
+        .collect();
+    let mean = errors.iter().sum::<f64>() / errors.len() as f64;
+    (errors.iter().map(|e| (e - mean).powi(2)).sum::<f64>() / errors.len() as f64).sqrt()
+}
+
+/// A proxy that draws none of its own noise (the test-only switch) still
+/// releases a scatter that carries the owners' noise, at the level study.json
+/// states, measured against the exact scatter; and with t = 1 colluding owners
+/// each owner's share grows so that the owners beyond t carry all of it.
+#[test]
+fn a_proxy_that_skips_its_noise_leaves_the_owners_noise_in_the_release() {
+    let (dir, data) = train_set();
+    let (s_exact, _) = reference();
+    let mut stated = Vec::new();
+    for t in ["0", "1"] {
+        let out = dir.path().join(format!("skips-{t}"));
+        let o = local(
+            &data,
+            &out,
+            &["--test-proxy-skips-noise", "--colluding-owners", t],
+        );
+        assert!(o.status.success(), "t = {t}: {}", describe(&o));
+        let js = study_json(&out);
+        assert_eq!(js["trust"]["noise_from"], "owners", "t = {t}");
+        let sigma = js["sigma"].as_f64().expect("sigma");
+        let s = read_matrix(&out.join("scatter.csv"), false);
+        let measured = off_diagonal_error_sd(&s, &s_exact);
+        // 2,016 entries: the sample sd is within a few percent of the true one;
+        // the noisy mean's share of the error adds a little.
+        assert!(
+            (0.85..1.2).contains(&(measured / sigma)),
+            "t = {t}: measured sd {measured:.4e}, study.json states {sigma:.4e}"
+        );
+        let coalition = js["trust"]["epsilon_against_coalition"].as_f64();
+        let budget = js["budget"]["epsilon"].as_f64().expect("budget epsilon");
+        assert_eq!(coalition, Some(budget), "t = {t}");
+        let user = js["trust"]["epsilon_against_user"].as_f64().expect("user");
+        assert!(user <= budget + 1e-12, "t = {t}: {user} > {budget}");
+        stated.push((sigma, user, budget));
+    }
+    // Three owners, min_owners 3: the shares' sum is sigma^2 at t = 0 and
+    // 3/2 sigma^2 at t = 1, where the user alone then faces a smaller epsilon.
+    let ratio = stated[1].0 / stated[0].0;
+    assert!((ratio - 1.5f64.sqrt()).abs() < 0.01, "sd ratio {ratio}");
+    assert!((stated[0].1 - stated[0].2).abs() < 1e-9, "{stated:?}");
+    assert!(stated[1].1 < stated[1].2, "{stated:?}");
+}
