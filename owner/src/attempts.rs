@@ -51,6 +51,9 @@ pub(crate) struct SpecChanged;
 struct Kept {
     contribution_id: String,
     spec: v1::StudySpec,
+    /// Whether the proxy said the study was noise-free (the owner then added no
+    /// noise share): a later answer that it is not must not reuse this one.
+    noise_free: bool,
     encrypted: Encrypted,
 }
 
@@ -91,17 +94,17 @@ impl Attempts {
 
     /// The contribution kept from an earlier attempt if it was encrypted for
     /// `contribution_id`; refused if it was encrypted for another spec than
-    /// `spec`.
+    /// `spec`, or with another noise-free flag than `noise_free`.
     pub fn kept_for(
         &self,
         contribution_id: &str,
-        spec: &v1::StudySpec,
+        (spec, noise_free): (&v1::StudySpec, bool),
     ) -> Result<Option<Encrypted>, SpecChanged> {
         let state = self.state();
         let Some(kept) = state.kept.as_ref() else {
             return Ok(None);
         };
-        if &kept.spec != spec {
+        if &kept.spec != spec || kept.noise_free != noise_free {
             return Err(SpecChanged);
         }
         Ok((kept.contribution_id == contribution_id).then(|| kept.encrypted.clone()))
@@ -112,7 +115,7 @@ impl Attempts {
     pub fn record_encryption(
         &self,
         contribution_id: String,
-        spec: v1::StudySpec,
+        (spec, noise_free): (v1::StudySpec, bool),
         encrypted: Encrypted,
         seconds: f64,
     ) {
@@ -122,6 +125,7 @@ impl Attempts {
         state.kept = Some(Kept {
             contribution_id,
             spec,
+            noise_free,
             encrypted,
         });
     }
@@ -155,23 +159,27 @@ mod tests {
     fn a_contribution_is_reused_only_for_its_id_and_its_spec() {
         let attempts = Attempts::default();
         assert_eq!(
-            attempts.kept_for("id", &spec(1)).map(|k| k.is_some()),
+            attempts
+                .kept_for("id", (&spec(1), false))
+                .map(|k| k.is_some()),
             Ok(false)
         );
-        attempts.record_encryption("id".into(), spec(1), encrypted(7), 2.0);
+        attempts.record_encryption("id".into(), (spec(1), false), encrypted(7), 2.0);
         let again = attempts
-            .kept_for("id", &spec(1))
+            .kept_for("id", (&spec(1), false))
             .expect("same spec")
             .expect("kept");
         assert_eq!(again.rows, 7);
         // The same chunks, not a copy of them.
         let first = attempts
-            .kept_for("id", &spec(1))
+            .kept_for("id", (&spec(1), false))
             .expect("same spec")
             .expect("kept");
         assert!(Arc::ptr_eq(&first.chunks, &again.chunks));
         // Another data file (another id) is encrypted afresh.
-        let other = attempts.kept_for("other", &spec(1)).expect("same spec");
+        let other = attempts
+            .kept_for("other", (&spec(1), false))
+            .expect("same spec");
         assert!(other.is_none());
     }
 
@@ -180,13 +188,17 @@ mod tests {
     #[test]
     fn a_spec_changed_between_attempts_ends_the_run() {
         let attempts = Attempts::default();
-        attempts.record_encryption("id".into(), spec(1), encrypted(7), 2.0);
+        attempts.record_encryption("id".into(), (spec(1), false), encrypted(7), 2.0);
         assert_eq!(
-            attempts.kept_for("id", &spec(2)).map(|k| k.is_some()),
+            attempts
+                .kept_for("id", (&spec(2), false))
+                .map(|k| k.is_some()),
             Err(SpecChanged)
         );
         assert_eq!(
-            attempts.kept_for("other", &spec(2)).map(|k| k.is_some()),
+            attempts
+                .kept_for("other", (&spec(2), false))
+                .map(|k| k.is_some()),
             Err(SpecChanged)
         );
     }
@@ -195,10 +207,10 @@ mod tests {
     fn the_count_adds_up_attempts_and_encryptions() {
         let attempts = Attempts::default();
         attempts.begin();
-        attempts.record_encryption("id".into(), spec(1), encrypted(1), 2.0);
+        attempts.record_encryption("id".into(), (spec(1), false), encrypted(1), 2.0);
         attempts.begin();
         attempts.begin();
-        attempts.record_encryption("other".into(), spec(1), encrypted(1), 3.0);
+        attempts.record_encryption("other".into(), (spec(1), false), encrypted(1), 3.0);
         assert_eq!(
             attempts.tally(),
             Tally {
@@ -208,7 +220,24 @@ mod tests {
             }
         );
         // The last encryption replaced the first.
-        let kept = |id| attempts.kept_for(id, &spec(1)).map(|k| k.is_some());
+        let kept = |id| {
+            attempts
+                .kept_for(id, (&spec(1), false))
+                .map(|k| k.is_some())
+        };
         assert_eq!((kept("id"), kept("other")), (Ok(false), Ok(true)));
+    }
+
+    /// An encryption made while the proxy said the study was noise-free (no
+    /// noise share added) is not reused once it says the study is not.
+    #[test]
+    fn a_noise_free_encryption_is_not_reused_for_a_noised_study() {
+        let attempts = Attempts::default();
+        attempts.record_encryption("id".into(), (spec(1), true), encrypted(7), 2.0);
+        assert!(attempts.kept_for("id", (&spec(1), false)).is_err());
+        assert!(matches!(
+            attempts.kept_for("id", (&spec(1), true)),
+            Ok(Some(_))
+        ));
     }
 }

@@ -56,6 +56,12 @@ struct Args {
         required_unless_present = "invitation"
     )]
     key_fingerprint: Option<String>,
+    /// SHA-256 of the study's spec as the user opened it (`user study` prints it
+    /// and writes it into the invitation). The owner refuses a spec the proxy
+    /// serves of another digest: where the owners add the noise, the spec sizes
+    /// each owner's share.
+    #[arg(long, env = "DPCA_SPEC_DIGEST", conflicts_with = "invitation")]
+    spec_digest: Option<String>,
     /// Label column to exclude from the features.
     #[arg(long)]
     label: Option<String>,
@@ -177,6 +183,7 @@ impl Invocation {
             data,
             owner_id,
             key_fingerprint: args.key_fingerprint.unwrap_or_default(),
+            spec_digest: args.spec_digest,
             label: args.label,
             progress: !args.quiet,
             budget_cap: args.budget_cap,

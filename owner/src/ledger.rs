@@ -63,10 +63,9 @@ struct Charged {
 impl Charged {
     /// `spec`, served as study `study_id` under the key `key_fingerprint`.
     fn of(key_fingerprint: &str, study_id: &str, spec: &StudySpec) -> Self {
-        let wire = dpca_proto::convert::spec_to_wire(spec).encode_to_vec();
         Self {
             study: format!("{}/{study_id}", key_fingerprint.trim().to_lowercase()),
-            spec_sha256: hex::encode(Sha256::digest(wire)),
+            spec_sha256: dpca_shell::invitation::spec_digest(spec),
             epsilon: spec.privacy.epsilon,
             delta: spec.privacy.delta,
         }

@@ -78,6 +78,10 @@ pub struct OwnerConfig {
     /// This data set's own ledger of studies charged, kept beside the proxy's
     /// ([`ledger`]); a study it refuses is not uploaded.
     pub ledger: Option<ledger::Ledger>,
+    /// SHA-256 of the spec the user opened, obtained out of band with the key
+    /// fingerprint (the invitation's `spec-digest`): a served spec of another
+    /// digest is refused. `None`: the served spec is taken as it comes.
+    pub spec_digest: Option<String>,
     /// Where this owner's noise share comes from ([`NoiseSource`]): the
     /// operating system's randomness but in a simulation that replays it.
     pub noise_source: NoiseSource,
@@ -192,6 +196,7 @@ fn invited(cfg: &OwnerConfig, inv: &Invitation) -> OwnerConfig {
     OwnerConfig {
         study_id: inv.study.clone(),
         key_fingerprint: inv.key_fingerprint.clone(),
+        spec_digest: inv.spec_digest.clone(),
         ..cfg.clone()
     }
 }
@@ -532,13 +537,14 @@ async fn run_once(
     let mut client = connect_for_retry(cfg).await?;
     let served = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
     let spec = served.spec;
+    check_spec_digest(&cfg.study_id, &spec, cfg.spec_digest.as_deref())?;
     check_risks(&cfg.study_id, &spec, served.noise_free, &cfg.accepted_risks)?;
     check_invited(&cfg.study_id, &spec, &cfg.owner_id)?;
     let layout = cfg.work.layout(&cfg.study_id, &spec)?;
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
     let wire = spec_to_wire(&spec);
     let kept = attempts
-        .kept_for(&id, &wire)
+        .kept_for(&id, (&wire, served.noise_free))
         .with_context(|| format!("study `{}`", cfg.study_id))?;
     let encrypted = match kept {
         Some(kept) => kept,
@@ -552,7 +558,7 @@ async fn run_once(
                 id.clone(),
             )
             .await?;
-            attempts.record_encryption(id, wire, encrypted.clone(), seconds);
+            attempts.record_encryption(id, (wire, served.noise_free), encrypted.clone(), seconds);
             encrypted
         }
     };
@@ -715,6 +721,29 @@ struct PreparedShare {
     plaintexts: Vec<BigUint>,
     rows: u64,
     clipped_rows: usize,
+}
+
+/// The served spec is the one the user opened, where the owner was given its
+/// digest: a proxy serving another (a larger `min_owners`, which shrinks each
+/// owner's noise share; other bounds; another epsilon) is refused before the data
+/// is read.
+fn check_spec_digest(study_id: &str, spec: &StudySpec, want: Option<&str>) -> anyhow::Result<()> {
+    let Some(want) = want else {
+        tracing::warn!(
+            study = study_id,
+            "no spec digest given (--spec-digest, or the invitation's spec-digest): the spec \
+             the proxy serves is taken on its word"
+        );
+        return Ok(());
+    };
+    let got = dpca_shell::invitation::spec_digest(spec);
+    if !got.eq_ignore_ascii_case(want.trim()) {
+        bail!(
+            "study `{study_id}`: the proxy served a spec of digest {got}, not the {want} the \
+             user's invitation names; refusing (docs/PRIVACY.md, \"The spec an owner is served\")"
+        );
+    }
+    Ok(())
 }
 
 /// This owner's share of the study's noise, where the owners add it

@@ -9,7 +9,12 @@
 //! ```toml
 //! study = "3f2a..."
 //! key-fingerprint = "9c1e..."
+//! spec-digest = "5b0d..."
 //! ```
+//!
+//! The spec digest ([`spec_digest`]) pins the whole spec the user opened: where
+//! the owners add the noise, the spec sizes each owner's share, and a proxy that
+//! served owners another (a larger `min_owners`) would shrink it.
 
 use std::path::{Path, PathBuf};
 
@@ -44,6 +49,24 @@ pub struct Invitation {
     pub study: String,
     /// SHA-256 fingerprint (64 hex digits) of the data user's public key.
     pub key_fingerprint: String,
+    /// SHA-256 (64 hex digits) of the study's spec as the user opened it
+    /// ([`spec_digest`]); an invitation written before it existed has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_digest: Option<String>,
+}
+
+/// SHA-256 of `spec` as the wire carries it, in hex: what an invitation pins and
+/// an owner's ledger records. Both sides encode with the same layout version.
+pub fn spec_digest(spec: &dpca_common::study::StudySpec) -> String {
+    use prost::Message;
+    let wire = dpca_proto::convert::spec_to_wire(spec).encode_to_vec();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &wire);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A SHA-256 in hex: 64 hex digits.
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.chars().all(|c| c.is_ascii_hexdigit())
 }
 
 /// A study id's shape: 1 to 128 letters, digits, `-` and `_`. The proxy draws
@@ -66,13 +89,14 @@ impl Invitation {
     /// fingerprint of 64 hex digits.
     pub fn validate(&self) -> Result<(), String> {
         check_study_id(&self.study)?;
-        if self.key_fingerprint.len() != 64
-            || !self.key_fingerprint.chars().all(|c| c.is_ascii_hexdigit())
-        {
+        if !is_sha256_hex(&self.key_fingerprint) {
             return Err(format!(
                 "`{}` is not a key fingerprint (64 hex digits)",
                 self.key_fingerprint
             ));
+        }
+        if let Some(d) = self.spec_digest.as_ref().filter(|d| !is_sha256_hex(d)) {
+            return Err(format!("`{d}` is not a spec digest (64 hex digits)"));
         }
         Ok(())
     }
@@ -135,7 +159,7 @@ mod tests {
             study in "[A-Za-z0-9_-]{1,64}",
             fp in "[0-9a-f]{64}",
         ) {
-            let inv = Invitation { study, key_fingerprint: fp };
+            let inv = Invitation { study, key_fingerprint: fp, spec_digest: None };
             let back = Invitation::parse(&inv.to_toml(), Path::new("inv.toml"));
             prop_assert_eq!(back.ok(), Some(inv));
         }
@@ -177,6 +201,7 @@ mod tests {
             let inv = Invitation {
                 study: study.into(),
                 key_fingerprint: fp.clone(),
+                spec_digest: Some("ef".repeat(32)),
             };
             inv.write(&path).expect("write");
             assert_eq!(Invitation::read(&path).expect("read"), inv);

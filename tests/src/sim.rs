@@ -377,6 +377,7 @@ impl Sim {
             accepted_risks: vec![Risk::MaskCentering],
             work: dpca_owner::work::WorkCap::default(),
             ledger: None,
+            spec_digest: Some(dpca_shell::invitation::spec_digest(&self.spec)),
             noise_source: NoiseSource::Seeded(owner_seed(self.seed, owner)),
         };
         let got = self.rt.block_on(dpca_owner::run(&cfg));

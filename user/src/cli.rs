@@ -119,9 +119,11 @@ pub struct StudyArgs {
     /// `dp-mean` study under the gaussian mechanism each owner adds a share of
     /// the noise, sized so that the owners beyond t, at the fewest the study
     /// seals with (--min-owners), carry all of it: epsilon then holds against
-    /// the proxy, the user and t owners together, and is smaller against the
-    /// user alone. Each extra t adds noise: variance times min_owners /
-    /// (min_owners - t) with every owner present.
+    /// the user with t owners, and is smaller against the user alone (the
+    /// proxy working with the user reads each owner's contribution with its own
+    /// share of noise alone; study.json states all three). Each extra t adds
+    /// noise: variance times min_owners / (min_owners - t) with every owner
+    /// present.
     #[arg(long, default_value_t = 0)]
     pub colluding_owners: u32,
     /// Label column to exclude from the features.

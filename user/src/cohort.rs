@@ -78,17 +78,19 @@ impl Cohort for InvitedCohort {
         fingerprint: &str,
         spec: &StudySpec,
     ) -> anyhow::Result<Vec<OwnerReport>> {
+        let digest = dpca_shell::invitation::spec_digest(spec);
         let inv = Invitation {
             study: study_id.to_string(),
             key_fingerprint: fingerprint.to_string(),
+            spec_digest: Some(digest.clone()),
         };
         if let Some(path) = &self.0.invitation {
             inv.write(path)?;
             eprintln!("invitation written to {}", path.display());
         }
         eprintln!(
-            "invite the owners {} to study {study_id} (key fingerprint {fingerprint}); it seals \
-             at {}, or at its deadline with at least {}",
+            "invite the owners {} to study {study_id} (key fingerprint {fingerprint}, spec \
+             digest {digest}); it seals at {}, or at its deadline with at least {}",
             self.0.owners.join(", "),
             dpca_shell::text::count(spec.quorum, "contribution"),
             dpca_shell::text::count(spec.min_owners, "owner")
@@ -199,8 +201,8 @@ impl LocalCohort {
         i: usize,
         study_id: &str,
         fingerprint: &str,
+        spec: &StudySpec,
         risks: &[Risk],
-        baseline: bool,
     ) -> anyhow::Result<Command> {
         let mut cmd = self.owner_bin.command();
         cmd.env_remove("DPCA_CONFIG");
@@ -224,6 +226,7 @@ impl LocalCohort {
         .arg("--data")
         .arg(&self.owner_files[i])
         .args(["--key-fingerprint", fingerprint, "--quiet"])
+        .args(["--spec-digest", &dpca_shell::invitation::spec_digest(spec)])
         .arg("--budget-cap")
         .arg(format!("{},{}", self.budget_cap.0, self.budget_cap.1));
         if let Some(l) = &self.owner_label {
@@ -233,7 +236,7 @@ impl LocalCohort {
             cmd.args(["--accept-risk", r.name()]);
         }
         // The user asked for the paper's way, to compare speeds.
-        if baseline {
+        if spec.baseline {
             cmd.arg("--allow-baseline");
         }
         cmd.stdout(std::process::Stdio::piped())
@@ -271,7 +274,7 @@ impl Cohort for LocalCohort {
         let mut tasks = Vec::new();
         for i in 0..self.owner_files.len() {
             let child = self
-                .owner_command(i, study_id, fingerprint, &risks, spec.baseline)?
+                .owner_command(i, study_id, fingerprint, spec, &risks)?
                 .spawn()
                 .with_context(|| format!("cannot start {}", self.owner_bin.program.display()))?;
             let bar = bar.clone();

@@ -535,8 +535,9 @@ mod tests {
 }
 
 /// Whom a run's noise guards against: who drew it, and the epsilon (at the
-/// run's delta) against the user alone and against the proxy, the user and up to
-/// `colluding_owners` owners together (docs/PRIVACY.md, "Noise from the owners").
+/// run's delta) against the user alone, against the user with up to
+/// `colluding_owners` owners, and against the proxy working with the user
+/// (docs/PRIVACY.md, "Noise from the owners").
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Trust {
     /// "owners" (each added a share, [`dpca_common::dp::distributed`]) or "proxy".
@@ -544,60 +545,105 @@ pub struct Trust {
     /// epsilon against the user alone, the proxy following the protocol and every
     /// owner's share in: each study sealed with `min_owners` at the fewest.
     pub epsilon_against_user: f64,
-    /// epsilon against the proxy, the user and `colluding_owners` owners working
-    /// together; `None` where the proxy drew the noise, which such a coalition
-    /// can leave out.
-    pub epsilon_against_coalition: Option<f64>,
-    /// The owners the study allows to work with them (t).
+    /// epsilon against the user and `colluding_owners` owners together, the proxy
+    /// aggregating as it should (whether or not it adds noise of its own).
+    pub epsilon_against_user_and_owners: f64,
+    /// epsilon of each owner's rows against the proxy working with the user: they
+    /// decrypt its contribution alone, with only its own noise share on it. `None`
+    /// where the proxy drew the noise: the contribution then carries none.
+    pub epsilon_against_proxy_and_user: Option<f64>,
+    /// The owners the study allows to work with the user (t).
     pub colluding_owners: u32,
 }
 
 impl Trust {
-    /// The two guarantees of a run spending `budget` on studies of `spec`'s
-    /// cohort and noise. Where the owners add the noise, each share is sized for
+    /// The guarantees of a run spending `budget` on studies of `spec`'s cohort
+    /// and noise. Where the owners add the noise each share is sized for
     /// h = min_owners - t honest owners, so rho scales by h / min_owners against
-    /// the user alone and stays the budget's against the coalition.
+    /// the user alone, stays the budget's against the user with t owners, and is
+    /// h times the budget's for one share alone.
     pub fn of(spec: &StudySpec, budget: &BudgetLedger) -> Self {
-        let (t, m) = (spec.colluding_owners, spec.min_owners);
+        let (t, m) = (spec.colluding_owners, spec.min_owners.max(1));
         if !spec.owners_add_noise() {
             return Self {
                 noise_from: "proxy".into(),
                 epsilon_against_user: budget.epsilon,
-                epsilon_against_coalition: None,
+                epsilon_against_user_and_owners: budget.epsilon,
+                epsilon_against_proxy_and_user: None,
                 colluding_owners: t,
             };
         }
-        let honest = dpca_common::dp::distributed::honest_shares(m, t);
-        let against_user = match budget.rho {
+        let h = dpca_common::dp::distributed::honest_shares(m, t);
+        let scaled = |shares_calibrated: u32, present: u32| match budget.rho {
             Some(rho) => dpca_common::dp::epsilon_for(
-                rho * f64::from(honest) / f64::from(m.max(1)),
+                rho * f64::from(shares_calibrated) / f64::from(present),
                 budget.delta,
             ),
-            None => budget.epsilon,
+            None => f64::INFINITY,
         };
         Self {
             noise_from: "owners".into(),
-            epsilon_against_user: against_user.min(budget.epsilon),
-            epsilon_against_coalition: Some(budget.epsilon),
+            epsilon_against_user: scaled(h, m).min(budget.epsilon),
+            epsilon_against_user_and_owners: budget.epsilon,
+            epsilon_against_proxy_and_user: Some(scaled(h, 1).max(budget.epsilon)),
             colluding_owners: t,
         }
     }
 
-    /// One line for a summary: who drew the noise and both guarantees.
+    /// One line for a summary: who drew the noise and the guarantees.
     pub fn line(&self) -> String {
-        match self.epsilon_against_coalition {
-            Some(coalition) => format!(
+        match self.epsilon_against_proxy_and_user {
+            Some(pair) => format!(
                 "noise drawn by the owners: epsilon {:.4} against the user alone, {:.4} against \
-                 the proxy, the user and {} together",
+                 the user with {}, {:.4} for each owner against the proxy working with the user \
+                 (they decrypt its contribution, with its own noise share alone)",
                 self.epsilon_against_user,
-                coalition,
+                self.epsilon_against_user_and_owners,
                 dpca_shell::text::count(self.colluding_owners, "owner"),
+                pair,
             ),
             None => format!(
-                "noise drawn by the proxy: epsilon {:.4} against the user alone, none against \
-                 the proxy working with the user",
+                "noise drawn by the proxy: epsilon {:.4} against the user, none against the \
+                 proxy working with the user",
                 self.epsilon_against_user
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod trust_tests {
+    use super::*;
+    use dpca_common::dp::{budget_ledger, epsilon_for};
+    use dpca_common::study::SpecDraft;
+
+    /// Three owners, t = 1: h = 2 shares carry the study's noise. Against the
+    /// user alone rho is 2/3 of the budget's; with one owner, the budget's; for
+    /// one owner's contribution read by the proxy and the user, twice it.
+    #[test]
+    fn the_guarantees_scale_with_the_shares_each_faces() {
+        let key = dpca_common::testing::test_key();
+        let spec = SpecDraft {
+            min_owners: 3,
+            quorum: 3,
+            colluding_owners: 1,
+            ..dpca_common::testing::test_draft(key.public(), 4)
+        }
+        .validate()
+        .expect("spec");
+        let budget = budget_ledger(&spec.privacy, false);
+        let rho = budget.rho.expect("zCDP");
+        let trust = Trust::of(&spec, &budget);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert_eq!(trust.noise_from, "owners");
+        assert!(close(
+            trust.epsilon_against_user,
+            epsilon_for(rho * 2.0 / 3.0, budget.delta)
+        ));
+        assert!(close(trust.epsilon_against_user_and_owners, budget.epsilon));
+        let pair = trust
+            .epsilon_against_proxy_and_user
+            .expect("owners' shares");
+        assert!(close(pair, epsilon_for(2.0 * rho, budget.delta)), "{pair}");
     }
 }

@@ -280,7 +280,7 @@ fn distinct<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> anyhow::Res
     let mut sorted: Vec<&str> = names.collect();
     sorted.sort_unstable();
     if sorted.windows(2).any(|w| w[0] == w[1]) {
-        bail!("the proxy names an owner twice among the {what}: E[N] not decrypted");
+        bail!("the proxy names an owner twice among the {what}");
     }
     Ok(sorted)
 }
@@ -291,30 +291,44 @@ fn check_counted_owners(sealed: &v1::SealedStudy, spec: &StudySpec) -> anyhow::R
     let counted = distinct(
         sealed.owners_in.iter().map(String::as_str),
         "owners counted",
-    )?;
+    )
+    .context("E[N] not decrypted")?;
     let signers = distinct(
         sealed.counts.iter().map(|c| c.owner_id.as_str()),
         "signed counts",
-    )?;
+    )
+    .context("E[N] not decrypted")?;
     if signers != counted {
         bail!(
             "the proxy's signed counts are of owners {signers:?}, the owners counted are \
              {counted:?}: E[N] not decrypted"
         );
     }
-    if counted.len() < spec.min_owners as usize {
+    check_owners_in(sealed, spec).context("E[N] not decrypted")
+}
+
+/// The owners the proxy says it counted are distinct, invited where the spec
+/// names the owners, and at least `min_owners` and at most `quorum` of them (the
+/// proxy seals at its quorum). Their number sizes the noise the user reads off
+/// a study whose owners add it, so it is checked before anything is read.
+fn check_owners_in(sealed: &v1::SealedStudy, spec: &StudySpec) -> anyhow::Result<()> {
+    let counted = distinct(
+        sealed.owners_in.iter().map(String::as_str),
+        "owners counted",
+    )?;
+    if counted.len() < spec.min_owners as usize || counted.len() > spec.quorum as usize {
         bail!(
-            "the proxy counted {}, fewer than the study's minimum of {}: E[N] not \
-             decrypted",
+            "the proxy counted {}, outside the study's {} to {}",
             dpca_shell::text::count(counted.len() as u64, "owner"),
-            spec.min_owners
+            spec.min_owners,
+            spec.quorum
         );
     }
     if let Some(stranger) = counted
         .iter()
         .find(|o| !spec.expected_owners.is_empty() && !spec.expected_owners.iter().any(|e| e == *o))
     {
-        bail!("the proxy counted `{stranger}`, who was not invited: E[N] not decrypted");
+        bail!("the proxy counted `{stranger}`, who was not invited");
     }
     Ok(())
 }
@@ -497,6 +511,7 @@ async fn fetch_sealed(
     let within = until_past(spec.deadline_unix_ms, now_unix_ms()?, SEAL_GRACE);
     let t = Instant::now();
     let sealed = await_seal(client, study_id, within).await?;
+    check_owners_in(&sealed, spec).context("the sealed study is refused")?;
     let seconds_seal = t.elapsed().as_secs_f64();
     let proven = count_to_prove(&sealed, transport, sk, spec, study_id)?;
     let layout = StudyLayout::new(spec)?;
@@ -703,7 +718,13 @@ fn check_noise_grid(reported: &str, planned: &BigUint) -> anyhow::Result<()> {
     let value = BigUint::parse_bytes(reported.as_bytes(), 10)
         .with_context(|| format!("proxy reported an unreadable noise scale `{reported}`"))?;
     let one = BigUint::from(1u32);
-    if &value + &one < *planned || value > planned + &one {
+    // No slack where no noise is planned: the proxy draws none, exactly.
+    let slack = if planned.is_zero() {
+        BigUint::zero()
+    } else {
+        one
+    };
+    if &value + &slack < *planned || value > planned + &slack {
         bail!(
             "proxy released with noise {value} on the integer grid; the spec's plan for this \
              release is {planned}"
@@ -986,6 +1007,35 @@ mod tests {
                 .expect("the planned noise, within a unit");
             assert_eq!(got.noise_scale, spec.noise_sd_per_entry(&plan, None));
             assert_eq!(got.noise_scale_grid, planned);
+        }
+    }
+
+    /// The owners the proxy says it counted size the noise the user reads off a
+    /// study whose owners add it: more than the quorum, a name twice, or fewer
+    /// than the minimum is refused before anything is decrypted.
+    #[tokio::test]
+    async fn a_proxy_claiming_owners_it_cannot_have_counted_is_refused() {
+        let sk = dpca_common::testing::test_key();
+        let spec = dpca_common::testing::test_spec(sk.public(), 3);
+        assert_eq!((spec.min_owners, spec.quorum), (1, 3));
+        let plain = Transport::InsecurePlaintext;
+        let (sealed, result) = forged_seal(&spec, 2);
+        let claims: [&[&str]; 3] = [&["a", "b", "c", "d"], &["a", "a"], &[]];
+        for (i, names) in claims.into_iter().enumerate() {
+            let sealed = v1::SealedStudy {
+                owners_in: names.iter().map(|s| s.to_string()).collect(),
+                ..sealed.clone()
+            };
+            let mut client = dpca_shell::testing::scripted_proxy(sealed, result.clone()).await;
+            let id = format!("claims-{i}");
+            let err = collect(&mut client, &plain, sk, OpenedStudy::new(&id, &spec))
+                .await
+                .expect_err("an impossible list of owners counted");
+            let err = format!("{err:#}");
+            assert!(
+                err.contains("the sealed study is refused"),
+                "{names:?}: {err}"
+            );
         }
     }
 

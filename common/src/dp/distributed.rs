@@ -19,8 +19,7 @@
 //!   so the first term is at most the block's planned 2 rho, and s^2 >= 100 makes
 //!   tau d / 4 below 10^-420 d h, far under the 10^-9 relative pad every
 //!   calibration rounds up by ([`super::noise`]). So the honest shares alone
-//!   give the study's planned rho, and h shares give rho h_min / h
-//!   ([`scaled_epsilon`]).
+//!   give the study's planned rho, and h shares give rho h_min / h.
 //! - **Citation**: Kairouz, Liu and Steinke, "The Distributed Discrete Gaussian
 //!   Mechanism for Federated Learning with Secure Aggregation" (ICML 2021), the
 //!   privacy of the sum of independent discrete Gaussians; the property test
@@ -34,7 +33,7 @@ use rand::{CryptoRng, RngCore};
 
 use super::noise::iid;
 use super::sampler::{discrete_gaussian, Ratio};
-use super::{epsilon_for, rho_for, NoisePlan, NoiseScale};
+use super::{NoisePlan, NoiseScale};
 
 /// The least variance of one owner's share, grid units: it keeps the bound's tau
 /// term below every rounding the calibrations allow for.
@@ -157,17 +156,6 @@ pub fn ddg_rho(l2: f64, h: u32, s2: f64, dim: usize) -> f64 {
     eps * eps / 2.0
 }
 
-/// The epsilon (at `delta`) of a study calibrated to (`epsilon`, `delta`) for
-/// `calibrated` honest shares when `present` honest shares are in the sum:
-/// rho scales by calibrated / present (the contract above).
-pub fn scaled_epsilon(epsilon: f64, delta: f64, calibrated: u32, present: usize) -> f64 {
-    if present == 0 {
-        return f64::INFINITY;
-    }
-    let rho = rho_for(epsilon, delta) * f64::from(calibrated) / present as f64;
-    epsilon_for(rho, delta)
-}
-
 /// `v` as f64 (for the bound's arithmetic), infinite when out of range.
 pub fn big_to_f64(v: &BigUint) -> f64 {
     if v.is_zero() {
@@ -257,15 +245,6 @@ mod tests {
             let got = ddg_rho(l2, h, big_to_f64(&s2), 500_000);
             prop_assert!(got <= planned * (1.0 + 1e-9), "{got} > {planned}");
         }
-    }
-
-    #[test]
-    fn more_shares_scale_rho_down() {
-        let (e, d) = (1.0, 1e-6);
-        assert!((scaled_epsilon(e, d, 4, 4) - e).abs() < 1e-9);
-        assert!(scaled_epsilon(e, d, 4, 8) < e);
-        assert!(scaled_epsilon(e, d, 4, 2) > e);
-        assert_eq!(scaled_epsilon(e, d, 4, 0), f64::INFINITY);
     }
 
     #[test]

@@ -966,3 +966,35 @@ fn an_owner_not_invited_refuses_before_anything_is_spent() {
     assert!(!ledger.exists(), "the ledger was charged");
     assert_eq!(f.owners_in(), 0);
 }
+
+/// An owner given the digest of the spec the user opened refuses a served spec
+/// of another digest before its data is read: here the digest is that of the
+/// user's spec with another t, which sizes every owner's noise share otherwise.
+/// Given the right digest, the same owner contributes.
+#[test]
+fn an_owner_refuses_a_served_spec_other_than_the_invitations() {
+    let f = fixture();
+    let data = f.good_file("good.csv", 20, 0);
+    let larger = dpca_common::study::SpecDraft {
+        colluding_owners: 1,
+        ..f.spec.to_draft()
+    }
+    .validate()
+    .expect("the other spec");
+    let digest = dpca_shell::invitation::spec_digest;
+    assert_ne!(digest(&larger), digest(&f.spec), "the specs differ");
+    for (given, counted) in [(digest(&larger), false), (digest(&f.spec), true)] {
+        let mut cmd = f.owner_cmd("hospital-a");
+        cmd.args(["--spec-digest", &given]);
+        let o = submit(cmd, &f.url, &f.study, &f.fingerprint, &data);
+        assert_eq!(o.status.success(), counted, "{}", describe(&o));
+        if !counted {
+            assert!(
+                stderr(&o).contains("the proxy served a spec of digest"),
+                "{}",
+                stderr(&o)
+            );
+        }
+        assert_eq!(f.owners_in(), usize::from(counted));
+    }
+}
