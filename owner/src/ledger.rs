@@ -24,8 +24,6 @@ use std::path::{Path, PathBuf};
 
 use dpca_common::owner_budget::{charge, BudgetError, OwnerBudget};
 use dpca_common::study::StudySpec;
-use prost::Message as _;
-use sha2::{Digest as _, Sha256};
 
 /// The ledger file's format, stored in it.
 const FORMAT: u32 = 1;

@@ -103,9 +103,13 @@ impl Invitation {
 
     /// The invitation as TOML.
     pub fn to_toml(&self) -> String {
+        let digest = match &self.spec_digest {
+            Some(d) => format!("spec-digest = \"{d}\"\n"),
+            None => String::new(),
+        };
         format!(
             "# An invitation to a private PCA study (owner --invitation FILE).\n\
-             study = \"{}\"\nkey-fingerprint = \"{}\"\n",
+             study = \"{}\"\nkey-fingerprint = \"{}\"\n{digest}",
             self.study, self.key_fingerprint
         )
     }
@@ -158,8 +162,9 @@ mod tests {
         fn an_invitation_reads_back_as_written(
             study in "[A-Za-z0-9_-]{1,64}",
             fp in "[0-9a-f]{64}",
+            digest in proptest::option::of("[0-9a-f]{64}"),
         ) {
-            let inv = Invitation { study, key_fingerprint: fp, spec_digest: None };
+            let inv = Invitation { study, key_fingerprint: fp, spec_digest: digest };
             let back = Invitation::parse(&inv.to_toml(), Path::new("inv.toml"));
             prop_assert_eq!(back.ok(), Some(inv));
         }

@@ -719,8 +719,8 @@ fn check_noise_grid(reported: &str, planned: &BigUint) -> anyhow::Result<()> {
         .with_context(|| format!("proxy reported an unreadable noise scale `{reported}`"))?;
     let one = BigUint::from(1u32);
     // No slack where no noise is planned: the proxy draws none, exactly.
-    let slack = if planned.is_zero() {
-        BigUint::zero()
+    let slack = if planned.bits() == 0 {
+        BigUint::default()
     } else {
         one
     };

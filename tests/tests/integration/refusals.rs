@@ -995,6 +995,6 @@ fn an_owner_refuses_a_served_spec_other_than_the_invitations() {
                 stderr(&o)
             );
         }
-        assert_eq!(f.owners_in(), usize::from(counted));
+        assert_eq!(f.owners_in(), u32::from(counted));
     }
 }
