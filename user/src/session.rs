@@ -292,19 +292,25 @@ fn check_counted_owners(sealed: &v1::SealedStudy, spec: &StudySpec) -> anyhow::R
         sealed.owners_in.iter().map(String::as_str),
         "owners counted",
     )
-    .context("E[N] not decrypted")?;
+    .map_err(not_decrypted)?;
     let signers = distinct(
         sealed.counts.iter().map(|c| c.owner_id.as_str()),
         "signed counts",
     )
-    .context("E[N] not decrypted")?;
+    .map_err(not_decrypted)?;
     if signers != counted {
         bail!(
             "the proxy's signed counts are of owners {signers:?}, the owners counted are \
              {counted:?}: E[N] not decrypted"
         );
     }
-    check_owners_in(sealed, spec).context("E[N] not decrypted")
+    check_owners_in(sealed, spec).map_err(not_decrypted)
+}
+
+/// A refusal of the counted owners, as the one message that says E[N] was not
+/// decrypted (a caller printing only the outermost message still reads why).
+fn not_decrypted(e: anyhow::Error) -> anyhow::Error {
+    anyhow::anyhow!("{e}: E[N] not decrypted")
 }
 
 /// The owners the proxy says it counted are distinct, invited where the spec
@@ -316,11 +322,16 @@ fn check_owners_in(sealed: &v1::SealedStudy, spec: &StudySpec) -> anyhow::Result
         sealed.owners_in.iter().map(String::as_str),
         "owners counted",
     )?;
-    if counted.len() < spec.min_owners as usize || counted.len() > spec.quorum as usize {
+    let claimed = dpca_shell::text::count(counted.len() as u64, "owner");
+    if counted.len() < spec.min_owners as usize {
         bail!(
-            "the proxy counted {}, outside the study's {} to {}",
-            dpca_shell::text::count(counted.len() as u64, "owner"),
-            spec.min_owners,
+            "the proxy counted {claimed}, fewer than the study's minimum of {}",
+            spec.min_owners
+        );
+    }
+    if counted.len() > spec.quorum as usize {
+        bail!(
+            "the proxy counted {claimed}, more than the study's quorum of {}, at which it seals",
             spec.quorum
         );
     }
