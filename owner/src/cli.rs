@@ -194,7 +194,7 @@ impl Invocation {
                 allow_baseline: args.allow_baseline,
             },
             ledger: args.ledger.map(crate::ledger::Ledger::at),
-            noise_source: crate::NoiseSource::Os,
+            noise_source: crate::NoiseSource::Derived,
         };
         let report = match &args.invitation {
             Some(path) => crate::run_invited(&cfg, path).await?,

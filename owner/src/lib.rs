@@ -90,9 +90,10 @@ pub struct OwnerConfig {
 /// The randomness of an owner's noise share.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum NoiseSource {
-    /// The operating system's (every program).
+    /// ChaCha20 keyed by [`noise_seed`] (every program): the same share for the
+    /// same study, spec and data, however often the owner runs.
     #[default]
-    Os,
+    Derived,
     /// ChaCha20 keyed by this seed, so that a simulation can draw the same share
     /// again and check the release to the bit.
     Seeded([u8; 32]),
@@ -335,6 +336,30 @@ pub fn contribution_id(secret: &[u8; 32], study_id: &str, owner_id: &str, data: 
     hex::encode(mac.finalize().into_bytes())
 }
 
+/// The seed of an owner's noise share: HMAC-SHA256 under the owner's secret of
+/// the study, the spec's digest and the contribution id. An owner run again on the
+/// same data for the same study (a retry, a restart, an operator who runs it
+/// twice) adds the same share, so whoever gets two of its uploads cannot average
+/// two draws away; nobody without the owner's secret can compute it. On the
+/// plaintext transport the secret, and so the share, is new per run.
+pub fn noise_seed(
+    secret: &[u8; 32],
+    study_id: &str,
+    spec_digest: &str,
+    contribution_id: &str,
+) -> [u8; 32] {
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    let parts: [&[u8]; 4] = [
+        b"dpca noise share v1",
+        study_id.as_bytes(),
+        spec_digest.as_bytes(),
+        contribution_id.as_bytes(),
+    ];
+    length_prefixed_into(&parts, |b| mac.update(b));
+    mac.finalize().into_bytes().into()
+}
+
 /// Refuses a study that carries a risk this owner has not accepted by name.
 pub fn check_risks(
     study_id: &str,
@@ -543,6 +568,15 @@ async fn run_once(
     let layout = cfg.work.layout(&cfg.study_id, &spec)?;
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
     let wire = spec_to_wire(&spec);
+    let seed = match cfg.noise_source {
+        NoiseSource::Derived => noise_seed(
+            secret,
+            &cfg.study_id,
+            &dpca_shell::invitation::spec_digest(&spec),
+            &id,
+        ),
+        NoiseSource::Seeded(seed) => seed,
+    };
     let kept = attempts
         .kept_for(&id, (&wire, served.noise_free))
         .with_context(|| format!("study `{}`", cfg.study_id))?;
@@ -551,7 +585,7 @@ async fn run_once(
         None => {
             let (encrypted, seconds) = encrypt_share(
                 cfg,
-                (&spec, served.noise_free),
+                (&spec, served.noise_free, seed),
                 &layout,
                 &bytes,
                 &name,
@@ -623,13 +657,13 @@ async fn charge_ledger(
 /// transfer only, however slow the encryption.
 async fn encrypt_share(
     cfg: &OwnerConfig,
-    (spec, noise_free): (&StudySpec, bool),
+    (spec, noise_free, seed): (&StudySpec, bool, [u8; 32]),
     layout: &StudyLayout,
     bytes: &[u8],
     name: &str,
     contribution_id: String,
 ) -> anyhow::Result<(Encrypted, f64)> {
-    let noise = noise_share(spec, layout, noise_free, cfg.noise_source)?;
+    let noise = noise_share(spec, layout, noise_free, seed)?;
     let prepared = prepare_share(
         spec,
         layout,
@@ -747,23 +781,18 @@ fn check_spec_digest(study_id: &str, spec: &StudySpec, want: Option<&str>) -> an
 }
 
 /// This owner's share of the study's noise, where the owners add it
-/// ([`StudySpec::owner_noise`]); none on a study opened noise-free for testing,
-/// which the owner has accepted by name ([`check_risks`]).
+/// ([`StudySpec::owner_noise`]), drawn from `seed` ([`noise_seed`]); none on a
+/// study opened noise-free for testing, which the owner has accepted by name
+/// ([`check_risks`]).
 fn noise_share(
     spec: &StudySpec,
     layout: &StudyLayout,
     noise_free: bool,
-    source: NoiseSource,
+    seed: [u8; 32],
 ) -> anyhow::Result<Option<ShareNoise>> {
     match spec.owner_noise() {
         Some(noise) if !noise_free => {
-            let drawn = match source {
-                NoiseSource::Os => ShareNoise::draw(&noise, layout, &mut OsRng),
-                NoiseSource::Seeded(seed) => {
-                    ShareNoise::draw(&noise, layout, &mut ChaCha20Rng::from_seed(seed))
-                }
-            };
-            drawn
+            ShareNoise::draw(&noise, layout, &mut ChaCha20Rng::from_seed(seed))
                 .map(Some)
                 .context("a noise draw fell beyond its proven tail (probability below 2^-1000)")
         }
@@ -969,6 +998,26 @@ mod tests {
             unkeyed.update(part);
         }
         assert_ne!(base, hex::encode(unkeyed.finalize()));
+    }
+
+    /// The noise seed is the same for the same inputs (a rerun adds the same
+    /// share) and changes with each of them and with the secret.
+    #[test]
+    fn the_noise_seed_repeats_for_a_rerun_and_only_then() {
+        let secret = [7u8; 32];
+        let base = noise_seed(&secret, "study", "digest", "id");
+        assert_eq!(base, noise_seed(&secret, "study", "digest", "id"));
+        for other in [
+            noise_seed(&secret, "study2", "digest", "id"),
+            noise_seed(&secret, "study", "digest2", "id"),
+            noise_seed(&secret, "study", "digest", "id2"),
+            noise_seed(&[8u8; 32], "study", "digest", "id"),
+            // The parts are length-prefixed: moving a byte across a boundary
+            // is another input.
+            noise_seed(&secret, "studyd", "igest", "id"),
+        ] {
+            assert_ne!(base, other);
+        }
     }
 
     #[test]

@@ -554,7 +554,7 @@ fn study_report(
         pca_source: pca_source(opts),
         row_norm_choice: prep.row_norm_choice.clone(),
         budget: run.budget.clone(),
-        trust: crate::report::Trust::of(spec, &run.budget),
+        trust: crate::report::Trust::of(spec, &run.budget, opts.noise_free_for_testing),
         warnings: plan.warnings.clone(),
         seconds: run.seconds.clone(),
         usage: run.usage.clone(),

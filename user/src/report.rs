@@ -540,7 +540,8 @@ mod tests {
 /// (docs/PRIVACY.md, "Noise from the owners").
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Trust {
-    /// "owners" (each added a share, [`dpca_common::dp::distributed`]) or "proxy".
+    /// "owners" (each added a share, [`dpca_common::dp::distributed`]), "proxy",
+    /// or "none" (the noise-free test mode).
     pub noise_from: String,
     /// epsilon against the user alone, the proxy following the protocol and every
     /// owner's share in: each study sealed with `min_owners` at the fewest.
@@ -562,8 +563,17 @@ impl Trust {
     /// h = min_owners - t honest owners, so rho scales by h / min_owners against
     /// the user alone, stays the budget's against the user with t owners, and is
     /// h times the budget's for one share alone.
-    pub fn of(spec: &StudySpec, budget: &BudgetLedger) -> Self {
+    pub fn of(spec: &StudySpec, budget: &BudgetLedger, noise_free: bool) -> Self {
         let (t, m) = (spec.colluding_owners, spec.min_owners.max(1));
+        if noise_free {
+            return Self {
+                noise_from: "none".into(),
+                epsilon_against_user: f64::INFINITY,
+                epsilon_against_user_and_owners: f64::INFINITY,
+                epsilon_against_proxy_and_user: None,
+                colluding_owners: t,
+            };
+        }
         if !spec.owners_add_noise() {
             return Self {
                 noise_from: "proxy".into(),
@@ -592,6 +602,9 @@ impl Trust {
 
     /// One line for a summary: who drew the noise and the guarantees.
     pub fn line(&self) -> String {
+        if self.noise_from == "none" {
+            return "no noise drawn (the noise-free test mode): no privacy".into();
+        }
         match self.epsilon_against_proxy_and_user {
             Some(pair) => format!(
                 "noise drawn by the owners: epsilon {:.4} against the user alone, {:.4} against \
@@ -633,7 +646,7 @@ mod trust_tests {
         .expect("spec");
         let budget = budget_ledger(&spec.privacy, false);
         let rho = budget.rho.expect("zCDP");
-        let trust = Trust::of(&spec, &budget);
+        let trust = Trust::of(&spec, &budget, false);
         let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
         assert_eq!(trust.noise_from, "owners");
         assert!(close(
