@@ -540,9 +540,8 @@ mod tests {
 /// (docs/PRIVACY.md, "Noise from the owners").
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Trust {
-    /// "owners" (each added a share, [`dpca_common::dp::distributed`]), "proxy",
-    /// or "none" (the noise-free test mode).
-    pub noise_from: String,
+    /// Who drew the noise.
+    pub noise_from: NoiseFrom,
     /// epsilon against the user alone, the proxy following the protocol and every
     /// owner's share in: each study sealed with `min_owners` at the fewest.
     pub epsilon_against_user: f64,
@@ -557,6 +556,19 @@ pub struct Trust {
     pub colluding_owners: u32,
 }
 
+/// Who drew a run's noise.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NoiseFrom {
+    /// The proxy (`mask`, and mechanisms that do not split over owners).
+    #[default]
+    Proxy,
+    /// Each owner a share ([`dpca_common::dp::distributed`]).
+    Owners,
+    /// Nobody: the noise-free test mode.
+    None,
+}
+
 impl Trust {
     /// The guarantees of a run spending `budget` on studies of `spec`'s cohort
     /// and noise. Where the owners add the noise each share is sized for
@@ -567,7 +579,7 @@ impl Trust {
         let (t, m) = (spec.colluding_owners, spec.min_owners.max(1));
         if noise_free {
             return Self {
-                noise_from: "none".into(),
+                noise_from: NoiseFrom::None,
                 epsilon_against_user: f64::INFINITY,
                 epsilon_against_user_and_owners: f64::INFINITY,
                 epsilon_against_proxy_and_user: None,
@@ -576,7 +588,7 @@ impl Trust {
         }
         if !spec.owners_add_noise() {
             return Self {
-                noise_from: "proxy".into(),
+                noise_from: NoiseFrom::Proxy,
                 epsilon_against_user: budget.epsilon,
                 epsilon_against_user_and_owners: budget.epsilon,
                 epsilon_against_proxy_and_user: None,
@@ -592,7 +604,7 @@ impl Trust {
             None => f64::INFINITY,
         };
         Self {
-            noise_from: "owners".into(),
+            noise_from: NoiseFrom::Owners,
             epsilon_against_user: scaled(h, m).min(budget.epsilon),
             epsilon_against_user_and_owners: budget.epsilon,
             epsilon_against_proxy_and_user: Some(scaled(h, 1).max(budget.epsilon)),
@@ -602,11 +614,9 @@ impl Trust {
 
     /// One line for a summary: who drew the noise and the guarantees.
     pub fn line(&self) -> String {
-        if self.noise_from == "none" {
-            return "no noise drawn (the noise-free test mode): no privacy".into();
-        }
-        match self.epsilon_against_proxy_and_user {
-            Some(pair) => format!(
+        match (self.noise_from, self.epsilon_against_proxy_and_user) {
+            (NoiseFrom::None, _) => "no noise drawn (the noise-free test mode): no privacy".into(),
+            (NoiseFrom::Owners, Some(pair)) => format!(
                 "noise drawn by the owners: epsilon {:.4} against the user alone, {:.4} against \
                  the user with {}, {:.4} for each owner against the proxy working with the user \
                  (they decrypt its contribution, with its own noise share alone)",
@@ -615,7 +625,7 @@ impl Trust {
                 dpca_shell::text::count(self.colluding_owners, "owner"),
                 pair,
             ),
-            None => format!(
+            (NoiseFrom::Owners | NoiseFrom::Proxy, _) => format!(
                 "noise drawn by the proxy: epsilon {:.4} against the user, none against the \
                  proxy working with the user",
                 self.epsilon_against_user
@@ -648,7 +658,7 @@ mod trust_tests {
         let rho = budget.rho.expect("zCDP");
         let trust = Trust::of(&spec, &budget, false);
         let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
-        assert_eq!(trust.noise_from, "owners");
+        assert_eq!(trust.noise_from, NoiseFrom::Owners);
         assert!(close(
             trust.epsilon_against_user,
             epsilon_for(rho * 2.0 / 3.0, budget.delta)
