@@ -1020,6 +1020,25 @@ mod tests {
         }
     }
 
+    /// A share drawn again from the same seed is the same share (a rerun adds
+    /// nothing an average could take away); another seed draws another; a study
+    /// the proxy says is noise-free gets none.
+    #[test]
+    fn a_noise_share_is_a_function_of_its_seed() {
+        let key = dpca_common::testing::test_key();
+        let spec = dpca_common::testing::test_spec(key.public(), 3);
+        let layout = StudyLayout::new(&spec).expect("layout");
+        let draw = |seed, noise_free| {
+            noise_share(&spec, &layout, noise_free, seed)
+                .expect("a draw")
+                .map(|n| (n.matrix, n.vector))
+        };
+        let first = draw([1u8; 32], false).expect("the owners add the noise");
+        assert_eq!(Some(first.clone()), draw([1u8; 32], false));
+        assert_ne!(Some(first), draw([2u8; 32], false));
+        assert_eq!(draw([1u8; 32], true), None);
+    }
+
     #[test]
     fn plaintext_owners_draw_a_fresh_secret() {
         let t = Transport::InsecurePlaintext;
