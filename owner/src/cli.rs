@@ -62,6 +62,11 @@ struct Args {
     /// each owner's share.
     #[arg(long, env = "DPCA_SPEC_DIGEST", conflicts_with = "invitation")]
     spec_digest: Option<String>,
+    /// TEST ONLY: add no noise share (an owner working with the proxy and the
+    /// user), to show what the other owners' shares alone give. Never enable in
+    /// a deployment.
+    #[arg(long, hide = true)]
+    test_adds_no_noise: bool,
     /// Label column to exclude from the features.
     #[arg(long)]
     label: Option<String>,
@@ -194,7 +199,12 @@ impl Invocation {
                 allow_baseline: args.allow_baseline,
             },
             ledger: args.ledger.map(crate::ledger::Ledger::at),
-            noise_source: crate::NoiseSource::Derived,
+            noise_source: if args.test_adds_no_noise {
+                tracing::warn!("this owner adds NO noise share: test use only");
+                crate::NoiseSource::NoneForTesting
+            } else {
+                crate::NoiseSource::Derived
+            },
         };
         let report = match &args.invitation {
             Some(path) => crate::run_invited(&cfg, path).await?,

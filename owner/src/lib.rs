@@ -97,6 +97,10 @@ pub enum NoiseSource {
     /// ChaCha20 keyed by this seed, so that a simulation can draw the same share
     /// again and check the release to the bit.
     Seeded([u8; 32]),
+    /// None at all: the test-only switch (`--test-adds-no-noise`) of an owner
+    /// that works with the proxy and the user, to show what the others' shares
+    /// alone give.
+    NoneForTesting,
 }
 
 /// Where an owner's table comes from.
@@ -569,13 +573,14 @@ async fn run_once(
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
     let wire = spec_to_wire(&spec);
     let seed = match cfg.noise_source {
-        NoiseSource::Derived => noise_seed(
+        NoiseSource::Derived => Some(noise_seed(
             secret,
             &cfg.study_id,
             &dpca_shell::invitation::spec_digest(&spec),
             &id,
-        ),
-        NoiseSource::Seeded(seed) => seed,
+        )),
+        NoiseSource::Seeded(seed) => Some(seed),
+        NoiseSource::NoneForTesting => None,
     };
     let kept = attempts
         .kept_for(&id, (&wire, served.noise_free))
@@ -657,7 +662,7 @@ async fn charge_ledger(
 /// transfer only, however slow the encryption.
 async fn encrypt_share(
     cfg: &OwnerConfig,
-    (spec, noise_free, seed): (&StudySpec, bool, [u8; 32]),
+    (spec, noise_free, seed): (&StudySpec, bool, Option<[u8; 32]>),
     layout: &StudyLayout,
     bytes: &[u8],
     name: &str,
@@ -783,15 +788,15 @@ fn check_spec_digest(study_id: &str, spec: &StudySpec, want: Option<&str>) -> an
 /// This owner's share of the study's noise, where the owners add it
 /// ([`StudySpec::owner_noise`]), drawn from `seed` ([`noise_seed`]); none on a
 /// study opened noise-free for testing, which the owner has accepted by name
-/// ([`check_risks`]).
+/// ([`check_risks`]), nor with no seed (the test-only switch).
 fn noise_share(
     spec: &StudySpec,
     layout: &StudyLayout,
     noise_free: bool,
-    seed: [u8; 32],
+    seed: Option<[u8; 32]>,
 ) -> anyhow::Result<Option<ShareNoise>> {
-    match spec.owner_noise() {
-        Some(noise) if !noise_free => {
+    match (spec.owner_noise(), seed) {
+        (Some(noise), Some(seed)) if !noise_free => {
             ShareNoise::draw(&noise, layout, &mut ChaCha20Rng::from_seed(seed))
                 .map(Some)
                 .context("a noise draw fell beyond its proven tail (probability below 2^-1000)")
@@ -1029,7 +1034,7 @@ mod tests {
         let spec = dpca_common::testing::test_spec(key.public(), 3);
         let layout = StudyLayout::new(&spec).expect("layout");
         let draw = |seed, noise_free| {
-            noise_share(&spec, &layout, noise_free, seed)
+            noise_share(&spec, &layout, noise_free, Some(seed))
                 .expect("a draw")
                 .map(|n| (n.matrix, n.vector))
         };

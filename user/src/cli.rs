@@ -360,6 +360,10 @@ pub struct LocalArgs {
     /// skips it), to show what the owners' noise alone gives.
     #[arg(long, hide = true)]
     pub test_proxy_skips_noise: bool,
+    /// TEST ONLY: the run's first owner adds no noise share, to show what the
+    /// others' shares alone give.
+    #[arg(long, hide = true)]
+    pub test_owner_adds_no_noise: bool,
     /// What the study computes and releases.
     #[command(flatten)]
     pub study: StudyArgs,
@@ -432,6 +436,7 @@ impl LocalArgs {
             },
             noise_free_for_testing: a.noise_free_for_testing,
             test_proxy_skips_noise: a.test_proxy_skips_noise,
+            test_owner_adds_no_noise: a.test_owner_adds_no_noise,
             no_build: a.no_build,
             programs: None,
             slice_rows: a.slice_rows,
@@ -507,6 +512,7 @@ pub fn study_options(a: StudyArgs, demo: bool) -> anyhow::Result<LocalOptions> {
         out: a.out,
         noise_free_for_testing: false,
         test_proxy_skips_noise: false,
+        test_owner_adds_no_noise: false,
         colluding_owners: a.colluding_owners,
         no_build: false,
         programs: None,

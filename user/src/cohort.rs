@@ -115,6 +115,8 @@ pub(crate) struct LocalCohort {
     owner_label: Option<String>,
     budget_cap: (f64, f64),
     noise_free_for_testing: bool,
+    /// Test-only: the first owner adds no noise share.
+    first_owner_adds_no_noise: bool,
     // Last: the CA, the owners' slices and the proxy's state live as long as the run.
     _dir: tempfile::TempDir,
 }
@@ -191,6 +193,7 @@ impl LocalCohort {
             owner_label: plan.owner_label.clone(),
             budget_cap: plan.budget_cap,
             noise_free_for_testing: opts.noise_free_for_testing,
+            first_owner_adds_no_noise: opts.test_owner_adds_no_noise,
             _dir: dir,
         })
     }
@@ -234,6 +237,9 @@ impl LocalCohort {
         }
         for r in risks {
             cmd.args(["--accept-risk", r.name()]);
+        }
+        if i == 0 && self.first_owner_adds_no_noise {
+            cmd.arg("--test-adds-no-noise");
         }
         // The user asked for the paper's way, to compare speeds.
         if spec.baseline {

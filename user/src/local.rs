@@ -89,6 +89,9 @@ pub struct LocalOptions {
     /// TEST ONLY: start the run's proxy drawing none of its own noise
     /// (`--test-skips-noise`), as a proxy that skips it would.
     pub test_proxy_skips_noise: bool,
+    /// TEST ONLY: the run's first owner adds no noise share
+    /// (`owner --test-adds-no-noise`), as an owner working with the user would.
+    pub test_owner_adds_no_noise: bool,
     /// Owners that may work with the proxy and the user (t): each owner's noise
     /// share is calibrated for `min_owners - t` honest owners.
     pub colluding_owners: u32,

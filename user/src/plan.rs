@@ -475,6 +475,7 @@ mod tests {
             out: "out".into(),
             noise_free_for_testing: false,
             test_proxy_skips_noise: false,
+            test_owner_adds_no_noise: false,
             colluding_owners: 0,
             no_build: true,
             programs: None,

@@ -1007,3 +1007,43 @@ fn a_proxy_that_skips_its_noise_leaves_the_owners_noise_in_the_release() {
     assert!((stated[0].1 - stated[0].2).abs() < 1e-9, "{stated:?}");
     assert!(stated[1].1 < stated[1].2, "{stated:?}");
 }
+
+/// An owner working with the proxy and the user adds no noise share (the
+/// test-only switch), at t = 1 with three owners: the two others' shares still
+/// carry the study's whole noise, sigma^2 (2/3 of the three shares' sum that
+/// study.json states), measured against the exact rows with the proxy drawing
+/// none either.
+#[test]
+fn a_colluding_owner_that_adds_no_noise_leaves_the_study_its_noise() {
+    let (dir, data) = train_set();
+    let out = dir.path().join("one-owner-adds-none");
+    let o = local(
+        &data,
+        &out,
+        &[
+            "--test-proxy-skips-noise",
+            "--test-owner-adds-no-noise",
+            "--colluding-owners",
+            "1",
+        ],
+    );
+    assert!(o.status.success(), "{}", describe(&o));
+    let js = study_json(&out);
+    let stated = js["sigma"].as_f64().expect("sigma");
+    let two_shares = stated * (2.0f64 / 3.0).sqrt();
+    let measured = matrix_noise_sd(&out, &js);
+    assert!(
+        (0.9..1.1).contains(&(measured / two_shares)),
+        "measured sd {measured:.4e}, two shares' {two_shares:.4e} (three stated {stated:.4e})"
+    );
+    // And that is the noise of the same study at t = 0 with every owner honest:
+    // the noise its epsilon is calibrated for.
+    let reference = dir.path().join("t0");
+    let o = local(&data, &reference, &["--colluding-owners", "0"]);
+    assert!(o.status.success(), "{}", describe(&o));
+    let calibrated = study_json(&reference)["sigma"].as_f64().expect("sigma");
+    assert!(
+        (0.9..1.1).contains(&(measured / calibrated)),
+        "measured sd {measured:.4e}, the study's calibrated {calibrated:.4e}"
+    );
+}
