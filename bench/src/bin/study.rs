@@ -11,10 +11,13 @@
 //! The primitive bound of a role is the count of each primitive operation the design
 //! prescribes for it (ARCHITECTURE.md, "Where the time goes"), times that
 //! primitive's one-core cost measured by this program in the same run:
-//! - owner: one fixed-base table, then K short-exponent encryptions;
+//! - owner: one fixed-base table, then K short-exponent encryptions; where the
+//!   owners add the noise (`dp-mean` under `gaussian`, study.json's
+//!   `trust.noise_from`), also the draws below, its share of them;
 //! - proxy: one exact draw of noise per released matrix entry, and per vector entry
 //!   under `dp-mean` (the exact samplers of `dp::sampler`, at the study's scale),
-//!   measured as one draw of the study's mechanism and scale in this run;
+//!   measured as one draw of the study's mechanism and scale in this run (none
+//!   where the owners draw them);
 //! - proxy: per received ciphertext one validation (range, and a divisibility test
 //!   by n) and one multiplication of its fold (on values held in the key's ring);
 //!   per column k one chain of squarings of E\[v_k\] (`StudyLayout::mask_chain`: as
@@ -53,7 +56,7 @@ use dpca_common::radix::{self, RadixPowers};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::study::StudyLayout;
 use dpca_proto::convert::CIPHERTEXTS_PER_CHUNK;
-use dpca_user::report::StudyReport;
+use dpca_user::report::{NoiseFrom, StudyReport};
 use num_bigint::BigUint;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -470,12 +473,19 @@ fn measure(
             Centering::Mask => 0,
             Centering::DpMean => m,
         };
+    // Priced at the release's scale: a share's is smaller, but a draw's time
+    // grows with the scale's bits alone.
     let noise = drawn as f64 * keyed.noise_draw_cost(report)?;
+    let (owner_noise, proxy_noise) = match report.trust.noise_from {
+        NoiseFrom::Owners => (noise, 0.0),
+        NoiseFrom::Proxy | NoiseFrom::None => (0.0, noise),
+    };
+    let owner_bound = owner_bound + owner_noise;
     let release = match centering {
         Centering::Mask => mask_release_bound(keyed, report, rerand),
         Centering::DpMean => report.encryption.release_ciphertexts as f64 * (p.mulmod + rerand),
     };
-    let proxy_bound = received + noise + release + proxy_table;
+    let proxy_bound = received + proxy_noise + release + proxy_table;
     let user_bound = (report.encryption.release_ciphertexts + 1) as f64 * p.decrypt_crt;
     let bounds = [owner_bound, proxy_bound, user_bound];
     Ok(row_of(
