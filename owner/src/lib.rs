@@ -566,19 +566,15 @@ async fn run_once(
     let mut client = connect_for_retry(cfg).await?;
     let served = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
     let spec = served.spec;
-    check_spec_digest(&cfg.study_id, &spec, cfg.spec_digest.as_deref())?;
+    let digest = dpca_shell::invitation::spec_digest(&spec);
+    check_spec_digest(&cfg.study_id, &digest, cfg.spec_digest.as_deref())?;
     check_risks(&cfg.study_id, &spec, served.noise_free, &cfg.accepted_risks)?;
     check_invited(&cfg.study_id, &spec, &cfg.owner_id)?;
     let layout = cfg.work.layout(&cfg.study_id, &spec)?;
     let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
     let wire = spec_to_wire(&spec);
     let seed = match cfg.noise_source {
-        NoiseSource::Derived => Some(noise_seed(
-            secret,
-            &cfg.study_id,
-            &dpca_shell::invitation::spec_digest(&spec),
-            &id,
-        )),
+        NoiseSource::Derived => Some(noise_seed(secret, &cfg.study_id, &digest, &id)),
         NoiseSource::Seeded(seed) => Some(seed),
         NoiseSource::NoneForTesting => None,
     };
@@ -765,8 +761,8 @@ struct PreparedShare {
 /// The served spec is the one the user opened, where the owner was given its
 /// digest: a proxy serving another (a larger `min_owners`, which shrinks each
 /// owner's noise share; other bounds; another epsilon) is refused before the data
-/// is read.
-fn check_spec_digest(study_id: &str, spec: &StudySpec, want: Option<&str>) -> anyhow::Result<()> {
+/// is parsed. `got` is the served spec's digest.
+fn check_spec_digest(study_id: &str, got: &str, want: Option<&str>) -> anyhow::Result<()> {
     let Some(want) = want else {
         tracing::warn!(
             study = study_id,
@@ -775,7 +771,6 @@ fn check_spec_digest(study_id: &str, spec: &StudySpec, want: Option<&str>) -> an
         );
         return Ok(());
     };
-    let got = dpca_shell::invitation::spec_digest(spec);
     if !got.eq_ignore_ascii_case(want.trim()) {
         bail!(
             "study `{study_id}`: the proxy served a spec of digest {got}, not the {want} the \

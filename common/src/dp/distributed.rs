@@ -28,7 +28,6 @@
 //! - **docs/PRIVACY.md**: "Noise from the owners".
 
 use num_bigint::{BigInt, BigUint};
-use num_traits::{ToPrimitive, Zero};
 use rand::{CryptoRng, RngCore};
 
 use super::noise::iid;
@@ -156,17 +155,10 @@ pub fn ddg_rho(l2: f64, h: u32, s2: f64, dim: usize) -> f64 {
     eps * eps / 2.0
 }
 
-/// `v` as f64 (for the bound's arithmetic), infinite when out of range.
-pub fn big_to_f64(v: &BigUint) -> f64 {
-    if v.is_zero() {
-        return 0.0;
-    }
-    v.to_f64().unwrap_or(f64::INFINITY)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use num_traits::ToPrimitive;
     use proptest::prelude::*;
 
     /// ln of the pmf of N_Z(0, s2) on [-half, half], normalized there.
@@ -242,7 +234,7 @@ mod tests {
             prop_assert!(&s2 * BigUint::from(h) >= sigma2);
             let l2 = 1000.0;
             let planned = l2 * l2 / (2.0 * (sigma as f64).powi(2));
-            let got = ddg_rho(l2, h, big_to_f64(&s2), 500_000);
+            let got = ddg_rho(l2, h, s2.to_f64().unwrap_or(f64::INFINITY), 500_000);
             prop_assert!(got <= planned * (1.0 + 1e-9), "{got} > {planned}");
         }
     }

@@ -6,7 +6,7 @@ use num_bigint::{BigInt, BigUint};
 use super::ProtocolError;
 use crate::data::normalize_row;
 use crate::dp::distributed::OwnerNoise;
-use crate::encoding::{FixedPoint, TriangleLayout};
+use crate::encoding::{EncodingError, FixedPoint, SlotBudget, TriangleLayout};
 use crate::paillier::PublicKey;
 use crate::study::{Projection, StudyLayout};
 
@@ -220,22 +220,10 @@ impl Share {
                 got: self.r_upper.len() + self.v.len(),
             });
         }
-        let dim = layout.triangle.dim;
         let mut out = Vec::with_capacity(layout.owner_ciphertexts());
-        for block in self.r_upper.chunks(tri.max(1)) {
-            for seg in &layout.triangle.segments {
-                let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
-                let packed = layout.budget.pack_i128(&block[start..start + seg.len])?;
-                out.push(pk.encode_signed(&packed)?);
-            }
-        }
+        pack_matrix(layout, pk, &self.r_upper, SlotBudget::pack_i128, &mut out)?;
         if layout.vector_packed {
-            for &(start, len) in &layout.vector {
-                let packed = layout
-                    .vector_budget
-                    .pack_i128(&self.v[start..start + len])?;
-                out.push(pk.encode_signed(&packed)?);
-            }
+            pack_vector(layout, pk, &self.v, SlotBudget::pack_i128, &mut out)?;
         } else {
             for &vi in &self.v {
                 out.push(pk.encode_signed(&BigInt::from(vi))?);
@@ -274,24 +262,50 @@ impl Share {
                 .map(|(&x, e)| BigInt::from(x) + e)
                 .collect()
         };
-        let r = noised(&self.r_upper, &noise.matrix);
-        let v = noised(&self.v, &noise.vector);
-        let dim = layout.triangle.dim;
         let mut out = Vec::with_capacity(layout.owner_ciphertexts());
-        for block in r.chunks(tri.max(1)) {
-            for seg in &layout.triangle.segments {
-                let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
-                let packed = layout.budget.pack(&block[start..start + seg.len])?;
-                out.push(pk.encode_signed(&packed)?);
-            }
-        }
-        for &(start, len) in &layout.vector {
-            let packed = layout.vector_budget.pack(&v[start..start + len])?;
-            out.push(pk.encode_signed(&packed)?);
-        }
+        let r = noised(&self.r_upper, &noise.matrix);
+        pack_matrix(layout, pk, &r, SlotBudget::pack, &mut out)?;
+        let v = noised(&self.v, &noise.vector);
+        pack_vector(layout, pk, &v, SlotBudget::pack, &mut out)?;
         out.push(BigUint::from(self.n));
         Ok(out)
     }
+}
+
+/// Appends the packed segments of every matrix block of `r` (upper triangles,
+/// block after block), each packed by `pack` in the matrix slots.
+fn pack_matrix<T>(
+    layout: &StudyLayout,
+    pk: &PublicKey,
+    r: &[T],
+    pack: impl Fn(&SlotBudget, &[T]) -> Result<BigInt, EncodingError>,
+    out: &mut Vec<BigUint>,
+) -> Result<(), ProtocolError> {
+    let dim = layout.triangle.dim;
+    for block in r.chunks(layout.triangle.total().max(1)) {
+        for seg in &layout.triangle.segments {
+            let start = TriangleLayout::upper_index(dim, seg.row, seg.col);
+            let packed = pack(&layout.budget, &block[start..start + seg.len])?;
+            out.push(pk.encode_signed(&packed)?);
+        }
+    }
+    Ok(())
+}
+
+/// Appends the packed segments of the vector block `v`, each packed by `pack` in
+/// the vector's slots.
+fn pack_vector<T>(
+    layout: &StudyLayout,
+    pk: &PublicKey,
+    v: &[T],
+    pack: impl Fn(&SlotBudget, &[T]) -> Result<BigInt, EncodingError>,
+    out: &mut Vec<BigUint>,
+) -> Result<(), ProtocolError> {
+    for &(start, len) in &layout.vector {
+        let packed = pack(&layout.vector_budget, &v[start..start + len])?;
+        out.push(pk.encode_signed(&packed)?);
+    }
+    Ok(())
 }
 
 /// One owner's draw of its share of the study's noise: the matrix blocks' upper
