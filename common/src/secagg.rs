@@ -1,26 +1,30 @@
-//! Pairwise masks that cancel in the aggregate: the masking step of secure
-//! aggregation (Bonawitz et al., CCS 2017, section 4; Bell et al., CCS 2020, for
-//! masks with a few neighbours each), over Paillier plaintexts in Z_n.
+//! Masks that cancel in the aggregate, over Paillier plaintexts in Z_n, so that
+//! no contribution alone decrypts to anything of its owner's data.
 //!
-//! Two owners a < b (by id) that agreed on a 32-byte secret expand it, bound
-//! to the study and to both ids, into one mask in [0, n) per plaintext of the
-//! study's layout ([`pair_masks`]). Owner a adds each mask to its plaintext,
-//! owner b subtracts it, both mod n ([`mask_plaintexts`]), before encrypting.
-//! The proxy adds the contributions (multiplies the ciphertexts), so the masks
-//! cancel and the aggregate is the sum of the shares, to the bit; each
-//! contribution alone decrypts to values uniform in Z_n for whoever lacks one
-//! of its owner's secrets.
+//! **Held masks** (what studies use, [`held_masks`]): each owner draws a 32-byte
+//! seed, deposits it with the study's mask holder (a second proxy, run by an
+//! operator other than the aggregating proxy's), adds the masks the seed
+//! expands to, mod n, to its plaintexts and encrypts them for the aggregating
+//! proxy. The holder gives the user, once, the sum of the masks of the owners
+//! the proxy counted ([`held_mask_sum`]); the user takes it off the decrypted
+//! aggregate ([`remove_mask_sum`]). The two-server split is that of Prio
+//! (Corrigan-Gibbs and Boneh, NSDI 2017) and DAP, with the helper's share sent
+//! as a seed. The argument and its limits: docs/PRIVACY.md, "Masked
+//! contributions".
 //!
-//! The expansion: a key HMAC-SHA256(secret, [`DOMAIN`] | study | a | b), each
-//! field prefixed by its length in 8 bytes, seeds ChaCha20, and each mask is
-//! drawn below n by rejection from that stream ([`crate::arith::random_below`]):
-//! a different study, pair or modulus gives unrelated masks. Frozen by
-//! `secagg::tests::masks_are_frozen`.
+//! **Pair masks** ([`pair_masks`]): two owners a < b (by id) that agreed on a
+//! 32-byte secret expand it, bound to the study and to both ids, into one mask
+//! per plaintext; a adds it, b subtracts it (Bonawitz et al., CCS 2017, section
+//! 4; Bell et al., CCS 2020, for masks with a few neighbours each). Their key
+//! round and dropout recovery are not built; no study uses them.
 //!
-//! The secrets are agreed by X25519 (RFC 7748, [`AgreementKey`]): each owner
-//! makes a key for the study and publishes its public half; the signatures on
-//! those halves, their relay, and the recovery of an owner that drops out are
-//! the shells' (not built yet).
+//! The expansion: a key HMAC-SHA256(secret, domain | fields), each part
+//! prefixed by its length in 8 bytes, seeds ChaCha20, and each mask is drawn
+//! below n by rejection from that stream ([`crate::arith::random_below`]): a
+//! different study, owner, pair or modulus gives unrelated masks. Frozen by
+//! `secagg::tests::masks_are_frozen` and `held_masks_are_frozen`.
+//!
+//! The pair secrets are agreed by X25519 (RFC 7748, [`AgreementKey`]).
 
 use hmac::{Hmac, Mac};
 use num_bigint::BigUint;
@@ -33,8 +37,12 @@ use rand::{CryptoRng, RngCore};
 use crate::arith::random_below;
 use crate::encoding::length_prefixed_into;
 
-/// Domain separation of the expansion's key: a new expansion gets a new one.
+/// Domain separation of the pair masks' expansion key: a new expansion gets a
+/// new one.
 pub const DOMAIN: &[u8] = b"dpca secagg pair masks v1";
+
+/// Domain separation of the held masks' expansion key.
+pub const HELD_DOMAIN: &[u8] = b"dpca secagg held masks v1";
 
 /// What a masking is refused for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,6 +62,14 @@ pub enum MaskError {
     NotBelowModulus {
         /// Its index.
         index: usize,
+    },
+    /// A mask sum of another length than the plaintexts it is taken off.
+    #[error("a mask sum of {got} values for {want} plaintexts")]
+    SumLength {
+        /// Values in the sum.
+        got: usize,
+        /// Plaintexts.
+        want: usize,
     },
 }
 
@@ -107,20 +123,93 @@ pub fn pair_masks(
     n: &BigUint,
 ) -> Vec<BigUint> {
     let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
-    let mut rng = ChaCha20Rng::from_seed(expansion_key(secret, study, lo, hi));
-    (0..count).map(|_| random_below(n, &mut rng)).collect()
+    let fields: [&[u8]; 4] = [DOMAIN, study.as_bytes(), lo.as_bytes(), hi.as_bytes()];
+    expand(secret, &fields, count, n)
 }
 
-/// HMAC-SHA256 under `secret` of the domain, the study and the ordered pair,
-/// each prefixed by its length.
-fn expansion_key(secret: &[u8; 32], study: &str, lo: &str, hi: &str) -> [u8; 32] {
+/// The masks owner `owner` adds to its `count` plaintexts of `study` under
+/// modulus `n`, expanded from the `seed` it deposited with the mask holder.
+pub fn held_masks(
+    seed: &[u8; 32],
+    study: &str,
+    owner: &str,
+    count: usize,
+    n: &BigUint,
+) -> Vec<BigUint> {
+    let fields: [&[u8]; 3] = [HELD_DOMAIN, study.as_bytes(), owner.as_bytes()];
+    expand(seed, &fields, count, n)
+}
+
+/// Adds owner `owner`'s held masks to its `plaintexts` (each below `n`), mod n;
+/// nothing is changed if one is not below `n`.
+pub fn add_held_masks(
+    plaintexts: &mut [BigUint],
+    seed: &[u8; 32],
+    study: &str,
+    owner: &str,
+    n: &BigUint,
+) -> Result<(), MaskError> {
+    if let Some(index) = plaintexts.iter().position(|p| p >= n) {
+        return Err(MaskError::NotBelowModulus { index });
+    }
+    let masks = held_masks(seed, study, owner, plaintexts.len(), n);
+    for (p, m) in plaintexts.iter_mut().zip(masks) {
+        *p = (&*p + m) % n;
+    }
+    Ok(())
+}
+
+/// The sum mod n of the held masks of `owners` (id and seed), `count` per
+/// owner: what the mask holder gives the user.
+pub fn held_mask_sum(
+    owners: &[(&str, [u8; 32])],
+    study: &str,
+    count: usize,
+    n: &BigUint,
+) -> Vec<BigUint> {
+    let mut sum = vec![BigUint::default(); count];
+    for (owner, seed) in owners {
+        for (s, m) in sum.iter_mut().zip(held_masks(seed, study, owner, count, n)) {
+            *s = (&*s + m) % n;
+        }
+    }
+    sum
+}
+
+/// Takes a mask `sum` off the decrypted `aggregate`, mod n: what is left is the
+/// sum of the owners' unmasked plaintexts. Nothing is changed on an error.
+pub fn remove_mask_sum(
+    aggregate: &mut [BigUint],
+    sum: &[BigUint],
+    n: &BigUint,
+) -> Result<(), MaskError> {
+    if sum.len() != aggregate.len() {
+        return Err(MaskError::SumLength {
+            got: sum.len(),
+            want: aggregate.len(),
+        });
+    }
+    let outside = |v: &[BigUint]| v.iter().position(|p| p >= n);
+    if let Some(index) = outside(aggregate).or(outside(sum)) {
+        return Err(MaskError::NotBelowModulus { index });
+    }
+    for (a, s) in aggregate.iter_mut().zip(sum) {
+        *a = (&*a + (n - s)) % n;
+    }
+    Ok(())
+}
+
+/// `count` values below `n` from ChaCha20 keyed by HMAC-SHA256 under `secret`
+/// of `fields`, each prefixed by its length.
+fn expand(secret: &[u8; 32], fields: &[&[u8]], count: usize, n: &BigUint) -> Vec<BigUint> {
     // HMAC takes keys of any length: this cannot fail.
     let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret) else {
         unreachable!("HMAC accepts a 32-byte key")
     };
-    let fields: [&[u8]; 4] = [DOMAIN, study.as_bytes(), lo.as_bytes(), hi.as_bytes()];
-    length_prefixed_into(&fields, |b| mac.update(b));
-    mac.finalize().into_bytes().into()
+    length_prefixed_into(fields, |b| mac.update(b));
+    let key: [u8; 32] = mac.finalize().into_bytes().into();
+    let mut rng = ChaCha20Rng::from_seed(key);
+    (0..count).map(|_| random_below(n, &mut rng)).collect()
 }
 
 /// Masks owner `me`'s `plaintexts` (each below `n`) for `study` with each of
@@ -192,6 +281,54 @@ mod tests {
         "10febe4eae202897231bff8d6eec4b7c",
         "6a21240463489d1e615b707a7f9fa8c8",
     ];
+
+    /// The first held masks of a fixed seed, study and owner, computed apart
+    /// from this code as [`FROZEN`] is (domain `HELD_DOMAIN`, fields study and
+    /// owner): owner and holder of two builds must expand a seed alike.
+    #[test]
+    fn held_masks_are_frozen() {
+        let masks = held_masks(&[7u8; 32], "study-1", "hospital-a", 3, &modulus());
+        let hex: Vec<String> = masks.iter().map(|m| format!("{m:x}")).collect();
+        assert_eq!(
+            hex,
+            [
+                "738458cb0e16d0b437efeebd0b777213",
+                "18a9ae2dc07dd1d66f8ec7ca218c7f0c",
+                "204c3223a9d4e80f1ce5ff7a527529cd",
+            ],
+            "the held mask expansion changed"
+        );
+    }
+
+    /// Held masks depend on the seed, the study and the owner.
+    #[test]
+    fn held_masks_are_bound_to_the_study_and_the_owner() {
+        let n = modulus();
+        let base = held_masks(&[1u8; 32], "s", "a", 4, &n);
+        for other in [
+            held_masks(&[2u8; 32], "s", "a", 4, &n),
+            held_masks(&[1u8; 32], "t", "a", 4, &n),
+            held_masks(&[1u8; 32], "s", "b", 4, &n),
+        ] {
+            assert!(base.iter().zip(&other).all(|(x, y)| x != y));
+        }
+    }
+
+    /// A sum of the wrong length, or a value not below n, changes nothing.
+    #[test]
+    fn a_mask_sum_that_does_not_fit_is_refused_whole() {
+        let n = modulus();
+        let mut agg = vec![BigUint::from(5u8), BigUint::from(6u8)];
+        let short = remove_mask_sum(&mut agg, &[BigUint::from(1u8)], &n);
+        assert_eq!(short, Err(MaskError::SumLength { got: 1, want: 2 }));
+        let big = remove_mask_sum(&mut agg, &[BigUint::from(1u8), n.clone()], &n);
+        assert_eq!(big, Err(MaskError::NotBelowModulus { index: 1 }));
+        assert_eq!(agg, vec![BigUint::from(5u8), BigUint::from(6u8)]);
+        let mut over = vec![n.clone()];
+        let err = add_held_masks(&mut over, &[0; 32], "s", "a", &n);
+        assert_eq!(err, Err(MaskError::NotBelowModulus { index: 0 }));
+        assert_eq!(over, vec![n.clone()], "nothing half-masked");
+    }
 
     /// Masks depend on the study, the pair and the secret; not on the order
     /// the pair is named in.
@@ -277,6 +414,36 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// Owners add their held masks; the aggregate less the holder's sum of
+        /// the same owners' masks is the plain sum mod n, to the bit; each masked
+        /// contribution differs from its plaintexts; and the sum of a set less
+        /// one owner leaves that owner's masks on.
+        #[test]
+        fn held_masks_come_off_the_aggregate_of_the_same_owners(owners in 1usize..6, count in 1usize..5, seed: u64) {
+            let n = modulus();
+            let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(seed);
+            let ids: Vec<String> = (0..owners).map(|i| format!("owner-{i}")).collect();
+            let seeds: Vec<[u8; 32]> = (0..owners).map(|_| { let mut s = [0u8; 32]; rand::RngCore::fill_bytes(&mut rng, &mut s); s }).collect();
+            let mut plain_sum = vec![BigUint::default(); count];
+            let mut masked_sum = vec![BigUint::default(); count];
+            for (i, id) in ids.iter().enumerate() {
+                let p: Vec<BigUint> = (0..count).map(|_| random_below(&n, &mut rng)).collect();
+                let mut masked = p.clone();
+                add_held_masks(&mut masked, &seeds[i], "study", id, &n).expect("masks");
+                prop_assert!(masked.iter().zip(&p).all(|(m, x)| m != x && m < &n));
+                for k in 0..count {
+                    plain_sum[k] = (&plain_sum[k] + &p[k]) % &n;
+                    masked_sum[k] = (&masked_sum[k] + &masked[k]) % &n;
+                }
+            }
+            let held: Vec<(&str, [u8; 32])> = ids.iter().map(String::as_str).zip(seeds.iter().copied()).collect();
+            let mut short = masked_sum.clone();
+            remove_mask_sum(&mut short, &held_mask_sum(&held[1..], "study", count, &n), &n).expect("fits");
+            prop_assert!(short.iter().zip(&plain_sum).all(|(a, b)| a != b));
+            remove_mask_sum(&mut masked_sum, &held_mask_sum(&held, "study", count, &n), &n).expect("fits");
+            prop_assert_eq!(masked_sum, plain_sum);
+        }
 
         /// However many owners, whichever pairs agreed secrets (every pair, or
         /// a ring of neighbours), the masked contributions add up to the

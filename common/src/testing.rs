@@ -64,5 +64,6 @@ pub fn test_draft(pk: &PublicKey, dim: usize) -> SpecDraft {
         marginals: None,
         expected_owners: Vec::new(),
         colluding_owners: 0,
+        mask_holder: None,
     }
 }

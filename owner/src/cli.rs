@@ -62,6 +62,12 @@ struct Args {
     /// each owner's share.
     #[arg(long, env = "DPCA_SPEC_DIGEST", conflicts_with = "invitation")]
     spec_digest: Option<String>,
+    /// The URL of the mask holder this owner's operator trusts not to work
+    /// with the proxy: a study naming another holder, or none, is refused.
+    /// Without it the holder the study names (the user's choice, in the
+    /// invitation's spec) is taken, but never the proxy itself.
+    #[arg(long, env = "DPCA_MASK_HOLDER")]
+    mask_holder: Option<String>,
     /// TEST ONLY: add no noise share (an owner working with the proxy and the
     /// user), to show what the other owners' shares alone give. Never enable in
     /// a deployment.
@@ -189,6 +195,7 @@ impl Invocation {
             owner_id,
             key_fingerprint: args.key_fingerprint.unwrap_or_default(),
             spec_digest: args.spec_digest,
+            mask_holder: args.mask_holder,
             label: args.label,
             progress: !args.quiet,
             budget_cap: args.budget_cap,

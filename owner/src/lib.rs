@@ -22,6 +22,7 @@ use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{ClassRows, Share, ShareNoise};
 use dpca_common::randomizer::Randomizer;
 use dpca_common::risk::Risk;
+use dpca_common::secagg::add_held_masks;
 use dpca_common::study::{StudyLayout, StudySpec, LAYOUT_VERSION, MAX_ID_BYTES};
 use dpca_proto::convert::{spec_from_wire, spec_to_wire, CIPHERTEXTS_PER_CHUNK};
 use dpca_proto::v1;
@@ -85,6 +86,10 @@ pub struct OwnerConfig {
     /// Where this owner's noise share comes from ([`NoiseSource`]): the
     /// operating system's randomness but in a simulation that replays it.
     pub noise_source: NoiseSource,
+    /// The mask holder this owner's operator trusts, if it pins one
+    /// (`--mask-holder`): a spec naming another, or none, is refused. `None`:
+    /// the holder the spec names is taken as the user chose it.
+    pub mask_holder: Option<String>,
 }
 
 /// The randomness of an owner's noise share.
@@ -352,10 +357,46 @@ pub fn noise_seed(
     spec_digest: &str,
     contribution_id: &str,
 ) -> [u8; 32] {
+    derived_seed(
+        b"dpca noise share v1",
+        secret,
+        study_id,
+        spec_digest,
+        contribution_id,
+    )
+}
+
+/// The seed of an owner's held masks ([`dpca_common::secagg::held_masks`]),
+/// derived as [`noise_seed`] is under another label: a rerun deposits the same
+/// seed and masks alike, so the holder takes it again as a retry.
+pub fn mask_seed(
+    secret: &[u8; 32],
+    study_id: &str,
+    spec_digest: &str,
+    contribution_id: &str,
+) -> [u8; 32] {
+    derived_seed(
+        b"dpca held masks v1",
+        secret,
+        study_id,
+        spec_digest,
+        contribution_id,
+    )
+}
+
+/// HMAC-SHA256 under `secret` of `label`, the study, the spec's digest and the
+/// contribution id, each prefixed by its length.
+fn derived_seed(
+    label: &[u8],
+    secret: &[u8; 32],
+    study_id: &str,
+    spec_digest: &str,
+    contribution_id: &str,
+) -> [u8; 32] {
     let mut mac =
         <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
     let parts: [&[u8]; 4] = [
-        b"dpca noise share v1",
+        label,
         study_id.as_bytes(),
         spec_digest.as_bytes(),
         contribution_id.as_bytes(),
@@ -578,6 +619,7 @@ async fn run_once(
         NoiseSource::Seeded(seed) => Some(seed),
         NoiseSource::NoneForTesting => None,
     };
+    let masks = deposit_mask_seed(cfg, &spec, secret, (&digest, &id)).await?;
     let kept = attempts
         .kept_for(&id, (&wire, served.noise_free))
         .with_context(|| format!("study `{}`", cfg.study_id))?;
@@ -586,7 +628,7 @@ async fn run_once(
         None => {
             let (encrypted, seconds) = encrypt_share(
                 cfg,
-                (&spec, served.noise_free, seed),
+                (&spec, served.noise_free, seed, masks),
                 &layout,
                 &bytes,
                 &name,
@@ -658,14 +700,14 @@ async fn charge_ledger(
 /// transfer only, however slow the encryption.
 async fn encrypt_share(
     cfg: &OwnerConfig,
-    (spec, noise_free, seed): (&StudySpec, bool, Option<[u8; 32]>),
+    (spec, noise_free, seed, masks): (&StudySpec, bool, Option<[u8; 32]>, Option<[u8; 32]>),
     layout: &StudyLayout,
     bytes: &[u8],
     name: &str,
     contribution_id: String,
 ) -> anyhow::Result<(Encrypted, f64)> {
     let noise = noise_share(spec, layout, noise_free, seed)?;
-    let prepared = prepare_share(
+    let mut prepared = prepare_share(
         spec,
         layout,
         bytes,
@@ -673,6 +715,11 @@ async fn encrypt_share(
         cfg.label.as_deref(),
         noise.as_ref(),
     )?;
+    if let Some(seed) = masks {
+        let (study, owner, n) = (&cfg.study_id, &cfg.owner_id, spec.public_key.n());
+        add_held_masks(&mut prepared.plaintexts, &seed, study, owner, n)
+            .context("masking the share")?;
+    }
     let bar = progress_bar(cfg.progress, prepared.plaintexts.len() as u64);
     let job = EncryptJob::new(
         cfg,
@@ -756,6 +803,91 @@ struct PreparedShare {
     plaintexts: Vec<BigUint>,
     rows: u64,
     clipped_rows: usize,
+}
+
+/// Where the spec names a mask holder: checks it against the one this owner
+/// pins, if any, and deposits the seed of this contribution's masks with it
+/// before anything is encrypted; returns the seed. `None` where the spec names
+/// no holder (and this owner pins none).
+async fn deposit_mask_seed(
+    cfg: &OwnerConfig,
+    spec: &StudySpec,
+    secret: &[u8; 32],
+    (digest, contribution_id): (&str, &str),
+) -> anyhow::Result<Option<[u8; 32]>> {
+    let holder = check_mask_holder(&cfg.study_id, spec, &cfg.proxy, cfg.mask_holder.as_deref())?;
+    let Some(holder) = holder else {
+        return Ok(None);
+    };
+    let seed = mask_seed(secret, &cfg.study_id, digest, contribution_id);
+    let mut client = connect(holder, &cfg.transport).await.map_err(|e| {
+        if e.transient() {
+            anyhow::Error::new(Unreachable(format!("the mask holder {holder}: {e}")))
+        } else {
+            anyhow::Error::new(e).context(format!("the mask holder {holder}"))
+        }
+    })?;
+    let call = client.deposit_seed(v1::DepositSeedRequest {
+        study_id: cfg.study_id.clone(),
+        owner_id: cfg.owner_id.clone(),
+        contribution_id: contribution_id.to_string(),
+        spec_digest: digest.to_string(),
+        seed: seed.to_vec(),
+    });
+    match dpca_shell::client::answered("the mask holder's answer", call).await {
+        Ok(_) => Ok(Some(seed)),
+        Err(status) if status.code() == tonic::Code::Unavailable => Err(anyhow::Error::new(
+            Unreachable(format!("the mask holder {holder}: {}", status.message())),
+        )),
+        Err(status) => Err(refusal(
+            format!("the mask holder {holder} refused the seed"),
+            &status,
+        )),
+    }
+}
+
+/// The mask holder to deposit with: the spec's, which must be this owner's
+/// pinned one where it pins one, and not the aggregating `proxy` itself
+/// (whose operator would then hold both the masks and the masked shares).
+fn check_mask_holder<'a>(
+    study_id: &str,
+    spec: &'a StudySpec,
+    proxy: &str,
+    pinned: Option<&str>,
+) -> anyhow::Result<Option<&'a str>> {
+    let named = spec.mask_holder.as_deref();
+    if let Some(want) = pinned {
+        if named != Some(want) {
+            bail!(
+                "study `{study_id}` names {} as its mask holder, and this owner is pinned to \
+                 {want} (--mask-holder); refusing",
+                named.map_or("none".to_string(), |h| format!("`{h}`"))
+            );
+        }
+    }
+    if let Some(h) = named {
+        if same_origin(h, proxy) {
+            bail!(
+                "study `{study_id}` names the proxy itself ({h}) as its mask holder: the \
+                 masks would not hide the share from the proxy; refusing"
+            );
+        }
+    }
+    Ok(named)
+}
+
+/// Whether two URLs name the same scheme, host and port (case aside).
+fn same_origin(a: &str, b: &str) -> bool {
+    let origin = |u: &str| {
+        u.parse::<tonic::codegen::http::Uri>().ok().map(|u| {
+            let host = u.host().unwrap_or_default().to_ascii_lowercase();
+            (u.scheme_str().map(str::to_owned), host, u.port_u16())
+        })
+    };
+    match (origin(a), origin(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.eq_ignore_ascii_case(b),
+    }
 }
 
 /// The served spec is the one the user opened, where the owner was given its

@@ -76,6 +76,7 @@ fn draft_from_wire(w: &v1::StudySpec) -> Result<SpecDraft, SpecError> {
         }),
         expected_owners: w.expected_owners.clone(),
         colluding_owners: w.colluding_owners,
+        mask_holder: (!w.mask_holder.is_empty()).then(|| w.mask_holder.clone()),
     };
     Ok(spec)
 }
@@ -154,6 +155,7 @@ pub fn spec_to_wire(s: &SpecDraft) -> v1::StudySpec {
         expected_owners: s.expected_owners.clone(),
         layout: LAYOUT_VERSION,
         colluding_owners: s.colluding_owners,
+        mask_holder: s.mask_holder.clone().unwrap_or_default(),
         marginals: s.marginals.as_ref().map(|m| v1::Marginals {
             per_octave: m.per_octave,
         }),

@@ -13,18 +13,20 @@ use dpca_shell::tls::{Peer, Role};
 /// A call to authorize.
 #[derive(Clone, Copy, Debug)]
 pub enum Action<'a> {
-    /// OpenStudy.
+    /// OpenStudy, or HoldMasks (a study held here for another proxy).
     OpenStudy,
     /// GetStudy: the public spec.
     ReadSpec,
-    /// Contribute, or ReserveUpload for a contribution, claiming this owner id.
+    /// Contribute, ReserveUpload or DepositSeed for a contribution, claiming
+    /// this owner id.
     Contribute {
         /// The owner id in the contribution's header.
         owner_id: &'a str,
     },
     /// Status: every study and budget for the operator, own studies for a user.
     Status,
-    /// AwaitSeal, Release, FetchResult of a study opened by `opened_by`.
+    /// AwaitSeal, Release, FetchResult or FetchMaskSum of a study opened by
+    /// `opened_by`.
     UseStudy {
         /// The name of the user who opened the study (`None`: opened on plaintext).
         opened_by: Option<&'a str>,
@@ -52,11 +54,17 @@ pub enum Method {
     FetchResult,
     /// Status.
     Status,
+    /// HoldMasks.
+    HoldMasks,
+    /// DepositSeed.
+    DepositSeed,
+    /// FetchMaskSum.
+    FetchMaskSum,
 }
 
 impl Method {
     /// Every method.
-    pub const ALL: [Method; 8] = [
+    pub const ALL: [Method; 11] = [
         Method::OpenStudy,
         Method::GetStudy,
         Method::Contribute,
@@ -65,6 +73,9 @@ impl Method {
         Method::Release,
         Method::FetchResult,
         Method::Status,
+        Method::HoldMasks,
+        Method::DepositSeed,
+        Method::FetchMaskSum,
     ];
 
     /// Its name in `dpca.proto`.
@@ -78,6 +89,9 @@ impl Method {
             Method::Release => "Release",
             Method::FetchResult => "FetchResult",
             Method::Status => "Status",
+            Method::HoldMasks => "HoldMasks",
+            Method::DepositSeed => "DepositSeed",
+            Method::FetchMaskSum => "FetchMaskSum",
         }
     }
 
@@ -101,13 +115,17 @@ impl Method {
 pub fn may_call(peer: &Peer, method: Method) -> Result<(), String> {
     let own = peer.name.as_str();
     let action = match method {
-        Method::OpenStudy => Action::OpenStudy,
+        Method::OpenStudy | Method::HoldMasks => Action::OpenStudy,
         Method::GetStudy => Action::ReadSpec,
-        Method::Contribute | Method::ReserveUpload => Action::Contribute { owner_id: own },
+        Method::Contribute | Method::ReserveUpload | Method::DepositSeed => {
+            Action::Contribute { owner_id: own }
+        }
         Method::Status => Action::Status,
-        Method::AwaitSeal | Method::Release | Method::FetchResult => Action::UseStudy {
-            opened_by: Some(own),
-        },
+        Method::AwaitSeal | Method::Release | Method::FetchResult | Method::FetchMaskSum => {
+            Action::UseStudy {
+                opened_by: Some(own),
+            }
+        }
     };
     permit(Some(peer), action)
 }
@@ -192,8 +210,17 @@ mod tests {
     fn each_role_may_call_its_methods_only() {
         use Method::*;
         let allowed = |role| match role {
-            Role::User => vec![OpenStudy, GetStudy, AwaitSeal, Release, FetchResult, Status],
-            Role::Owner => vec![GetStudy, Contribute, ReserveUpload],
+            Role::User => vec![
+                OpenStudy,
+                GetStudy,
+                AwaitSeal,
+                Release,
+                FetchResult,
+                Status,
+                HoldMasks,
+                FetchMaskSum,
+            ],
+            Role::Owner => vec![GetStudy, Contribute, ReserveUpload, DepositSeed],
             Role::Proxy => vec![Status],
         };
         for role in [Role::User, Role::Owner, Role::Proxy] {

@@ -287,7 +287,10 @@ fn answer_sized_by_data(method: Method) -> bool {
         | Method::Release
         | Method::FetchResult
         | Method::Contribute
-        | Method::ReserveUpload => false,
+        | Method::ReserveUpload
+        | Method::HoldMasks
+        | Method::DepositSeed
+        | Method::FetchMaskSum => false,
     }
 }
 
@@ -323,7 +326,7 @@ impl Gate {
         let (mut opening, mut answer) = (None, None);
         if let Some(peer) = &peer {
             may_call(peer, method).map_err(Refusal::Denied)?;
-            if method == Method::OpenStudy {
+            if matches!(method, Method::OpenStudy | Method::HoldMasks) {
                 opening = Some(self.take_opening(&peer.name)?);
             }
             if answer_sized_by_data(method) {
@@ -435,7 +438,7 @@ impl CappedBody {
 /// What sets `method`'s cap, for its refusal: a flag of the proxy where one does.
 fn set_by(method: Method) -> &'static str {
     match method {
-        Method::OpenStudy => {
+        Method::OpenStudy | Method::HoldMasks | Method::FetchMaskSum => {
             " (the proxy's --max-spec-bytes and --max-key-bits set it: a study this large \
              is refused by its operator's limits)"
         }
@@ -445,7 +448,8 @@ fn set_by(method: Method) -> &'static str {
         | Method::FetchResult
         | Method::Status
         | Method::Contribute
-        | Method::ReserveUpload => "",
+        | Method::ReserveUpload
+        | Method::DepositSeed => "",
     }
 }
 

@@ -17,6 +17,7 @@ pub mod door;
 pub mod gate;
 pub mod group_commit;
 pub mod handshake_queue;
+pub mod holder;
 pub mod limits;
 pub mod listener;
 pub mod metrics;

@@ -205,12 +205,16 @@ impl Limits {
     pub fn request_cap(&self, method: Method) -> Option<usize> {
         let key_bytes = usize::try_from(self.max_key_bits / 8).unwrap_or(usize::MAX);
         match method {
-            Method::OpenStudy => Some(self.max_request_bytes().saturating_add(GRPC_FRAME_BYTES)),
+            // A spec; or the owners a spec could name.
+            Method::OpenStudy | Method::HoldMasks | Method::FetchMaskSum => {
+                Some(self.max_request_bytes().saturating_add(GRPC_FRAME_BYTES))
+            }
             Method::GetStudy
             | Method::AwaitSeal
             | Method::FetchResult
             | Method::Status
-            | Method::ReserveUpload => Some(SMALL_REQUEST_BYTES),
+            | Method::ReserveUpload
+            | Method::DepositSeed => Some(SMALL_REQUEST_BYTES),
             Method::Release => Some(SMALL_REQUEST_BYTES.saturating_add(key_bytes)),
             Method::Contribute => None,
         }
@@ -348,6 +352,13 @@ mod tests {
             owner_id: id.clone(),
             contribution_id: id.clone(),
         };
+        let deposit = v1::DepositSeedRequest {
+            study_id: id.clone(),
+            owner_id: id.clone(),
+            contribution_id: id.clone(),
+            spec_digest: "f".repeat(64),
+            seed: vec![0xff; 32],
+        };
         let release = v1::ReleaseRequest {
             study_id: id.clone(),
             count: Some(v1::CountOpening {
@@ -362,9 +373,15 @@ mod tests {
                 }
                 Method::Status => framed(v1::StatusRequest {}.encoded_len()),
                 Method::ReserveUpload => framed(reserve.encoded_len()),
+                Method::DepositSeed => framed(deposit.encoded_len()),
                 Method::Release => framed(release.encoded_len()),
-                // A spec at its limit, with its field's tag and length.
-                Method::OpenStudy => framed(limits.max_spec_bytes + 16),
+                // A spec at its limit, with its field's tag and length (and the
+                // study id beside it).
+                Method::OpenStudy | Method::HoldMasks => {
+                    framed(limits.max_spec_bytes + 16 + study.encoded_len())
+                }
+                // The owners a spec at its limit could name.
+                Method::FetchMaskSum => framed(limits.max_spec_bytes + study.encoded_len()),
                 Method::Contribute => {
                     assert_eq!(limits.request_cap(method), None, "an upload is a stream");
                     continue;

@@ -1,6 +1,8 @@
 //! The gRPC shell around the study state machine: each handler validates at the
 //! edge, loads the study, applies one transition and replies.
 
+mod holding;
+
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -89,6 +91,9 @@ pub struct ProxyService {
     /// Every study released, kept with the state file (none without one): a
     /// study it names is never released again.
     journal: Option<Arc<ReleaseJournal>>,
+    /// The studies whose mask seeds this proxy holds for another
+    /// ([`crate::holder`]).
+    held: holding::HeldTable,
 }
 
 /// The studies a proxy restores from its state file at startup.
@@ -258,7 +263,12 @@ impl ProxyService {
             }
             None => (None, HashMap::new(), Restored::default(), None),
         };
+        let held = match &store {
+            Some(store) => holding::load_held(store)?,
+            None => holding::HeldTable::default(),
+        };
         Ok(Self {
+            held,
             uploads: UploadSlots::new(config.max_concurrent_uploads, crate::upload_slots::LEASE),
             config,
             studies: Arc::new(Mutex::new(restored.studies)),
@@ -1612,6 +1622,28 @@ impl v1::proxy_server::Proxy for ProxyService {
     }
 
     type FetchResultStream = ResultStream;
+    type FetchMaskSumStream = holding::MaskSumStream;
+
+    async fn hold_masks(
+        &self,
+        req: Request<v1::HoldMasksRequest>,
+    ) -> Result<Response<v1::HoldMasksResponse>, Status> {
+        self.hold_masks_call(req).await
+    }
+
+    async fn deposit_seed(
+        &self,
+        req: Request<v1::DepositSeedRequest>,
+    ) -> Result<Response<v1::DepositSeedResponse>, Status> {
+        self.deposit_seed_call(req).await
+    }
+
+    async fn fetch_mask_sum(
+        &self,
+        req: Request<v1::FetchMaskSumRequest>,
+    ) -> Result<Response<Self::FetchMaskSumStream>, Status> {
+        self.fetch_mask_sum_call(req).await
+    }
 
     async fn fetch_result(
         &self,

@@ -78,6 +78,10 @@ const BUDGETS: TableDefinition<&str, &[u8]> = TableDefinition::new("budgets");
 /// What the file records of how it is served: the name of its release journal
 /// under [`RELEASE_JOURNAL`].
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+
+/// Study id -> `StoredHeldStudy`: the studies whose mask seeds this proxy
+/// holds for another ([`crate::holder`]).
+const HELD: TableDefinition<&str, &[u8]> = TableDefinition::new("held");
 /// [`META`]'s key of the release journal's name ([`crate::release_journal`]).
 const RELEASE_JOURNAL: &str = "release_journal";
 
@@ -149,6 +153,10 @@ enum Write {
     },
     /// Ended studies dropped whole ([`Store::drop_studies`]).
     Drop(Vec<String>),
+    /// A held study's record, whole ([`Store::save_held`]).
+    Held(String, Vec<u8>),
+    /// Held studies dropped ([`Store::drop_held`]).
+    DropHeld(Vec<String>),
     /// Nothing: done once everything before it is durable.
     Barrier,
 }
@@ -222,6 +230,7 @@ impl Store {
         txn.open_table(AGGREGATES).map_err(|e| store.err(e))?;
         txn.open_table(BUDGETS).map_err(|e| store.err(e))?;
         txn.open_table(META).map_err(|e| store.err(e))?;
+        txn.open_table(HELD).map_err(|e| store.err(e))?;
         txn.commit().map_err(|e| store.err(e))?;
         store.migrate_format_1()?;
         let pending = store.read_pending_owners()?;
@@ -289,7 +298,8 @@ impl Store {
         db_error(&self.path, e)
     }
 
-    fn record_error(&self, key: &str, reason: String) -> StoreError {
+    /// The error of a stored record under `key` that does not decode.
+    pub fn record_error(&self, key: &str, reason: String) -> StoreError {
         StoreError::Record {
             path: self.path.clone(),
             key: key.to_string(),
@@ -388,6 +398,31 @@ impl Store {
         self.submit(Write::Drop(ids)).map(drop)
     }
 
+    /// Writes a held study's `record` (a `StoredHeldStudy`) and waits until it
+    /// is on disk, with every write submitted before it.
+    pub fn save_held(&self, id: &str, record: Vec<u8>) -> Result<(), StoreError> {
+        let ticket = self.submit(Write::Held(id.to_string(), record))?;
+        self.wait_with(ticket, false)
+    }
+
+    /// Queues the deletion of held studies `ids` (durable with the next write
+    /// waited for).
+    pub fn drop_held(&self, ids: Vec<String>) -> Result<(), StoreError> {
+        self.submit(Write::DropHeld(ids)).map(drop)
+    }
+
+    /// Every held study's record, by id.
+    pub fn load_held(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(HELD).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| self.err(e))? {
+            let (key, value) = entry.map_err(|e| self.err(e))?;
+            out.push((key.value().to_string(), value.value().to_vec()));
+        }
+        Ok(out)
+    }
+
     /// Waits until every write submitted so far is on disk: what a caller was
     /// shown in memory (a contribution already counted) is then also durable.
     pub fn barrier(&self) -> Result<(), StoreError> {
@@ -448,6 +483,18 @@ impl Store {
                 Write::Drop(ids) => {
                     for id in ids {
                         self.delete_study(&txn, id, &mut next)?;
+                    }
+                }
+                Write::Held(id, record) => {
+                    let mut table = txn.open_table(HELD).map_err(|e| self.err(e))?;
+                    table
+                        .insert(id.as_str(), record.as_slice())
+                        .map_err(|e| self.err(e))?;
+                }
+                Write::DropHeld(ids) => {
+                    let mut table = txn.open_table(HELD).map_err(|e| self.err(e))?;
+                    for id in ids {
+                        table.remove(id.as_str()).map_err(|e| self.err(e))?;
                     }
                 }
                 Write::Barrier => {}
@@ -819,7 +866,7 @@ fn stored_phases(job: &Write, set: &mut BTreeSet<String>) {
             }
             return;
         }
-        Write::Barrier => return,
+        Write::Held(..) | Write::DropHeld(_) | Write::Barrier => return,
     };
     match study.phase {
         Phase::Collecting => set.insert(study.id.clone()),

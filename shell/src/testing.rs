@@ -126,6 +126,23 @@ impl v1::proxy_server::Proxy for Silent {
     async fn status(&self, _: Request<v1::StatusRequest>) -> Never<v1::ProxyStatus> {
         std::future::pending().await
     }
+    async fn hold_masks(&self, _: Request<v1::HoldMasksRequest>) -> Never<v1::HoldMasksResponse> {
+        std::future::pending().await
+    }
+    async fn deposit_seed(
+        &self,
+        _: Request<v1::DepositSeedRequest>,
+    ) -> Never<v1::DepositSeedResponse> {
+        std::future::pending().await
+    }
+    type FetchMaskSumStream =
+        Pin<Box<dyn tokio_stream::Stream<Item = Result<v1::MaskSumChunk, Status>> + Send>>;
+    async fn fetch_mask_sum(
+        &self,
+        _: Request<v1::FetchMaskSumRequest>,
+    ) -> Never<Self::FetchMaskSumStream> {
+        std::future::pending().await
+    }
 }
 
 /// A client of a new proxy that never answers (but opens its result stream if

@@ -385,6 +385,8 @@ pub struct StudyFixture {
     pub sk: SecretKey,
     /// Scratch folder for owners' files.
     pub dir: tempfile::TempDir,
+    /// The mask holder's process and URL, where the study has one.
+    pub holder: Option<(Proc, String)>,
 }
 
 /// A proxy with one open study of [`optdigits_spec`] (quorum 2), opened by `user`.
@@ -400,16 +402,39 @@ pub fn fixture_with(edit: impl FnOnce(&mut SpecDraft)) -> StudyFixture {
 /// As [`fixture_with`], on a proxy started with further `flags`.
 pub fn fixture_on(flags: &[&str], edit: impl FnOnce(&mut SpecDraft)) -> StudyFixture {
     let proxy = start_proxy_with(false, flags);
+    fixture_at(proxy, None, edit)
+}
+
+/// As [`fixture_with`], with a second proxy holding the owners' mask seeds
+/// (`StudySpec::mask_holder`), on the same PKI.
+pub fn masked_fixture_with(edit: impl FnOnce(&mut SpecDraft)) -> StudyFixture {
+    let proxy = start_proxy(false);
+    let state = proxy._dir.path().join("holder.redb");
+    let (proc, addr) = try_spawn_proxy_with(&proxy.pki, &state, "127.0.0.1:0", false, &[])
+        .expect("the mask holder starts");
+    let holder = (proc, format!("https://{addr}"));
+    fixture_at(proxy, Some(holder), edit)
+}
+
+/// The fixture's study opened at `proxy`, held at `holder` (its process and
+/// URL) if given.
+fn fixture_at(
+    proxy: TestProxy,
+    holder: Option<(Proc, String)>,
+    edit: impl FnOnce(&mut SpecDraft),
+) -> StudyFixture {
     let url = proxy.url.clone();
     let sk = SecretKey::generate(2048, &mut rand::rngs::OsRng).expect("keygen");
     let mut draft = optdigits_draft(sk.public());
+    draft.mask_holder = holder.as_ref().map(|(_, url)| url.clone());
     edit(&mut draft);
     let spec = draft.validate().expect("the fixture's spec");
     let study = rt().block_on(async {
-        let mut c = dpca_shell::client::connect(&url, &proxy.transport("user"))
+        let transport = proxy.transport("user");
+        let mut c = dpca_shell::client::connect(&url, &transport)
             .await
             .expect("connect");
-        dpca_user::session::open_study(&mut c, &spec, false)
+        dpca_user::session::open_study(&mut c, &spec, false, &transport)
             .await
             .expect("open study")
     });
@@ -421,6 +446,7 @@ pub fn fixture_on(flags: &[&str], edit: impl FnOnce(&mut SpecDraft)) -> StudyFix
         spec,
         sk,
         dir: tempfile::tempdir().expect("tempdir"),
+        holder,
     }
 }
 

@@ -282,7 +282,8 @@ impl Sim {
         let spec = sim.spec.clone();
         sim.study = sim.rt.block_on(async {
             let mut user = sim.client("sim-user", Role::User).await;
-            dpca_user::session::open_study(&mut user, &spec, false)
+            let transport = transport("sim-user", Role::User);
+            dpca_user::session::open_study(&mut user, &spec, false, &transport)
                 .await
                 .expect("open the study")
         });
@@ -379,6 +380,7 @@ impl Sim {
             ledger: None,
             spec_digest: Some(dpca_shell::invitation::spec_digest(&self.spec)),
             noise_source: NoiseSource::Seeded(owner_seed(self.seed, owner)),
+            mask_holder: None,
         };
         let got = self.rt.block_on(dpca_owner::run(&cfg));
         let what = format!("{} sending table {variant}", OWNERS[owner]);

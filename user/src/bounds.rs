@@ -65,7 +65,7 @@ pub(crate) async fn choose_bounds(
     let spec_m = spec
         .marginal_histograms(grid.clone(), req)
         .context("marginal histogram study spec")?;
-    let id = open_study(client, &spec_m, noise_free_for_testing).await?;
+    let id = open_study(client, &spec_m, noise_free_for_testing, cohort.transport()).await?;
     eprintln!(
         "marginal histogram study {id} opened to choose the bounds (epsilon {:.4} of {total_epsilon})",
         req.epsilon

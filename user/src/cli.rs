@@ -406,6 +406,13 @@ pub struct RemoteArgs {
     /// fingerprint are printed only.
     #[arg(long, value_name = "TOML")]
     pub invitation: Option<PathBuf>,
+    /// The URL of the study's mask holder: a second proxy, run by an operator
+    /// other than --proxy's, that keeps each owner's mask seed, so that neither
+    /// proxy, with this user, reads one owner's contribution (docs/PRIVACY.md,
+    /// "Masked contributions"). Only where the owners add the noise (`dp-mean`,
+    /// gaussian). Without it the proxy with the user reads each contribution.
+    #[arg(long, value_name = "URL")]
+    pub mask_holder: Option<String>,
     /// The user's certificate.
     #[command(flatten)]
     pub transport: TransportArgs,
@@ -468,6 +475,7 @@ impl RemoteArgs {
                 deadline: std::time::Duration::from_secs(a.deadline_minutes * 60),
                 max_rows: a.max_rows,
                 invitation: a.invitation,
+                mask_holder: a.mask_holder,
             }),
             ..study_options(a.study, false)?
         })

@@ -40,6 +40,9 @@ pub(crate) trait Cohort {
 
     /// The proxy's CPU time and memory, where it runs on this machine.
     fn proxy_usage(&self) -> Option<Usage>;
+
+    /// The URL of the mask holder the owners deposit their seeds with, if any.
+    fn mask_holder(&self) -> Option<&str>;
 }
 
 /// Owners invited to a study at a proxy that runs elsewhere.
@@ -101,6 +104,10 @@ impl Cohort for InvitedCohort {
     fn proxy_usage(&self) -> Option<Usage> {
         None
     }
+
+    fn mask_holder(&self) -> Option<&str> {
+        self.0.mask_holder.as_deref()
+    }
 }
 
 /// A proxy and one owner process per slice of the table, on this machine, with a
@@ -108,6 +115,9 @@ impl Cohort for InvitedCohort {
 pub(crate) struct LocalCohort {
     proxy: Guard,
     url: String,
+    /// A second proxy, holding the owners' mask seeds.
+    _holder: Guard,
+    holder_url: String,
     transport: Transport,
     pki: Option<DevPki>,
     owner_bin: Launcher,
@@ -175,7 +185,7 @@ impl LocalCohort {
         let (proxy, url) = start_proxy(
             &proxy_bin,
             pki.as_ref(),
-            dir.path(),
+            (dir.path(), "proxy"),
             TestModes {
                 noise_free: opts.noise_free_for_testing,
                 skips_noise: opts.test_proxy_skips_noise,
@@ -183,9 +193,22 @@ impl LocalCohort {
             &transport,
         )
         .await?;
+        // A deployment's holder is another operator's; here it is one more
+        // process, so that the run exercises the masks as a deployment does.
+        let holder = (dir.path(), "holder");
+        let (holder, holder_url) = start_proxy(
+            &proxy_bin,
+            pki.as_ref(),
+            holder,
+            TestModes::default(),
+            &transport,
+        )
+        .await?;
         Ok(Self {
             proxy,
             url,
+            _holder: holder,
+            holder_url,
             transport,
             pki,
             owner_bin,
@@ -301,6 +324,10 @@ impl Cohort for LocalCohort {
 
     fn proxy_usage(&self) -> Option<Usage> {
         self.proxy.0.id().and_then(Usage::of_pid)
+    }
+
+    fn mask_holder(&self) -> Option<&str> {
+        Some(&self.holder_url)
     }
 }
 

@@ -16,6 +16,7 @@ mod cohort;
 pub mod figures;
 pub mod keys;
 pub mod local;
+pub mod masks;
 pub mod plan;
 pub mod programs;
 pub mod report;

@@ -158,6 +158,9 @@ pub struct Remote {
     pub max_rows: u64,
     /// Where to write the owners' invitation.
     pub invitation: Option<PathBuf>,
+    /// The URL of the mask holder, a proxy of another operator that keeps the
+    /// owners' mask seeds (`None`: contributions are not masked).
+    pub mask_holder: Option<String>,
 }
 
 /// The input table, its label column and its bounds file: as given, or the
@@ -402,9 +405,13 @@ async fn prepare(
 ) -> anyhow::Result<Prepared> {
     let now_ms = dpca_shell::clock::now_unix_ms()?;
     // Refused before any preparatory study runs, should the study itself be invalid.
-    let mut spec = plan
-        .draft(sk.public(), now_ms, opts.row_norm_bound, opts.baseline)
-        .validate()?;
+    let mut draft = plan.draft(sk.public(), now_ms, opts.row_norm_bound, opts.baseline);
+    // Masks hide each contribution where the owners add the noise; elsewhere
+    // the proxy must read what it noises.
+    if draft.owners_add_noise() {
+        draft.mask_holder = cohort.mask_holder().map(str::to_owned);
+    }
+    let mut spec = draft.validate()?;
     let mut spent_before = Vec::new();
     let bounds_choice = match plan.marginals {
         None => None,
@@ -460,7 +467,13 @@ async fn prepare(
     draft.projection = axes.as_ref().map(|w| task_projection(opts.task, w));
     let spec = draft.validate()?;
     let layout = StudyLayout::new(&spec)?;
-    let study_id = open_study(client, &spec, opts.noise_free_for_testing).await?;
+    let study_id = open_study(
+        client,
+        &spec,
+        opts.noise_free_for_testing,
+        cohort.transport(),
+    )
+    .await?;
     eprintln!(
         "study {study_id} opened; key fingerprint {}",
         sk.public().fingerprint()

@@ -192,6 +192,8 @@ impl StudyPlan {
             marginals: None,
             expected_owners: self.cohort.expected_owners.clone(),
             colluding_owners: self.cohort.colluding_owners,
+            // Named once the run knows its holder (`local::prepare`).
+            mask_holder: None,
         }
     }
 }
@@ -508,6 +510,7 @@ mod tests {
             deadline: Duration::from_secs(600),
             max_rows: 5000,
             invitation: None,
+            mask_holder: None,
         }
     }
 

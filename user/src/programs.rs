@@ -94,11 +94,12 @@ pub(crate) struct TestModes {
     pub(crate) skips_noise: bool,
 }
 
-/// Starts the run's proxy on a free loopback port; returns it and its URL.
+/// Starts one of the run's proxies (`name`: the aggregating `proxy`, or the
+/// mask `holder`) on a free loopback port; returns it and its URL.
 pub(crate) async fn start_proxy(
     proxy_bin: &Launcher,
     pki: Option<&DevPki>,
-    state_dir: &Path,
+    (state_dir, name): (&Path, &str),
     modes: TestModes,
     transport: &Transport,
 ) -> anyhow::Result<(Guard, String)> {
@@ -107,7 +108,9 @@ pub(crate) async fn start_proxy(
     proxy_cmd.env_remove("DPCA_CONFIG");
     proxy_cmd.args(["--listen", "127.0.0.1:0"]);
     // The run's studies live as long as the run.
-    proxy_cmd.arg("--state").arg(state_dir.join("proxy.redb"));
+    proxy_cmd
+        .arg("--state")
+        .arg(state_dir.join(format!("{name}.redb")));
     transport_flags(&mut proxy_cmd, pki.map(|p| &p.proxy));
     if modes.noise_free {
         proxy_cmd.arg("--allow-noise-free-for-testing");
@@ -125,7 +128,7 @@ pub(crate) async fn start_proxy(
     );
     let addr = read_listen_line(&mut proxy.0).await?;
     let url = format!("{}://{addr}", transport.scheme());
-    eprintln!("proxy listening on {addr}");
+    eprintln!("{name} listening on {addr}");
     Ok((proxy, url))
 }
 

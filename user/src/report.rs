@@ -548,12 +548,18 @@ pub struct Trust {
     /// epsilon against the user and `colluding_owners` owners together, the proxy
     /// aggregating as it should (whether or not it adds noise of its own).
     pub epsilon_against_user_and_owners: f64,
-    /// epsilon of each owner's rows against the proxy working with the user: they
-    /// decrypt its contribution alone, with only its own noise share on it. `None`
-    /// where the proxy drew the noise: the contribution then carries none.
+    /// epsilon of each owner's rows against the proxy working with the user.
+    /// Unmasked, they decrypt its contribution alone, with only its own noise
+    /// share on it; masked, they read only the sum the holder unmasks, as the
+    /// user alone does. `None` where the proxy drew the noise: the contribution
+    /// then carries none.
     pub epsilon_against_proxy_and_user: Option<f64>,
     /// The owners the study allows to work with the user (t).
     pub colluding_owners: u32,
+    /// Whether the owners masked their contributions, with a mask holder
+    /// (docs/PRIVACY.md, "Masked contributions").
+    #[serde(default)]
+    pub masked: bool,
 }
 
 /// Who drew a run's noise.
@@ -584,6 +590,7 @@ impl Trust {
                 epsilon_against_user_and_owners: f64::INFINITY,
                 epsilon_against_proxy_and_user: None,
                 colluding_owners: t,
+                masked: false,
             };
         }
         if !spec.owners_add_noise() {
@@ -593,6 +600,7 @@ impl Trust {
                 epsilon_against_user_and_owners: budget.epsilon,
                 epsilon_against_proxy_and_user: None,
                 colluding_owners: t,
+                masked: false,
             };
         }
         let h = dpca_common::dp::distributed::honest_shares(m, t);
@@ -603,12 +611,19 @@ impl Trust {
             ),
             None => f64::INFINITY,
         };
+        let against_user = scaled(h, m).min(budget.epsilon);
+        let masked = spec.mask_holder.is_some();
+        let pair = match masked {
+            true => against_user,
+            false => scaled(h, 1).max(budget.epsilon),
+        };
         Self {
             noise_from: NoiseFrom::Owners,
-            epsilon_against_user: scaled(h, m).min(budget.epsilon),
+            epsilon_against_user: against_user,
             epsilon_against_user_and_owners: budget.epsilon,
-            epsilon_against_proxy_and_user: Some(scaled(h, 1).max(budget.epsilon)),
+            epsilon_against_proxy_and_user: Some(pair),
             colluding_owners: t,
+            masked,
         }
     }
 
@@ -619,11 +634,15 @@ impl Trust {
             (NoiseFrom::Owners, Some(pair)) => format!(
                 "noise drawn by the owners: epsilon {:.4} against the user alone, {:.4} against \
                  the user with {}, {:.4} for each owner against the proxy working with the user \
-                 (they decrypt its contribution, with its own noise share alone)",
+                 ({})",
                 self.epsilon_against_user,
                 self.epsilon_against_user_and_owners,
                 dpca_shell::text::count(self.colluding_owners, "owner"),
                 pair,
+                match self.masked {
+                    true => "contributions masked: they read only sums the mask holder unmasks",
+                    false => "they decrypt its contribution, with its own noise share alone",
+                },
             ),
             (NoiseFrom::Owners | NoiseFrom::Proxy, _) => format!(
                 "noise drawn by the proxy: epsilon {:.4} against the user, none against the \
@@ -668,5 +687,19 @@ mod trust_tests {
             .epsilon_against_proxy_and_user
             .expect("owners' shares");
         assert!(close(pair, epsilon_for(2.0 * rho, budget.delta)), "{pair}");
+        assert!(!trust.masked);
+        // Masked, the pair reads only the sums the holder unmasks.
+        let masked = SpecDraft {
+            mask_holder: Some("https://holder:50052".into()),
+            ..spec.to_draft()
+        }
+        .validate()
+        .expect("masked spec");
+        let trust = Trust::of(&masked, &budget, false);
+        assert!(trust.masked);
+        assert_eq!(
+            trust.epsilon_against_proxy_and_user,
+            Some(trust.epsilon_against_user)
+        );
     }
 }

@@ -29,7 +29,7 @@ pub(crate) async fn choose_row_norm(
         .norm_bins
         .clone()
         .context("a histogram study has bins")?;
-    let hid = open_study(client, &spec_h, noise_free_for_testing).await?;
+    let hid = open_study(client, &spec_h, noise_free_for_testing, cohort.transport()).await?;
     eprintln!(
         "row-norm histogram study {hid} opened (epsilon {:.4} of {total_epsilon})",
         h.epsilon

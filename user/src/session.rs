@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use dpca_common::dp::{NoisePlan, NoiseScale};
 use dpca_common::paillier::{Ciphertext, Opening, PublicKey, SecretKey};
-use dpca_common::protocol::{check_release, open_release, Opened};
+use dpca_common::protocol::{check_release, open_release_unmasked, Opened};
 use dpca_common::study::{MarginalCounts, StudyLayout, StudySpec, LAYOUT_VERSION};
 use dpca_proto::convert::spec_to_wire;
 use dpca_proto::v1;
@@ -81,12 +81,20 @@ fn silent(what: &str, waited: Duration) -> anyhow::Error {
 /// Opens a study at the proxy; returns its id. The proxy must answer within
 /// [`CALL_TIMEOUT`]; the call is not repeated, since a proxy that opened the
 /// study and then failed to answer would open a second one.
+///
+/// Where the spec names a mask holder, the study is then held there under the
+/// same id (`transport` connects to it), before any owner can be invited.
 pub async fn open_study(
     client: &mut ProxyClient<Channel>,
     spec: &StudySpec,
     noise_free_for_testing: bool,
+    transport: &Transport,
 ) -> anyhow::Result<String> {
-    open_study_within(client, spec, noise_free_for_testing, CALL_TIMEOUT).await
+    let id = open_study_within(client, spec, noise_free_for_testing, CALL_TIMEOUT).await?;
+    crate::masks::hold_masks(spec, &id, transport)
+        .await
+        .with_context(|| format!("study {id} is open at the proxy, and not at its mask holder"))?;
+    Ok(id)
 }
 
 async fn open_study_within(
@@ -195,12 +203,15 @@ pub fn count_once(
 }
 
 /// Decrypts E[N] with its proof, once per study, and checks it is plausible: one
-/// row per counted owner at least, the spec's max_rows at most.
+/// row per counted owner at least, the spec's max_rows at most. `mask`: the
+/// counted owners' mask sum on N, taken off the plaintext first (the opening
+/// proves the masked value, and is sent nowhere: masks are `dp-mean`'s only).
 fn open_count(
     sk: &SecretKey,
     spec: &StudySpec,
     study_id: &str,
     sealed: &v1::SealedStudy,
+    mask: Option<&BigUint>,
 ) -> anyhow::Result<(u64, Opening)> {
     let count_ct = sk
         .public()
@@ -208,9 +219,10 @@ fn open_count(
         .context("proxy sent an invalid encrypted count")?;
     let min = (sealed.owners_in.len() as u64).max(1);
     let fingerprint = sk.public().fingerprint();
+    let n_of = |o: &Opening| u64::try_from(&unmasked(&o.plaintext, mask, sk.public().n()));
     let opening = count_once(&fingerprint, study_id, &sealed.encrypted_count, || {
         let opening = sk.open(&count_ct)?;
-        match u64::try_from(&opening.plaintext) {
+        match n_of(&opening) {
             Ok(n) if n >= min && n <= spec.max_rows => Ok(opening),
             _ => bail!(
                 "decrypted row count is not in [{min}, {}]: refusing to use it",
@@ -218,8 +230,16 @@ fn open_count(
             ),
         }
     })?;
-    let n = u64::try_from(&opening.plaintext).context("row count")?;
+    let n = n_of(&opening).context("row count")?;
     Ok((n, opening))
+}
+
+/// `p` less `mask` mod `n` (`p` itself without one).
+fn unmasked(p: &BigUint, mask: Option<&BigUint>, n: &BigUint) -> BigUint {
+    match mask {
+        Some(m) => (p + (n - m % n)) % n,
+        None => p.clone(),
+    }
 }
 
 /// Checks that the proxy's E\[N\] is the product of the counted owners' E\[N_i\], each
@@ -419,7 +439,10 @@ pub async fn collect(
     let got = fetch_sealed(client, transport, sk, study).await?;
     let n_rows = match &got.proven {
         Some((n, _)) => *n,
-        None => open_count(sk, study.spec, study.id, &got.sealed)?.0,
+        None => {
+            let mask = got.masks.as_ref().and_then(|m| m.last());
+            open_count(sk, study.spec, study.id, &got.sealed, mask)?.0
+        }
     };
     open_collected(sk, study.spec, got, n_rows)
 }
@@ -495,6 +518,9 @@ struct Released {
     /// proven), and found reported as such.
     plan: NoisePlan,
     ciphertexts: Vec<Ciphertext>,
+    /// The counted owners' mask sum, where the spec names a mask holder: one
+    /// value per released ciphertext, then N's.
+    masks: Option<Vec<BigUint>>,
     seconds_seal: f64,
     seconds_proxy: f64,
 }
@@ -524,6 +550,7 @@ async fn fetch_sealed(
     let sealed = await_seal(client, study_id, within).await?;
     check_owners_in(&sealed, spec).context("the sealed study is refused")?;
     let seconds_seal = t.elapsed().as_secs_f64();
+    let masks = crate::masks::fetch_mask_sum(spec, study_id, &sealed.owners_in, transport).await?;
     let proven = count_to_prove(&sealed, transport, sk, spec, study_id)?;
     let layout = StudyLayout::new(spec)?;
     let t = Instant::now();
@@ -547,6 +574,7 @@ async fn fetch_sealed(
         proven,
         plan,
         ciphertexts,
+        masks,
         seconds_seal,
         seconds_proxy,
     })
@@ -560,12 +588,12 @@ fn open_collected(
     n_rows: u64,
 ) -> anyhow::Result<Collected> {
     let t = Instant::now();
-    let opened = open_release(
+    let opened = open_release_unmasked(
         sk,
         &got.layout,
         spec.privacy.centering,
         spec.projection.as_ref(),
-        &got.ciphertexts,
+        (&got.ciphertexts, got.masks.as_deref()),
         n_rows,
         spec.fixed.frac_bits,
     )?;
@@ -718,7 +746,7 @@ fn count_to_prove(
         // No certificates, no signatures: plaintext is insecure by name.
         None => tracing::warn!("plaintext: E[N] is decrypted without the owners' signatures"),
     }
-    Ok(Some(open_count(sk, spec, study_id, sealed)?))
+    Ok(Some(open_count(sk, spec, study_id, sealed, None)?))
 }
 
 /// Checks the noise scale the proxy reports against the plan's, both on the
@@ -1109,11 +1137,11 @@ mod tests {
         let spec = dpca_common::testing::test_spec(sk.public(), 3);
         let (sealed, result) = forged_seal(&spec, 1);
         let mut client = dpca_shell::testing::scripted_proxy(sealed, result).await;
-        let id = open_study(&mut client, &spec, false)
+        let id = open_study(&mut client, &spec, false, &Transport::InsecurePlaintext)
             .await
             .expect("the first study");
         assert_eq!(id, dpca_shell::testing::SCRIPTED_STUDY);
-        let err = open_study(&mut client, &spec, false)
+        let err = open_study(&mut client, &spec, false, &Transport::InsecurePlaintext)
             .await
             .expect_err("a second study under the first one's id");
         assert!(err.to_string().contains("already has"), "{err}");

@@ -36,7 +36,7 @@ mod release;
 mod share;
 
 pub use central::central_release;
-pub use open::{open_release, ClassStats, Opened};
+pub use open::{open_release, open_release_unmasked, ClassStats, Opened};
 pub use plausible::{check_release, Implausible, FALSE_ALARM};
 pub use release::{release, ReleaseSecrets};
 pub use share::{ClassRows, Share, ShareNoise};
@@ -73,6 +73,9 @@ pub enum ProtocolError {
     /// A sampled noise value beyond the tail bound the slots were sized for.
     #[error("noise sample beyond the proven tail bound (probability below 2^-1000)")]
     NoiseTail,
+    /// A mask sum that does not fit the release ([`crate::secagg::MaskError`]).
+    #[error(transparent)]
+    Mask(#[from] crate::secagg::MaskError),
 }
 
 /// Lossy view of a big integer as f64 (values here are far below f64's range).

@@ -96,17 +96,45 @@ pub fn open_release(
     n_rows: u64,
     frac_bits: u32,
 ) -> Result<Opened, ProtocolError> {
+    open_release_unmasked(
+        sk,
+        layout,
+        centering,
+        projection,
+        (cts, None),
+        n_rows,
+        frac_bits,
+    )
+}
+
+/// [`open_release`] of a release of masked contributions: `masks`, the counted
+/// owners' mask sum ([`crate::secagg::held_mask_sum`], one value per plaintext
+/// an owner sends), is taken off the decrypted plaintexts before they are
+/// unpacked; its last value, N's, is not the release's.
+pub fn open_release_unmasked(
+    sk: &SecretKey,
+    layout: &StudyLayout,
+    centering: Centering,
+    projection: Option<&Projection>,
+    (cts, masks): (&[Ciphertext], Option<&[BigUint]>),
+    n_rows: u64,
+    frac_bits: u32,
+) -> Result<Opened, ProtocolError> {
     if cts.len() != layout.release_ciphertexts() {
         return Err(ProtocolError::Count {
             expected: layout.release_ciphertexts(),
             got: cts.len(),
         });
     }
-    let plains: Vec<BigUint> = if layout.baseline {
+    let mut plains: Vec<BigUint> = if layout.baseline {
         cts.iter().map(|c| sk.decrypt_textbook(c)).collect()
     } else {
         cts.par_iter().map(|c| sk.decrypt(c)).collect()
     };
+    if let Some(masks) = masks {
+        let released = masks.get(..plains.len()).unwrap_or(masks);
+        crate::secagg::remove_mask_sum(&mut plains, released, sk.public().n())?;
+    }
     let (matrix, vector) = plains.split_at(layout.matrix_ciphertexts());
     let mut vec = Vec::with_capacity(layout.vector_len);
     for (&(_, len), p) in layout.vector.iter().zip(vector) {

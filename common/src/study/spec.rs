@@ -106,7 +106,15 @@ pub struct SpecDraft {
     /// owners add the noise ([`SpecDraft::owner_noise`]) each share is calibrated
     /// for `min_owners - t` honest owners; 0 in any other study.
     pub colluding_owners: u32,
+    /// The URL of the study's mask holder: a second proxy, run by another
+    /// operator, that keeps each owner's mask seed and gives the user the sum of
+    /// the counted owners' masks once ([`crate::secagg`]). `None`: owners send
+    /// their shares unmasked, and the proxy with the user reads each.
+    pub mask_holder: Option<String>,
 }
+
+/// The longest mask holder URL a spec may name.
+pub const MAX_MASK_HOLDER_URL: usize = 256;
 
 /// A study specification that passed every check of [`SpecDraft::validate`]: the
 /// only kind a study is opened with, a layout derived from and a party acts on.
@@ -301,7 +309,37 @@ impl SpecDraft {
                 ),
             ));
         }
-        self.check_colluding()
+        self.check_colluding()?;
+        self.check_mask_holder()
+    }
+
+    /// A mask holder only where the owners add the noise (elsewhere the proxy
+    /// must read each contribution's count or noise it), named by an `http` or
+    /// `https` URL of printable characters.
+    fn check_mask_holder(&self) -> Result<(), SpecError> {
+        let Some(url) = &self.mask_holder else {
+            return Ok(());
+        };
+        if !self.owners_add_noise() {
+            return Err(param(
+                "mask_holder",
+                "masked contributions need a study whose owners add the noise (`dp-mean` \
+                 centering with the gaussian mechanism)"
+                    .to_string(),
+            ));
+        }
+        let scheme = url.starts_with("https://") || url.starts_with("http://");
+        let printable = url.chars().all(|c| c.is_ascii_graphic());
+        if !scheme || !printable || url.len() > MAX_MASK_HOLDER_URL {
+            return Err(param(
+                "mask_holder",
+                format!(
+                    "must be an http(s) URL of at most {MAX_MASK_HOLDER_URL} printable \
+                     characters, got {url:?}"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// t below min_owners (one honest share at least), and 0 where the proxy

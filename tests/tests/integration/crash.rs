@@ -238,7 +238,7 @@ fn proxy_killed_twenty_times_loses_nothing_and_counts_nothing_twice() {
         let mut c = dpca_shell::client::connect(&crashing.url(), &user)
             .await
             .expect("connect");
-        dpca_user::session::open_study(&mut c, &spec, true)
+        dpca_user::session::open_study(&mut c, &spec, true, &user)
             .await
             .expect("open study")
     });

@@ -7,6 +7,7 @@ mod breaks;
 mod cleaning;
 mod crash;
 mod e2e;
+mod masks;
 mod operator;
 mod refusals;
 mod remote;

@@ -721,7 +721,7 @@ fn a_study_past_an_owners_budget_cap_is_refused_without_state_change() {
     let spec = optdigits_spec(sk.public());
     let second = rt().block_on(async {
         let mut c = f.client("user").await;
-        dpca_user::session::open_study(&mut c, &spec, false)
+        dpca_user::session::open_study(&mut c, &spec, false, &f.proxy.transport("user"))
             .await
             .expect("open study")
     });

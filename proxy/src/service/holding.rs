@@ -1,0 +1,253 @@
+//! The mask holder's calls ([`crate::holder`] decides; this stores and
+//! answers). Every change is on disk before it is answered, under one lock for
+//! all held studies: a holder takes one small call per owner and user.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dpca_common::secagg::held_mask_sum;
+use dpca_common::study::{check_no_terminal_controls, StudyLayout, MAX_ID_BYTES};
+use dpca_proto::convert::spec_from_wire;
+use dpca_proto::v1;
+use prost::Message;
+use tonic::{Request, Response, Status};
+
+use super::{blocking, ProxyService};
+use crate::access::Action;
+use crate::holder::{Deposit, HolderRefusal, MaskStudy};
+use crate::refusal::Refusal;
+use crate::store::{Store, StoreError};
+
+/// A held study, with its mask sum once computed (kept, so a repeated fetch
+/// costs nothing).
+pub(crate) struct Holding {
+    study: MaskStudy,
+    sum: Option<Arc<Vec<Vec<u8>>>>,
+}
+
+/// Every held study, by id.
+pub(crate) type HeldTable = Arc<tokio::sync::Mutex<HashMap<String, Holding>>>;
+
+/// Values per chunk of a mask sum: as many as a result chunk's ciphertexts
+/// (each of those is twice as long).
+const SUMS_PER_CHUNK: usize = 2 * dpca_proto::convert::CIPHERTEXTS_PER_CHUNK;
+
+/// The stream a mask sum is answered with.
+pub(crate) type MaskSumStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<v1::MaskSumChunk, Status>> + Send + 'static>,
+>;
+
+/// The held studies of `store`'s file; a record this build cannot read stops
+/// the proxy at startup, naming it.
+pub(crate) fn load_held(store: &Store) -> Result<HeldTable, StoreError> {
+    let mut table = HashMap::new();
+    for (id, bytes) in store.load_held()? {
+        let study = MaskStudy::from_record(&id, &bytes).map_err(|e| store.record_error(&id, e))?;
+        table.insert(id, Holding { study, sum: None });
+    }
+    Ok(Arc::new(tokio::sync::Mutex::new(table)))
+}
+
+impl From<HolderRefusal> for Refusal {
+    fn from(e: HolderRefusal) -> Self {
+        match e {
+            HolderRefusal::OpenedOtherwise(_)
+            | HolderRefusal::NotInvited(_)
+            | HolderRefusal::SecondSeed { .. }
+            | HolderRefusal::OtherSet { .. } => Refusal::Denied(e.to_string()),
+            HolderRefusal::NoMasks | HolderRefusal::OtherSpec { .. } | HolderRefusal::BadSet(_) => {
+                Refusal::Invalid(e.to_string())
+            }
+            HolderRefusal::Summed(_) => Refusal::WrongPhase(e.to_string()),
+        }
+    }
+}
+
+/// Refuses an id too long to store or with terminal controls.
+fn check_id(what: &'static str, id: &str) -> Result<(), Refusal> {
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return Err(Refusal::Invalid(format!(
+            "{what} must be 1 to {MAX_ID_BYTES} bytes, got {}",
+            id.len()
+        )));
+    }
+    check_no_terminal_controls(what, id).map_err(Refusal::Invalid)
+}
+
+impl ProxyService {
+    /// Writes `study`'s record (no state file: nothing to write).
+    async fn store_held(&self, study: &MaskStudy) -> Result<(), Refusal> {
+        let Some(store) = self.store.clone() else {
+            return Ok(());
+        };
+        let (id, record) = (study.id.clone(), study.to_record().encode_to_vec());
+        blocking(move || {
+            store
+                .save_held(&id, record)
+                .map_err(|e| Refusal::Unavailable(format!("held study {id} not stored: {e}")))
+        })
+        .await
+    }
+
+    /// HoldMasks: checks the spec as `OpenStudy` does, within the opener's
+    /// limits, dropping its oldest ended held studies past those it may keep.
+    pub(crate) async fn hold_masks_call(
+        &self,
+        req: Request<v1::HoldMasksRequest>,
+    ) -> Result<Response<v1::HoldMasksResponse>, Status> {
+        let peer = self.caller(&req)?;
+        Self::authorize(peer.as_ref(), Action::OpenStudy)?;
+        let req = req.into_inner();
+        check_id("study_id", &req.study_id)?;
+        let wire = req
+            .spec
+            .ok_or_else(|| Refusal::Invalid("missing study spec".into()))?;
+        let limits = &self.config.limits;
+        limits
+            .check_wire(&wire)
+            .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let spec = spec_from_wire(&wire).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let now = self.config.clock.now_ms();
+        if spec.deadline_unix_ms <= now {
+            return Err(Refusal::Invalid("study deadline is in the past".into()).into());
+        }
+        let plan = StudyLayout::plan(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        limits
+            .check_layout(plan.size())
+            .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let digest = dpca_shell::invitation::spec_digest(&spec);
+        let user = peer.map(|p| p.name);
+        let mut table = self.held.lock().await;
+        if let Some(h) = table.get(&req.study_id) {
+            h.study
+                .reopened(&digest, user.as_deref())
+                .map_err(Refusal::from)?;
+            return Ok(Response::new(v1::HoldMasksResponse {}));
+        }
+        let held: Vec<_> = table.values().map(|h| h.study.as_held(now)).collect();
+        limits
+            .check_open(&held, user.as_deref())
+            .map_err(|e| Refusal::OverLimit(e.to_string()))?;
+        let dropped = limits.ended_to_drop(&held, user.as_deref());
+        let study =
+            MaskStudy::open(req.study_id.clone(), spec, digest, user).map_err(Refusal::from)?;
+        self.store_held(&study).await?;
+        if let (Some(store), false) = (&self.store, dropped.is_empty()) {
+            store
+                .drop_held(dropped.clone())
+                .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+        }
+        for id in &dropped {
+            table.remove(id);
+        }
+        tracing::info!(study = %req.study_id, "masks held");
+        table.insert(req.study_id, Holding { study, sum: None });
+        Ok(Response::new(v1::HoldMasksResponse {}))
+    }
+
+    /// DepositSeed: an invited owner's seed, under the held spec's digest.
+    pub(crate) async fn deposit_seed_call(
+        &self,
+        req: Request<v1::DepositSeedRequest>,
+    ) -> Result<Response<v1::DepositSeedResponse>, Status> {
+        let peer = self.caller(&req)?;
+        let req = req.into_inner();
+        Self::authorize(
+            peer.as_ref(),
+            Action::Contribute {
+                owner_id: &req.owner_id,
+            },
+        )?;
+        check_id("owner_id", &req.owner_id)?;
+        check_id("contribution_id", &req.contribution_id)?;
+        let seed = <[u8; 32]>::try_from(req.seed.as_slice())
+            .map_err(|_| Refusal::Invalid(format!("a seed is 32 bytes, got {}", req.seed.len())))?;
+        let mut table = self.held.lock().await;
+        let holding = table
+            .get_mut(&req.study_id)
+            .ok_or_else(|| Refusal::UnknownStudy(req.study_id.clone()))?;
+        let mut next = holding.study.clone();
+        let deposit = Deposit {
+            contribution_id: req.contribution_id,
+            seed,
+        };
+        let newly_held = next
+            .deposit(&req.owner_id, &req.spec_digest, deposit)
+            .map_err(Refusal::from)?;
+        if newly_held {
+            self.store_held(&next).await?;
+            holding.study = next;
+        }
+        Ok(Response::new(v1::DepositSeedResponse { newly_held }))
+    }
+
+    /// FetchMaskSum: the sum of the named owners' masks, for the study's user,
+    /// once per study (the set on disk before the sum is sent).
+    pub(crate) async fn fetch_mask_sum_call(
+        &self,
+        req: Request<v1::FetchMaskSumRequest>,
+    ) -> Result<Response<MaskSumStream>, Status> {
+        let peer = self.caller(&req)?;
+        let req = req.into_inner();
+        let mut table = self.held.lock().await;
+        let holding = table
+            .get_mut(&req.study_id)
+            .ok_or_else(|| Refusal::UnknownStudy(req.study_id.clone()))?;
+        Self::authorize(
+            peer.as_ref(),
+            Action::UseStudy {
+                opened_by: holding.study.opened_by.as_deref(),
+            },
+        )?;
+        let mut next = holding.study.clone();
+        let seeds = next.release(&req.owners).map_err(Refusal::from)?;
+        if holding.study.released.is_none() {
+            self.store_held(&next).await?;
+            tracing::info!(study = %req.study_id, owners = seeds.len(), "mask sum given");
+        }
+        holding.study = next;
+        let sum = match &holding.sum {
+            Some(sum) => Arc::clone(sum),
+            None => {
+                let sum = Arc::new(sum_of(&holding.study, seeds).await?);
+                holding.sum = Some(Arc::clone(&sum));
+                sum
+            }
+        };
+        drop(table);
+        Ok(Response::new(stream_of(sum)))
+    }
+}
+
+/// The masks of `seeds` summed over the study's owner plaintexts, each value
+/// big-endian.
+async fn sum_of(
+    study: &MaskStudy,
+    seeds: Vec<(String, [u8; 32])>,
+) -> Result<Vec<Vec<u8>>, Refusal> {
+    let layout = StudyLayout::new(&study.spec).map_err(|e| Refusal::Internal(e.to_string()))?;
+    let n = study.spec.public_key.n().clone();
+    let id = study.id.clone();
+    blocking(move || {
+        let owners: Vec<(&str, [u8; 32])> = seeds.iter().map(|(o, s)| (o.as_str(), *s)).collect();
+        let sum = held_mask_sum(&owners, &id, layout.owner_ciphertexts(), &n);
+        Ok(sum.iter().map(|v| v.to_bytes_be()).collect())
+    })
+    .await
+}
+
+/// `sum` in chunks, each encoded as its caller reads it.
+fn stream_of(sum: Arc<Vec<Vec<u8>>>) -> MaskSumStream {
+    let total = sum.len();
+    let starts = (0..total).step_by(SUMS_PER_CHUNK);
+    Box::pin(tokio_stream::StreamExt::map(
+        tokio_stream::iter(starts),
+        move |start| {
+            let end = total.min(start + SUMS_PER_CHUNK);
+            Ok(v1::MaskSumChunk {
+                sums: sum.get(start..end).unwrap_or_default().to_vec(),
+                total: if start == 0 { total as u32 } else { 0 },
+            })
+        },
+    ))
+}
