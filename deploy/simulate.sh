@@ -80,6 +80,7 @@ for f in components.csv eigenvalues.csv scatter.csv study.json synthetic.csv rep
     [ -s "$DPCA_OUT/$f" ] || fail "no $f in $DPCA_OUT"
 done
 check_json "d['n_rows'] == 5620 and d['n_owners'] == 5 and d['owners_missing'] == []"
+check_json "d['trust']['masked']"
 [ "$(head -n 1 "$DPCA_OUT/synthetic.csv")" = "$(head -n 1 data/optdigits.csv)" ] \
     || fail "synthetic.csv does not have the input's header"
 [ "$(wc -l <"$DPCA_OUT/synthetic.csv")" = 5621 ] || fail "synthetic.csv is not 5620 rows"

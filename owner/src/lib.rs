@@ -1237,6 +1237,52 @@ mod tests {
     }
 
     #[test]
+    fn a_holder_that_is_the_proxy_or_not_the_pinned_one_is_refused() {
+        let pk = dpca_common::testing::test_key().public().clone();
+        let spec = |holder: Option<&str>| {
+            dpca_common::study::SpecDraft {
+                mask_holder: holder.map(str::to_owned),
+                ..dpca_common::testing::test_draft(&pk, 2)
+            }
+            .validate()
+            .expect("spec")
+        };
+        let proxy = "https://proxy.example:50051";
+        let masked = spec(Some("https://holder.example:50051"));
+        let named = check_mask_holder("s", &masked, proxy, None).expect("another host");
+        assert_eq!(named, Some("https://holder.example:50051"));
+        let pinned = Some("https://holder.example:50051");
+        assert!(check_mask_holder("s", &masked, proxy, pinned).is_ok());
+        for (holder, pin, what) in [
+            (
+                Some("https://PROXY.example:50051"),
+                None,
+                "the proxy itself",
+            ),
+            (
+                Some("https://proxy.example:50051/"),
+                None,
+                "the proxy with a path",
+            ),
+            (
+                Some("https://other.example:50051"),
+                pinned,
+                "not the pinned one",
+            ),
+            (None, pinned, "none where one is pinned"),
+        ] {
+            let served = spec(holder);
+            let err = check_mask_holder("s", &served, proxy, pin);
+            assert!(err.is_err(), "{what}");
+        }
+        let plain = spec(None);
+        assert_eq!(
+            check_mask_holder("s", &plain, proxy, None).expect("none"),
+            None
+        );
+    }
+
+    #[test]
     fn a_plaintext_owner_id_the_proxy_would_refuse_is_refused_here() {
         let t = Transport::InsecurePlaintext;
         let long = "a".repeat(MAX_ID_BYTES + 1);

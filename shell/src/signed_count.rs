@@ -7,10 +7,6 @@
 //! decrypts only the product it forms itself of counts it verified: each signed by
 //! a certificate of the study's CA that names an owner counted in the study.
 //!
-//! An owner signs its secure-aggregation key for a study the same way
-//! ([`sign_agreement_key`], [`verify_agreement_key`]): the proxy relays the
-//! owners' keys, and must not put a key of its own in an owner's name.
-//!
 //! Each signature is over a domain-separated message, so it can be taken for
 //! nothing else the key signs (the TLS handshake signs other structures).
 
@@ -95,32 +91,6 @@ pub fn sign_count(
     )
 }
 
-/// The message an owner signs for its secure-aggregation key in a study: domain,
-/// study id, the fingerprint of the user's key, and the X25519 public key.
-pub fn agreement_key_message(study_id: &str, key_fingerprint: &str, public: &[u8; 32]) -> Vec<u8> {
-    length_prefixed(&[
-        b"dpca secure aggregation key v1",
-        study_id.as_bytes(),
-        key_fingerprint.as_bytes(),
-        public,
-    ])
-}
-
-/// Signs the owner's secure-aggregation key for a study with its private key
-/// (PEM, as its certificate's).
-#[cfg(feature = "count-signing")]
-pub fn sign_agreement_key(
-    key_pem: &[u8],
-    study_id: &str,
-    key_fingerprint: &str,
-    public: &[u8; 32],
-) -> Result<Vec<u8>, CountSignatureError> {
-    sign_message(
-        key_pem,
-        &agreement_key_message(study_id, key_fingerprint, public),
-    )
-}
-
 /// `message` signed with the private key `key_pem`.
 #[cfg(feature = "count-signing")]
 fn sign_message(key_pem: &[u8], message: &[u8]) -> Result<Vec<u8>, CountSignatureError> {
@@ -157,31 +127,6 @@ pub fn verify_count(
     signature: &[u8],
 ) -> Result<(), CountSignatureError> {
     let message = count_message(claim.study_id, claim.key_fingerprint, claim.ciphertext);
-    verify_owner_signature(ca_pem, certificate, claim.owner, &message, signature)
-}
-
-/// What a signed secure-aggregation key claims: whose key it is, for which study.
-#[derive(Clone, Copy, Debug)]
-pub struct KeyClaim<'a> {
-    /// The owner whose key it is.
-    pub owner: &'a str,
-    /// The study.
-    pub study_id: &'a str,
-    /// The fingerprint of the study's (the user's) Paillier key.
-    pub key_fingerprint: &'a str,
-    /// The X25519 public key.
-    pub public: &'a [u8; 32],
-}
-
-/// Verifies that the claimed owner signed its secure-aggregation key for the
-/// study, under the same rules as [`verify_count`].
-pub fn verify_agreement_key(
-    ca_pem: &[u8],
-    certificate: &[u8],
-    claim: KeyClaim<'_>,
-    signature: &[u8],
-) -> Result<(), CountSignatureError> {
-    let message = agreement_key_message(claim.study_id, claim.key_fingerprint, claim.public);
     verify_owner_signature(ca_pem, certificate, claim.owner, &message, signature)
 }
 
@@ -341,58 +286,5 @@ mod tests {
             verify_count(&ca, &foreign_cert, claim("a", "s1", &ct), &foreign_sig),
             Err(CountSignatureError::Untrusted { .. })
         ));
-    }
-
-    /// An owner's secure-aggregation key verifies only as its own, for its
-    /// study and the user's key; a count's signature is no key's, and the
-    /// proxy cannot put a key of its own in an owner's name.
-    #[test]
-    fn an_agreement_key_verifies_only_for_its_owner_study_and_key() {
-        let (_dir, pki) = pki_with(&["a"]);
-        let (a, proxy) = (pki.files("a").expect("a").clone(), pki.proxy.clone());
-        let (ca, cert_a) = (read(&a.ca), der_of(&read(&a.cert)));
-        let public = [9u8; 32];
-        let key_claim = |owner, study_id, key_fingerprint, public| KeyClaim {
-            owner,
-            study_id,
-            key_fingerprint,
-            public,
-        };
-        let sig = sign_agreement_key(&read(&a.key), "s1", "k1", &public).expect("sign");
-        verify_agreement_key(&ca, &cert_a, key_claim("a", "s1", "k1", &public), &sig)
-            .expect("the honest key");
-        for (claim, what) in [
-            (key_claim("a", "s2", "k1", &public), "another study"),
-            (key_claim("a", "s1", "k2", &public), "another user's key"),
-            (key_claim("a", "s1", "k1", &[8u8; 32]), "another public key"),
-        ] {
-            let refused = verify_agreement_key(&ca, &cert_a, claim, &sig);
-            assert!(
-                matches!(refused, Err(CountSignatureError::BadSignature(_))),
-                "{what}"
-            );
-        }
-        // A signature over a count of the same bytes is no key's.
-        let count_sig = sign_count(&read(&a.key), "s1", "k1", &public).expect("sign");
-        let as_key = verify_agreement_key(
-            &ca,
-            &cert_a,
-            key_claim("a", "s1", "k1", &public),
-            &count_sig,
-        );
-        assert!(matches!(as_key, Err(CountSignatureError::BadSignature(_))));
-        // The proxy's own key, in owner a's name.
-        let proxy_sig = sign_agreement_key(&read(&proxy.key), "s1", "k1", &public).expect("sign");
-        let proxy_cert = der_of(&read(&proxy.cert));
-        let forged = verify_agreement_key(
-            &ca,
-            &proxy_cert,
-            key_claim("a", "s1", "k1", &public),
-            &proxy_sig,
-        );
-        assert!(
-            matches!(forged, Err(CountSignatureError::WrongSigner { .. })),
-            "{forged:?}"
-        );
     }
 }
