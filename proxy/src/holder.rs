@@ -16,11 +16,28 @@
 //!   together. Asked again for the same set, the holder answers the same.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use dpca_common::study::StudySpec;
-use dpca_proto::convert::{spec_from_wire, spec_to_wire};
+use dpca_proto::convert::{spec_to_wire, stored_spec_from_wire};
 use dpca_proto::v1;
 use prost::Message;
+
+/// How long past its deadline a held study counts as open (against the user's
+/// limits, and kept): a day.
+pub const HELD_GRACE: Duration = Duration::from_secs(24 * 3600);
+
+/// Names a refusal lists before it counts the rest.
+const NAMES_LISTED: usize = 16;
+
+/// `names`, the first [`NAMES_LISTED`] of them and a count of the rest.
+fn listed(names: &[String]) -> String {
+    let shown = names.iter().take(NAMES_LISTED).cloned().collect::<Vec<_>>();
+    match names.len().saturating_sub(NAMES_LISTED) {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
+    }
+}
 
 /// A seed as its owner deposited it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,8 +110,9 @@ pub enum HolderRefusal {
     BadSet(String),
     /// A second sum of another set.
     #[error(
-        "study {study}'s masks were summed once, for {held:?}; a sum of another set ({got:?}) \
-         would unmask the owners the two differ by"
+        "study {study}'s masks were summed once, for {} ({}); a sum of another set ({}) \
+         would unmask the owners the two differ by",
+        held.len(), listed(held), listed(got)
     )]
     OtherSet {
         /// The study.
@@ -104,6 +122,13 @@ pub enum HolderRefusal {
         /// The set asked for.
         got: Vec<String>,
     },
+    /// The held record says no sum was given, and the journal says one was:
+    /// the state file was put back from an older copy.
+    #[error(
+        "study {0}'s masks were summed before (the release journal says so), and this state \
+         file does not say for whom: no sum is given again"
+    )]
+    Journaled(String),
 }
 
 impl MaskStudy {
@@ -146,6 +171,20 @@ impl MaskStudy {
         digest: &str,
         deposit: Deposit,
     ) -> Result<bool, HolderRefusal> {
+        let new = self.check_deposit(owner, digest, &deposit)?;
+        if new {
+            self.seeds.insert(owner.to_owned(), deposit);
+        }
+        Ok(new)
+    }
+
+    /// What [`MaskStudy::deposit`] would answer, changing nothing.
+    pub fn check_deposit(
+        &self,
+        owner: &str,
+        digest: &str,
+        deposit: &Deposit,
+    ) -> Result<bool, HolderRefusal> {
         if digest != self.digest {
             return Err(HolderRefusal::OtherSpec {
                 study: self.id.clone(),
@@ -159,19 +198,18 @@ impl MaskStudy {
             return Err(HolderRefusal::NotInvited(owner.to_owned()));
         }
         if let Some(held) = self.seeds.get(owner) {
-            return match *held == deposit {
+            return match held == deposit {
                 true => Ok(false),
                 false => Err(HolderRefusal::SecondSeed {
                     owner: owner.to_owned(),
                     held: held.contribution_id.clone(),
-                    got: deposit.contribution_id,
+                    got: deposit.contribution_id.clone(),
                 }),
             };
         }
         if self.released.is_some() {
             return Err(HolderRefusal::Summed(self.id.clone()));
         }
-        self.seeds.insert(owner.to_owned(), deposit);
         Ok(true)
     }
 
@@ -191,6 +229,8 @@ impl MaskStudy {
             }
         }
         self.check_set(&set)?;
+        // The seeds of owners left out are of no further use: not kept.
+        self.seeds.retain(|o, _| set.binary_search(o).is_ok());
         let seeds = set
             .iter()
             .filter_map(|o| self.seeds.get(o).map(|d| (o.clone(), d.seed)))
@@ -209,23 +249,36 @@ impl MaskStudy {
             )));
         }
         if let Some(w) = set.windows(2).find(|w| w[0] == w[1]) {
-            return Err(HolderRefusal::BadSet(format!("{} is named twice", w[0])));
+            return Err(HolderRefusal::BadSet(format!(
+                "{} is named twice",
+                listed(&w[..1])
+            )));
         }
         if let Some(o) = set.iter().find(|o| !self.seeds.contains_key(*o)) {
-            return Err(HolderRefusal::BadSet(format!("{o} deposited no seed")));
+            return Err(HolderRefusal::BadSet(format!(
+                "{} deposited no seed",
+                listed(std::slice::from_ref(o))
+            )));
         }
         Ok(())
     }
 }
 
 impl MaskStudy {
-    /// The study as the limits on what a user holds see it at `now_ms`: open
-    /// until its masks are summed or its deadline passes.
+    /// The study as the limits on what a user holds see it at `now_ms`: open,
+    /// summed or not, until [`HELD_GRACE`] past its deadline. So it is never
+    /// dropped (and then held anew, for a second sum) while its spec could still
+    /// be held: past its deadline no `HoldMasks` takes it. The grace leaves the
+    /// user time to fetch the sum after a seal at the deadline.
     pub fn as_held(&self, now_ms: u64) -> crate::limits::HeldStudy {
+        let until = self
+            .spec
+            .deadline_unix_ms
+            .saturating_add(HELD_GRACE.as_millis() as u64);
         crate::limits::HeldStudy {
             id: self.id.clone(),
             opened_by: self.opened_by.clone(),
-            open: self.released.is_none() && now_ms < self.spec.deadline_unix_ms,
+            open: now_ms < until,
             deadline_unix_ms: self.spec.deadline_unix_ms,
         }
     }
@@ -255,7 +308,8 @@ impl MaskStudy {
     pub fn from_record(id: &str, bytes: &[u8]) -> Result<Self, String> {
         let r = v1::StoredHeldStudy::decode(bytes).map_err(|e| e.to_string())?;
         let wire = r.spec.ok_or("no spec")?;
-        let spec = spec_from_wire(&wire).map_err(|e| e.to_string())?;
+        // As stored: a check added to specs since must not stop the proxy.
+        let spec = stored_spec_from_wire(&wire).map_err(|e| e.to_string())?;
         let digest = dpca_shell::invitation::spec_digest(&spec);
         let mut seeds = BTreeMap::new();
         for s in r.seeds {
@@ -290,6 +344,7 @@ mod tests {
             quorum,
             expected_owners: invited.iter().map(|s| s.to_string()).collect(),
             mask_holder: Some("https://holder:50052".into()),
+            deadline_unix_ms: 1_800_000_000_000,
             ..dpca_common::testing::test_draft(&pk, 2)
         }
         .validate()
@@ -367,6 +422,41 @@ mod tests {
         ));
         assert_eq!(
             h.deposit("d", "d", seed("1", 4)),
+            Err(HolderRefusal::Summed("s".into()))
+        );
+    }
+
+    /// A study whose masks were summed stays held, counted open, until a day
+    /// past its deadline: dropped sooner, it could be held anew under the same
+    /// spec and summed for a second set.
+    #[test]
+    fn a_summed_study_stays_held_until_a_day_past_its_deadline() {
+        let mut h = held(2, 3, &[]);
+        for (o, b) in [("a", 1), ("b", 2)] {
+            h.deposit(o, "d", seed("1", b)).expect("deposit");
+        }
+        h.release(&names(&["a", "b"])).expect("sum");
+        let deadline = h.spec.deadline_unix_ms;
+        assert!(h.as_held(deadline - 1).open, "summed, before its deadline");
+        assert!(
+            h.as_held(deadline + 1).open,
+            "summed, just past its deadline"
+        );
+        let grace = HELD_GRACE.as_millis() as u64;
+        assert!(!h.as_held(deadline + grace).open);
+    }
+
+    /// Seeds of owners left out of the sum are not kept.
+    #[test]
+    fn the_seeds_of_owners_left_out_are_dropped_at_the_sum() {
+        let mut h = held(2, 3, &[]);
+        for (o, b) in [("a", 1), ("b", 2), ("c", 3)] {
+            h.deposit(o, "d", seed("1", b)).expect("deposit");
+        }
+        h.release(&names(&["a", "b"])).expect("sum");
+        assert_eq!(h.seeds.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(
+            h.deposit("c", "d", seed("1", 3)),
             Err(HolderRefusal::Summed("s".into()))
         );
     }

@@ -102,6 +102,34 @@ pub fn stored_study(data: &[u8]) {
     let _ = key.ciphertexts_from_bytes(&data.chunks(key.ciphertext_bytes()).collect::<Vec<_>>(), 0);
 }
 
+/// The messages of masked contributions, at each edge that reads them: the
+/// holder's `HoldMasks` (a spec validated), `DepositSeed` (a seed of 32 bytes),
+/// `FetchMaskSum` and its stored record (spec validated, seeds of 32 bytes);
+/// the user's `MaskSumChunk` (each value below n).
+pub fn mask_messages(data: &[u8]) {
+    if let Ok(req) = v1::HoldMasksRequest::decode(data) {
+        if let Some(spec) = req.spec {
+            let _ = spec_from_wire(&spec);
+        }
+    }
+    if let Ok(req) = v1::DepositSeedRequest::decode(data) {
+        let _ = <[u8; 32]>::try_from(req.seed.as_slice());
+    }
+    let _ = v1::FetchMaskSumRequest::decode(data);
+    if let Ok(rec) = v1::StoredHeldStudy::decode(data) {
+        if let Some(spec) = rec.spec {
+            let _ = spec_from_wire(&spec);
+        }
+        for s in rec.seeds {
+            let _ = <[u8; 32]>::try_from(s.seed.as_slice());
+        }
+    }
+    if let Ok(chunk) = v1::MaskSumChunk::decode(data) {
+        let n = fuzz_key().n();
+        let _ = chunk.sums.iter().all(|v| &BigUint::from_bytes_be(v) < n);
+    }
+}
+
 /// The proxy's door on its main port: the first bytes of a connection, read for
 /// the lane their ClientHello asks for, before any handshake. The door decides on
 /// a peek, which may hold more than the first record: once decided, what came
@@ -124,7 +152,7 @@ pub fn client_hello(data: &[u8]) {
 pub type Target = (&'static str, fn(&[u8]));
 
 /// Every target by name, for the corpus replay.
-pub const TARGETS: [Target; 9] = [
+pub const TARGETS: [Target; 10] = [
     ("open_study", open_study),
     ("study_info", study_info),
     ("contribution_chunk", contribution_chunk),
@@ -134,4 +162,5 @@ pub const TARGETS: [Target; 9] = [
     ("peer_certificate", peer_certificate),
     ("stored_study", stored_study),
     ("client_hello", client_hello),
+    ("mask_messages", mask_messages),
 ];

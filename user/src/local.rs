@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use dpca_common::data::{read_csv, read_schema};
 use dpca_common::dp::{BudgetLedger, Centering, Mechanism};
 use dpca_common::paillier::SecretKey;
@@ -407,9 +407,15 @@ async fn prepare(
     // Refused before any preparatory study runs, should the study itself be invalid.
     let mut draft = plan.draft(sk.public(), now_ms, opts.row_norm_bound, opts.baseline);
     // Masks hide each contribution where the owners add the noise; elsewhere
-    // the proxy must read what it noises.
-    if draft.owners_add_noise() {
-        draft.mask_holder = cohort.mask_holder().map(str::to_owned);
+    // the proxy must read what it noises. A holder asked for by name is never
+    // dropped unsaid.
+    match (cohort.mask_holder(), draft.owners_add_noise()) {
+        (Some(holder), true) => draft.mask_holder = Some(holder.to_owned()),
+        (Some(holder), false) if opts.remote.is_some() => bail!(
+            "--mask-holder {holder}: masked contributions need a study whose owners add the \
+             noise (`dp-mean` centering with the gaussian mechanism)"
+        ),
+        (Some(_) | None, _) => {}
     }
     let mut spec = draft.validate()?;
     let mut spent_before = Vec::new();

@@ -58,20 +58,41 @@ impl From<HolderRefusal> for Refusal {
             HolderRefusal::NoMasks | HolderRefusal::OtherSpec { .. } | HolderRefusal::BadSet(_) => {
                 Refusal::Invalid(e.to_string())
             }
-            HolderRefusal::Summed(_) => Refusal::WrongPhase(e.to_string()),
+            HolderRefusal::Summed(_) | HolderRefusal::Journaled(_) => {
+                Refusal::WrongPhase(e.to_string())
+            }
         }
     }
 }
 
-/// Refuses an id too long to store or with terminal controls.
+/// What the release journal records a study's mask sum under, beside the
+/// studies this proxy released itself.
+const JOURNAL_PREFIX: &str = "masks:";
+
+/// Refuses an id too long to store (a study's id leaves room for
+/// [`JOURNAL_PREFIX`]) or with terminal controls.
 fn check_id(what: &'static str, id: &str) -> Result<(), Refusal> {
-    if id.is_empty() || id.len() > MAX_ID_BYTES {
+    let max = match what {
+        "study_id" => MAX_ID_BYTES - JOURNAL_PREFIX.len(),
+        _ => MAX_ID_BYTES,
+    };
+    if id.is_empty() || id.len() > max {
         return Err(Refusal::Invalid(format!(
-            "{what} must be 1 to {MAX_ID_BYTES} bytes, got {}",
+            "{what} must be 1 to {max} bytes, got {}",
             id.len()
         )));
     }
     check_no_terminal_controls(what, id).map_err(Refusal::Invalid)
+}
+
+/// Refuses a spec digest that is no SHA-256 in hex (it is echoed in refusals).
+fn check_digest(digest: &str) -> Result<(), Refusal> {
+    if digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(());
+    }
+    Err(Refusal::Invalid(
+        "spec_digest must be a SHA-256 in 64 hex digits".into(),
+    ))
 }
 
 impl ProxyService {
@@ -115,6 +136,13 @@ impl ProxyService {
         limits
             .check_layout(plan.size())
             .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        if self.table()?.contains_key(&req.study_id) {
+            return Err(Refusal::Denied(format!(
+                "this proxy aggregates study {}: it does not hold its masks too",
+                req.study_id
+            ))
+            .into());
+        }
         let digest = dpca_shell::invitation::spec_digest(&spec);
         let user = peer.map(|p| p.name);
         let mut table = self.held.lock().await;
@@ -160,21 +188,25 @@ impl ProxyService {
         )?;
         check_id("owner_id", &req.owner_id)?;
         check_id("contribution_id", &req.contribution_id)?;
+        check_digest(&req.spec_digest)?;
         let seed = <[u8; 32]>::try_from(req.seed.as_slice())
             .map_err(|_| Refusal::Invalid(format!("a seed is 32 bytes, got {}", req.seed.len())))?;
         let mut table = self.held.lock().await;
         let holding = table
             .get_mut(&req.study_id)
             .ok_or_else(|| Refusal::UnknownStudy(req.study_id.clone()))?;
-        let mut next = holding.study.clone();
         let deposit = Deposit {
             contribution_id: req.contribution_id,
             seed,
         };
-        let newly_held = next
-            .deposit(&req.owner_id, &req.spec_digest, deposit)
+        // A repeat is answered from memory, with nothing copied or written.
+        let newly_held = holding
+            .study
+            .check_deposit(&req.owner_id, &req.spec_digest, &deposit)
             .map_err(Refusal::from)?;
         if newly_held {
+            let mut next = holding.study.clone();
+            next.seeds.insert(req.owner_id, deposit);
             self.store_held(&next).await?;
             holding.study = next;
         }
@@ -201,21 +233,42 @@ impl ProxyService {
         )?;
         let mut next = holding.study.clone();
         let seeds = next.release(&req.owners).map_err(Refusal::from)?;
+        if let Some(sum) = &holding.sum {
+            // The same set again: the sum computed for it.
+            return Ok(Response::new(stream_of(Arc::clone(sum))));
+        }
         if holding.study.released.is_none() {
+            self.journal_mask_sum(&req.study_id).await?;
             self.store_held(&next).await?;
             tracing::info!(study = %req.study_id, owners = seeds.len(), "mask sum given");
         }
-        holding.study = next;
-        let sum = match &holding.sum {
-            Some(sum) => Arc::clone(sum),
-            None => {
-                let sum = Arc::new(sum_of(&holding.study, seeds).await?);
-                holding.sum = Some(Arc::clone(&sum));
-                sum
-            }
-        };
+        holding.study = next.clone();
+        // Computed with no lock held: the other held studies' calls go on.
         drop(table);
+        let sum = Arc::new(sum_of(&next, seeds).await?);
+        if let Some(h) = self.held.lock().await.get_mut(&req.study_id) {
+            h.sum.get_or_insert_with(|| Arc::clone(&sum));
+        }
         Ok(Response::new(stream_of(sum)))
+    }
+
+    /// Journals study `id`'s mask sum, synced, before its set is stored: a
+    /// state file put back from before it then gives no sum at all
+    /// ([`HolderRefusal::Journaled`]).
+    async fn journal_mask_sum(&self, id: &str) -> Result<(), Refusal> {
+        let Some(journal) = self.journal.clone() else {
+            return Ok(());
+        };
+        let key = format!("{JOURNAL_PREFIX}{id}");
+        if journal.holds(&key) {
+            return Err(Refusal::from(HolderRefusal::Journaled(id.to_string())));
+        }
+        blocking(move || {
+            journal
+                .record(&key)
+                .map_err(|e| Refusal::Internal(format!("{key} not journaled: {e}")))
+        })
+        .await
     }
 }
 
