@@ -995,9 +995,11 @@ fn a_proxy_that_skips_its_noise_leaves_the_owners_noise_in_the_release() {
         assert_eq!(with_owners, Some(budget), "t = {t}");
         let user = js["trust"]["epsilon_against_user"].as_f64().expect("user");
         assert!(user <= budget + 1e-12, "t = {t}: {user} > {budget}");
-        // With the proxy, the user decrypts one contribution: one share alone.
+        // `user local` masks the contributions: the proxy with the user reads
+        // only the sum the holder unmasks, as the user alone does.
+        assert_eq!(js["trust"]["masked"], true, "t = {t}");
         let pair = js["trust"]["epsilon_against_proxy_and_user"].as_f64();
-        assert!(pair.is_some_and(|p| p > budget), "t = {t}: {pair:?}");
+        assert_eq!(pair, Some(user), "t = {t}");
         stated.push((sigma, user, budget));
     }
     // Three owners, min_owners 3: the shares' sum is sigma^2 at t = 0 and
