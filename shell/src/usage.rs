@@ -79,13 +79,19 @@ mod tests {
         };
         let block = vec![1u8; 64 << 20];
         let mut x = 0u64;
+        // Work until the CPU time read grows by 0.2 s, on a machine as busy as
+        // it may be: a clock of wall time would fail on a loaded one. A minute
+        // of wall time bounds it, should the count never grow.
         let start = std::time::Instant::now();
-        while start.elapsed().as_millis() < 300 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(block[x as usize % block.len()] as u64);
+        let mut after = Usage::of_self().expect("proc was readable a moment ago");
+        while after.cpu_seconds < before.cpu_seconds + 0.2 && start.elapsed().as_secs() < 60 {
+            for _ in 0..1_000_000 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(block[x as usize % block.len()] as u64);
+            }
+            after = Usage::of_self().expect("proc was readable a moment ago");
         }
-        let after = Usage::of_self().expect("proc was readable a moment ago");
         assert!(x != 1);
         assert!(after.peak_rss_bytes >= 64 << 20, "{after:?}");
         assert!(
