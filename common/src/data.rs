@@ -127,49 +127,124 @@ pub fn read_csv<R: Read>(
     source_name: &str,
     label: Option<&str>,
 ) -> Result<Table, DataError> {
-    let mut rdr = csv_reader(reader);
-    let csv_err = |e: csv::Error| DataError::Csv {
-        source_name: source_name.to_string(),
-        reason: e.to_string(),
-    };
-    let (header, label_idx, features) = read_header(&mut rdr, source_name, label)?;
-    let mut rows = Vec::new();
-    let mut labels = Vec::new();
-    let mut lines = Vec::new();
-    for record in rdr.records() {
-        let record = record.map_err(csv_err)?;
-        let line = record.position().map(|p| p.line()).unwrap_or(0);
-        if record.len() != header.len() {
-            return Err(DataError::ColumnCount {
-                source_name: source_name.to_string(),
-                line,
-                expected: header.len(),
-                found: record.len(),
-            });
-        }
-        let mut row = Vec::with_capacity(features.len());
-        for (i, cell) in record.iter().enumerate() {
-            if Some(i) == label_idx {
-                labels.push(cell.trim().to_string());
-                continue;
-            }
-            row.push(number(cell, source_name, line, &header[i])?);
-        }
-        rows.push(row);
-        lines.push(line);
+    let mut batches = CsvBatches::new(reader, source_name, label)?;
+    let mut table = batches.empty_table();
+    while let Some(batch) = batches.next_batch(usize::MAX)? {
+        table.append(batch);
     }
-    if rows.is_empty() {
+    if table.rows.is_empty() {
         return Err(DataError::Empty {
             source_name: source_name.to_string(),
         });
     }
-    Ok(Table {
-        features,
-        rows,
-        label: label_idx.map(|i| (header[i].clone(), labels)),
-        columns: header,
-        lines,
-    })
+    Ok(table)
+}
+
+/// A CSV table read a batch of rows at a time, so that a table of any length is
+/// never held whole: each batch is a [`Table`] of the same columns, its rows with
+/// their file lines, and the errors name the line and column as [`read_csv`]'s.
+pub struct CsvBatches<R: Read> {
+    rdr: csv::Reader<R>,
+    source_name: String,
+    header: Vec<String>,
+    label_idx: Option<usize>,
+    features: Vec<String>,
+    rows_read: u64,
+}
+
+impl<R: Read> CsvBatches<R> {
+    /// Reads the header of `reader`, leaving out the `label` column if named.
+    pub fn new(reader: R, source_name: &str, label: Option<&str>) -> Result<Self, DataError> {
+        let mut rdr = csv_reader(reader);
+        let (header, label_idx, features) = read_header(&mut rdr, source_name, label)?;
+        Ok(Self {
+            rdr,
+            source_name: source_name.to_string(),
+            header,
+            label_idx,
+            features,
+            rows_read: 0,
+        })
+    }
+
+    /// The feature names, label left out.
+    pub fn features(&self) -> &[String] {
+        &self.features
+    }
+
+    /// Data rows read so far.
+    pub fn rows_read(&self) -> u64 {
+        self.rows_read
+    }
+
+    /// A table of these columns and no rows.
+    pub fn empty_table(&self) -> Table {
+        Table {
+            features: self.features.clone(),
+            rows: Vec::new(),
+            label: self.label_idx.map(|i| (self.header[i].clone(), Vec::new())),
+            columns: self.header.clone(),
+            lines: Vec::new(),
+        }
+    }
+
+    /// The next at most `max_rows` rows (at least one), or `None` at the end.
+    pub fn next_batch(&mut self, max_rows: usize) -> Result<Option<Table>, DataError> {
+        let mut batch = self.empty_table();
+        let mut record = csv::StringRecord::new();
+        while batch.rows.len() < max_rows.max(1) {
+            let more = self
+                .rdr
+                .read_record(&mut record)
+                .map_err(|e| DataError::Csv {
+                    source_name: self.source_name.clone(),
+                    reason: e.to_string(),
+                })?;
+            if !more {
+                break;
+            }
+            self.push_record(&record, &mut batch)?;
+        }
+        self.rows_read += batch.rows.len() as u64;
+        Ok((!batch.rows.is_empty()).then_some(batch))
+    }
+
+    /// Appends one record to `batch`: its feature cells as numbers, its label cell.
+    fn push_record(&self, record: &csv::StringRecord, batch: &mut Table) -> Result<(), DataError> {
+        let line = record.position().map(|p| p.line()).unwrap_or(0);
+        if record.len() != self.header.len() {
+            return Err(DataError::ColumnCount {
+                source_name: self.source_name.clone(),
+                line,
+                expected: self.header.len(),
+                found: record.len(),
+            });
+        }
+        let mut row = Vec::with_capacity(self.features.len());
+        for (i, cell) in record.iter().enumerate() {
+            if Some(i) == self.label_idx {
+                if let Some((_, labels)) = &mut batch.label {
+                    labels.push(cell.trim().to_string());
+                }
+                continue;
+            }
+            row.push(number(cell, &self.source_name, line, &self.header[i])?);
+        }
+        batch.rows.push(row);
+        batch.lines.push(line);
+        Ok(())
+    }
+}
+
+impl Table {
+    /// Appends `more`'s rows (of the same columns) to this table's.
+    pub fn append(&mut self, more: Table) {
+        self.rows.extend(more.rows);
+        self.lines.extend(more.lines);
+        if let (Some((_, mine)), Some((_, theirs))) = (&mut self.label, more.label) {
+            mine.extend(theirs);
+        }
+    }
 }
 
 /// A feature cell as a finite number, or the error naming where it is.
@@ -551,6 +626,42 @@ mod tests {
             unlabelled.class_indices(&ok, "u.csv"),
             Err(DataError::NoLabelColumn { .. })
         ));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Read in batches of any size, a table is the table read whole, rows,
+        /// labels and lines alike; and a bad cell is named at the same line.
+        #[test]
+        fn batches_of_any_size_are_the_table_read_whole(
+            rows in proptest::collection::vec((proptest::collection::vec(-1e6f64..1e6, 3), 0u8..4), 1..40),
+            batch in 1usize..10,
+            bad in proptest::option::of(0usize..40),
+        ) {
+            let mut text = String::from("a,label,b,c\n");
+            for (i, (r, l)) in rows.iter().enumerate() {
+                let first = match bad {
+                    Some(b) if b == i => "x".to_string(),
+                    _ => r[0].to_string(),
+                };
+                text.push_str(&format!("{first},{l},{},{}\n", r[1], r[2]));
+            }
+            let whole = read_csv(text.as_bytes(), "t.csv", Some("label"));
+            let mut batches = CsvBatches::new(text.as_bytes(), "t.csv", Some("label")).expect("header");
+            let mut joined = batches.empty_table();
+            let read = loop {
+                match batches.next_batch(batch) {
+                    Ok(Some(b)) => {
+                        proptest::prop_assert!(b.rows.len() <= batch);
+                        joined.append(b);
+                    }
+                    Ok(None) => break Ok(joined),
+                    Err(e) => break Err(e),
+                }
+            };
+            proptest::prop_assert_eq!(read, whole);
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use dpca_common::data::read_csv;
+use dpca_common::data::{CsvBatches, DataError, Table};
 use dpca_common::encoding::length_prefixed_into;
 use dpca_common::paillier::Ciphertext;
 use dpca_common::protocol::{ClassRows, Share, ShareNoise};
@@ -124,16 +124,110 @@ pub enum OwnerData {
 }
 
 impl OwnerData {
-    /// The table's bytes and its name in messages.
-    fn read(&self) -> anyhow::Result<(Vec<u8>, String)> {
+    /// The table's name in messages.
+    fn name(&self) -> String {
+        match self {
+            Self::File(path) => path.display().to_string(),
+            Self::Csv { name, .. } => name.clone(),
+        }
+    }
+
+    /// A reader of the table's bytes, and their length: a file is read as it is
+    /// used, never held whole.
+    fn open(&self) -> anyhow::Result<(Box<dyn std::io::Read + Send + '_>, u64)> {
         match self {
             Self::File(path) => {
-                let bytes = std::fs::read(path)
+                let file = std::fs::File::open(path)
                     .with_context(|| format!("cannot read {}", path.display()))?;
-                Ok((bytes, path.display().to_string()))
+                let len = file
+                    .metadata()
+                    .with_context(|| format!("cannot read {}", path.display()))?
+                    .len();
+                Ok((
+                    Box::new(std::io::BufReader::with_capacity(1 << 16, file)),
+                    len,
+                ))
             }
-            Self::Csv { name, bytes } => Ok((bytes.clone(), name.clone())),
+            Self::Csv { bytes, .. } => Ok((Box::new(bytes.as_slice()), bytes.len() as u64)),
         }
+    }
+
+    /// The contribution id of these bytes ([`contribution_id`]), read in one pass.
+    fn contribution_id(
+        &self,
+        secret: &[u8; 32],
+        study_id: &str,
+        owner_id: &str,
+    ) -> anyhow::Result<String> {
+        let (mut reader, len) = self.open()?;
+        let mut mac = IdMac::new(secret, study_id, owner_id, len);
+        std::io::copy(&mut reader, &mut mac)
+            .with_context(|| format!("cannot read {}", self.name()))?;
+        mac.finish().with_context(|| self.name())
+    }
+}
+
+/// The HMAC of a contribution id, fed the data as it is read: the study, the
+/// owner and the data's length first (as [`length_prefixed_into`] frames them),
+/// then the bytes.
+struct IdMac {
+    mac: Hmac<Sha256>,
+    declared: u64,
+    seen: u64,
+}
+
+impl IdMac {
+    fn new(secret: &[u8; 32], study_id: &str, owner_id: &str, len: u64) -> Self {
+        let mut mac =
+            <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
+        length_prefixed_into(&[study_id.as_bytes(), owner_id.as_bytes()], |b| {
+            mac.update(b)
+        });
+        mac.update(&len.to_be_bytes());
+        Self {
+            mac,
+            declared: len,
+            seen: 0,
+        }
+    }
+
+    /// The id, if exactly the declared bytes were fed.
+    fn finish(self) -> anyhow::Result<String> {
+        if self.seen != self.declared {
+            bail!(
+                "the data changed while it was read: {} bytes, then {}",
+                self.declared,
+                self.seen
+            );
+        }
+        Ok(hex::encode(self.mac.finalize().into_bytes()))
+    }
+}
+
+impl std::io::Write for IdMac {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.mac.update(buf);
+        self.seen += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A reader that feeds what it reads to an [`IdMac`]: the share's pass over the
+/// data checks it is the data the id was computed from.
+struct Teed<'a, R> {
+    inner: R,
+    mac: &'a mut IdMac,
+}
+
+impl<R: std::io::Read> std::io::Read for Teed<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        std::io::Write::write_all(self.mac, &buf[..n])?;
+        Ok(n)
     }
 }
 
@@ -603,7 +697,6 @@ async fn run_once(
     start: Instant,
 ) -> anyhow::Result<OwnerReport> {
     attempts.begin();
-    let (bytes, name) = cfg.data.read()?;
     let mut client = connect_for_retry(cfg).await?;
     let served = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
     let spec = served.spec;
@@ -612,7 +705,9 @@ async fn run_once(
     check_risks(&cfg.study_id, &spec, served.noise_free, &cfg.accepted_risks)?;
     check_invited(&cfg.study_id, &spec, &cfg.owner_id)?;
     let layout = cfg.work.layout(&cfg.study_id, &spec)?;
-    let id = contribution_id(secret, &cfg.study_id, &cfg.owner_id, &bytes);
+    let id = cfg
+        .data
+        .contribution_id(secret, &cfg.study_id, &cfg.owner_id)?;
     let wire = spec_to_wire(&spec);
     let seed = match cfg.noise_source {
         NoiseSource::Derived => Some(noise_seed(secret, &cfg.study_id, &digest, &id)),
@@ -630,8 +725,7 @@ async fn run_once(
                 cfg,
                 (&spec, served.noise_free, seed, masks),
                 &layout,
-                &bytes,
-                &name,
+                secret,
                 id.clone(),
             )
             .await?;
@@ -702,19 +796,29 @@ async fn encrypt_share(
     cfg: &OwnerConfig,
     (spec, noise_free, seed, masks): (&StudySpec, bool, Option<[u8; 32]>, Option<[u8; 32]>),
     layout: &StudyLayout,
-    bytes: &[u8],
-    name: &str,
+    secret: &[u8; 32],
     contribution_id: String,
 ) -> anyhow::Result<(Encrypted, f64)> {
     let noise = noise_share(spec, layout, noise_free, seed)?;
+    let name = cfg.data.name();
+    let (reader, len) = cfg.data.open()?;
+    // The bytes the share is read from are the bytes the id was computed from.
+    let mut mac = IdMac::new(secret, &cfg.study_id, &cfg.owner_id, len);
+    let teed = Teed {
+        inner: reader,
+        mac: &mut mac,
+    };
     let mut prepared = prepare_share(
         spec,
         layout,
-        bytes,
-        name,
+        teed,
+        &name,
         cfg.label.as_deref(),
         noise.as_ref(),
     )?;
+    if mac.finish().with_context(|| name.clone())? != contribution_id {
+        bail!("{name}: the data changed while it was read; run the owner again");
+    }
     if let Some(seed) = masks {
         let (study, owner, n) = (&cfg.study_id, &cfg.owner_id, spec.public_key.n());
         add_held_masks(&mut prepared.plaintexts, &seed, study, owner, n)
@@ -799,10 +903,13 @@ async fn upload(
 
 /// An owner's share, ready to encrypt: its plaintexts, with what the report says
 /// of the rows.
-struct PreparedShare {
-    plaintexts: Vec<BigUint>,
-    rows: u64,
-    clipped_rows: usize,
+pub struct PreparedShare {
+    /// The plaintexts to encrypt, in layout order.
+    pub plaintexts: Vec<BigUint>,
+    /// Data rows read.
+    pub rows: u64,
+    /// Rows the row-norm clip shortened.
+    pub clipped_rows: usize,
 }
 
 /// Where the spec names a mask holder: checks it against the one this owner
@@ -932,47 +1039,83 @@ fn noise_share(
     }
 }
 
-/// Reads and checks the owner's table against the study (schema, labels, row
-/// count) and computes its exact share, plus `noise` where the owners add the
-/// noise, as the plaintexts of `layout`, `spec`'s. Nothing is sent if this fails.
-fn prepare_share(
+/// Rows read and folded into the share at a time: the table is never held whole.
+pub const BATCH_ROWS: usize = 8192;
+
+/// Reads the owner's table from `reader` a batch at a time, checks it against the
+/// study (schema, labels, row count) and folds each batch into its exact share,
+/// which is returned, plus `noise` where the owners add the noise, as the
+/// plaintexts of `layout`, `spec`'s. Nothing is sent if this fails. Memory
+/// holds one batch of rows ([`BATCH_ROWS`]) and the share, whatever the table's
+/// length.
+pub fn prepare_share(
     spec: &StudySpec,
     layout: &StudyLayout,
-    bytes: &[u8],
+    reader: impl std::io::Read,
     name: &str,
     label: Option<&str>,
     noise: Option<&ShareNoise>,
 ) -> anyhow::Result<PreparedShare> {
-    let table = read_csv(bytes, name, label)?;
-    let rows = table.rows.len() as u64;
-    if rows > spec.max_rows {
-        bail!(
-            "{name}: {rows} rows exceed the study's max_rows {}",
-            spec.max_rows
-        );
+    let mut batches = CsvBatches::new(reader, name, label)?;
+    check_columns(spec, &batches.empty_table(), name)?;
+    let mut total: Option<Share> = None;
+    let mut clipped_rows = 0;
+    while let Some(batch) = batches.next_batch(BATCH_ROWS)? {
+        if batches.rows_read() > spec.max_rows {
+            bail!(
+                "{name}: more rows than the study's max_rows {}",
+                spec.max_rows
+            );
+        }
+        let (share, clipped) = batch_share(spec, layout, &batch, name)?;
+        clipped_rows += clipped;
+        match &mut total {
+            Some(t) => t.merge(&share)?,
+            None => total = Some(share),
+        }
     }
-    // A marginal histogram study reads the data columns on its own grid: each
-    // value becomes its bin, and nothing is clipped.
+    let Some(share) = total else {
+        return Err(DataError::Empty {
+            source_name: name.to_string(),
+        }
+        .into());
+    };
+    let rows = batches.rows_read();
+    if clipped_rows > 0 {
+        tracing::info!(clipped_rows, rows, "rows shortened to the row-norm bound");
+    }
+    Ok(PreparedShare {
+        plaintexts: share.noised_plaintexts(layout, &spec.public_key, noise)?,
+        rows,
+        clipped_rows,
+    })
+}
+
+/// The table's columns are the ones the study reads: its features, or the data
+/// columns a row-norm histogram's bins are read from.
+fn check_columns(spec: &StudySpec, columns: &Table, name: &str) -> Result<(), DataError> {
+    match (&spec.marginals, &spec.norm_bins) {
+        (None, Some(bins)) => columns.check_schema(&bins.features, name),
+        (Some(_), _) | (None, None) => columns.check_schema(&spec.features, name),
+    }
+}
+
+/// The exact share of one batch of rows, and how many of them the row-norm
+/// clip shortened. A marginal histogram study reads each value's bin on its own
+/// grid (nothing is clipped); a row-norm histogram's rows become the one-hot bin
+/// of their norm.
+fn batch_share(
+    spec: &StudySpec,
+    layout: &StudyLayout,
+    table: &Table,
+    name: &str,
+) -> anyhow::Result<(Share, usize)> {
     if let Some(grid) = &spec.marginals {
-        table.check_schema(&spec.features, name)?;
-        let share = grid.share(&table.rows, spec.dim(), &spec.fixed);
-        return Ok(PreparedShare {
-            plaintexts: share.noised_plaintexts(layout, &spec.public_key, noise)?,
-            rows,
-            clipped_rows: 0,
-        });
+        return Ok((grid.share(&table.rows, spec.dim(), &spec.fixed), 0));
     }
-    // A histogram study's features are its bins: the data is checked against the
-    // columns it names and each row is replaced by the one-hot bin of its norm.
     let study_rows: std::borrow::Cow<'_, [Vec<f64>]> = match &spec.norm_bins {
-        Some(bins) => {
-            table.check_schema(&bins.features, name)?;
-            table.rows.iter().map(|r| bins.one_hot(r)).collect()
-        }
-        None => {
-            table.check_schema(&spec.features, name)?;
-            std::borrow::Cow::Borrowed(&table.rows)
-        }
+        Some(bins) => table.rows.iter().map(|r| bins.one_hot(r)).collect(),
+        None => std::borrow::Cow::Borrowed(&table.rows),
     };
     let labels = match &spec.classes {
         Some(classes) => Some(table.class_indices(&classes.labels, name)?),
@@ -984,22 +1127,13 @@ fn prepare_share(
         per_class_matrix: layout.matrix_blocks > 1,
         count_scale: layout.count_scale,
     });
-    let (share, clipped_rows) = Share::from_raw_rows(
+    Ok(Share::from_raw_rows(
         &study_rows,
         &spec.bounds,
         &spec.fixed,
         class_rows.as_ref(),
         spec.projection.as_ref(),
-    );
-    let plaintexts = share.noised_plaintexts(layout, &spec.public_key, noise)?;
-    if clipped_rows > 0 {
-        tracing::info!(clipped_rows, rows, "rows shortened to the row-norm bound");
-    }
-    Ok(PreparedShare {
-        plaintexts,
-        rows,
-        clipped_rows,
-    })
+    ))
 }
 
 /// The encryption of one contribution into the chunks of its upload, run off the
@@ -1108,6 +1242,67 @@ fn progress_bar(enabled: bool, total: u64) -> ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The id read in one pass over the data is the id of its bytes; a reader
+    /// that gives other bytes than the length declared is refused.
+    #[test]
+    fn the_streamed_id_is_the_id_of_the_bytes() {
+        let key = [3u8; 32];
+        let data = OwnerData::Csv {
+            name: "t.csv".into(),
+            bytes: b"a,b\n1,2\n".to_vec(),
+        };
+        let streamed = data.contribution_id(&key, "s", "o").expect("id");
+        assert_eq!(streamed, contribution_id(&key, "s", "o", b"a,b\n1,2\n"));
+        let mut short = IdMac::new(&key, "s", "o", 10);
+        std::io::Write::write_all(&mut short, b"123456789").expect("fed");
+        assert!(short.finish().is_err(), "nine bytes of a declared ten");
+    }
+
+    /// A table longer than a batch gives the share of the whole table, read
+    /// at once, to the plaintext; more rows than max_rows are refused.
+    #[test]
+    fn a_table_read_in_batches_gives_the_share_of_the_whole() {
+        let pk = dpca_common::testing::test_key().public().clone();
+        let spec = dpca_common::study::SpecDraft {
+            max_rows: 50_000,
+            ..dpca_common::testing::test_draft(&pk, 2)
+        }
+        .validate()
+        .expect("spec");
+        let layout = StudyLayout::new(&spec).expect("layout");
+        let rows = 2 * BATCH_ROWS + 17;
+        let mut text = String::from("f0,f1\n");
+        let mut table = Vec::new();
+        for i in 0..rows {
+            let row = vec![
+                ((i % 37) as f64) / 20.0 - 0.9,
+                ((i % 11) as f64) / 6.0 - 0.8,
+            ];
+            text.push_str(&format!("{},{}\n", row[0], row[1]));
+            table.push(row);
+        }
+        let got =
+            prepare_share(&spec, &layout, text.as_bytes(), "t.csv", None, None).expect("the table");
+        let (whole, clipped) = Share::from_raw_rows(&table, &spec.bounds, &spec.fixed, None, None);
+        assert_eq!(got.rows, rows as u64);
+        assert_eq!(got.clipped_rows, clipped);
+        assert_eq!(
+            got.plaintexts,
+            whole.plaintexts(&layout, &pk).expect("packs")
+        );
+        let small = dpca_common::study::SpecDraft {
+            max_rows: BATCH_ROWS as u64,
+            ..spec.to_draft()
+        }
+        .validate()
+        .expect("spec");
+        let layout = StudyLayout::new(&small).expect("layout");
+        let err = prepare_share(&small, &layout, text.as_bytes(), "t.csv", None, None)
+            .err()
+            .expect("too many rows");
+        assert!(err.to_string().contains("max_rows"), "{err}");
+    }
 
     #[test]
     fn contribution_id_depends_on_every_part_and_the_secret() {

@@ -190,6 +190,26 @@ impl Share {
         Some(acc)
     }
 
+    /// Adds `other`, the share of more rows of the same study, to this one: the
+    /// share of a table is the merge of its batches' shares, in any grouping
+    /// and order, to the bit (integer sums). Refused for a share of another
+    /// layout.
+    pub fn merge(&mut self, other: &Share) -> Result<(), ProtocolError> {
+        if other.r_upper.len() != self.r_upper.len() || other.v.len() != self.v.len() {
+            return Err(ProtocolError::Count {
+                expected: self.r_upper.len() + self.v.len(),
+                got: other.r_upper.len() + other.v.len(),
+            });
+        }
+        self.r_upper
+            .iter_mut()
+            .zip(&other.r_upper)
+            .for_each(|(a, b)| *a += b);
+        self.v.iter_mut().zip(&other.v).for_each(|(a, b)| *a += b);
+        self.n += other.n;
+        Ok(())
+    }
+
     /// The plaintext residues an owner encrypts, in layout order: packed segments of
     /// every matrix block, the vector block (packed or one value each), then N.
     pub fn plaintexts(
@@ -380,5 +400,64 @@ mod tests {
             gram_upper(&mut got, &views, k);
             prop_assert_eq!(got, reference(&rows, k));
         }
+
+        /// Any split of a table into batches, each batch's share merged in any
+        /// order, is the share of the whole table, to the bit, classes or not;
+        /// and the clipped rows add up.
+        #[test]
+        fn the_merge_of_any_split_is_the_share_of_the_whole(
+            rows in prop::collection::vec(prop::collection::vec(-3.0f64..3.0, 4), 1..60),
+            cuts in prop::collection::vec(0usize..60, 0..6),
+            order in any::<u64>(),
+            with_classes: bool,
+        ) {
+            let bounds = vec![(-2.0, 2.0); 4];
+            let fixed = crate::encoding::FixedPoint { frac_bits: 16, row_norm_bound: 1.0 };
+            let labels: Vec<usize> = (0..rows.len()).map(|i| i % 3).collect();
+            let classes_of = |range: std::ops::Range<usize>| ClassRows {
+                labels: &labels[range],
+                classes: 3,
+                per_class_matrix: true,
+                count_scale: 1 << 16,
+            };
+            let share_of = |range: std::ops::Range<usize>| {
+                let classes = with_classes.then(|| classes_of(range.clone()));
+                Share::from_raw_rows(&rows[range], &bounds, &fixed, classes.as_ref(), None)
+            };
+            let (whole, clipped) = share_of(0..rows.len());
+            let mut edges: Vec<usize> = cuts.iter().map(|c| c % rows.len()).collect();
+            edges.extend([0, rows.len()]);
+            edges.sort_unstable();
+            edges.dedup();
+            let mut parts: Vec<(Share, usize)> =
+                edges.windows(2).map(|w| share_of(w[0]..w[1])).collect();
+            // A rotation of the parts: any order merges alike.
+            let turn = (order % parts.len() as u64) as usize;
+            parts.rotate_left(turn);
+            let mut merged = parts[0].0.clone();
+            let mut clipped_sum = parts[0].1;
+            for (part, c) in &parts[1..] {
+                merged.merge(part).expect("same layout");
+                clipped_sum += c;
+            }
+            prop_assert_eq!(merged, whole);
+            prop_assert_eq!(clipped_sum, clipped);
+        }
+    }
+
+    #[test]
+    fn a_share_of_another_layout_is_not_merged() {
+        let mut a = Share {
+            r_upper: vec![1, 2, 3],
+            v: vec![1, 2],
+            n: 1,
+        };
+        let b = Share {
+            r_upper: vec![1],
+            v: vec![1],
+            n: 1,
+        };
+        assert!(a.merge(&b).is_err());
+        assert_eq!(a.n, 1, "nothing merged");
     }
 }
