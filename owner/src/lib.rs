@@ -697,6 +697,8 @@ async fn run_once(
     start: Instant,
 ) -> anyhow::Result<OwnerReport> {
     attempts.begin();
+    // A data file that cannot be opened is named before the proxy is called.
+    drop(cfg.data.open()?);
     let mut client = connect_for_retry(cfg).await?;
     let served = fetch_study(&mut client, &cfg.study_id, &cfg.key_fingerprint).await?;
     let spec = served.spec;
