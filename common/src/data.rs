@@ -189,10 +189,12 @@ impl<R: Read> CsvBatches<R> {
     }
 
     /// The next at most `max_rows` rows (at least one), or `None` at the end.
+    /// The records are split here, in file order, and their cells parsed on
+    /// every core; an error is the first one in file order, as read alone.
     pub fn next_batch(&mut self, max_rows: usize) -> Result<Option<Table>, DataError> {
-        let mut batch = self.empty_table();
-        let mut record = csv::StringRecord::new();
-        while batch.rows.len() < max_rows.max(1) {
+        let mut records = Vec::new();
+        while records.len() < max_rows.max(1) {
+            let mut record = csv::StringRecord::new();
             let more = self
                 .rdr
                 .read_record(&mut record)
@@ -203,38 +205,63 @@ impl<R: Read> CsvBatches<R> {
             if !more {
                 break;
             }
-            self.push_record(&record, &mut batch)?;
+            records.push(record);
+        }
+        // Each parsed on its own, then taken in order: the error reported is
+        // the first in the file, whichever thread met one first.
+        let parsed: Vec<Result<ParsedRow, DataError>> = {
+            use rayon::prelude::*;
+            let (header, label_idx, source) = (&self.header, self.label_idx, &self.source_name);
+            records
+                .par_iter()
+                .map(|r| parse_record(r, header, label_idx, source))
+                .collect()
+        };
+        let mut batch = self.empty_table();
+        for parsed in parsed {
+            let (row, label, line) = parsed?;
+            batch.rows.push(row);
+            batch.lines.push(line);
+            if let (Some((_, labels)), Some(label)) = (&mut batch.label, label) {
+                labels.push(label);
+            }
         }
         self.rows_read += batch.rows.len() as u64;
         Ok((!batch.rows.is_empty()).then_some(batch))
     }
-
-    /// Appends one record to `batch`: its feature cells as numbers, its label cell.
-    fn push_record(&self, record: &csv::StringRecord, batch: &mut Table) -> Result<(), DataError> {
-        let line = record.position().map(|p| p.line()).unwrap_or(0);
-        if record.len() != self.header.len() {
-            return Err(DataError::ColumnCount {
-                source_name: self.source_name.clone(),
-                line,
-                expected: self.header.len(),
-                found: record.len(),
-            });
-        }
-        let mut row = Vec::with_capacity(self.features.len());
-        for (i, cell) in record.iter().enumerate() {
-            if Some(i) == self.label_idx {
-                if let Some((_, labels)) = &mut batch.label {
-                    labels.push(cell.trim().to_string());
-                }
-                continue;
-            }
-            row.push(number(cell, &self.source_name, line, &self.header[i])?);
-        }
-        batch.rows.push(row);
-        batch.lines.push(line);
-        Ok(())
-    }
 }
+
+/// One record's feature cells as numbers (of the `header` columns but the
+/// label's), its label cell and its line.
+fn parse_record(
+    record: &csv::StringRecord,
+    header: &[String],
+    label_idx: Option<usize>,
+    source_name: &str,
+) -> Result<ParsedRow, DataError> {
+    let line = record.position().map(|p| p.line()).unwrap_or(0);
+    if record.len() != header.len() {
+        return Err(DataError::ColumnCount {
+            source_name: source_name.to_string(),
+            line,
+            expected: header.len(),
+            found: record.len(),
+        });
+    }
+    let mut row = Vec::with_capacity(header.len());
+    let mut label = None;
+    for (i, cell) in record.iter().enumerate() {
+        if Some(i) == label_idx {
+            label = Some(cell.trim().to_string());
+            continue;
+        }
+        row.push(number(cell, source_name, line, &header[i])?);
+    }
+    Ok((row, label, line))
+}
+
+/// A parsed record: its feature values, its label cell, its line.
+type ParsedRow = (Vec<f64>, Option<String>, u64);
 
 impl Table {
     /// Appends `more`'s rows (of the same columns) to this table's.
