@@ -265,20 +265,23 @@ impl MaskStudy {
 }
 
 impl MaskStudy {
-    /// The study as the limits on what a user holds see it at `now_ms`: open,
-    /// summed or not, until [`HELD_GRACE`] past its deadline. So it is never
-    /// dropped (and then held anew, for a second sum) while its spec could still
-    /// be held: past its deadline no `HoldMasks` takes it. The grace leaves the
-    /// user time to fetch the sum after a seal at the deadline.
-    pub fn as_held(&self, now_ms: u64) -> crate::limits::HeldStudy {
+    /// The study as the limits on what a user holds see it at `now_ms`. Not yet
+    /// summed, it is open until [`HELD_GRACE`] past its deadline, which leaves
+    /// the user time to fetch the sum after a seal at the deadline. Summed, it
+    /// has ended where the release `journaled` the sum (held anew, it would be
+    /// refused any other); without a journal it stays open as long, so that it
+    /// is never dropped, and held anew for a second sum, while its spec could
+    /// still be held (past its deadline no `HoldMasks` takes it).
+    pub fn as_held(&self, now_ms: u64, journaled: bool) -> crate::limits::HeldStudy {
         let until = self
             .spec
             .deadline_unix_ms
             .saturating_add(HELD_GRACE.as_millis() as u64);
+        let ended = now_ms >= until || (journaled && self.released.is_some());
         crate::limits::HeldStudy {
             id: self.id.clone(),
             opened_by: self.opened_by.clone(),
-            open: now_ms < until,
+            open: !ended,
             deadline_unix_ms: self.spec.deadline_unix_ms,
         }
     }
@@ -426,9 +429,10 @@ mod tests {
         );
     }
 
-    /// A study whose masks were summed stays held, counted open, until a day
-    /// past its deadline: dropped sooner, it could be held anew under the same
-    /// spec and summed for a second set.
+    /// A study whose masks were summed, on a proxy without a release journal,
+    /// stays held, counted open, until a day past its deadline: dropped sooner,
+    /// it could be held anew under the same spec and summed for a second set.
+    /// With a journal, which refuses that, it has ended.
     #[test]
     fn a_summed_study_stays_held_until_a_day_past_its_deadline() {
         let mut h = held(2, 3, &[]);
@@ -437,13 +441,17 @@ mod tests {
         }
         h.release(&names(&["a", "b"])).expect("sum");
         let deadline = h.spec.deadline_unix_ms;
-        assert!(h.as_held(deadline - 1).open, "summed, before its deadline");
+        assert!(!h.as_held(deadline - 1, true).open, "summed and journaled");
         assert!(
-            h.as_held(deadline + 1).open,
+            h.as_held(deadline - 1, false).open,
+            "summed, before its deadline"
+        );
+        assert!(
+            h.as_held(deadline + 1, false).open,
             "summed, just past its deadline"
         );
         let grace = HELD_GRACE.as_millis() as u64;
-        assert!(!h.as_held(deadline + grace).open);
+        assert!(!h.as_held(deadline + grace, false).open);
     }
 
     /// Seeds of owners left out of the sum are not kept.

@@ -22,7 +22,18 @@ use crate::store::{Store, StoreError};
 /// costs nothing).
 pub(crate) struct Holding {
     study: MaskStudy,
-    sum: Option<Arc<Vec<Vec<u8>>>>,
+    /// Filled once, by the first fetch of the summed set; concurrent fetches
+    /// wait for that one computation. A study held anew gets a cell of its own.
+    sum: Arc<tokio::sync::OnceCell<Arc<Vec<Vec<u8>>>>>,
+}
+
+impl Holding {
+    fn new(study: MaskStudy) -> Self {
+        Self {
+            study,
+            sum: Arc::default(),
+        }
+    }
 }
 
 /// Every held study, by id.
@@ -43,7 +54,7 @@ pub(crate) fn load_held(store: &Store) -> Result<HeldTable, StoreError> {
     let mut table = HashMap::new();
     for (id, bytes) in store.load_held()? {
         let study = MaskStudy::from_record(&id, &bytes).map_err(|e| store.record_error(&id, e))?;
-        table.insert(id, Holding { study, sum: None });
+        table.insert(id, Holding::new(study));
     }
     Ok(Arc::new(tokio::sync::Mutex::new(table)))
 }
@@ -69,16 +80,16 @@ impl From<HolderRefusal> for Refusal {
 /// studies this proxy released itself.
 const JOURNAL_PREFIX: &str = "masks:";
 
-/// Refuses an id too long to store (a study's id leaves room for
-/// [`JOURNAL_PREFIX`]) or with terminal controls.
+/// Refuses an id too long to store or with terminal controls; a study's id
+/// must be one the aggregating proxy gives (letters, digits, `-`, `_`, 128 at
+/// most), which the release journal also takes after [`JOURNAL_PREFIX`].
 fn check_id(what: &'static str, id: &str) -> Result<(), Refusal> {
-    let max = match what {
-        "study_id" => MAX_ID_BYTES - JOURNAL_PREFIX.len(),
-        _ => MAX_ID_BYTES,
-    };
-    if id.is_empty() || id.len() > max {
+    if what == "study_id" {
+        return dpca_shell::invitation::check_study_id(id).map_err(Refusal::Invalid);
+    }
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
         return Err(Refusal::Invalid(format!(
-            "{what} must be 1 to {max} bytes, got {}",
+            "{what} must be 1 to {MAX_ID_BYTES} bytes, got {}",
             id.len()
         )));
     }
@@ -136,6 +147,14 @@ impl ProxyService {
         limits
             .check_layout(plan.size())
             .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        if self.store.is_none() {
+            return Err(Refusal::Denied(
+                "this proxy keeps no state file: a restart would forget which sum it gave, so \
+                 it holds no masks"
+                    .into(),
+            )
+            .into());
+        }
         if self.table()?.contains_key(&req.study_id) {
             return Err(Refusal::Denied(format!(
                 "this proxy aggregates study {}: it does not hold its masks too",
@@ -152,7 +171,11 @@ impl ProxyService {
                 .map_err(Refusal::from)?;
             return Ok(Response::new(v1::HoldMasksResponse {}));
         }
-        let held: Vec<_> = table.values().map(|h| h.study.as_held(now)).collect();
+        let journaled = self.journal.is_some();
+        let held: Vec<_> = table
+            .values()
+            .map(|h| h.study.as_held(now, journaled))
+            .collect();
         limits
             .check_open(&held, user.as_deref())
             .map_err(|e| Refusal::OverLimit(e.to_string()))?;
@@ -169,7 +192,7 @@ impl ProxyService {
             table.remove(id);
         }
         tracing::info!(study = %req.study_id, "masks held");
-        table.insert(req.study_id, Holding { study, sum: None });
+        table.insert(req.study_id, Holding::new(study));
         Ok(Response::new(v1::HoldMasksResponse {}))
     }
 
@@ -221,6 +244,21 @@ impl ProxyService {
     ) -> Result<Response<MaskSumStream>, Status> {
         let peer = self.caller(&req)?;
         let req = req.into_inner();
+        // On a task of its own: a caller that goes away cannot cut the journal,
+        // the record and the memory apart, nor leave the sum uncomputed.
+        let svc = self.clone();
+        let sum = tokio::spawn(async move { svc.summed(peer, req).await })
+            .await
+            .map_err(|e| Refusal::Internal(format!("the mask sum's task failed: {e}")))??;
+        Ok(Response::new(stream_of(sum)))
+    }
+
+    /// The sum of `req`'s owners' masks, recording the set on the first call.
+    async fn summed(
+        &self,
+        peer: Option<dpca_shell::tls::Peer>,
+        req: v1::FetchMaskSumRequest,
+    ) -> Result<Arc<Vec<Vec<u8>>>, Refusal> {
         let mut table = self.held.lock().await;
         let holding = table
             .get_mut(&req.study_id)
@@ -233,23 +271,22 @@ impl ProxyService {
         )?;
         let mut next = holding.study.clone();
         let seeds = next.release(&req.owners).map_err(Refusal::from)?;
-        if let Some(sum) = &holding.sum {
-            // The same set again: the sum computed for it.
-            return Ok(Response::new(stream_of(Arc::clone(sum))));
-        }
         if holding.study.released.is_none() {
             self.journal_mask_sum(&req.study_id).await?;
-            self.store_held(&next).await?;
+            // Journaled, the set is the only one ever summed: kept in memory
+            // even if the record's write fails, so a retry of it is answered.
+            let stored = self.store_held(&next).await;
+            holding.study = next.clone();
+            stored?;
             tracing::info!(study = %req.study_id, owners = seeds.len(), "mask sum given");
         }
-        holding.study = next.clone();
+        let cell = Arc::clone(&holding.sum);
         // Computed with no lock held: the other held studies' calls go on.
         drop(table);
-        let sum = Arc::new(sum_of(&next, seeds).await?);
-        if let Some(h) = self.held.lock().await.get_mut(&req.study_id) {
-            h.sum.get_or_insert_with(|| Arc::clone(&sum));
-        }
-        Ok(Response::new(stream_of(sum)))
+        let sum = cell
+            .get_or_try_init(|| async { sum_of(&next, seeds).await.map(Arc::new) })
+            .await?;
+        Ok(Arc::clone(sum))
     }
 
     /// Journals study `id`'s mask sum, synced, before its set is stored: a
@@ -303,4 +340,31 @@ fn stream_of(sum: Arc<Vec<Vec<u8>>>) -> MaskSumStream {
             })
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A held study's id is one the journal can read back at a restart: a
+    /// study id as the aggregating proxy gives them, nothing else.
+    #[test]
+    fn a_held_study_id_is_a_study_id_the_journal_reads_back() {
+        assert!(check_id("study_id", "0123abcd-ef_9").is_ok());
+        for bad in ["a b", "é", "", &"a".repeat(129)] {
+            assert!(check_id("study_id", bad).is_err(), "{bad:?}");
+        }
+        assert!(
+            check_id("owner_id", "hospital a").is_ok(),
+            "owner ids as the proxy takes them"
+        );
+    }
+
+    #[test]
+    fn a_spec_digest_is_64_hex_digits() {
+        assert!(check_digest(&"ab".repeat(32)).is_ok());
+        for bad in ["", "ab", &"zz".repeat(32), &"ab".repeat(33)] {
+            assert!(check_digest(bad).is_err(), "{bad:?}");
+        }
+    }
 }
