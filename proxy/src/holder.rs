@@ -123,10 +123,11 @@ pub enum HolderRefusal {
         got: Vec<String>,
     },
     /// The held record says no sum was given, and the journal says one was:
-    /// the state file was put back from an older copy.
+    /// the study was held anew under a summed study's id, or the state file was
+    /// put back from an older copy.
     #[error(
-        "study {0}'s masks were summed before (the release journal says so), and this state \
-         file does not say for whom: no sum is given again"
+        "study {0}'s masks were summed before (the release journal says so), and this \
+         proxy's record of it does not say for whom: no sum is given again"
     )]
     Journaled(String),
 }

@@ -117,8 +117,9 @@ pub fn mask_messages(data: &[u8]) {
     }
     let _ = v1::FetchMaskSumRequest::decode(data);
     if let Ok(rec) = v1::StoredHeldStudy::decode(data) {
+        // As the holder reads its records: the spec as stored.
         if let Some(spec) = rec.spec {
-            let _ = spec_from_wire(&spec);
+            let _ = dpca_proto::convert::stored_spec_from_wire(&spec);
         }
         for s in rec.seeds {
             let _ = <[u8; 32]>::try_from(s.seed.as_slice());
