@@ -191,6 +191,11 @@ impl IdMac {
         }
     }
 
+    fn update(&mut self, bytes: &[u8]) {
+        self.mac.update(bytes);
+        self.seen += bytes.len() as u64;
+    }
+
     /// The id, if exactly the declared bytes were fed.
     fn finish(self) -> anyhow::Result<String> {
         if self.seen != self.declared {
@@ -200,14 +205,18 @@ impl IdMac {
                 self.seen
             );
         }
-        Ok(hex::encode(self.mac.finalize().into_bytes()))
+        Ok(self.digest())
+    }
+
+    /// The id of what was fed, whatever its length.
+    fn digest(self) -> String {
+        hex::encode(self.mac.finalize().into_bytes())
     }
 }
 
 impl std::io::Write for IdMac {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.mac.update(buf);
-        self.seen += buf.len() as u64;
+        self.update(buf);
         Ok(buf.len())
     }
 
@@ -431,12 +440,9 @@ pub fn contribution_secret(transport: &Transport) -> [u8; 32] {
 /// contribution. The proxy stores the id, so it must not be a function of the data
 /// alone: an unkeyed hash would let the proxy test guesses of the rows offline.
 pub fn contribution_id(secret: &[u8; 32], study_id: &str, owner_id: &str, data: &[u8]) -> String {
-    let mut mac =
-        <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
-    length_prefixed_into(&[study_id.as_bytes(), owner_id.as_bytes(), data], |b| {
-        mac.update(b)
-    });
-    hex::encode(mac.finalize().into_bytes())
+    let mut mac = IdMac::new(secret, study_id, owner_id, data.len() as u64);
+    mac.update(data);
+    mac.digest()
 }
 
 /// The seed of an owner's noise share: HMAC-SHA256 under the owner's secret of

@@ -757,6 +757,36 @@ impl ProxyService {
     }
 
     /// The caller as its certificate names it; `None` on plaintext.
+    /// A spec a user sent (`OpenStudy`, `HoldMasks`), checked within the
+    /// limits before anything is built from it, its deadline ahead, and the
+    /// plan of its layout, counted before it is built: past the limits, a
+    /// layout is never cut.
+    fn checked_spec(
+        &self,
+        wire: Option<v1::StudySpec>,
+    ) -> Result<
+        (
+            dpca_common::study::StudySpec,
+            dpca_common::study::LayoutPlan,
+        ),
+        Refusal,
+    > {
+        let wire = wire.ok_or_else(|| Refusal::Invalid("missing study spec".into()))?;
+        let limits = &self.config.limits;
+        limits
+            .check_wire(&wire)
+            .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let spec = spec_from_wire(&wire).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        if spec.deadline_unix_ms <= self.config.clock.now_ms() {
+            return Err(Refusal::Invalid("study deadline is in the past".into()));
+        }
+        let plan = StudyLayout::plan(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        limits
+            .check_layout(plan.size())
+            .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        Ok((spec, plan))
+    }
+
     fn caller<T>(&self, req: &Request<T>) -> Result<Option<Peer>, Refusal> {
         let tls = !matches!(self.config.transport, Transport::InsecurePlaintext);
         crate::gate::caller_of(req.extensions(), tls)
@@ -1408,28 +1438,13 @@ impl v1::proxy_server::Proxy for ProxyService {
         let peer = self.caller(&req)?;
         Self::authorize(peer.as_ref(), Action::OpenStudy)?;
         let req = req.into_inner();
-        let wire = req
-            .spec
-            .ok_or_else(|| Refusal::Invalid("missing study spec".into()))?;
-        let limits = &self.config.limits;
-        limits
-            .check_wire(&wire)
-            .map_err(|e| Refusal::Invalid(e.to_string()))?;
-        let spec = spec_from_wire(&wire).map_err(|e| Refusal::Invalid(e.to_string()))?;
         if req.noise_free_for_testing && !self.config.allow_noise_free_for_testing {
             return Err(Refusal::Denied(
                 "noise-free releases are refused: this proxy was not started in test mode".into(),
             )
             .into());
         }
-        if spec.deadline_unix_ms <= self.config.clock.now_ms() {
-            return Err(Refusal::Invalid("study deadline is in the past".into()).into());
-        }
-        // Counted before it is built: past the limits, a layout is never cut.
-        let plan = StudyLayout::plan(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        limits
-            .check_layout(plan.size())
-            .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let (spec, plan) = self.checked_spec(req.spec)?;
         let layout = plan.cut();
         let mut id_bytes = [0u8; 16];
         self.config.entropy.rng().fill_bytes(&mut id_bytes);

@@ -176,16 +176,12 @@ impl Share {
     }
 
     /// Sum of shares (the pooled share, for plaintext reference computations).
+    /// `None` for no shares, or shares of different layouts.
     pub fn sum(shares: &[Share]) -> Option<Share> {
-        let first = shares.first()?;
+        let (first, rest) = shares.split_first()?;
         let mut acc = first.clone();
-        for s in &shares[1..] {
-            acc.r_upper
-                .iter_mut()
-                .zip(&s.r_upper)
-                .for_each(|(a, b)| *a += b);
-            acc.v.iter_mut().zip(&s.v).for_each(|(a, b)| *a += b);
-            acc.n += s.n;
+        for s in rest {
+            acc.merge(s).ok()?;
         }
         Some(acc)
     }

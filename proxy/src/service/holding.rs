@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use dpca_common::secagg::held_mask_sum;
 use dpca_common::study::{check_no_terminal_controls, StudyLayout, MAX_ID_BYTES};
-use dpca_proto::convert::spec_from_wire;
 use dpca_proto::v1;
 use prost::Message;
 use tonic::{Request, Response, Status};
@@ -131,22 +130,8 @@ impl ProxyService {
         Self::authorize(peer.as_ref(), Action::OpenStudy)?;
         let req = req.into_inner();
         check_id("study_id", &req.study_id)?;
-        let wire = req
-            .spec
-            .ok_or_else(|| Refusal::Invalid("missing study spec".into()))?;
-        let limits = &self.config.limits;
-        limits
-            .check_wire(&wire)
-            .map_err(|e| Refusal::Invalid(e.to_string()))?;
-        let spec = spec_from_wire(&wire).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        let now = self.config.clock.now_ms();
-        if spec.deadline_unix_ms <= now {
-            return Err(Refusal::Invalid("study deadline is in the past".into()).into());
-        }
-        let plan = StudyLayout::plan(&spec).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        limits
-            .check_layout(plan.size())
-            .map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let (spec, _) = self.checked_spec(req.spec)?;
+        let (limits, now) = (&self.config.limits, self.config.clock.now_ms());
         if self.store.is_none() {
             return Err(Refusal::Denied(
                 "this proxy keeps no state file: a restart would forget which sum it gave, so \
@@ -300,12 +285,7 @@ impl ProxyService {
         if journal.holds(&key) {
             return Err(Refusal::from(HolderRefusal::Journaled(id.to_string())));
         }
-        blocking(move || {
-            journal
-                .record(&key)
-                .map_err(|e| Refusal::Internal(format!("{key} not journaled: {e}")))
-        })
-        .await
+        self.journal_release(&key).await
     }
 }
 
